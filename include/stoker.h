@@ -1,0 +1,291 @@
+/*
+ * stoker.h -- the public C API of libstoker, a data-loading engine.
+ *
+ * This header is the contract. Everything not declared here is internal.
+ *
+ * Model: an options object describes a dataset and a pipeline; a loader opened
+ * from it runs a fixed pool of native worker threads that fill a bounded ring of
+ * batch buffers, and hands complete batches to one consumer, strictly in order.
+ *
+ * Return codes: functions return int: STK_OK (0), a positive status (STK_END),
+ * or a negative STK_E* code. The numbers never change. stk_strerror() gives a
+ * static text for a code; the detailed message (which sample, which file, why)
+ * is kept on the handle and read with stk_loader_errmsg().
+ *
+ * Threads: an options object belongs to one thread at a time. A loader's
+ * consumer functions (next, release, set_epoch, state, stats, close) may be
+ * called from any thread, but not concurrently with each other for the same
+ * loader, except stk_batch_release(), which any thread may call at any time
+ * while the batch is held.
+ */
+#ifndef STOKER_H
+#define STOKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(STK_BUILDING_LIBRARY)
+#define STK_API __attribute__((visibility("default")))
+#else
+#define STK_API
+#endif
+
+#define STK_VERSION_MAJOR 0
+#define STK_VERSION_MINOR 1
+#define STK_VERSION_PATCH 0
+#define STK_VERSION_STRING "0.1.0"
+
+/* ---- Return codes (stable numbers) ------------------------------------- */
+#define STK_OK 0
+#define STK_END 1 /* stk_loader_next: the epoch has ended, no batch returned */
+#define STK_TIMEOUT 2 /* stk_loader_next_timeout: no batch within the timeout */
+
+#define STK_EINVAL (-1)    /* an argument or option is invalid */
+#define STK_ENOMEM (-2)    /* an allocation failed */
+#define STK_EIO (-3)       /* reading a file failed (unreadable, vanished, short) */
+#define STK_ENOENT (-4)    /* a path does not exist */
+#define STK_EFORMAT (-5)   /* data is malformed (corrupt sample, bad dataset) */
+#define STK_ETOOBIG (-6)   /* a sample exceeds its budget or a size limit */
+#define STK_EMISUSE (-7)   /* API misuse: closed/failed handle, forked child */
+#define STK_EBUSY (-8)     /* the consumer holds every ring buffer */
+#define STK_EEMPTY (-9)    /* the dataset (or this rank's share) has no samples */
+#define STK_EUNSUPPORTED (-10) /* a feature or format this build lacks */
+#define STK_ESAMPLE (-11)  /* a sample failed under the raise policy; see errmsg */
+
+/* Returns a static, never-NULL description of a return code. Thread-safe. */
+STK_API const char *stk_strerror(int code);
+
+/* Returns the library version string (STK_VERSION_STRING of the built library). */
+STK_API const char *stk_version(void);
+
+/* ---- Enumerations ------------------------------------------------------- */
+
+/* What to do when one sample cannot be read or decoded. */
+enum stk_on_error {
+    STK_ON_ERROR_RAISE = 0, /* stk_loader_next returns STK_ESAMPLE (default) */
+    STK_ON_ERROR_SKIP = 1   /* the sample is left out of its batch, counted and
+                               listed (stk_loader_error_get) */
+};
+
+/* Element type of a dense batch. */
+enum stk_dtype {
+    STK_DTYPE_UINT8 = 0,
+    STK_DTYPE_FLOAT32 = 1,
+    STK_DTYPE_FLOAT16 = 2,
+    STK_DTYPE_BFLOAT16 = 3
+};
+
+/* How a batch stores its samples. */
+enum stk_batch_kind {
+    STK_BATCH_DENSE = 0,   /* one tensor: size x shape, contiguous */
+    STK_BATCH_VARIABLE = 1 /* one arena, per-sample offset/length/dims */
+};
+
+/* Stages whose items and busy time are counted. */
+enum stk_stage {
+    STK_STAGE_READ = 0,    /* fetching a sample's bytes from its source */
+    STK_STAGE_PROCESS = 1, /* decoding and transforming into the batch slot */
+    STK_STAGE_COUNT = 2
+};
+
+/* Returns "read" or "process" (or "?" for an unknown stage). */
+STK_API const char *stk_stage_name(int stage);
+
+/* ---- Options ------------------------------------------------------------ */
+
+typedef struct stk_options stk_options;
+
+/* Creates an options object with defaults: batch_size 256, threads 0 (= online
+ * cores), depth 2, seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
+ * raise, max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
+ * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
+STK_API int stk_options_create(stk_options **out);
+
+/* Destroys an options object; NULL is harmless. Loaders opened from it do not
+ * keep a reference. */
+STK_API void stk_options_destroy(stk_options *o);
+
+/* The dataset: a directory in ImageFolder layout (class subfolders), or a file
+ * of fixed-size records (then stk_options_set_records is required). The string
+ * is copied. Returns STK_OK, STK_EINVAL (NULL or empty), STK_ENOMEM. */
+STK_API int stk_options_set_source(stk_options *o, const char *path);
+
+/* Declares the source file as fixed-size records: each record is
+ * record_bytes long, the file starts with header_bytes to skip, and the first
+ * label_bytes (0, 1, 2, 4 or 8; little-endian unsigned) of each record are its
+ * label and are not part of the sample (label -1 when 0). A trailing partial
+ * record is an error at open. Returns STK_OK or STK_EINVAL. */
+STK_API int stk_options_set_records(stk_options *o, size_t record_bytes,
+                                    size_t header_bytes, unsigned label_bytes);
+
+STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
+STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
+STK_API int stk_options_set_depth(stk_options *o, unsigned n);    /* ring buffers, 1..64 */
+STK_API int stk_options_set_seed(stk_options *o, uint64_t seed);
+STK_API int stk_options_set_shuffle(stk_options *o, int on);
+/* drop_last on: each rank gets floor(N / world) samples and a final partial
+ * batch is dropped. Off: each rank gets ceil(N / world) samples, padding by
+ * wrapping around to the start of the epoch's order, and the final batch may
+ * be partial. Either way every rank has the same number of batches. */
+STK_API int stk_options_set_drop_last(stk_options *o, int on);
+/* rank < world_size, world_size >= 1. */
+STK_API int stk_options_set_partition(stk_options *o, unsigned rank, unsigned world_size);
+STK_API int stk_options_set_on_error(stk_options *o, int policy); /* enum stk_on_error */
+/* Per-sample byte budget of variable-size batches (raw bytes, undecoded-size
+ * images). A larger sample fails with STK_ETOOBIG, never truncated. */
+STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
+/* The per-sample transform: "none" (default: raw bytes), or an image pipeline
+ * spec (see docs/transforms.md), e.g. "imagenet-train". Copied. STK_EINVAL on
+ * NULL; the spec itself is checked at stk_loader_open. */
+STK_API int stk_options_set_transform(stk_options *o, const char *spec);
+/* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
+ * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
+ * "exif" ("0"/"1"), "scratch_bytes". Copied. STK_EINVAL for an unknown key. */
+STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
+
+/* ---- Loader ------------------------------------------------------------- */
+
+typedef struct stk_loader stk_loader;
+
+/* A batch handed to the consumer. All fields are read-only and valid until
+ * stk_batch_release(); the memory belongs to the loader's ring. A released
+ * batch's buffer is reused, so do not touch any pointer after release. Batch
+ * memory stays valid after stk_loader_close() until released. */
+typedef struct stk_batch {
+    uint64_t epoch;
+    uint64_t index;        /* batch index within the epoch, from 0 */
+    size_t size;           /* samples in this batch (<= batch_size) */
+    int kind;              /* enum stk_batch_kind */
+    int dtype;             /* enum stk_dtype (dense); UINT8 for variable */
+    unsigned ndim;         /* dense: rank of one sample's shape */
+    int64_t shape[4];      /* dense: shape of one sample */
+    size_t sample_bytes;   /* dense: bytes of one sample */
+    void *data;            /* dense: size*sample_bytes bytes; variable: arena */
+    const uint64_t *offsets; /* variable: offset of sample k into data */
+    const uint64_t *lengths; /* variable: byte length of sample k */
+    const int32_t *dims;     /* variable: 3 per sample (h, w, c) or zeros */
+    const int64_t *labels;   /* size entries; -1 where the source has none */
+    const uint64_t *indices; /* dataset index of each sample */
+} stk_batch;
+
+/* Static facts about an open loader. */
+typedef struct stk_info {
+    uint64_t num_samples;       /* samples in the whole dataset */
+    uint64_t samples_per_epoch; /* samples this rank delivers per epoch */
+    uint64_t batches_per_epoch; /* batches this rank delivers per epoch */
+    uint64_t num_classes;       /* ImageFolder classes; 0 when no classes */
+    unsigned threads;           /* worker threads actually started */
+    unsigned depth;
+    size_t batch_size;
+    int kind;                   /* enum stk_batch_kind of the batches */
+    const char *source_kind;    /* "folder", "records", ... (static string) */
+} stk_info;
+
+/* Loader position: resume by restoring it. */
+typedef struct stk_state {
+    uint64_t seed;
+    uint64_t epoch;
+    uint64_t batch; /* batches of this epoch already delivered */
+} stk_state;
+
+typedef struct stk_stage_stats {
+    uint64_t items;
+    uint64_t busy_ns;
+} stk_stage_stats;
+
+typedef struct stk_stats {
+    stk_stage_stats stages[STK_STAGE_COUNT]; /* summed over threads */
+    uint64_t samples_delivered;
+    uint64_t batches_delivered;
+    uint64_t consumer_wait_ns;  /* time next() waited for a batch: starvation */
+    uint64_t samples_skipped;   /* under STK_ON_ERROR_SKIP */
+    uint64_t samples_failed;    /* under STK_ON_ERROR_RAISE */
+    uint64_t memory_bound_bytes;
+} stk_stats;
+
+/* One failed or skipped sample. Strings are owned by the loader and valid
+ * until stk_loader_close. */
+typedef struct stk_sample_error {
+    uint64_t sample;  /* dataset index */
+    uint64_t epoch;
+    int code;         /* STK_E* */
+    const char *path; /* file path or key */
+    const char *reason;
+} stk_sample_error;
+
+/* Opens a loader: scans the source, allocates every buffer, starts the
+ * threads, and begins producing epoch 0. Blocks while scanning.
+ * On success *out is a running loader. On failure (any negative code) *out is
+ * a failed loader that only answers stk_loader_errmsg() and must be closed,
+ * except on STK_ENOMEM before the handle exists, when *out is NULL.
+ * Errors: STK_EINVAL, STK_ENOENT, STK_EIO, STK_EFORMAT, STK_EEMPTY,
+ * STK_ETOOBIG, STK_EUNSUPPORTED, STK_ENOMEM. */
+STK_API int stk_loader_open(stk_loader **out, const stk_options *o);
+
+/* Waits for the next batch in order and hands it out.
+ * STK_OK: *out is a held batch; give it back with stk_batch_release().
+ * STK_END: the epoch is over (no batch); the next call starts the next epoch.
+ * STK_ESAMPLE: a sample of the next batch failed under the raise policy; the
+ *   message names it. The following call delivers that batch without the
+ *   failed samples, so nothing else is lost.
+ * STK_EBUSY: every ring buffer is held by the consumer and none is ready.
+ * STK_EMISUSE: closed/failed handle, or called from a forked child.
+ * Blocks; releases no locks the caller holds. */
+STK_API int stk_loader_next(stk_loader *l, stk_batch **out);
+
+/* As stk_loader_next, but waits at most timeout_ms milliseconds and then
+ * returns STK_TIMEOUT (no batch, nothing lost; call again). Lets a caller such
+ * as the Python module check for signals while it waits. */
+STK_API int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms);
+
+/* Gives a batch back to the ring. NULL is harmless. Any thread. */
+STK_API void stk_batch_release(stk_batch *b);
+
+/* Starts epoch e at its first batch (discarding prefetched work if the loader
+ * was elsewhere). Held batches stay valid. Blocks briefly.
+ * STK_OK, STK_EMISUSE. */
+STK_API int stk_loader_set_epoch(stk_loader *l, uint64_t epoch);
+
+/* Reads the position: batches already delivered in the current epoch. */
+STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
+
+/* Restores a position read by stk_loader_get_state, possibly from another
+ * process. The seed must match the loader's (STK_EINVAL otherwise, so a
+ * resumed run cannot silently change its order); batch must be <=
+ * batches_per_epoch. */
+STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
+
+STK_API int stk_loader_info(stk_loader *l, stk_info *info);
+STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
+/* Per-thread stage counters: out has STK_STAGE_COUNT entries. STK_EINVAL if
+ * thread >= info.threads. */
+STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out);
+
+/* Peak bytes of every buffer the loader allocates while running (ring, sample
+ * metadata, per-thread scratch, index), known before the first batch. The
+ * process's peak RSS stays under its baseline + this + a fixed overhead (see
+ * docs/memory.md). Returns 0 for a failed handle. */
+STK_API uint64_t stk_loader_memory_bound(stk_loader *l);
+
+/* Number of failed/skipped samples recorded, and one of them (the first 1024
+ * are kept; counts in stk_stats are complete). */
+STK_API size_t stk_loader_error_count(stk_loader *l);
+STK_API int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e);
+
+/* The last error's detailed message; never NULL ("" when none). Valid until
+ * the next call on the loader. */
+STK_API const char *stk_loader_errmsg(stk_loader *l);
+
+/* Stops the threads (promptly, from any state) and frees the loader. Batches
+ * still held stay valid until released; the last release frees them. NULL is
+ * harmless. */
+STK_API void stk_loader_close(stk_loader *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,122 @@
+/* alloc.c -- the library's one allocator: counts live allocations and can be
+ * told to fail, so tests prove there are no leaks and that every allocation
+ * failure is handled. */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Relaxed is enough: the counters are statistics read after threads joined,
+ * and the failure countdown only needs each decrement to be atomic. */
+static atomic_long g_live;
+static atomic_long g_count;
+static atomic_long g_fail_after = -1;
+
+static bool should_fail(void)
+{
+    atomic_fetch_add_explicit(&g_count, 1, memory_order_relaxed);
+    long f = atomic_load_explicit(&g_fail_after, memory_order_relaxed);
+    if (f < 0)
+        return false;
+    long prev = atomic_fetch_sub_explicit(&g_fail_after, 1, memory_order_relaxed);
+    return prev == 0;
+}
+
+void *stk__malloc(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    void *p = malloc(n ? n : 1);
+    if (p)
+        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    return p;
+}
+
+void *stk__calloc(size_t count, size_t n)
+{
+    if (should_fail())
+        return NULL;
+    void *p = calloc(count ? count : 1, n ? n : 1);
+    if (p)
+        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    return p;
+}
+
+void *stk__realloc(void *p, size_t n)
+{
+    if (!p)
+        return stk__malloc(n);
+    if (should_fail())
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+
+void stk__free(void *p)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    free(p);
+}
+
+char *stk__strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = stk__malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+long stk__alloc_live(void) { return atomic_load_explicit(&g_live, memory_order_relaxed); }
+long stk__alloc_count(void) { return atomic_load_explicit(&g_count, memory_order_relaxed); }
+void stk__alloc_fail_after(long n) { atomic_store_explicit(&g_fail_after, n, memory_order_relaxed); }
+
+int stk__scratch_reserve(stk__scratch *s, size_t n)
+{
+    if (n <= s->cap)
+        return STK_OK;
+    if (n > s->limit)
+        return STK_ETOOBIG;
+    /* Grow geometrically (bounded by the limit) so a run of growing samples
+     * does not reallocate every time. */
+    size_t want = s->cap * 2 > n ? s->cap * 2 : n;
+    if (want > s->limit)
+        want = s->limit;
+    uint8_t *p = stk__malloc(want);
+    if (!p)
+        return STK_ENOMEM;
+    stk__free(s->p);
+    s->p = p;
+    s->cap = want;
+    return STK_OK;
+}
+
+void stk__scratch_free(stk__scratch *s)
+{
+    stk__free(s->p);
+    s->p = NULL;
+    s->cap = 0;
+}
+
+void stk__fmt(char *buf, size_t n, const char *fmt, ...)
+{
+    if (!n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int r = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    if (r < 0)
+        buf[0] = '\0';
+}
+
+uint64_t stk__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}

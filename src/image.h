@@ -1,0 +1,53 @@
+/*
+ * image.h -- the per-sample image pipeline: sniff, decode (crop-aware, DCT
+ * scaled), transform, and write the result straight into the sample's slot.
+ *
+ * The engine (src/loader.c) creates one pipeline per loader from the user's
+ * transform spec and calls stk__imgpipe_run from its worker threads, each with
+ * its own scratch buffer. A pipeline is immutable after creation, so run() is
+ * safe from any number of threads at once.
+ */
+#ifndef STK_IMAGE_H
+#define STK_IMAGE_H
+
+#include "internal.h"
+
+typedef struct stk__imgpipe stk__imgpipe;
+
+/* Options that are not part of the transform spec itself. */
+typedef struct stk__imgpipe_params {
+    int dtype;          /* enum stk_dtype of the output (default UINT8) */
+    int nchw;           /* 1: CHW per sample, 0: HWC */
+    int size;           /* default crop/resize size for presets (0 = preset's) */
+    int exif;           /* 1: apply EXIF orientation (default 0) */
+    uint32_t max_dim;   /* reject images wider or taller than this (0 = 16384) */
+} stk__imgpipe_params;
+
+/* Parses spec ("imagenet-train", "imagenet-val", "cifar-train", or a list of
+ * transforms, see docs/transforms.md) and builds a pipeline.
+ * STK_OK; STK_EINVAL with a message in err naming the problem and what is
+ * supported; STK_ENOMEM. */
+int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe_params *prm,
+                        char *err, size_t errlen);
+void stk__imgpipe_destroy(stk__imgpipe *p);
+
+/* 1 if every output has the same shape (a resize/crop fixes it): fills ndim,
+ * shape and dtype, and *sample_bytes. 0 if outputs vary (decode only): then
+ * outputs are HWC uint8 of the image's own size. */
+int stk__imgpipe_dense(const stk__imgpipe *p, unsigned *ndim, int64_t shape[4], int *dtype,
+                       size_t *sample_bytes);
+
+/* Runs the pipeline on one encoded image.
+ * bytes/n: the encoded file. rng: the sample's generator (keyed by seed, epoch,
+ * sample). scratch: this thread's scratch (grow with stk__scratch_reserve).
+ * out/out_cap: the sample's slot. On success *out_len is the bytes written and
+ * dims = {h, w, c} of the output.
+ * Errors: STK_EFORMAT (corrupt, truncated, not an image: err says why),
+ * STK_EUNSUPPORTED (a format or variant not handled), STK_ETOOBIG (dimension
+ * limit, slot or scratch too small), STK_ENOMEM. err gets the reason only
+ * (the engine adds the path). Never crashes on any input. */
+int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
+                     stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
+                     int32_t dims[3], char *err, size_t errlen);
+
+#endif

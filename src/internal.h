@@ -1,0 +1,113 @@
+/*
+ * internal.h -- shared internals of libstoker: the allocator every module uses,
+ * the per-thread scratch buffer, error-message helpers, and the lock order.
+ *
+ * Lock order (outer first; never hold a lock across I/O, decoding or waiting
+ * on another thread except through the condition variables named here):
+ *   1. stk_loader.lock   (ring state, claims, delivered position, errors;
+ *                         cond_work for workers, cond_ready for the consumer,
+ *                         cond_idle for seek/close waiting on in-flight work)
+ *   2. stk__alloc counters are atomics, taken under no lock.
+ */
+#ifndef STK_INTERNAL_H
+#define STK_INTERNAL_H
+
+#define STK_BUILDING_LIBRARY 1
+#include "stoker.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STK_ERRMSG_MAX 512
+
+/* ---- Allocator ---------------------------------------------------------
+ * Every allocation of the library goes through these, so tests can count live
+ * allocations and make the Nth one fail. Same contracts as the C library. */
+void *stk__malloc(size_t n);
+void *stk__calloc(size_t count, size_t n);
+void *stk__realloc(void *p, size_t n);
+void stk__free(void *p);
+char *stk__strdup(const char *s);
+
+/* Test hooks (exported for the test programs, not part of the API). */
+STK_API long stk__alloc_live(void);            /* live allocations now */
+STK_API void stk__alloc_fail_after(long n);    /* n-th next allocation fails; -1 = never */
+STK_API long stk__alloc_count(void);           /* allocations made so far */
+
+/* ---- Scratch ------------------------------------------------------------
+ * A growable per-thread buffer with a hard limit (part of the memory bound). */
+typedef struct stk__scratch {
+    uint8_t *p;
+    size_t cap;
+    size_t limit;
+} stk__scratch;
+
+/* Makes s->p hold at least n bytes. Contents are not preserved.
+ * STK_OK, STK_ETOOBIG (n > limit), STK_ENOMEM. */
+int stk__scratch_reserve(stk__scratch *s, size_t n);
+void stk__scratch_free(stk__scratch *s);
+
+/* ---- Messages ----------------------------------------------------------- */
+/* snprintf into buf of size n, always terminated, never overflowing. */
+void stk__fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- Counter-based randomness ------------------------------------------
+ * Every random decision for sample i in epoch e comes from a generator keyed by
+ * (seed, epoch, i): SplitMix64's output function applied to key + counter *
+ * golden gamma. Passes BigCrush as a stream; any draw is reproducible from the
+ * key and its counter alone, so results never depend on which thread works. */
+static inline uint64_t stk__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct stk__rng {
+    uint64_t key;
+    uint64_t counter;
+} stk__rng;
+
+static inline stk__rng stk__rng_for(uint64_t seed, uint64_t epoch, uint64_t sample)
+{
+    stk__rng r;
+    r.key = stk__mix64(stk__mix64(stk__mix64(seed ^ 0x53544b524e47ULL) ^ epoch) ^ sample);
+    r.counter = 0;
+    return r;
+}
+
+static inline uint64_t stk__rng_u64(stk__rng *r)
+{
+    r->counter++;
+    return stk__mix64(r->key + r->counter * 0x9e3779b97f4a7c15ULL);
+}
+
+/* Uniform double in [0, 1) with 53 random bits. */
+static inline double stk__rng_uniform(stk__rng *r)
+{
+    return (double)(stk__rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* Uniform integer in [0, n) (n >= 1), unbiased (Lemire's method). */
+static inline uint64_t stk__rng_below(stk__rng *r, uint64_t n)
+{
+    uint64_t x = stk__rng_u64(r);
+    __uint128_t m = (__uint128_t)x * n;
+    uint64_t l = (uint64_t)m;
+    if (l < n) {
+        uint64_t t = (0 - n) % n;
+        while (l < t) {
+            x = stk__rng_u64(r);
+            m = (__uint128_t)x * n;
+            l = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+/* Monotonic clock in nanoseconds. */
+uint64_t stk__now_ns(void);
+
+#endif

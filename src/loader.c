@@ -1,0 +1,954 @@
+/*
+ * loader.c -- the engine: a fixed pool of worker threads fills a ring of
+ * `depth` batch buffers; one consumer takes complete batches strictly in order.
+ *
+ * Batches are numbered globally, g = epoch * batches_per_epoch + b, so work
+ * flows across epoch boundaries without a bubble. Workers claim small runs of
+ * sample slots in order: the claim cursor (claim_g, claim_slot) only moves
+ * forward, and a batch gets a ring buffer when the cursor first reaches it,
+ * provided a buffer is free and the batch is less than `depth` ahead of the
+ * consumer. Batches [deliver_g, assigned_end_g) own buffers, indexed by
+ * g % depth in `inflight`; the consumer takes deliver_g once all its slots are
+ * filled. A delivered buffer is HELD until stk_batch_release() frees it.
+ *
+ * Every sample's output depends only on (seed, epoch, sample index), never on
+ * which thread made it or when, so batches are bit-identical for any thread
+ * count and depth.
+ *
+ * Lifetime: the shared `core` is reference-counted by the loader handle and by
+ * each held batch, so batches stay valid after stk_loader_close().
+ */
+#include "image.h"
+#include "internal.h"
+#include "options.h"
+#include "order.h"
+#include "source/source.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_KEPT_ERRORS 1024
+#define WAIT_SLICE_NS 100000000ULL /* waits wake this often to re-check cancel */
+
+enum { BUF_FREE, BUF_FILLING, BUF_HELD };
+
+typedef struct slot_err {
+    struct slot_err *next;
+    size_t slot;
+    uint64_t sample;
+    int code;
+    char *name;
+    char *reason;
+} slot_err;
+
+typedef struct core core;
+
+typedef struct buffer {
+    stk_batch view; /* first member: stk_batch_release() casts back */
+    core *core;
+    int state;
+    uint64_t g;
+    size_t size, filled, failed;
+    uint8_t *data;
+    uint64_t *offsets, *lengths;
+    int32_t *dims;
+    int64_t *labels;
+    uint64_t *indices;
+    uint8_t *ok;
+    slot_err *errs;
+    bool reported;
+} buffer;
+
+typedef struct worker {
+    core *core;
+    unsigned id;
+    pthread_t th;
+    bool started;
+    stk__scratch in, dec;
+    /* Written by the worker, read by stats calls from the consumer: relaxed
+     * atomics, since each counter is independent and only needs no tearing. */
+    _Atomic uint64_t items[STK_STAGE_COUNT];
+    _Atomic uint64_t ns[STK_STAGE_COUNT];
+} worker;
+
+struct core {
+    pthread_mutex_t lock;
+    pthread_cond_t cond_work, cond_ready, cond_idle;
+    int refs;
+    bool cancel, seeking;
+
+    stk__source src;
+    stk__partition part;
+    stk__imgpipe *pipe;
+    uint64_t seed;
+    bool shuffle;
+    int on_error;
+    int kind, dtype;
+    unsigned ndim;
+    int64_t shape[4];
+    size_t sample_bytes; /* dense: one sample; variable: one slot's budget */
+
+    unsigned depth, nthreads;
+    size_t batch_size, run;
+    buffer *bufs;
+    buffer **inflight;
+    unsigned free_count;
+    uint64_t claim_g, claim_slot, deliver_g, assigned_end_g, cur_epoch;
+    unsigned busy;
+    worker *workers;
+
+    uint64_t delivered_samples, delivered_batches, wait_ns, skipped, failed;
+    stk_sample_error *errors;
+    size_t nerrors;
+    uint64_t memory_bound;
+};
+
+struct stk_loader {
+    core *c;
+    int status; /* STK_OK, or the open error of a failed handle */
+    pid_t pid;
+    char errmsg[STK_ERRMSG_MAX];
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t t = (uint64_t)ts.tv_nsec + ns;
+    ts.tv_sec += (time_t)(t / 1000000000ULL);
+    ts.tv_nsec = (long)(t % 1000000000ULL);
+    pthread_cond_timedwait(cv, m, &ts);
+}
+
+static int cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a))
+        return -1;
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int r = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return r;
+}
+
+static void free_slot_errs(slot_err *e)
+{
+    while (e) {
+        slot_err *n = e->next;
+        stk__free(e->name);
+        stk__free(e->reason);
+        stk__free(e);
+        e = n;
+    }
+}
+
+static void core_free(core *c)
+{
+    if (c->bufs) {
+        for (unsigned k = 0; k < c->depth; k++) {
+            buffer *b = &c->bufs[k];
+            stk__free(b->data);
+            stk__free(b->offsets);
+            stk__free(b->lengths);
+            stk__free(b->dims);
+            stk__free(b->labels);
+            stk__free(b->indices);
+            stk__free(b->ok);
+            free_slot_errs(b->errs);
+        }
+    }
+    stk__free(c->bufs);
+    stk__free(c->inflight);
+    if (c->workers) {
+        for (unsigned k = 0; k < c->nthreads; k++) {
+            stk__scratch_free(&c->workers[k].in);
+            stk__scratch_free(&c->workers[k].dec);
+        }
+    }
+    stk__free(c->workers);
+    for (size_t k = 0; k < c->nerrors; k++) {
+        stk__free((void *)(uintptr_t)c->errors[k].path);
+        stk__free((void *)(uintptr_t)c->errors[k].reason);
+    }
+    stk__free(c->errors);
+    stk__imgpipe_destroy(c->pipe);
+    stk__source_close(&c->src);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond_work);
+    pthread_cond_destroy(&c->cond_ready);
+    pthread_cond_destroy(&c->cond_idle);
+    stk__free(c);
+}
+
+/* ---- workers -------------------------------------------------------------- */
+
+static void stage_add(worker *w, int stage, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&w->items[stage], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->ns[stage], ns, memory_order_relaxed);
+}
+
+/* Makes one sample: read its bytes, transform them into slot `s` of b.
+ * Returns the error (with a slot_err appended to *errs) or STK_OK. */
+static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch,
+                       slot_err **errs)
+{
+    core *c = w->core;
+    char err[STK_ERRMSG_MAX];
+    err[0] = '\0';
+    uint8_t *slot = b->data + s * c->sample_bytes;
+    stk__sink sink = {slot, c->sample_bytes, c->pipe ? &w->in : NULL};
+    uint8_t *bytes = NULL;
+    size_t len = 0;
+    int64_t label = -1;
+    int32_t dims[3] = {0, 0, 0};
+
+    uint64_t t0 = stk__now_ns();
+    int rc = c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
+    uint64_t t1 = stk__now_ns();
+    stage_add(w, STK_STAGE_READ, t1 - t0);
+    if (rc == STK_OK && c->pipe) {
+        stk__rng rng = stk__rng_for(c->seed, epoch, i);
+        size_t out_len = 0;
+        rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes,
+                              &out_len, dims, err, sizeof err);
+        len = out_len;
+        stage_add(w, STK_STAGE_PROCESS, stk__now_ns() - t1);
+    } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
+        stk__fmt(err, sizeof err, "sample is %zu bytes, expected %zu", len, c->sample_bytes);
+        rc = STK_EFORMAT;
+    }
+    b->labels[s] = label;
+    b->indices[s] = i;
+    b->lengths[s] = rc == STK_OK ? len : 0;
+    memcpy(&b->dims[3 * s], dims, sizeof dims);
+    b->ok[s] = rc == STK_OK;
+    if (rc != STK_OK) {
+        char name[1024];
+        c->src.ops->name(&c->src, i, name, sizeof name);
+        /* If these allocations fail the failure is still counted and
+         * reported; only its text is lost. */
+        slot_err *e = stk__calloc(1, sizeof *e);
+        if (e) {
+            e->slot = s;
+            e->sample = i;
+            e->code = rc;
+            e->name = stk__strdup(name);
+            e->reason = stk__strdup(err[0] ? err : stk_strerror(rc));
+            e->next = *errs;
+            *errs = e;
+        }
+    }
+    return rc;
+}
+
+/* Takes the next run of slots to fill. Called and returns with c->lock held.
+ * Returns false when the loader is closing. */
+static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *count)
+{
+    for (;;) {
+        if (c->cancel)
+            return false;
+        if (!c->seeking) {
+            if (c->claim_g < c->assigned_end_g) {
+                buffer *b = c->inflight[c->claim_g % c->depth];
+                size_t left = b->size - c->claim_slot;
+                size_t k = left < c->run ? left : c->run;
+                *bo = b;
+                *g = c->claim_g;
+                *slot0 = c->claim_slot;
+                *count = k;
+                c->claim_slot += k;
+                if (c->claim_slot == b->size) {
+                    c->claim_g++;
+                    c->claim_slot = 0;
+                }
+                return true;
+            }
+            if (c->claim_g < c->deliver_g + c->depth && c->free_count > 0) {
+                /* free_count > 0 guarantees a FREE buffer exists. */
+                unsigned f = 0;
+                while (c->bufs[f].state != BUF_FREE)
+                    f++;
+                buffer *b = &c->bufs[f];
+                b->state = BUF_FILLING;
+                b->g = c->assigned_end_g;
+                b->size = stk__partition_batch_len(&c->part, b->g % c->part.batches);
+                b->filled = b->failed = 0;
+                b->reported = false;
+                c->inflight[b->g % c->depth] = b;
+                c->assigned_end_g++;
+                c->free_count--;
+                continue;
+            }
+        }
+        timed_wait(&c->cond_work, &c->lock, WAIT_SLICE_NS);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    core *c = w->core;
+    char name[16];
+    stk__fmt(name, sizeof name, "stk-work-%u", w->id);
+    pthread_setname_np(pthread_self(), name);
+
+    pthread_mutex_lock(&c->lock);
+    buffer *b;
+    uint64_t g;
+    size_t slot0, count;
+    while (claim(c, &b, &g, &slot0, &count)) {
+        c->busy++;
+        pthread_mutex_unlock(&c->lock);
+
+        uint64_t epoch = g / c->part.batches, bi = g % c->part.batches;
+        stk__order ord;
+        stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
+        slot_err *errs = NULL;
+        size_t nfailed = 0;
+        for (size_t s = slot0; s < slot0 + count; s++) {
+            uint64_t pos = stk__partition_pos(&c->part, bi * c->batch_size + s);
+            uint64_t i = stk__order_at(&ord, pos);
+            if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
+                nfailed++;
+        }
+
+        pthread_mutex_lock(&c->lock);
+        b->filled += count;
+        b->failed += nfailed;
+        while (errs) {
+            slot_err *n = errs->next;
+            errs->next = b->errs;
+            b->errs = errs;
+            errs = n;
+        }
+        if (b->filled == b->size)
+            pthread_cond_broadcast(&c->cond_ready);
+        if (--c->busy == 0 && c->seeking)
+            pthread_cond_broadcast(&c->cond_idle);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* ---- consumer ------------------------------------------------------------- */
+
+/* Moves a delivered batch's failures into the loader's error list (the first
+ * MAX_KEPT_ERRORS are kept) and counts them. Lock held. */
+static void record_errors(core *c, buffer *b)
+{
+    for (slot_err *e = b->errs; e; e = e->next) {
+        if (c->nerrors >= MAX_KEPT_ERRORS)
+            break;
+        if (!c->errors) {
+            c->errors = stk__calloc(MAX_KEPT_ERRORS, sizeof *c->errors);
+            if (!c->errors)
+                break;
+        }
+        stk_sample_error *se = &c->errors[c->nerrors++];
+        se->sample = e->sample;
+        se->epoch = b->g / c->part.batches;
+        se->code = e->code;
+        se->path = e->name;
+        se->reason = e->reason;
+        e->name = e->reason = NULL;
+    }
+}
+
+/* The failure of the lowest slot: errors are reported in sample order. */
+static const slot_err *first_err(const buffer *b)
+{
+    const slot_err *best = NULL;
+    for (const slot_err *e = b->errs; e; e = e->next)
+        if (!best || e->slot < best->slot)
+            best = e;
+    return best;
+}
+
+/* Fills the public view, moving the surviving samples down over failed ones.
+ * The buffer is the consumer's alone now, so no lock is needed. */
+static void publish(core *c, buffer *b)
+{
+    size_t j = 0;
+    for (size_t k = 0; k < b->size; k++) {
+        if (!b->ok[k])
+            continue;
+        uint64_t off = (uint64_t)k * c->sample_bytes;
+        if (j != k) {
+            if (c->kind == STK_BATCH_DENSE)
+                memmove(b->data + j * c->sample_bytes, b->data + off, c->sample_bytes);
+            b->labels[j] = b->labels[k];
+            b->indices[j] = b->indices[k];
+            b->lengths[j] = b->lengths[k];
+            memmove(&b->dims[3 * j], &b->dims[3 * k], 3 * sizeof *b->dims);
+        }
+        b->offsets[j] = c->kind == STK_BATCH_DENSE ? j * c->sample_bytes : off;
+        j++;
+    }
+    stk_batch *v = &b->view;
+    v->epoch = b->g / c->part.batches;
+    v->index = b->g % c->part.batches;
+    v->size = j;
+    v->kind = c->kind;
+    v->dtype = c->dtype;
+    v->ndim = c->ndim;
+    memcpy(v->shape, c->shape, sizeof v->shape);
+    v->sample_bytes = c->kind == STK_BATCH_DENSE ? c->sample_bytes : 0;
+    v->data = b->data;
+    v->offsets = b->offsets;
+    v->lengths = b->lengths;
+    v->dims = b->dims;
+    v->labels = b->labels;
+    v->indices = b->indices;
+}
+
+static int check_handle(stk_loader *l)
+{
+    if (!l)
+        return STK_EMISUSE;
+    if (l->pid != getpid()) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "this loader was opened by process %d and cannot be used from a forked "
+                 "child; open a new loader in the child",
+                 (int)l->pid);
+        return STK_EMISUSE;
+    }
+    if (!l->c) {
+        if (l->status == STK_OK)
+            stk__fmt(l->errmsg, sizeof l->errmsg, "the loader is closed");
+        return STK_EMISUSE;
+    }
+    return STK_OK;
+}
+
+static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
+{
+    int rc = check_handle(l);
+    if (out)
+        *out = NULL;
+    if (rc)
+        return rc;
+    if (!out)
+        return STK_EINVAL;
+    core *c = l->c;
+    uint64_t start = stk__now_ns();
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        if (c->deliver_g == (c->cur_epoch + 1) * c->part.batches) {
+            c->cur_epoch++;
+            rc = STK_END;
+            break;
+        }
+        uint64_t g = c->deliver_g;
+        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->depth] : NULL;
+        if (b && b->filled == b->size) {
+            if (b->failed && !b->reported) {
+                b->reported = true;
+                record_errors(c, b);
+                if (c->on_error == STK_ON_ERROR_RAISE) {
+                    c->failed += b->failed;
+                    const slot_err *e = first_err(b);
+                    stk__fmt(l->errmsg, sizeof l->errmsg, "sample %llu (%s): %s%s",
+                             e ? (unsigned long long)e->sample : 0ULL,
+                             e && e->name ? e->name : "?",
+                             e && e->reason ? e->reason : "failed",
+                             b->failed > 1 ? " (and more failed samples in this batch)" : "");
+                    rc = STK_ESAMPLE;
+                    break;
+                }
+                c->skipped += b->failed;
+            }
+            free_slot_errs(b->errs);
+            b->errs = NULL;
+            c->inflight[g % c->depth] = NULL;
+            c->deliver_g++;
+            b->state = BUF_HELD;
+            c->refs++;
+            pthread_cond_broadcast(&c->cond_work);
+            publish(c, b);
+            c->delivered_batches++;
+            c->delivered_samples += b->view.size;
+            *out = &b->view;
+            rc = STK_OK;
+            break;
+        }
+        if (!b && c->free_count == 0) {
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "all %u ring buffers are held by the consumer; release a batch before "
+                     "asking for the next, or raise depth",
+                     c->depth);
+            rc = STK_EBUSY;
+            break;
+        }
+        uint64_t now = stk__now_ns();
+        if (timeout_ns && now - start >= timeout_ns) {
+            rc = STK_TIMEOUT;
+            break;
+        }
+        uint64_t slice = WAIT_SLICE_NS;
+        if (timeout_ns && timeout_ns - (now - start) < slice)
+            slice = timeout_ns - (now - start);
+        timed_wait(&c->cond_ready, &c->lock, slice);
+    }
+    c->wait_ns += stk__now_ns() - start;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int stk_loader_next(stk_loader *l, stk_batch **out) { return next_impl(l, out, 0); }
+
+int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms)
+{
+    return next_impl(l, out, timeout_ms ? (uint64_t)timeout_ms * 1000000ULL : 1);
+}
+
+void stk_batch_release(stk_batch *bv)
+{
+    if (!bv)
+        return;
+    buffer *b = (buffer *)(void *)bv;
+    core *c = b->core;
+    pthread_mutex_lock(&c->lock);
+    if (b->state != BUF_HELD) {
+        pthread_mutex_unlock(&c->lock);
+        return;
+    }
+    b->state = BUF_FREE;
+    c->free_count++;
+    bool last = --c->refs == 0;
+    pthread_cond_broadcast(&c->cond_work);
+    pthread_mutex_unlock(&c->lock);
+    if (last)
+        core_free(c);
+}
+
+/* Moves the production cursor to batch `batch` of `epoch`, dropping work
+ * prefetched elsewhere. Waits for workers to leave the slots they write. */
+static void seek(core *c, uint64_t epoch, uint64_t batch)
+{
+    pthread_mutex_lock(&c->lock);
+    uint64_t target = epoch * c->part.batches + batch;
+    if (target != c->deliver_g || epoch != c->cur_epoch) {
+        c->seeking = true;
+        while (c->busy)
+            timed_wait(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
+        for (unsigned k = 0; k < c->depth; k++) {
+            buffer *b = &c->bufs[k];
+            if (b->state == BUF_FILLING) {
+                b->state = BUF_FREE;
+                c->free_count++;
+                free_slot_errs(b->errs);
+                b->errs = NULL;
+            }
+            c->inflight[k] = NULL;
+        }
+        c->claim_g = c->assigned_end_g = c->deliver_g = target;
+        c->claim_slot = 0;
+        c->cur_epoch = epoch;
+        c->seeking = false;
+        pthread_cond_broadcast(&c->cond_work);
+    }
+    pthread_mutex_unlock(&c->lock);
+}
+
+int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (epoch > UINT64_MAX / (l->c->part.batches + 1) - 1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "epoch %llu is too large",
+                 (unsigned long long)epoch);
+        return STK_EINVAL;
+    }
+    seek(l->c, epoch, 0);
+    return STK_OK;
+}
+
+int stk_loader_get_state(stk_loader *l, stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st)
+        return STK_EINVAL;
+    core *c = l->c;
+    pthread_mutex_lock(&c->lock);
+    st->seed = c->seed;
+    st->epoch = c->cur_epoch;
+    st->batch = c->deliver_g - c->cur_epoch * c->part.batches;
+    pthread_mutex_unlock(&c->lock);
+    return STK_OK;
+}
+
+int stk_loader_set_state(stk_loader *l, const stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st)
+        return STK_EINVAL;
+    core *c = l->c;
+    if (st->seed != c->seed) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state was saved with seed %llu but this loader uses seed %llu",
+                 (unsigned long long)st->seed, (unsigned long long)c->seed);
+        return STK_EINVAL;
+    }
+    if (st->batch > c->part.batches ||
+        st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state batch %llu is past this loader's %llu batches per epoch",
+                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
+        return STK_EINVAL;
+    }
+    seek(c, st->epoch, st->batch);
+    return STK_OK;
+}
+
+int stk_loader_info(stk_loader *l, stk_info *info)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!info)
+        return STK_EINVAL;
+    core *c = l->c;
+    info->num_samples = c->src.count;
+    info->samples_per_epoch = c->part.per_rank;
+    info->batches_per_epoch = c->part.batches;
+    info->num_classes = c->src.num_classes;
+    info->threads = c->nthreads;
+    info->depth = c->depth;
+    info->batch_size = c->batch_size;
+    info->kind = c->kind;
+    info->source_kind = c->src.ops->kind;
+    return STK_OK;
+}
+
+int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!out || thread >= l->c->nthreads)
+        return STK_EINVAL;
+    worker *w = &l->c->workers[thread];
+    for (int s = 0; s < STK_STAGE_COUNT; s++) {
+        out[s].items = atomic_load_explicit(&w->items[s], memory_order_relaxed);
+        out[s].busy_ns = atomic_load_explicit(&w->ns[s], memory_order_relaxed);
+    }
+    return STK_OK;
+}
+
+int stk_loader_stats(stk_loader *l, stk_stats *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st)
+        return STK_EINVAL;
+    core *c = l->c;
+    memset(st, 0, sizeof *st);
+    for (unsigned t = 0; t < c->nthreads; t++) {
+        stk_stage_stats s[STK_STAGE_COUNT];
+        stk_loader_thread_stats(l, t, s);
+        for (int k = 0; k < STK_STAGE_COUNT; k++) {
+            st->stages[k].items += s[k].items;
+            st->stages[k].busy_ns += s[k].busy_ns;
+        }
+    }
+    pthread_mutex_lock(&c->lock);
+    st->samples_delivered = c->delivered_samples;
+    st->batches_delivered = c->delivered_batches;
+    st->consumer_wait_ns = c->wait_ns;
+    st->samples_skipped = c->skipped;
+    st->samples_failed = c->failed;
+    pthread_mutex_unlock(&c->lock);
+    st->memory_bound_bytes = c->memory_bound;
+    return STK_OK;
+}
+
+uint64_t stk_loader_memory_bound(stk_loader *l)
+{
+    return l && l->c ? l->c->memory_bound : 0;
+}
+
+size_t stk_loader_error_count(stk_loader *l)
+{
+    if (check_handle(l))
+        return 0;
+    pthread_mutex_lock(&l->c->lock);
+    size_t n = l->c->nerrors;
+    pthread_mutex_unlock(&l->c->lock);
+    return n;
+}
+
+int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!e)
+        return STK_EINVAL;
+    pthread_mutex_lock(&l->c->lock);
+    if (i < l->c->nerrors) {
+        *e = l->c->errors[i];
+        if (!e->path)
+            e->path = "?";
+        if (!e->reason)
+            e->reason = stk_strerror(e->code);
+    } else {
+        rc = STK_EINVAL;
+    }
+    pthread_mutex_unlock(&l->c->lock);
+    return rc;
+}
+
+const char *stk_loader_errmsg(stk_loader *l) { return l ? l->errmsg : ""; }
+
+/* Stops and joins the workers. */
+static void stop_workers(core *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->cancel = true;
+    pthread_cond_broadcast(&c->cond_work);
+    pthread_cond_broadcast(&c->cond_idle);
+    pthread_cond_broadcast(&c->cond_ready);
+    pthread_mutex_unlock(&c->lock);
+    for (unsigned k = 0; k < c->nthreads; k++)
+        if (c->workers[k].started)
+            pthread_join(c->workers[k].th, NULL);
+}
+
+void stk_loader_close(stk_loader *l)
+{
+    if (!l)
+        return;
+    if (l->pid != getpid()) {
+        /* In a forked child the threads do not exist and the lock may be held
+         * by one of the parent's: touching the core could deadlock. The
+         * handle's memory is the parent's to free. */
+        return;
+    }
+    core *c = l->c;
+    if (c) {
+        stop_workers(c);
+        pthread_mutex_lock(&c->lock);
+        bool last = --c->refs == 0;
+        pthread_mutex_unlock(&c->lock);
+        if (last)
+            core_free(c);
+    }
+    stk__free(l);
+}
+
+/* ---- open ----------------------------------------------------------------- */
+
+static unsigned online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
+}
+
+/* Decides the output kind and shape from the source and the transform. */
+static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    const char *spec = o->transform;
+    if (!spec || !*spec || !strcmp(spec, "none")) {
+        if (c->src.fixed_len) {
+            c->kind = STK_BATCH_DENSE;
+            c->ndim = 1;
+            c->shape[0] = (int64_t)c->src.fixed_len;
+            c->sample_bytes = c->src.fixed_len;
+        } else {
+            c->kind = STK_BATCH_VARIABLE;
+            c->sample_bytes = o->max_sample_bytes;
+        }
+        c->dtype = STK_DTYPE_UINT8;
+        return STK_OK;
+    }
+    stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
+    int rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
+    if (rc)
+        return rc;
+    size_t sb = 0;
+    if (stk__imgpipe_dense(c->pipe, &c->ndim, c->shape, &c->dtype, &sb)) {
+        c->kind = STK_BATCH_DENSE;
+        c->sample_bytes = sb;
+    } else {
+        c->kind = STK_BATCH_VARIABLE;
+        c->dtype = STK_DTYPE_UINT8;
+        c->sample_bytes = o->max_sample_bytes;
+    }
+    return STK_OK;
+}
+
+static int alloc_ring(core *c)
+{
+    size_t B = c->batch_size;
+    if (c->sample_bytes && B > SIZE_MAX / c->sample_bytes)
+        return STK_ETOOBIG;
+    if (!(c->bufs = stk__calloc(c->depth, sizeof *c->bufs)) ||
+        !(c->inflight = stk__calloc(c->depth, sizeof *c->inflight)))
+        return STK_ENOMEM;
+    for (unsigned k = 0; k < c->depth; k++) {
+        buffer *b = &c->bufs[k];
+        b->core = c;
+        b->state = BUF_FREE;
+        if (!(b->data = stk__malloc(B * c->sample_bytes)) ||
+            !(b->offsets = stk__malloc(B * sizeof *b->offsets)) ||
+            !(b->lengths = stk__malloc(B * sizeof *b->lengths)) ||
+            !(b->dims = stk__malloc(3 * B * sizeof *b->dims)) ||
+            !(b->labels = stk__malloc(B * sizeof *b->labels)) ||
+            !(b->indices = stk__malloc(B * sizeof *b->indices)) ||
+            !(b->ok = stk__malloc(B)))
+            return STK_ENOMEM;
+    }
+    c->free_count = c->depth;
+    return STK_OK;
+}
+
+static uint64_t memory_bound(const core *c, const stk_options *o)
+{
+    uint64_t B = c->batch_size;
+    uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer);
+    uint64_t per_thread = sizeof(worker);
+    if (c->pipe)
+        per_thread += o->max_input_bytes + o->scratch_bytes;
+    return c->depth * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
+           (uint64_t)MAX_KEPT_ERRORS * (sizeof(stk_sample_error) + 2 * STK_ERRMSG_MAX);
+}
+
+static int open_core(stk_loader *l, const stk_options *o)
+{
+    char *err = l->errmsg;
+    size_t errlen = sizeof l->errmsg;
+    int rc;
+    core *c = stk__calloc(1, sizeof *c);
+    if (!c)
+        return STK_ENOMEM;
+    c->refs = 1;
+    if (pthread_mutex_init(&c->lock, NULL) || cond_init(&c->cond_work) ||
+        cond_init(&c->cond_ready) || cond_init(&c->cond_idle)) {
+        stk__free(c);
+        stk__fmt(err, errlen, "cannot create locks");
+        return STK_ENOMEM;
+    }
+    c->seed = o->seed;
+    c->shuffle = o->shuffle;
+    c->on_error = o->on_error;
+    c->batch_size = o->batch_size;
+    c->depth = o->depth;
+    c->nthreads = o->threads ? o->threads : online_cores();
+
+    stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
+    if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))
+        goto fail;
+    if ((rc = setup_output(c, o, err, errlen)))
+        goto fail;
+    if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
+                                  o->drop_last))) {
+        stk__fmt(err, errlen,
+                 "%s: %llu samples give rank %u of %u no batch of %zu samples%s", o->source,
+                 (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
+                 o->drop_last ? " with drop_last" : "");
+        goto fail;
+    }
+    /* Runs of slots amortise the claim lock; small enough that the threads
+     * still share one batch. */
+    c->run = c->batch_size / (4 * (size_t)c->nthreads);
+    c->run = c->run < 1 ? 1 : c->run > 16 ? 16 : c->run;
+    if ((rc = alloc_ring(c))) {
+        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->depth,
+                 c->batch_size, c->sample_bytes);
+        goto fail;
+    }
+    if (!(c->workers = stk__calloc(c->nthreads, sizeof *c->workers))) {
+        rc = STK_ENOMEM;
+        goto fail;
+    }
+    for (unsigned k = 0; k < c->nthreads; k++) {
+        worker *w = &c->workers[k];
+        w->core = c;
+        w->id = k;
+        w->in.limit = o->max_input_bytes;
+        w->dec.limit = o->scratch_bytes;
+    }
+    c->memory_bound = memory_bound(c, o);
+    for (unsigned k = 0; k < c->nthreads; k++) {
+        if (pthread_create(&c->workers[k].th, NULL, worker_main, &c->workers[k])) {
+            stk__fmt(err, errlen, "cannot start worker thread %u: %s", k, strerror(errno));
+            rc = STK_ENOMEM;
+            stop_workers(c);
+            goto fail;
+        }
+        c->workers[k].started = true;
+    }
+    l->c = c;
+    return STK_OK;
+fail:
+    if (rc == STK_ENOMEM && !err[0])
+        stk__fmt(err, errlen, "out of memory while opening %s", o->source);
+    core_free(c);
+    return rc;
+}
+
+int stk_loader_open(stk_loader **out, const stk_options *o)
+{
+    if (!out)
+        return STK_EINVAL;
+    stk_loader *l = stk__calloc(1, sizeof *l);
+    *out = l;
+    if (!l)
+        return STK_ENOMEM;
+    l->pid = getpid();
+    int rc;
+    if (!o || !o->source) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "no source: set one with stk_options_set_source");
+        rc = STK_EINVAL;
+    } else {
+        rc = open_core(l, o);
+    }
+    l->status = rc;
+    return rc;
+}
+
+const char *stk_strerror(int code)
+{
+    switch (code) {
+    case STK_OK: return "success";
+    case STK_END: return "end of epoch";
+    case STK_TIMEOUT: return "timed out waiting for a batch";
+    case STK_EINVAL: return "invalid argument";
+    case STK_ENOMEM: return "out of memory";
+    case STK_EIO: return "I/O error";
+    case STK_ENOENT: return "no such file or directory";
+    case STK_EFORMAT: return "malformed data";
+    case STK_ETOOBIG: return "too big for its budget or limit";
+    case STK_EMISUSE: return "API misuse";
+    case STK_EBUSY: return "all ring buffers are held by the consumer";
+    case STK_EEMPTY: return "no samples";
+    case STK_EUNSUPPORTED: return "unsupported";
+    case STK_ESAMPLE: return "a sample failed";
+    default: return "unknown error";
+    }
+}
+
+const char *stk_version(void) { return STK_VERSION_STRING; }
+
+const char *stk_stage_name(int stage)
+{
+    switch (stage) {
+    case STK_STAGE_READ: return "read";
+    case STK_STAGE_PROCESS: return "process";
+    default: return "?";
+    }
+}

@@ -1,0 +1,223 @@
+/* options.c -- typed setters for stk_options; every value is checked here so a
+ * bad option fails at the call that set it. */
+#include "options.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int stk_options_create(stk_options **out)
+{
+    stk_options *o = stk__calloc(1, sizeof *o);
+    *out = o;
+    if (!o)
+        return STK_ENOMEM;
+    o->batch_size = 256;
+    o->depth = 2;
+    o->shuffle = true;
+    o->world = 1;
+    o->max_sample_bytes = 1u << 20;
+    o->nchw = 1;
+    o->dtype = STK_DTYPE_UINT8;
+    o->max_dim = 16384;
+    o->scratch_bytes = 64u << 20;
+    o->max_input_bytes = 32u << 20;
+    return STK_OK;
+}
+
+void stk_options_destroy(stk_options *o)
+{
+    if (!o)
+        return;
+    stk__free(o->source);
+    stk__free(o->transform);
+    stk__free(o);
+}
+
+static int set_str(char **dst, const char *v)
+{
+    if (!v)
+        return STK_EINVAL;
+    char *d = stk__strdup(v);
+    if (!d)
+        return STK_ENOMEM;
+    stk__free(*dst);
+    *dst = d;
+    return STK_OK;
+}
+
+int stk_options_set_source(stk_options *o, const char *path)
+{
+    if (!o || !path || !*path)
+        return STK_EINVAL;
+    return set_str(&o->source, path);
+}
+
+int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_bytes,
+                            unsigned label_bytes)
+{
+    if (!o || !record_bytes || record_bytes <= label_bytes ||
+        (label_bytes != 0 && label_bytes != 1 && label_bytes != 2 && label_bytes != 4 &&
+         label_bytes != 8))
+        return STK_EINVAL;
+    o->record_bytes = record_bytes;
+    o->header_bytes = header_bytes;
+    o->label_bytes = label_bytes;
+    return STK_OK;
+}
+
+int stk_options_set_batch_size(stk_options *o, size_t n)
+{
+    if (!o || n < 1 || n > (1u << 24))
+        return STK_EINVAL;
+    o->batch_size = n;
+    return STK_OK;
+}
+
+int stk_options_set_threads(stk_options *o, unsigned n)
+{
+    if (!o || n > 256)
+        return STK_EINVAL;
+    o->threads = n;
+    return STK_OK;
+}
+
+int stk_options_set_depth(stk_options *o, unsigned n)
+{
+    if (!o || n < 1 || n > 64)
+        return STK_EINVAL;
+    o->depth = n;
+    return STK_OK;
+}
+
+int stk_options_set_seed(stk_options *o, uint64_t seed)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->seed = seed;
+    return STK_OK;
+}
+
+int stk_options_set_shuffle(stk_options *o, int on)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->shuffle = on != 0;
+    return STK_OK;
+}
+
+int stk_options_set_drop_last(stk_options *o, int on)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->drop_last = on != 0;
+    return STK_OK;
+}
+
+int stk_options_set_partition(stk_options *o, unsigned rank, unsigned world_size)
+{
+    if (!o || world_size < 1 || rank >= world_size)
+        return STK_EINVAL;
+    o->rank = rank;
+    o->world = world_size;
+    return STK_OK;
+}
+
+int stk_options_set_on_error(stk_options *o, int policy)
+{
+    if (!o || (policy != STK_ON_ERROR_RAISE && policy != STK_ON_ERROR_SKIP))
+        return STK_EINVAL;
+    o->on_error = policy;
+    return STK_OK;
+}
+
+int stk_options_set_max_sample_bytes(stk_options *o, size_t n)
+{
+    if (!o || n < 1 || n > ((size_t)1 << 40))
+        return STK_EINVAL;
+    o->max_sample_bytes = n;
+    return STK_OK;
+}
+
+int stk_options_set_transform(stk_options *o, const char *spec)
+{
+    if (!o || !spec)
+        return STK_EINVAL;
+    return set_str(&o->transform, spec);
+}
+
+/* Parses a whole decimal number with an optional K/M/G (binary) suffix. */
+static int parse_size(const char *v, uint64_t max, uint64_t *out)
+{
+    if (!v || *v < '0' || *v > '9')
+        return STK_EINVAL;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno)
+        return STK_EINVAL;
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k')
+        shift = 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        shift = 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        shift = 30, end++;
+    if (*end || x > (max >> shift))
+        return STK_EINVAL;
+    *out = (uint64_t)x << shift;
+    return STK_OK;
+}
+
+int stk_options_set(stk_options *o, const char *key, const char *value)
+{
+    uint64_t n;
+    if (!o || !key || !value)
+        return STK_EINVAL;
+    if (!strcmp(key, "layout")) {
+        if (!strcmp(value, "nchw"))
+            o->nchw = 1;
+        else if (!strcmp(value, "nhwc"))
+            o->nchw = 0;
+        else
+            return STK_EINVAL;
+        return STK_OK;
+    }
+    if (!strcmp(key, "dtype")) {
+        static const char *const names[] = {"uint8", "float32", "float16", "bfloat16"};
+        for (int k = 0; k < 4; k++)
+            if (!strcmp(value, names[k])) {
+                o->dtype = k;
+                return STK_OK;
+            }
+        return STK_EINVAL;
+    }
+    if (!strcmp(key, "exif")) {
+        if (strcmp(value, "0") && strcmp(value, "1"))
+            return STK_EINVAL;
+        o->exif = value[0] == '1';
+        return STK_OK;
+    }
+    if (!strcmp(key, "size")) {
+        if (parse_size(value, 65535, &n) || n < 1)
+            return STK_EINVAL;
+        o->size = (int)n;
+        return STK_OK;
+    }
+    if (!strcmp(key, "max_dim")) {
+        if (parse_size(value, 1u << 20, &n) || n < 1)
+            return STK_EINVAL;
+        o->max_dim = (uint32_t)n;
+        return STK_OK;
+    }
+    if (!strcmp(key, "scratch_bytes") || !strcmp(key, "max_input_bytes")) {
+        if (parse_size(value, (uint64_t)1 << 40, &n) || n < 4096)
+            return STK_EINVAL;
+        if (key[0] == 's')
+            o->scratch_bytes = (size_t)n;
+        else
+            o->max_input_bytes = (size_t)n;
+        return STK_OK;
+    }
+    return STK_EINVAL;
+}

@@ -1,0 +1,29 @@
+/* options.h -- the options object behind stk_options_* (internal layout). */
+#ifndef STK_OPTIONS_H
+#define STK_OPTIONS_H
+
+#include "internal.h"
+
+struct stk_options {
+    char *source;
+    size_t record_bytes, header_bytes;
+    unsigned label_bytes;
+    size_t batch_size;
+    unsigned threads, depth;
+    uint64_t seed;
+    bool shuffle, drop_last;
+    unsigned rank, world;
+    int on_error;
+    size_t max_sample_bytes;
+    char *transform;
+    /* Image options (stk_options_set). */
+    int dtype;
+    int nchw;
+    int size;
+    int exif;
+    uint32_t max_dim;
+    size_t scratch_bytes;   /* per-thread decode scratch limit */
+    size_t max_input_bytes; /* per-thread encoded-input limit when decoding */
+};
+
+#endif

@@ -1,0 +1,204 @@
+#define _GNU_SOURCE
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+long stk__alloc_live(void);
+
+int tu_failures;
+int tu_checks;
+static const char *g_name;
+static long g_live0;
+static int g_fds0, g_threads0;
+static char g_tmp[256];
+static int g_tests, g_tests_failed;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "TIMEOUT: test exceeded its time limit\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(124);
+}
+
+void tu_begin(const char *name, unsigned timeout_s)
+{
+    g_name = name;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGALRM, on_alarm);
+    alarm(timeout_s);
+    g_live0 = stk__alloc_live();
+    g_fds0 = tu_count_fds();
+    g_threads0 = tu_count_threads();
+}
+
+void tu_run(const char *name, void (*fn)(void))
+{
+    int before = tu_failures;
+    long live = stk__alloc_live();
+    fn();
+    if (stk__alloc_live() != live) {
+        fprintf(stderr, "%s: leaked %ld library allocations\n", name, stk__alloc_live() - live);
+        tu_failures++;
+    }
+    g_tests++;
+    if (tu_failures != before)
+        g_tests_failed++;
+    printf("  %-44s %s\n", name, tu_failures == before ? "ok" : "FAILED");
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb, (void)flag, (void)f;
+    chmod(p, 0700);
+    return remove(p);
+}
+
+const char *tu_tmpdir(void)
+{
+    if (!g_tmp[0]) {
+        snprintf(g_tmp, sizeof g_tmp, "/tmp/stk-test-XXXXXX");
+        if (!mkdtemp(g_tmp)) {
+            perror("mkdtemp");
+            tu_abort();
+        }
+    }
+    return g_tmp;
+}
+
+const char *tu_path(const char *rel)
+{
+    static char bufs[8][1024];
+    static int k;
+    char *b = bufs[k++ & 7];
+    snprintf(b, 1024, "%s/%s", tu_tmpdir(), rel);
+    return b;
+}
+
+void tu_mkdirs(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    }
+    mkdir(buf, 0755);
+}
+
+void tu_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        perror(path);
+        tu_abort();
+    }
+    if (n && fwrite(data, 1, n, f) != n) {
+        perror(path);
+        tu_abort();
+    }
+    fclose(f);
+}
+
+void *tu_read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(len > 0 ? (size_t)len : 1);
+    *n = fread(p, 1, (size_t)len, f);
+    fclose(f);
+    return p;
+}
+
+static int count_dir(const char *d)
+{
+    DIR *dir = opendir(d);
+    if (!dir)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(dir);
+    return n - 1; /* the DIR's own fd when counting fds; harmless for tasks */
+}
+
+int tu_count_fds(void) { return count_dir("/proc/self/fd"); }
+int tu_count_threads(void) { return count_dir("/proc/self/task") + 1; }
+
+static long status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl))
+            v = strtol(line + kl, NULL, 10);
+    fclose(f);
+    return v * 1024;
+}
+
+long tu_peak_rss_bytes(void) { return status_kb("VmHWM:"); }
+long tu_rss_bytes(void) { return status_kb("VmRSS:"); }
+
+uint64_t tu_hash(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    if (!h)
+        h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) {
+        h ^= c[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+void tu_abort(void)
+{
+    if (g_tmp[0])
+        nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    printf("%s: 0 passed, 1 failed (aborted)\n", g_name ? g_name : "test");
+    exit(1);
+}
+
+int tu_end(void)
+{
+    if (g_tmp[0])
+        nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    if (stk__alloc_live() != g_live0) {
+        fprintf(stderr, "%s: %ld library allocations leaked\n", g_name, stk__alloc_live() - g_live0);
+        tu_failures++;
+    }
+    /* Threads are joined by close; give the kernel a moment to reap tasks. */
+    for (int i = 0; i < 100 && tu_count_threads() != g_threads0; i++)
+        usleep(10000);
+    if (tu_count_threads() != g_threads0) {
+        fprintf(stderr, "%s: thread count %d, expected %d\n", g_name, tu_count_threads(), g_threads0);
+        tu_failures++;
+    }
+    if (tu_count_fds() != g_fds0) {
+        fprintf(stderr, "%s: fd count %d, expected %d\n", g_name, tu_count_fds(), g_fds0);
+        tu_failures++;
+    }
+    printf("%s: %d tests, %d checks, %d failed checks\n", g_name, g_tests, tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
+}

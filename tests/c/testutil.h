@@ -1,0 +1,71 @@
+/* testutil.h -- a tiny harness for stoker's C tests. Each test program runs
+ * isolated, under an alarm() timeout, and ends by checking that nothing leaked:
+ * library allocations, threads and file descriptors. */
+#ifndef STK_TESTUTIL_H
+#define STK_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "stoker.h"
+
+extern int tu_failures;
+extern int tu_checks;
+
+#define CHECK(cond)                                                                   \
+    do {                                                                              \
+        tu_checks++;                                                                  \
+        if (!(cond)) {                                                                \
+            tu_failures++;                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                             \
+    } while (0)
+
+#define CHECK_EQ(a, b)                                                                \
+    do {                                                                              \
+        long long tu_a = (long long)(a), tu_b = (long long)(b);                       \
+        tu_checks++;                                                                  \
+        if (tu_a != tu_b) {                                                           \
+            tu_failures++;                                                            \
+            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n",     \
+                    __FILE__, __LINE__, #a, #b, tu_a, tu_b);                          \
+        }                                                                             \
+    } while (0)
+
+/* Aborts the test program at once (for failures that make going on pointless). */
+#define REQUIRE(cond)                                                                 \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
+            tu_abort();                                                               \
+        }                                                                             \
+    } while (0)
+
+/* Runs one named test function, printing its result line. */
+#define RUN(fn) tu_run(#fn, fn)
+
+/* Call first: records the leak baseline and arms a timeout (seconds). */
+void tu_begin(const char *name, unsigned timeout_s);
+void tu_run(const char *name, void (*fn)(void));
+/* Call last: checks leaks, prints the summary, returns main's exit status. */
+int tu_end(void);
+void tu_abort(void) __attribute__((noreturn));
+
+/* A fresh temporary directory (removed by tu_end). Returned string is static
+ * storage owned by the harness. */
+const char *tu_tmpdir(void);
+/* Joins tu_tmpdir() and rel into a static rotating buffer. */
+const char *tu_path(const char *rel);
+void tu_mkdirs(const char *path);
+void tu_write_file(const char *path, const void *data, size_t n);
+/* Reads a whole file into a malloc'd buffer (caller frees); NULL if missing. */
+void *tu_read_file(const char *path, size_t *n);
+int tu_count_fds(void);
+int tu_count_threads(void);
+long tu_peak_rss_bytes(void);
+long tu_rss_bytes(void);
+/* 64-bit FNV-1a, for comparing batch contents cheaply. */
+uint64_t tu_hash(uint64_t h, const void *p, size_t n);
+
+#endif

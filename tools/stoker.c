@@ -1,0 +1,398 @@
+/*
+ * stoker -- the command-line tool.
+ *
+ *   stoker bench PATH [options]   iterate a dataset and report throughput
+ *   stoker version
+ *
+ * Exit status: 0 success, 1 a loader error (message on stderr), 2 bad usage.
+ */
+#include "stoker.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <xxhash.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: stoker bench PATH [options]\n"
+            "       stoker version\n"
+            "\n"
+            "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
+            "memory bound, per-stage times, consumer starvation and a checksum of\n"
+            "every delivered batch (bytes and labels, in order).\n"
+            "\n"
+            "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE) or, with\n"
+            "--record-size, a file of fixed-size records.\n"
+            "\n"
+            "options:\n"
+            "  --batch-size N      samples per batch (256)\n"
+            "  --threads N         worker threads (0 = cores)\n"
+            "  --depth N           ring buffers (2)\n"
+            "  --epochs N          epochs to run (1)\n"
+            "  --seed S            shuffle and augmentation seed (0)\n"
+            "  --no-shuffle        natural order\n"
+            "  --drop-last         drop each rank's final partial batch\n"
+            "  --rank R --world-size W   this rank's share of each epoch\n"
+            "  --transform T       none | imagenet-train | imagenet-val | cifar-train | SPEC\n"
+            "  --size N            output size for the transform presets\n"
+            "  --layout L          nchw | nhwc (nchw)\n"
+            "  --dtype D           uint8 | float32 | float16 | bfloat16 (uint8)\n"
+            "  --on-error P        raise | skip (raise)\n"
+            "  --max-sample-bytes N  per-sample budget of variable-size batches (1M)\n"
+            "  --record-size N     read PATH as records of N bytes\n"
+            "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
+            "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
+            "  --json              print one JSON object instead of the report\n");
+}
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ULL << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1ULL << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1ULL << 30, end++;
+    if (*end == 'i' && end[1] == 'B')
+        end += 2;
+    if (errno || *end || v > UINT64_MAX / mul)
+        return false;
+    *out = (uint64_t)v * mul;
+    return true;
+}
+
+static long peak_rss_bytes(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss * 1024L;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* Folds one batch into the checksum: labels, then each sample's length and
+ * bytes, so equal checksums mean equal batches in equal order. */
+static void hash_batch(XXH3_state_t *h, const stk_batch *b)
+{
+    XXH3_64bits_update(h, b->labels, b->size * sizeof *b->labels);
+    if (b->kind == STK_BATCH_DENSE) {
+        XXH3_64bits_update(h, b->data, b->size * b->sample_bytes);
+        return;
+    }
+    for (size_t k = 0; k < b->size; k++) {
+        uint64_t len = b->lengths[k];
+        XXH3_64bits_update(h, &len, sizeof len);
+        XXH3_64bits_update(h, (const uint8_t *)b->data + b->offsets[k], len);
+    }
+}
+
+static const char *human_bytes(double v, char *buf, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int k = 0;
+    while (v >= 1024 && k < 4)
+        v /= 1024, k++;
+    snprintf(buf, n, "%.1f %s", v, u[k]);
+    return buf;
+}
+
+typedef struct bench_args {
+    const char *path;
+    uint64_t epochs;
+    bool json;
+} bench_args;
+
+static int set_opt(stk_options *o, const char *key, const char *val)
+{
+    if (stk_options_set(o, key, val) != STK_OK) {
+        fprintf(stderr, "stoker: invalid --%s '%s'\n", key, val);
+        return 2;
+    }
+    return 0;
+}
+
+/* Parses bench's arguments into o. Returns 0, or 2 for bad usage. */
+static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
+{
+    uint64_t v = 0, rank = 0, world = 1, record = 0, header = 0, label = 0;
+    a->epochs = 1;
+    for (int i = 2; i < argc; i++) {
+        const char *k = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        bool num = val && parse_u64(val, &v);
+        int rc = STK_OK;
+#define NEED_NUM                                                                  \
+    do {                                                                          \
+        if (!num) {                                                               \
+            fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k,           \
+                    val ? val : "nothing");                                       \
+            return 2;                                                             \
+        }                                                                         \
+        i++;                                                                      \
+    } while (0)
+        if (!strcmp(k, "--batch-size")) {
+            NEED_NUM;
+            rc = stk_options_set_batch_size(o, (size_t)v);
+        } else if (!strcmp(k, "--threads")) {
+            NEED_NUM;
+            rc = v > 256 ? STK_EINVAL : stk_options_set_threads(o, (unsigned)v);
+        } else if (!strcmp(k, "--depth")) {
+            NEED_NUM;
+            rc = v > 64 ? STK_EINVAL : stk_options_set_depth(o, (unsigned)v);
+        } else if (!strcmp(k, "--epochs")) {
+            NEED_NUM;
+            a->epochs = v;
+        } else if (!strcmp(k, "--seed")) {
+            NEED_NUM;
+            rc = stk_options_set_seed(o, v);
+        } else if (!strcmp(k, "--rank")) {
+            NEED_NUM;
+            rank = v;
+        } else if (!strcmp(k, "--world-size")) {
+            NEED_NUM;
+            world = v;
+        } else if (!strcmp(k, "--max-sample-bytes")) {
+            NEED_NUM;
+            rc = stk_options_set_max_sample_bytes(o, (size_t)v);
+        } else if (!strcmp(k, "--record-size")) {
+            NEED_NUM;
+            record = v;
+        } else if (!strcmp(k, "--header-bytes")) {
+            NEED_NUM;
+            header = v;
+        } else if (!strcmp(k, "--label-bytes")) {
+            NEED_NUM;
+            label = v;
+        } else if (!strcmp(k, "--no-shuffle")) {
+            rc = stk_options_set_shuffle(o, 0);
+        } else if (!strcmp(k, "--drop-last")) {
+            rc = stk_options_set_drop_last(o, 1);
+        } else if (!strcmp(k, "--json")) {
+            a->json = true;
+        } else if (!strcmp(k, "--transform") && val) {
+            rc = stk_options_set_transform(o, val);
+            i++;
+        } else if (!strcmp(k, "--on-error") && val) {
+            if (strcmp(val, "raise") && strcmp(val, "skip")) {
+                fprintf(stderr, "stoker: --on-error takes raise or skip, got '%s'\n", val);
+                return 2;
+            }
+            rc = stk_options_set_on_error(o, val[0] == 's' ? STK_ON_ERROR_SKIP
+                                                           : STK_ON_ERROR_RAISE);
+            i++;
+        } else if ((!strcmp(k, "--size") || !strcmp(k, "--layout") || !strcmp(k, "--dtype")) &&
+                   val) {
+            if (set_opt(o, k + 2, val))
+                return 2;
+            i++;
+        } else if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (k[0] == '-' && k[1] == '-') {
+            fprintf(stderr, "stoker: unknown or incomplete option '%s'\n", k);
+            return 2;
+        } else if (!a->path) {
+            a->path = k;
+        } else {
+            fprintf(stderr, "stoker: unexpected argument '%s'\n", k);
+            return 2;
+        }
+#undef NEED_NUM
+        if (rc != STK_OK) {
+            fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val ? val : "");
+            return 2;
+        }
+    }
+    if (!a->path) {
+        fprintf(stderr, "stoker: bench needs a dataset PATH\n");
+        return 2;
+    }
+    if (world < 1 || world > UINT32_MAX || rank >= world) {
+        fprintf(stderr, "stoker: need 0 <= --rank < --world-size\n");
+        return 2;
+    }
+    if (stk_options_set_partition(o, (unsigned)rank, (unsigned)world) ||
+        stk_options_set_source(o, a->path)) {
+        fprintf(stderr, "stoker: invalid partition or path\n");
+        return 2;
+    }
+    if (record && stk_options_set_records(o, (size_t)record, (size_t)header, (unsigned)label)) {
+        fprintf(stderr, "stoker: invalid --record-size/--label-bytes (label bytes 0,1,2,4,8 "
+                        "and smaller than the record)\n");
+        return 2;
+    }
+    return 0;
+}
+
+static void print_errors_json(stk_loader *l, FILE *f)
+{
+    size_t n = stk_loader_error_count(l);
+    fprintf(f, "\"errors\":[");
+    for (size_t k = 0; k < n; k++) {
+        stk_sample_error e;
+        if (stk_loader_error_get(l, k, &e))
+            continue;
+        fprintf(f, "%s{\"sample\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"path\":", k ? "," : "",
+                e.sample, e.epoch);
+        json_str(f, e.path);
+        fprintf(f, ",\"reason\":");
+        json_str(f, e.reason);
+        fprintf(f, "}");
+    }
+    fprintf(f, "]");
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    bench_args a = {0};
+    int status = 0;
+    XXH3_state_t *h = XXH3_createState();
+    if (!h || stk_options_create(&o)) {
+        fprintf(stderr, "stoker: out of memory\n");
+        return 1;
+    }
+    XXH3_64bits_reset(h);
+    if ((status = parse_bench(argc, argv, o, &a)))
+        goto out;
+
+    int rc = stk_loader_open(&l, o);
+    if (rc != STK_OK) {
+        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n", a.path,
+                l ? stk_loader_errmsg(l) : "out of memory", stk_strerror(rc));
+        status = 1;
+        goto out;
+    }
+    stk_info info;
+    stk_loader_info(l, &info);
+    uint64_t bound = stk_loader_memory_bound(l);
+    if (!a.json) {
+        printf("stoker bench: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", a.path,
+               info.source_kind, info.num_samples, info.num_classes);
+        printf("  %u threads, batch %zu, depth %u, %" PRIu64 " batches/epoch, %" PRIu64
+               " epoch(s)\n",
+               info.threads, info.batch_size, info.depth, info.batches_per_epoch, a.epochs);
+        fflush(stdout);
+    }
+    uint64_t samples = 0, batches = 0;
+    double t0 = now_s();
+    for (uint64_t e = 0; e < a.epochs && !status; e++) {
+        for (;;) {
+            stk_batch *b;
+            rc = stk_loader_next(l, &b);
+            if (rc == STK_END)
+                break;
+            if (rc != STK_OK) {
+                fprintf(stderr, "stoker: %s: %s\n", stk_strerror(rc), stk_loader_errmsg(l));
+                status = 1;
+                break;
+            }
+            hash_batch(h, b);
+            samples += b->size;
+            batches++;
+            stk_batch_release(b);
+        }
+    }
+    double secs = now_s() - t0;
+    stk_stats st;
+    stk_loader_stats(l, &st);
+    long rss = peak_rss_bytes();
+    unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
+    double rate = secs > 0 ? (double)samples / secs : 0;
+    if (a.json) {
+        printf("{\"path\":");
+        json_str(stdout, a.path);
+        printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
+               "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
+               ",\"seconds\":%.6f,\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,"
+               "\"memory_bound_bytes\":%" PRIu64 ",\"starvation_s\":%.6f,\"stages\":{",
+               info.source_kind, info.threads, info.batch_size, info.depth, a.epochs, samples,
+               batches, secs, rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
+        for (int s = 0; s < STK_STAGE_COUNT; s++)
+            printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
+                   stk_stage_name(s), st.stages[s].items, (double)st.stages[s].busy_ns * 1e-9);
+        printf("},\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
+               st.samples_failed);
+        print_errors_json(l, stdout);
+        printf(",\"checksum\":\"%016llx\",\"ok\":%s}\n", sum, status ? "false" : "true");
+    } else {
+        char b1[32], b2[32];
+        printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
+               samples, batches, secs, rate);
+        printf("  peak RSS     %s (memory bound %s)\n", human_bytes((double)rss, b1, sizeof b1),
+               human_bytes((double)bound, b2, sizeof b2));
+        for (int s = 0; s < STK_STAGE_COUNT; s++) {
+            double busy = (double)st.stages[s].busy_ns * 1e-9;
+            printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",
+                   stk_stage_name(s), st.stages[s].items, busy, info.threads,
+                   st.stages[s].items ? busy * 1e6 / (double)st.stages[s].items : 0.0);
+        }
+        double starve = (double)st.consumer_wait_ns * 1e-9;
+        printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
+               secs > 0 ? 100.0 * starve / secs : 0.0);
+        if (st.samples_skipped)
+            printf("  skipped      %" PRIu64 " samples (first: see --json errors)\n",
+                   st.samples_skipped);
+        printf("  checksum     %016llx\n", sum);
+    }
+out:
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    XXH3_freeState(h);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "bench"))
+        return cmd_bench(argc, argv);
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("stoker %s\n", stk_version());
+        return 0;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "stoker: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
