@@ -37,6 +37,11 @@ uint32_t stk__axis_ksize(double in0, double in1, uint32_t out_size);
 /* Bytes of bounds + coef storage for n outputs of that ksize. */
 size_t stk__axis_bytes(uint32_t n, uint32_t ksize);
 
+/* The taps of output xx alone (the first input index and the count); the
+ * first index and the end are non-decreasing in xx, so the span a window of
+ * outputs reads is known without building the table. */
+void stk__axis_bound(uint32_t in_size, double in0, double in1, uint32_t out_size, uint32_t xx,
+                     int32_t *first, int32_t *count);
 /* Fills ax (whose storage is mem, stk__axis_bytes large) with the weights of
  * outputs [o0, o0 + n) of a resize of the span [in0, in1) of an axis of
  * in_size pixels to out_size pixels, exactly as PIL 9 computes them (taps

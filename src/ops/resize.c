@@ -48,43 +48,79 @@ size_t stk__axis_bytes(uint32_t n, uint32_t ksize)
     return (size_t)n * 2 * sizeof(int32_t) + (size_t)n * ksize * sizeof(int32_t);
 }
 
+/* Per-output constants of an axis, computed once as PIL does. */
+typedef struct axis_consts {
+    double scale, support, ss, fin0;
+    uint32_t ksize;
+} axis_consts;
+
+static void consts(axis_consts *c, double in0, double in1, uint32_t out_size)
+{
+    c->scale = span_scale(in0, in1, out_size);
+    double filterscale = c->scale < 1.0 ? 1.0 : c->scale;
+    c->support = 1.0 * filterscale;
+    c->ss = 1.0 / filterscale;
+    c->fin0 = (double)(float)in0;
+    c->ksize = (uint32_t)ceil(c->support) * 2 + 1;
+}
+
+static double center_of(const axis_consts *c, uint32_t xx)
+{
+    return c->fin0 + ((double)xx + 0.5) * c->scale;
+}
+
+/* Truncating casts and clamps as in PIL's precompute_coeffs. */
+static void bound_of(const axis_consts *c, uint32_t in_size, double center, int *xmin_out,
+                     int *count_out)
+{
+    int xmin = (int)(center - c->support + 0.5);
+    if (xmin < 0)
+        xmin = 0;
+    int xmax = (int)(center + c->support + 0.5);
+    if (xmax > (int)in_size)
+        xmax = (int)in_size;
+    xmax -= xmin;
+    if (xmax < 0)
+        xmax = 0;
+    if ((uint32_t)xmax > c->ksize)
+        xmax = (int)c->ksize;
+    *xmin_out = xmin;
+    *count_out = xmax;
+}
+
+void stk__axis_bound(uint32_t in_size, double in0, double in1, uint32_t out_size, uint32_t xx,
+                     int32_t *first, int32_t *count)
+{
+    axis_consts c;
+    int a, n;
+    consts(&c, in0, in1, out_size);
+    bound_of(&c, in_size, center_of(&c, xx), &a, &n);
+    *first = a;
+    *count = n;
+}
+
 void stk__axis_init(stk__axis *ax, void *mem, uint32_t in_size, double in0, double in1,
                     uint32_t out_size, uint32_t o0, uint32_t n)
 {
-    double scale = span_scale(in0, in1, out_size);
-    double filterscale = scale < 1.0 ? 1.0 : scale;
-    double support = 1.0 * filterscale;
-    double ss = 1.0 / filterscale;
-    double fin0 = (double)(float)in0;
-    uint32_t ksize = (uint32_t)ceil(support) * 2 + 1;
-
+    axis_consts c;
+    consts(&c, in0, in1, out_size);
+    const uint32_t ksize = c.ksize;
     ax->bounds = mem;
     ax->coef = ax->bounds + (size_t)n * 2;
     ax->n = n;
     ax->ksize = ksize;
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t xx = o0 + k;
-        double center = fin0 + ((double)xx + 0.5) * scale;
-        /* Truncating casts and clamps as in PIL's precompute_coeffs. */
-        int xmin = (int)(center - support + 0.5);
-        if (xmin < 0)
-            xmin = 0;
-        int xmax = (int)(center + support + 0.5);
-        if (xmax > (int)in_size)
-            xmax = (int)in_size;
-        xmax -= xmin;
-        if (xmax < 0)
-            xmax = 0;
-        if ((uint32_t)xmax > ksize)
-            xmax = (int)ksize;
+        double center = center_of(&c, o0 + k);
+        int xmin, xmax;
+        bound_of(&c, in_size, center, &xmin, &xmax);
         int32_t *kk = ax->coef + (size_t)k * ksize;
         /* Weights are computed twice (sum, then normalised value) instead of
          * being stored as doubles: same arithmetic as PIL, no extra buffer. */
         double ww = 0.0;
         for (int x = 0; x < xmax; x++)
-            ww += bilinear(((double)(x + xmin) - center + 0.5) * ss);
+            ww += bilinear(((double)(x + xmin) - center + 0.5) * c.ss);
         for (int x = 0; x < xmax; x++) {
-            double w = bilinear(((double)(x + xmin) - center + 0.5) * ss);
+            double w = bilinear(((double)(x + xmin) - center + 0.5) * c.ss);
             if (ww != 0.0)
                 w /= ww;
             kk[x] = w < 0 ? (int32_t)(-0.5 + w * (1 << PRECISION_BITS))

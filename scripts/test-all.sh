@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The README's test command: every suite, in every mode.
+#   1. C tests, release build
+#   2. C tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   3. threaded C tests (test_mt_*) under ThreadSanitizer
+#   4. fuzz corpora replayed as tests, and each fuzz target for a bounded time
+#   5. Python tests (pytest)
+# Each suite ends with a closing line "SUITE: N passed, N failed"; the script
+# exits non-zero if any suite failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh || exit 1
+JOBS=${JOBS:-2}
+overall=0
+
+# run_suite NAME MODE [FILTER]: builds MODE and runs its test binaries.
+run_suite() {
+    local name=$1 mode=$2 filter=${3:-test_*}
+    if ! make -s -j"$JOBS" MODE="$mode" lib tests >"build/$name.log" 2>&1; then
+        cat "build/$name.log"
+        echo "$name: 0 passed, 1 failed (build failed)"
+        overall=1
+        return
+    fi
+    local pass=0 fail=0 t
+    for t in build/"$mode"/tests/$filter; do
+        [ -x "$t" ] || continue
+        if timeout "${TEST_TIMEOUT:-600}" "$t" >"$t.out" 2>&1; then
+            pass=$((pass + 1))
+            echo "  [$name] $(basename "$t"): ok"
+        else
+            fail=$((fail + 1))
+            echo "  [$name] $(basename "$t"): FAILED"
+            tail -n 40 "$t.out" | sed 's/^/      /'
+        fi
+    done
+    echo "$name: $pass passed, $fail failed"
+    [ "$fail" -eq 0 ] || overall=1
+}
+
+mkdir -p build
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+echo "== C tests (release)"
+run_suite c-release release
+echo "== C tests (ASan+UBSan)"
+run_suite c-asan asan
+echo "== threaded C tests (TSan)"
+run_suite c-tsan tsan 'test_mt_*'
+
+if [ -x scripts/test-fuzz.sh ]; then
+    echo "== fuzz targets"
+    scripts/test-fuzz.sh || overall=1
+fi
+
+if [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
+    echo "== Python tests"
+    if make -s -j"$JOBS" MODE=release python >build/python.log 2>&1; then
+        /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/py
+        rc=$?
+        # pytest's exit 5 means no tests were collected: treat it as a failure.
+        [ $rc -eq 0 ] || overall=1
+    else
+        cat build/python.log
+        echo "python: 0 passed, 1 failed (build failed)"
+        overall=1
+    fi
+fi
+
+if [ $overall -eq 0 ]; then echo "ALL SUITES PASSED"; else echo "SOME SUITES FAILED"; fi
+exit $overall

@@ -1,0 +1,188 @@
+/*
+ * pixel.c -- geometry on RGB uint8 views (pad, flips, crop) and the final
+ * writer that turns a view into the sample's output element type and layout.
+ */
+#include "ops/ops.h"
+
+#include <string.h>
+
+void stk__pad(const stk__view *in, const stk__view *out, uint32_t left, uint32_t top,
+              const uint8_t fill[3])
+{
+    for (uint32_t y = 0; y < out->h; y++) {
+        uint8_t *d = out->p + (size_t)y * out->stride;
+        int inside = y >= top && y - top < in->h;
+        for (uint32_t x = 0; x < out->w; x++) {
+            if (inside && x == left) {
+                memcpy(d + (size_t)x * 3, in->p + (size_t)(y - top) * in->stride,
+                       (size_t)in->w * 3);
+                x += in->w - 1;
+                continue;
+            }
+            d[3 * x + 0] = fill[0];
+            d[3 * x + 1] = fill[1];
+            d[3 * x + 2] = fill[2];
+        }
+    }
+}
+
+void stk__flip_h(const stk__view *v)
+{
+    for (uint32_t y = 0; y < v->h; y++) {
+        uint8_t *r = v->p + (size_t)y * v->stride;
+        for (uint32_t a = 0, b = v->w ? v->w - 1 : 0; a < b; a++, b--) {
+            for (int c = 0; c < 3; c++) {
+                uint8_t t = r[3 * a + (uint32_t)c];
+                r[3 * a + (uint32_t)c] = r[3 * b + (uint32_t)c];
+                r[3 * b + (uint32_t)c] = t;
+            }
+        }
+    }
+}
+
+void stk__flip_v(const stk__view *v)
+{
+    size_t n = (size_t)v->w * 3;
+    for (uint32_t a = 0, b = v->h ? v->h - 1 : 0; a < b; a++, b--) {
+        uint8_t *ra = v->p + (size_t)a * v->stride, *rb = v->p + (size_t)b * v->stride;
+        /* Swap through a small stack block so no row buffer is needed. */
+        uint8_t tmp[256];
+        for (size_t o = 0; o < n; o += sizeof tmp) {
+            size_t k = n - o < sizeof tmp ? n - o : sizeof tmp;
+            memcpy(tmp, ra + o, k);
+            memcpy(ra + o, rb + o, k);
+            memcpy(rb + o, tmp, k);
+        }
+    }
+}
+
+stk__view stk__crop(const stk__view *v, uint32_t x, uint32_t y, uint32_t w, uint32_t h)
+{
+    stk__view r;
+    r.p = v->p + (size_t)y * v->stride + (size_t)x * 3;
+    r.stride = v->stride;
+    r.w = w;
+    r.h = h;
+    return r;
+}
+
+size_t stk__dtype_size(int dtype)
+{
+    switch (dtype) {
+    case STK_DTYPE_FLOAT32:
+        return 4;
+    case STK_DTYPE_FLOAT16:
+    case STK_DTYPE_BFLOAT16:
+        return 2;
+    default:
+        return 1;
+    }
+}
+
+/* Each element type gets its own loop so the per-element work is one table
+ * load and one store. Rows are walked in output order; hflip/vflip pick the
+ * source row and column. */
+#define WRITE_LOOP(T, VALUE)                                                           \
+    do {                                                                               \
+        T *o = out;                                                                    \
+        const size_t plane = (size_t)W * H;                                            \
+        for (uint32_t y = 0; y < H; y++) {                                             \
+            const uint8_t *row = in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride; \
+            for (uint32_t x = 0; x < W; x++) {                                         \
+                const uint8_t *px = row + (size_t)(wr->hflip ? W - 1 - x : x) * 3;     \
+                if (wr->nchw) {                                                        \
+                    size_t i = (size_t)y * W + x;                                      \
+                    o[i] = VALUE(0, px[0]);                                            \
+                    o[plane + i] = VALUE(1, px[1]);                                    \
+                    o[2 * plane + i] = VALUE(2, px[2]);                                \
+                } else {                                                               \
+                    size_t i = ((size_t)y * W + x) * 3;                                \
+                    o[i] = VALUE(0, px[0]);                                            \
+                    o[i + 1] = VALUE(1, px[1]);                                        \
+                    o[i + 2] = VALUE(2, px[2]);                                        \
+                }                                                                      \
+            }                                                                          \
+        }                                                                              \
+    } while (0)
+
+#define V_U8(c, v) (v)
+#define V_F32(c, v) (wr->lut32[(c) * 256 + (v)])
+#define V_U16(c, v) (wr->lut16[(c) * 256 + (v)])
+
+void stk__write(const stk__view *in, const stk__writer *wr, void *out)
+{
+    const uint32_t W = in->w, H = in->h;
+    if (wr->dtype == STK_DTYPE_UINT8 && !wr->nchw && !wr->hflip) {
+        /* The common uint8 HWC case is row copies. */
+        uint8_t *o = out;
+        for (uint32_t y = 0; y < H; y++)
+            memcpy(o + (size_t)y * W * 3,
+                   in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride, (size_t)W * 3);
+        return;
+    }
+    switch (wr->dtype) {
+    case STK_DTYPE_FLOAT32:
+        WRITE_LOOP(float, V_F32);
+        break;
+    case STK_DTYPE_FLOAT16:
+    case STK_DTYPE_BFLOAT16:
+        WRITE_LOOP(uint16_t, V_U16);
+        break;
+    default:
+        WRITE_LOOP(uint8_t, V_U8);
+        break;
+    }
+}
+
+uint16_t stk__f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t exp = (x >> 23) & 0xffu;
+    uint32_t man = x & 0x7fffffu;
+    uint16_t r;
+    if (exp == 0xff) {
+        /* Infinity stays infinity; NaN keeps a set quiet bit. */
+        r = (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
+    } else {
+        int e = (int)exp - 127 + 15;
+        if (e >= 31) {
+            r = (uint16_t)(sign | 0x7c00u);
+        } else if (e <= 0) {
+            /* Subnormal half (or zero): shift the full mantissa into place
+             * and round to nearest even on the dropped bits. */
+            if (e < -10) {
+                r = (uint16_t)sign;
+            } else {
+                uint32_t m = man | 0x800000u;
+                uint32_t shift = (uint32_t)(14 - e);
+                uint32_t h = m >> shift;
+                uint32_t rem = m & ((1u << shift) - 1);
+                uint32_t half = 1u << (shift - 1);
+                if (rem > half || (rem == half && (h & 1)))
+                    h++;
+                r = (uint16_t)(sign | h);
+            }
+        } else {
+            uint32_t h = ((uint32_t)e << 10) | (man >> 13);
+            uint32_t rem = man & 0x1fffu;
+            /* A carry out of the mantissa bumps the exponent, and out of the
+             * top exponent it becomes infinity, both of which are right. */
+            if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+                h++;
+            r = (uint16_t)(sign | h);
+        }
+    }
+    return r;
+}
+
+uint16_t stk__f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
