@@ -36,8 +36,8 @@ typedef struct stk__codec {
     int (*sniff)(const uint8_t *b, size_t n);
     /* Allocates a state (stk__malloc) and parses the header. want_exif: also
      * find the EXIF block. On failure *st may be non-NULL: close() it. */
-    int (*open)(void **st, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info,
-                char *err, size_t errlen);
+    int (*open)(void **st, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info, char *err,
+                size_t errlen);
     /* Output size at scale m/8 (m = 8 for non-scalable codecs). */
     void (*scaled_size)(void *st, unsigned m, uint32_t *w, uint32_t *h);
     /* Commits to scale m/8 and region *r (in scaled pixels, inside the

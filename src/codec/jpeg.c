@@ -61,16 +61,12 @@ static int code_for(int msg_code)
     case JERR_CCIR601_NOTIMPL:
     case JERR_ARITH_NOTIMPL:
     case JERR_SOF_UNSUPPORTED:
-    case JERR_BAD_J_COLORSPACE:
-        return STK_EUNSUPPORTED;
-    case JERR_OUT_OF_MEMORY:
-        return STK_ENOMEM;
+    case JERR_BAD_J_COLORSPACE: return STK_EUNSUPPORTED;
+    case JERR_OUT_OF_MEMORY: return STK_ENOMEM;
     case JERR_IMAGE_TOO_BIG:
     case JERR_WIDTH_OVERFLOW:
-    case JERR_NO_BACKING_STORE:
-        return STK_ETOOBIG;
-    default:
-        return STK_EFORMAT;
+    case JERR_NO_BACKING_STORE: return STK_ETOOBIG;
+    default: return STK_EFORMAT;
     }
 }
 
@@ -84,7 +80,10 @@ static void fail(j_common_ptr c, int code)
     longjmp(s->jb, 1);
 }
 
-static void on_error_exit(j_common_ptr c) { fail(c, code_for(c->err->msg_code)); }
+static void on_error_exit(j_common_ptr c)
+{
+    fail(c, code_for(c->err->msg_code));
+}
 
 static void on_emit_message(j_common_ptr c, int level)
 {
@@ -103,7 +102,10 @@ static void on_emit_message(j_common_ptr c, int level)
     }
 }
 
-static void on_output_message(j_common_ptr c) { (void)c; }
+static void on_output_message(j_common_ptr c)
+{
+    (void)c;
+}
 
 static void on_progress(j_common_ptr c)
 {
@@ -116,7 +118,10 @@ static void on_progress(j_common_ptr c)
     }
 }
 
-static void copy_err(jstate *s, char *err, size_t errlen) { stk__fmt(err, errlen, "%s", s->msg); }
+static void copy_err(jstate *s, char *err, size_t errlen)
+{
+    stk__fmt(err, errlen, "%s", s->msg);
+}
 
 static int jpeg_open(void **out, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info,
                      char *err, size_t errlen)

@@ -27,25 +27,37 @@ typedef struct pstate {
 
 static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
 
-static int png_sniff(const uint8_t *b, size_t n) { return n >= 8 && !memcmp(b, png_sig, 8); }
+static int png_sniff(const uint8_t *b, size_t n)
+{
+    return n >= 8 && !memcmp(b, png_sig, 8);
+}
 
-static void *a_malloc(size_t n) { return stk__malloc(n); }
-static void *a_realloc(void *p, size_t n) { return stk__realloc(p, n); }
-static void *a_calloc(size_t c, size_t n) { return stk__calloc(c, n); }
-static void a_free(void *p) { stk__free(p); }
+static void *a_malloc(size_t n)
+{
+    return stk__malloc(n);
+}
+static void *a_realloc(void *p, size_t n)
+{
+    return stk__realloc(p, n);
+}
+static void *a_calloc(size_t c, size_t n)
+{
+    return stk__calloc(c, n);
+}
+static void a_free(void *p)
+{
+    stk__free(p);
+}
 
 static int code_for(int e)
 {
     switch (e) {
-    case SPNG_EMEM:
-        return STK_ENOMEM;
+    case SPNG_EMEM: return STK_ENOMEM;
     case SPNG_EUSER_WIDTH:
     case SPNG_EUSER_HEIGHT:
     case SPNG_ECHUNK_LIMITS:
-    case SPNG_EOVERFLOW:
-        return STK_ETOOBIG;
-    default:
-        return STK_EFORMAT;
+    case SPNG_EOVERFLOW: return STK_ETOOBIG;
+    default: return STK_EFORMAT;
     }
 }
 

@@ -30,6 +30,7 @@ typedef struct stk__axis {
     int32_t *coef;
     uint32_t n;     /* outputs described */
     uint32_t ksize; /* weights stored per output */
+    uint32_t taps;  /* when every output reads exactly this many: fixed-length loops */
 } stk__axis;
 
 /* Weights per output for resizing the span [in0, in1) to out_size outputs. */

@@ -11,7 +11,10 @@
 
 /* Python's round() on a float: half to even, which is what rint does in the
  * default rounding mode. */
-static double py_round(double x) { return nearbyint(x); }
+static double py_round(double x)
+{
+    return nearbyint(x);
+}
 
 void stk__rrc_params(stk__rng *rng, uint32_t width, uint32_t height, const double scale[2],
                      const double ratio[2], uint32_t out[4], int *fallback)

@@ -69,45 +69,42 @@ stk__view stk__crop(const stk__view *v, uint32_t x, uint32_t y, uint32_t w, uint
 size_t stk__dtype_size(int dtype)
 {
     switch (dtype) {
-    case STK_DTYPE_FLOAT32:
-        return 4;
+    case STK_DTYPE_FLOAT32: return 4;
     case STK_DTYPE_FLOAT16:
-    case STK_DTYPE_BFLOAT16:
-        return 2;
-    default:
-        return 1;
+    case STK_DTYPE_BFLOAT16: return 2;
+    default: return 1;
     }
 }
 
 /* Each element type gets its own loop so the per-element work is one table
  * load and one store. Rows are walked in output order; hflip/vflip pick the
  * source row and column. */
-#define WRITE_LOOP(T, VALUE)                                                           \
-    do {                                                                               \
-        T *o = out;                                                                    \
-        const size_t plane = (size_t)W * H;                                            \
-        for (uint32_t y = 0; y < H; y++) {                                             \
-            const uint8_t *row = in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride; \
-            for (uint32_t x = 0; x < W; x++) {                                         \
-                const uint8_t *px = row + (size_t)(wr->hflip ? W - 1 - x : x) * 3;     \
-                if (wr->nchw) {                                                        \
-                    size_t i = (size_t)y * W + x;                                      \
-                    o[i] = VALUE(0, px[0]);                                            \
-                    o[plane + i] = VALUE(1, px[1]);                                    \
-                    o[2 * plane + i] = VALUE(2, px[2]);                                \
-                } else {                                                               \
-                    size_t i = ((size_t)y * W + x) * 3;                                \
-                    o[i] = VALUE(0, px[0]);                                            \
-                    o[i + 1] = VALUE(1, px[1]);                                        \
-                    o[i + 2] = VALUE(2, px[2]);                                        \
-                }                                                                      \
-            }                                                                          \
-        }                                                                              \
+#define WRITE_LOOP(T, VALUE)                                                                       \
+    do {                                                                                           \
+        T *o = out;                                                                                \
+        const size_t plane = (size_t)W * H;                                                        \
+        for (uint32_t y = 0; y < H; y++) {                                                         \
+            const uint8_t *row = in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride;         \
+            for (uint32_t x = 0; x < W; x++) {                                                     \
+                const uint8_t *px = row + (size_t)(wr->hflip ? W - 1 - x : x) * 3;                 \
+                if (wr->nchw) {                                                                    \
+                    size_t i = (size_t)y * W + x;                                                  \
+                    o[i] = VALUE(0, px[0]);                                                        \
+                    o[plane + i] = VALUE(1, px[1]);                                                \
+                    o[2 * plane + i] = VALUE(2, px[2]);                                            \
+                } else {                                                                           \
+                    size_t i = ((size_t)y * W + x) * 3;                                            \
+                    o[i] = VALUE(0, px[0]);                                                        \
+                    o[i + 1] = VALUE(1, px[1]);                                                    \
+                    o[i + 2] = VALUE(2, px[2]);                                                    \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
-#define V_U8(c, v) (v)
-#define V_F32(c, v) (wr->lut32[(c) * 256 + (v)])
-#define V_U16(c, v) (wr->lut16[(c) * 256 + (v)])
+#define V_U8(c, v)  (v)
+#define V_F32(c, v) (wr->lut32[(c)*256 + (v)])
+#define V_U16(c, v) (wr->lut16[(c)*256 + (v)])
 
 void stk__write(const stk__view *in, const stk__writer *wr, void *out)
 {
@@ -116,21 +113,15 @@ void stk__write(const stk__view *in, const stk__writer *wr, void *out)
         /* The common uint8 HWC case is row copies. */
         uint8_t *o = out;
         for (uint32_t y = 0; y < H; y++)
-            memcpy(o + (size_t)y * W * 3,
-                   in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride, (size_t)W * 3);
+            memcpy(o + (size_t)y * W * 3, in->p + (size_t)(wr->vflip ? H - 1 - y : y) * in->stride,
+                   (size_t)W * 3);
         return;
     }
     switch (wr->dtype) {
-    case STK_DTYPE_FLOAT32:
-        WRITE_LOOP(float, V_F32);
-        break;
+    case STK_DTYPE_FLOAT32: WRITE_LOOP(float, V_F32); break;
     case STK_DTYPE_FLOAT16:
-    case STK_DTYPE_BFLOAT16:
-        WRITE_LOOP(uint16_t, V_U16);
-        break;
-    default:
-        WRITE_LOOP(uint8_t, V_U8);
-        break;
+    case STK_DTYPE_BFLOAT16: WRITE_LOOP(uint16_t, V_U16); break;
+    default: WRITE_LOOP(uint8_t, V_U8); break;
     }
 }
 

@@ -16,6 +16,14 @@
 #include <math.h>
 #include <string.h>
 
+/* gcc enables the loop vectoriser only from -O3 (gcc 12: a "very cheap"
+ * subset at -O2 that skips these loops); this file is the hot path of
+ * augmentation, so ask for it here rather than raising the whole build.
+ * clang vectorises at -O2 already. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("tree-vectorize")
+#endif
+
 #define PRECISION_BITS 22
 
 static double bilinear(double x)
@@ -109,6 +117,16 @@ void stk__axis_init(stk__axis *ax, void *mem, uint32_t in_size, double in0, doub
     ax->coef = ax->bounds + (size_t)n * 2;
     ax->n = n;
     ax->ksize = ksize;
+    /* The most taps any output reads (often fewer than ksize, which PIL
+     * sizes for the worst alignment). */
+    uint32_t taps = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        int xmin, xmax;
+        bound_of(&c, in_size, center_of(&c, o0 + k), &xmin, &xmax);
+        if ((uint32_t)xmax > taps)
+            taps = (uint32_t)xmax;
+    }
+    ax->taps = in_size >= taps ? taps : 0;
     for (uint32_t k = 0; k < n; k++) {
         double center = center_of(&c, o0 + k);
         int xmin, xmax;
@@ -128,6 +146,22 @@ void stk__axis_init(stk__axis *ax, void *mem, uint32_t in_size, double in0, doub
         }
         for (uint32_t x = (uint32_t)xmax; x < ksize; x++)
             kk[x] = 0;
+        /* Give every output exactly `taps` taps (zero weights add exactly
+         * nothing, so the result stays PIL's): the passes can then use
+         * fixed-length, fully unrolled loops. Near the right edge the window
+         * starts earlier instead of reading past the input. */
+        if (ax->taps) {
+            int t = (int)ax->taps;
+            int start = xmin + t > (int)in_size ? (int)in_size - t : xmin;
+            int shift = xmin - start;
+            if (shift > 0) {
+                memmove(kk + shift, kk, (size_t)(t - shift) * sizeof *kk);
+                for (int x = 0; x < shift; x++)
+                    kk[x] = 0;
+            }
+            xmin = start;
+            xmax = t;
+        }
         ax->bounds[2 * k] = xmin;
         ax->bounds[2 * k + 1] = xmax;
     }
@@ -167,31 +201,59 @@ static inline uint8_t clip8(int32_t v)
     return (uint8_t)v;
 }
 
-/* Specialised tap counts let the compiler unroll the common small kernels
- * (reductions under 2x use at most 5 taps). */
-static void hrow(const uint8_t *src, uint8_t *dst, const stk__axis *ax)
+/* One output pixel from n taps; with n a constant the loop unrolls. */
+#define HPIXEL(n)                                                                                  \
+    do {                                                                                           \
+        const uint8_t *s = src + (size_t)ax->bounds[2 * x] * 3;                                    \
+        const int32_t *k = ax->coef + (size_t)x * ks;                                              \
+        int32_t a0 = 1 << (PRECISION_BITS - 1), a1 = a0, a2 = a0;                                  \
+        for (int32_t t = 0; t < (n); t++) {                                                        \
+            a0 += s[3 * t + 0] * k[t];                                                             \
+            a1 += s[3 * t + 1] * k[t];                                                             \
+            a2 += s[3 * t + 2] * k[t];                                                             \
+        }                                                                                          \
+        dst[3 * x + 0] = clip8(a0);                                                                \
+        dst[3 * x + 1] = clip8(a1);                                                                \
+        dst[3 * x + 2] = clip8(a2);                                                                \
+    } while (0)
+
+#define HROW_FIXED(K)                                                                              \
+    static void hrow##K(const uint8_t *src, uint8_t *dst, const stk__axis *ax)                     \
+    {                                                                                              \
+        const uint32_t ks = ax->ksize;                                                             \
+        for (uint32_t x = 0; x < ax->n; x++)                                                       \
+            HPIXEL(K);                                                                             \
+    }
+HROW_FIXED(2)
+HROW_FIXED(3)
+HROW_FIXED(4)
+HROW_FIXED(5)
+HROW_FIXED(6)
+HROW_FIXED(7)
+HROW_FIXED(8)
+
+static void hrow_any(const uint8_t *src, uint8_t *dst, const stk__axis *ax)
 {
     const uint32_t ks = ax->ksize;
-    for (uint32_t x = 0; x < ax->n; x++) {
-        const uint8_t *s = src + (size_t)ax->bounds[2 * x] * 3;
-        const int32_t *k = ax->coef + (size_t)x * ks;
-        int32_t n = ax->bounds[2 * x + 1];
-        int32_t a0 = 1 << (PRECISION_BITS - 1), a1 = a0, a2 = a0;
-        for (int32_t t = 0; t < n; t++) {
-            a0 += s[3 * t + 0] * k[t];
-            a1 += s[3 * t + 1] * k[t];
-            a2 += s[3 * t + 2] * k[t];
-        }
-        dst[3 * x + 0] = clip8(a0);
-        dst[3 * x + 1] = clip8(a1);
-        dst[3 * x + 2] = clip8(a2);
-    }
+    for (uint32_t x = 0; x < ax->n; x++)
+        HPIXEL(ax->bounds[2 * x + 1]);
 }
 
 void stk__resample_h(const stk__view *in, uint32_t y0, const stk__axis *ax, const stk__view *out)
 {
+    void (*row)(const uint8_t *, uint8_t *, const stk__axis *) = hrow_any;
+    switch (ax->taps) {
+    case 2: row = hrow2; break;
+    case 3: row = hrow3; break;
+    case 4: row = hrow4; break;
+    case 5: row = hrow5; break;
+    case 6: row = hrow6; break;
+    case 7: row = hrow7; break;
+    case 8: row = hrow8; break;
+    default: break;
+    }
     for (uint32_t r = 0; r < out->h; r++)
-        hrow(in->p + (size_t)(y0 + r) * in->stride, out->p + (size_t)r * out->stride, ax);
+        row(in->p + (size_t)(y0 + r) * in->stride, out->p + (size_t)r * out->stride, ax);
 }
 
 /* Bytes of a row processed per block: the int32 accumulators of one block

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "testutil.h"
 
 #include <dirent.h>
