@@ -93,11 +93,14 @@ static void on_emit_message(j_common_ptr c, int level)
     case JWRN_ADOBE_XFORM:
     case JWRN_JFIF_MAJOR:
     case JWRN_BOGUS_ICC:
-        /* Harmless metadata oddities: the pixels are fine. */
+    case JWRN_EXTRANEOUS_DATA:
+        /* Harmless oddities: metadata, or stray bytes between two markers,
+         * which libjpeg skips (PIL accepts such files, and a few ImageNet
+         * images have them): the pixels are fine. */
         return;
     default:
         /* Corrupt/truncated entropy data, bad Huffman codes, premature end
-         * of file, extraneous bytes: the pixels cannot be trusted. */
+         * of file: the pixels cannot be trusted. */
         fail(c, STK_EFORMAT);
     }
 }
