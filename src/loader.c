@@ -451,18 +451,20 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         if (b && b->filled == b->size) {
             if (b->failed && !b->reported) {
                 b->reported = true;
-                record_errors(c, b);
                 if (c->on_error == STK_ON_ERROR_RAISE) {
-                    c->failed += b->failed;
+                    /* The message first: record_errors() takes the strings. */
                     const slot_err *e = first_err(b);
                     stk__fmt(l->errmsg, sizeof l->errmsg, "sample %llu (%s): %s%s",
                              e ? (unsigned long long)e->sample : 0ULL,
                              e && e->name ? e->name : "?",
                              e && e->reason ? e->reason : "failed",
                              b->failed > 1 ? " (and more failed samples in this batch)" : "");
+                    record_errors(c, b);
+                    c->failed += b->failed;
                     rc = STK_ESAMPLE;
                     break;
                 }
+                record_errors(c, b);
                 c->skipped += b->failed;
             }
             free_slot_errs(b->errs);

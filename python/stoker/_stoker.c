@@ -1,0 +1,1191 @@
+/*
+ * _stoker.c -- the CPython extension under the stoker package: a thin, zero-
+ * copy wrapper of libstoker's C API (include/stoker.h).
+ *
+ * Three types:
+ *   Engine  one stk_loader. Its methods take the GIL off while C works or
+ *           waits; next() waits in short slices and checks for signals
+ *           between them, so Ctrl-C stops a blocked iteration promptly.
+ *   Batch   owns one delivered stk_batch. stk_batch_release() runs in its
+ *           dealloc, that is only once no Python object references it.
+ *   View    one array inside a batch (the dense data, one variable-size
+ *           sample, the labels, the indices). It keeps its Batch alive and
+ *           exports the memory through the buffer protocol (NumPy) and through
+ *           DLPack (torch), both without copying.
+ *
+ * Ownership chain: numpy array -> memoryview -> View -> Batch -> ring buffer;
+ * torch tensor -> DLManagedTensor -> View -> Batch -> ring buffer. The ring
+ * buffer returns to the loader when the last link goes.
+ *
+ * Threads: the C API forbids concurrent consumer calls on one loader, and
+ * next() runs without the GIL, so each Engine has its own lock that every
+ * method takes (waiting without the GIL). stk_batch_release() needs no lock:
+ * the library allows it from any thread at any time.
+ *
+ * Fork: the loader's threads do not exist in a forked child and its locks may
+ * be held there. The library answers STK_EMISUSE to a child without touching
+ * its locks; the Engine checks the pid before its own lock for the same
+ * reason, and a Batch inherited by a child is never released by the child
+ * (its parent owns the ring).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+
+#include "stoker.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* ---- DLPack --------------------------------------------------------------
+ * The unversioned ABI (DLPack 0.6/0.7) that torch 1.13 consumes: a PyCapsule
+ * named "dltensor" holding a DLManagedTensor; the consumer renames it
+ * "used_dltensor" and calls the deleter when its tensor dies. Written from
+ * the DLPack specification. */
+enum { kDLCPU = 1 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
+
+typedef struct {
+    int32_t device_type; /* DLDeviceType, an int-sized enum in dlpack.h */
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements */
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+/* ---- element types of views --------------------------------------------- */
+enum vtype { VT_UINT8, VT_FLOAT32, VT_FLOAT16, VT_BFLOAT16, VT_INT64, VT_UINT64, VT_COUNT };
+
+static const struct {
+    const char *name;
+    const char *format; /* struct-module format for the buffer protocol */
+    Py_ssize_t itemsize;
+    DLDataType dl;
+} k_vtypes[VT_COUNT] = {
+    {"uint8", "B", 1, {kDLUInt, 8, 1}},     {"float32", "f", 4, {kDLFloat, 32, 1}},
+    {"float16", "e", 2, {kDLFloat, 16, 1}}, {"bfloat16", NULL, 2, {kDLBfloat, 16, 1}},
+    {"int64", "q", 8, {kDLInt, 64, 1}},     {"uint64", "Q", 8, {kDLUInt, 64, 1}},
+};
+
+static int vtype_of_dtype(int dtype)
+{
+    switch (dtype) {
+    case STK_DTYPE_FLOAT32: return VT_FLOAT32;
+    case STK_DTYPE_FLOAT16: return VT_FLOAT16;
+    case STK_DTYPE_BFLOAT16: return VT_BFLOAT16;
+    default: return VT_UINT8;
+    }
+}
+
+#define MAX_NDIM 5
+
+/* ---- module state: exception types -------------------------------------- */
+static PyObject *g_Error;       /* stoker.Error(RuntimeError) */
+static PyObject *g_SampleError; /* stoker.SampleError(stoker.Error) */
+
+static const char *code_name(int code)
+{
+    switch (code) {
+    case STK_EINVAL: return "EINVAL";
+    case STK_ENOMEM: return "ENOMEM";
+    case STK_EIO: return "EIO";
+    case STK_ENOENT: return "ENOENT";
+    case STK_EFORMAT: return "EFORMAT";
+    case STK_ETOOBIG: return "ETOOBIG";
+    case STK_EMISUSE: return "EMISUSE";
+    case STK_EBUSY: return "EBUSY";
+    case STK_EEMPTY: return "EEMPTY";
+    case STK_EUNSUPPORTED: return "EUNSUPPORTED";
+    case STK_ESAMPLE: return "ESAMPLE";
+    default: return "?";
+    }
+}
+
+/* Raises the exception for a library error: message = the handle's detailed
+ * message (or the code's text), type by code. Every stoker exception carries
+ * .code (the STK_E* number) and .code_name. Returns NULL for convenience. */
+static PyObject *raise_code(int code, const char *msg)
+{
+    PyObject *type;
+    switch (code) {
+    case STK_EINVAL: type = PyExc_ValueError; break;
+    case STK_ENOENT: type = PyExc_FileNotFoundError; break;
+    case STK_ENOMEM: type = PyExc_MemoryError; break;
+    case STK_ESAMPLE: type = g_SampleError; break;
+    default: type = g_Error; break;
+    }
+    char text[1024];
+    if (msg && *msg)
+        snprintf(text, sizeof text, "%s [%s]", msg, stk_strerror(code));
+    else
+        snprintf(text, sizeof text, "%s", stk_strerror(code));
+    PyObject *exc = PyObject_CallFunction(type, "s", text);
+    if (!exc)
+        return NULL;
+    /* Builtin exceptions take attributes too; failures here only lose the
+     * extra fields, never the error itself. */
+    PyObject *c = PyLong_FromLong(code), *cn = PyUnicode_FromString(code_name(code));
+    if (!c || !cn || PyObject_SetAttrString(exc, "code", c) < 0 ||
+        PyObject_SetAttrString(exc, "code_name", cn) < 0)
+        PyErr_Clear();
+    Py_XDECREF(c);
+    Py_XDECREF(cn);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* ---- Batch ---------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    stk_batch *b;
+    pid_t pid; /* the process that holds the batch */
+} BatchObject;
+
+static PyTypeObject Batch_Type;
+
+static void Batch_dealloc(BatchObject *self)
+{
+    /* A child inherits a copy of the ring and none of its threads; the
+     * parent's copy is the real one, so the child leaves it alone. */
+    if (self->b && self->pid == getpid())
+        stk_batch_release(self->b);
+    self->b = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ---- View ----------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner; /* the Batch whose memory this is */
+    char *ptr;
+    int vt;
+    int ndim;
+    Py_ssize_t shape[MAX_NDIM];
+    Py_ssize_t strides[MAX_NDIM]; /* bytes, C-contiguous */
+    int exports;                  /* live buffer-protocol exports */
+} ViewObject;
+
+static PyTypeObject View_Type;
+
+static PyObject *view_new(PyObject *owner, void *ptr, int vt, int ndim, const int64_t *shape)
+{
+    ViewObject *v = PyObject_New(ViewObject, &View_Type);
+    if (!v)
+        return NULL;
+    Py_INCREF(owner);
+    v->owner = owner;
+    v->ptr = ptr;
+    v->vt = vt;
+    v->ndim = ndim;
+    v->exports = 0;
+    Py_ssize_t stride = k_vtypes[vt].itemsize;
+    for (int k = ndim - 1; k >= 0; k--) {
+        v->shape[k] = (Py_ssize_t)shape[k];
+        v->strides[k] = stride;
+        stride *= v->shape[k];
+    }
+    return (PyObject *)v;
+}
+
+static void View_dealloc(ViewObject *self)
+{
+    Py_XDECREF(self->owner);
+    PyObject_Free(self);
+}
+
+static int View_getbuffer(ViewObject *self, Py_buffer *view, int flags)
+{
+    const char *fmt = k_vtypes[self->vt].format;
+    if (!fmt) {
+        PyErr_SetString(PyExc_BufferError,
+                        "NumPy has no bfloat16 type: use output=\"torch\", or dtype "
+                        "\"float16\"/\"float32\"");
+        view->obj = NULL;
+        return -1;
+    }
+    Py_ssize_t len = k_vtypes[self->vt].itemsize;
+    for (int k = 0; k < self->ndim; k++)
+        len *= self->shape[k];
+    view->buf = self->ptr;
+    view->obj = (PyObject *)self;
+    Py_INCREF(self);
+    view->len = len;
+    view->readonly = 0;
+    view->itemsize = k_vtypes[self->vt].itemsize;
+    /* The buffer protocol's char* fields predate const; consumers only read
+     * format, shape and strides. */
+    view->format = (flags & PyBUF_FORMAT) ? (char *)(uintptr_t)fmt : NULL;
+    view->ndim = self->ndim;
+    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? self->shape : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? self->strides : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    self->exports++;
+    return 0;
+}
+
+static void View_releasebuffer(ViewObject *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+static PyBufferProcs View_as_buffer = {
+    (getbufferproc)View_getbuffer,
+    (releasebufferproc)View_releasebuffer,
+};
+
+/* The DLManagedTensor and its shape/strides in one allocation; manager_ctx is
+ * a strong reference to the View, dropped by the deleter. */
+typedef struct {
+    DLManagedTensor mt;
+    int64_t shape[MAX_NDIM];
+    int64_t strides[MAX_NDIM];
+} dl_block;
+
+static void dl_deleter(DLManagedTensor *mt)
+{
+    /* The consumer may free its tensor on any thread, with or without the
+     * GIL. After interpreter shutdown the reference is simply dropped: the
+     * process is ending and the ring is freed with it. */
+    if (Py_IsInitialized()) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        Py_XDECREF((PyObject *)mt->manager_ctx);
+        PyGILState_Release(g);
+    }
+    free(mt);
+}
+
+static void dl_capsule_destructor(PyObject *cap)
+{
+    /* Only a capsule nobody consumed still has its original name; a consumer
+     * renames it and owns the tensor from then on. */
+    if (!PyCapsule_IsValid(cap, "dltensor"))
+        return;
+    DLManagedTensor *mt = PyCapsule_GetPointer(cap, "dltensor");
+    if (mt && mt->deleter)
+        mt->deleter(mt);
+}
+
+static PyObject *View_dlpack(ViewObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *stream = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:__dlpack__", kwlist, &stream))
+        return NULL;
+    if (stream != Py_None) {
+        PyErr_SetString(PyExc_BufferError, "stoker batches are in CPU memory: stream must be None");
+        return NULL;
+    }
+    dl_block *blk = calloc(1, sizeof *blk);
+    if (!blk)
+        return PyErr_NoMemory();
+    int64_t isz = k_vtypes[self->vt].itemsize;
+    for (int k = 0; k < self->ndim; k++) {
+        blk->shape[k] = (int64_t)self->shape[k];
+        blk->strides[k] = (int64_t)self->strides[k] / isz;
+    }
+    DLTensor *t = &blk->mt.dl_tensor;
+    t->data = self->ptr;
+    t->device.device_type = kDLCPU;
+    t->device.device_id = 0;
+    t->ndim = self->ndim;
+    t->dtype = k_vtypes[self->vt].dl;
+    t->shape = blk->shape;
+    t->strides = blk->strides;
+    t->byte_offset = 0;
+    blk->mt.manager_ctx = self;
+    blk->mt.deleter = dl_deleter;
+    Py_INCREF(self);
+    PyObject *cap = PyCapsule_New(&blk->mt, "dltensor", dl_capsule_destructor);
+    if (!cap) {
+        Py_DECREF(self);
+        free(blk);
+    }
+    return cap;
+}
+
+static PyObject *View_dlpack_device(ViewObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return Py_BuildValue("(ii)", kDLCPU, 0);
+}
+
+static PyObject *View_get_shape(ViewObject *self, void *closure)
+{
+    (void)closure;
+    PyObject *t = PyTuple_New(self->ndim);
+    if (!t)
+        return NULL;
+    for (int k = 0; k < self->ndim; k++) {
+        PyObject *n = PyLong_FromSsize_t(self->shape[k]);
+        if (!n) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, k, n);
+    }
+    return t;
+}
+
+static PyObject *View_get_dtype(ViewObject *self, void *closure)
+{
+    (void)closure;
+    return PyUnicode_FromString(k_vtypes[self->vt].name);
+}
+
+static PyObject *View_get_address(ViewObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyMethodDef View_methods[] = {
+    {"__dlpack__", (PyCFunction)(void (*)(void))View_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(stream=None): a DLPack capsule viewing this memory (no copy)."},
+    {"__dlpack_device__", (PyCFunction)View_dlpack_device, METH_NOARGS,
+     "(device_type, device_id) = (kDLCPU, 0)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef View_getset[] = {
+    {"shape", (getter)View_get_shape, NULL, "shape in elements", NULL},
+    {"dtype", (getter)View_get_dtype, NULL, "element type name", NULL},
+    {"address", (getter)View_get_address, NULL, "address of the first element", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject View_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoker._stoker.View",
+    .tp_basicsize = sizeof(ViewObject),
+    .tp_dealloc = (destructor)View_dealloc,
+    .tp_as_buffer = &View_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An array inside a batch: buffer protocol and DLPack, no copy.",
+    .tp_methods = View_methods,
+    .tp_getset = View_getset,
+};
+
+/* ---- Batch methods --------------------------------------------------------- */
+static PyObject *Batch_data(BatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    const stk_batch *b = self->b;
+    if (b->kind != STK_BATCH_DENSE) {
+        PyErr_SetString(PyExc_TypeError, "a variable-size batch has no dense data; use samples()");
+        return NULL;
+    }
+    int64_t shape[MAX_NDIM];
+    unsigned nd = b->ndim > MAX_NDIM - 1 ? MAX_NDIM - 1 : b->ndim;
+    shape[0] = (int64_t)b->size;
+    for (unsigned k = 0; k < nd; k++)
+        shape[k + 1] = b->shape[k];
+    return view_new((PyObject *)self, b->data, vtype_of_dtype(b->dtype), (int)nd + 1, shape);
+}
+
+/* Per-sample views of a variable batch: (h, w, c) when the sample is a
+ * decoded image whose dims match its length, else its raw bytes. */
+static PyObject *Batch_samples(BatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    const stk_batch *b = self->b;
+    PyObject *list = PyList_New((Py_ssize_t)b->size);
+    if (!list)
+        return NULL;
+    for (size_t k = 0; k < b->size; k++) {
+        PyObject *v;
+        char *p = (char *)b->data + b->offsets[k];
+        if (b->kind == STK_BATCH_DENSE) {
+            int64_t shape[MAX_NDIM];
+            unsigned nd = b->ndim > MAX_NDIM ? MAX_NDIM : b->ndim;
+            for (unsigned d = 0; d < nd; d++)
+                shape[d] = b->shape[d];
+            v = view_new((PyObject *)self, (char *)b->data + k * b->sample_bytes,
+                         vtype_of_dtype(b->dtype), (int)nd, shape);
+        } else {
+            const int32_t *d = &b->dims[3 * k];
+            uint64_t len = b->lengths[k];
+            if (d[0] > 0 && d[1] > 0 && d[2] > 0 &&
+                (uint64_t)d[0] * (uint64_t)d[1] * (uint64_t)d[2] == len) {
+                int64_t shape[3] = {d[0], d[1], d[2]};
+                v = view_new((PyObject *)self, p, VT_UINT8, 3, shape);
+            } else {
+                int64_t shape[1] = {(int64_t)len};
+                v = view_new((PyObject *)self, p, VT_UINT8, 1, shape);
+            }
+        }
+        if (!v) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)k, v);
+    }
+    return list;
+}
+
+static PyObject *Batch_labels(BatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    int64_t n = (int64_t)self->b->size;
+    /* The labels array is the ring's own memory; the cast drops the const
+     * the C API puts on it, and the view is read-write only because the
+     * batch is the consumer's until it is released. */
+    return view_new((PyObject *)self, (void *)(uintptr_t)self->b->labels, VT_INT64, 1, &n);
+}
+
+static PyObject *Batch_indices(BatchObject *self, PyObject *unused)
+{
+    (void)unused;
+    int64_t n = (int64_t)self->b->size;
+    return view_new((PyObject *)self, (void *)(uintptr_t)self->b->indices, VT_UINT64, 1, &n);
+}
+
+static PyObject *Batch_get(BatchObject *self, void *closure)
+{
+    const stk_batch *b = self->b;
+    const char *what = closure;
+    if (!strcmp(what, "epoch"))
+        return PyLong_FromUnsignedLongLong(b->epoch);
+    if (!strcmp(what, "index"))
+        return PyLong_FromUnsignedLongLong(b->index);
+    if (!strcmp(what, "size"))
+        return PyLong_FromSize_t(b->size);
+    if (!strcmp(what, "dense"))
+        return PyBool_FromLong(b->kind == STK_BATCH_DENSE);
+    if (!strcmp(what, "dtype"))
+        return PyUnicode_FromString(k_vtypes[vtype_of_dtype(b->dtype)].name);
+    if (!strcmp(what, "address"))
+        return PyLong_FromVoidPtr(b->data);
+    if (!strcmp(what, "sample_shape")) {
+        unsigned nd = b->kind == STK_BATCH_DENSE ? b->ndim : 0;
+        PyObject *t = PyTuple_New((Py_ssize_t)nd);
+        for (unsigned k = 0; t && k < nd; k++) {
+            PyObject *n = PyLong_FromLongLong(b->shape[k]);
+            if (!n) {
+                Py_CLEAR(t);
+                break;
+            }
+            PyTuple_SET_ITEM(t, (Py_ssize_t)k, n);
+        }
+        return t;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Batch_methods[] = {
+    {"data", (PyCFunction)Batch_data, METH_NOARGS, "View of a dense batch: (size, *shape)."},
+    {"samples", (PyCFunction)Batch_samples, METH_NOARGS, "A View per sample."},
+    {"labels", (PyCFunction)Batch_labels, METH_NOARGS, "View of the int64 labels."},
+    {"indices", (PyCFunction)Batch_indices, METH_NOARGS, "View of the uint64 dataset indices."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Batch_getset[] = {
+    {"epoch", (getter)Batch_get, NULL, NULL, "epoch"},
+    {"index", (getter)Batch_get, NULL, NULL, "index"},
+    {"size", (getter)Batch_get, NULL, NULL, "size"},
+    {"dense", (getter)Batch_get, NULL, NULL, "dense"},
+    {"dtype", (getter)Batch_get, NULL, NULL, "dtype"},
+    {"address", (getter)Batch_get, NULL, NULL, "address"},
+    {"sample_shape", (getter)Batch_get, NULL, NULL, "sample_shape"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Batch_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoker._stoker.Batch",
+    .tp_basicsize = sizeof(BatchObject),
+    .tp_dealloc = (destructor)Batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One delivered batch; its ring buffer is released when this object dies.",
+    .tp_methods = Batch_methods,
+    .tp_getset = Batch_getset,
+};
+
+/* ---- Engine --------------------------------------------------------------- */
+typedef struct {
+    PyObject_HEAD
+    stk_loader *l;
+    PyThread_type_lock lock;
+    unsigned long owner; /* thread holding lock, 0 when free (GIL-protected) */
+    pid_t pid;
+    int closing; /* close() asked; a waiting next() gives up (GIL-protected) */
+} EngineObject;
+
+static PyTypeObject Engine_Type;
+
+/* Raises the library's fork message if called from a forked child. */
+static int check_pid(EngineObject *self)
+{
+    if (self->pid == getpid())
+        return 0;
+    stk_state st;
+    int rc = stk_loader_get_state(self->l, &st); /* STK_EMISUSE without locking */
+    raise_code(rc ? rc : STK_EMISUSE,
+               self->l ? stk_loader_errmsg(self->l)
+                       : "this loader belongs to the parent process; open a new one in the child");
+    return -1;
+}
+
+/* Takes the engine's lock (waiting without the GIL) and checks that the
+ * loader is open. Returns 0, or -1 with an exception set. */
+static int engine_enter(EngineObject *self)
+{
+    if (check_pid(self))
+        return -1;
+    if (!self->l) {
+        PyErr_SetString(g_Error, "the loader is closed");
+        return -1;
+    }
+    unsigned long me = PyThread_get_thread_ident();
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        if (self->owner == me) {
+            PyErr_SetString(PyExc_RuntimeError,
+                            "re-entrant call into a stoker loader (from a signal handler or "
+                            "finalizer while it was busy)");
+            return -1;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    self->owner = me;
+    if (!self->l) {
+        self->owner = 0;
+        PyThread_release_lock(self->lock);
+        PyErr_SetString(g_Error, "the loader is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static void engine_leave(EngineObject *self)
+{
+    self->owner = 0;
+    PyThread_release_lock(self->lock);
+}
+
+static int engine_raise(EngineObject *self, int rc)
+{
+    raise_code(rc, stk_loader_errmsg(self->l));
+    return -1;
+}
+
+static int set_or_raise(int rc, const char *what)
+{
+    if (rc == STK_OK)
+        return 0;
+    if (rc == STK_ENOMEM) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyErr_Format(PyExc_ValueError, "invalid %s", what);
+    return -1;
+}
+
+/* Engine(source, batch_size, shuffle, seed, drop_last, transform, threads,
+ *        depth, on_error_skip, rank, world_size, records, options,
+ *        max_sample_bytes)
+ * records: None or (record_bytes, header_bytes, label_bytes).
+ * options: dict of str -> str for stk_options_set. */
+static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"source",   "batch_size", "shuffle", "seed",       "drop_last",
+                             "transform", "threads",   "depth",   "on_error_skip", "rank",
+                             "world_size", "records",  "options", "max_sample_bytes", NULL};
+    PyObject *source_obj;
+    Py_ssize_t batch_size;
+    int shuffle = 1, drop_last = 0, skip = 0;
+    unsigned long long seed = 0, max_sample_bytes = 0;
+    const char *transform = NULL;
+    unsigned int threads = 0, depth = 2, rank = 0, world = 1;
+    PyObject *records = Py_None, *options = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOK:Engine", kwlist,
+                                     PyUnicode_FSConverter, &source_obj, &batch_size, &shuffle,
+                                     &seed, &drop_last, &transform, &threads, &depth, &skip,
+                                     &rank, &world, &records, &options, &max_sample_bytes))
+        return -1;
+    if (self->l) {
+        Py_DECREF(source_obj);
+        PyErr_SetString(PyExc_RuntimeError, "Engine is already open");
+        return -1;
+    }
+    int ret = -1, rc;
+    stk_options *o = NULL;
+    const char *source = PyBytes_AS_STRING(source_obj);
+    if (batch_size < 1) {
+        PyErr_SetString(PyExc_ValueError, "batch_size must be >= 1");
+        goto out;
+    }
+    if ((rc = stk_options_create(&o))) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (set_or_raise(stk_options_set_source(o, source), "source (empty path)") ||
+        set_or_raise(stk_options_set_batch_size(o, (size_t)batch_size),
+                     "batch_size (1 .. 16777216)") ||
+        set_or_raise(stk_options_set_shuffle(o, shuffle), "shuffle") ||
+        set_or_raise(stk_options_set_seed(o, seed), "seed") ||
+        set_or_raise(stk_options_set_drop_last(o, drop_last), "drop_last") ||
+        set_or_raise(stk_options_set_threads(o, threads), "threads (0 .. 256)") ||
+        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 64)") ||
+        set_or_raise(stk_options_set_on_error(o, skip ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE),
+                     "on_error") ||
+        set_or_raise(stk_options_set_partition(o, rank, world),
+                     "rank/world_size (need 0 <= rank < world_size)"))
+        goto out;
+    if (transform && set_or_raise(stk_options_set_transform(o, transform), "transform"))
+        goto out;
+    if (max_sample_bytes &&
+        set_or_raise(stk_options_set_max_sample_bytes(o, (size_t)max_sample_bytes),
+                     "max_sample_bytes (1 .. 2**40)"))
+        goto out;
+    if (records != Py_None) {
+        unsigned long long rb, hb;
+        unsigned int lb;
+        if (!PyArg_ParseTuple(records, "KKI:records", &rb, &hb, &lb))
+            goto out;
+        if (stk_options_set_records(o, (size_t)rb, (size_t)hb, lb)) {
+            PyErr_Format(PyExc_ValueError,
+                         "invalid records: record_bytes=%llu, label_bytes=%u (label_bytes must "
+                         "be 0, 1, 2, 4 or 8 and smaller than record_bytes)",
+                         rb, lb);
+            goto out;
+        }
+    }
+    if (options != Py_None) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        if (!PyDict_Check(options)) {
+            PyErr_SetString(PyExc_TypeError, "options must be a dict of str to str");
+            goto out;
+        }
+        while (PyDict_Next(options, &pos, &key, &value)) {
+            const char *k = PyUnicode_AsUTF8(key), *v = k ? PyUnicode_AsUTF8(value) : NULL;
+            if (!k || !v)
+                goto out;
+            if (stk_options_set(o, k, v)) {
+                PyErr_Format(PyExc_ValueError, "invalid value for %s: '%s'", k, v);
+                goto out;
+            }
+        }
+    }
+    stk_loader *l = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_loader_open(&l, o);
+    Py_END_ALLOW_THREADS
+    if (rc != STK_OK) {
+        if (!l) {
+            PyErr_NoMemory();
+        } else {
+            raise_code(rc, stk_loader_errmsg(l));
+            stk_loader_close(l);
+        }
+        goto out;
+    }
+    self->l = l;
+    self->pid = getpid();
+    ret = 0;
+out:
+    stk_options_destroy(o);
+    Py_DECREF(source_obj);
+    return ret;
+}
+
+static PyObject *Engine_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    (void)args;
+    (void)kwargs;
+    EngineObject *self = (EngineObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->pid = getpid();
+    return (PyObject *)self;
+}
+
+static void Engine_dealloc(EngineObject *self)
+{
+    if (self->l) {
+        stk_loader *l = self->l;
+        self->l = NULL;
+        /* Joining the workers can take a moment; other threads may run. In a
+         * forked child the library leaves the parent's loader alone. */
+        Py_BEGIN_ALLOW_THREADS
+        stk_loader_close(l);
+        Py_END_ALLOW_THREADS
+    }
+    if (self->lock && self->pid == getpid())
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* next(timeout_ms=100): the next Batch, or None at the end of the epoch.
+ * Waits in slices of timeout_ms without the GIL, checking for signals (so a
+ * KeyboardInterrupt is raised within about one slice) and for close(). */
+static PyObject *Engine_next(EngineObject *self, PyObject *args)
+{
+    unsigned int slice = 100;
+    if (!PyArg_ParseTuple(args, "|I:next", &slice))
+        return NULL;
+    if (slice == 0)
+        slice = 1;
+    if (engine_enter(self))
+        return NULL;
+    PyObject *result = NULL;
+    int tried_gc = 0;
+    size_t nerr0 = stk_loader_error_count(self->l);
+    for (;;) {
+        stk_batch *b = NULL;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = stk_loader_next_timeout(self->l, &b, slice);
+        Py_END_ALLOW_THREADS
+        if (rc == STK_OK) {
+            BatchObject *bo = PyObject_New(BatchObject, &Batch_Type);
+            if (!bo) {
+                /* The batch is lost to Python; give it back so the ring
+                 * keeps moving. */
+                stk_batch_release(b);
+                break;
+            }
+            bo->b = b;
+            bo->pid = getpid();
+            result = (PyObject *)bo;
+            break;
+        }
+        if (rc == STK_END) {
+            result = Py_None;
+            Py_INCREF(result);
+            break;
+        }
+        if (rc == STK_TIMEOUT) {
+            if (PyErr_CheckSignals() < 0)
+                break;
+            if (self->closing) {
+                PyErr_SetString(g_Error, "the loader was closed while waiting for a batch");
+                break;
+            }
+            continue;
+        }
+        if (rc == STK_EBUSY && !tried_gc) {
+            /* Every buffer is held. Batches kept alive only by reference
+             * cycles would be freed by a collection; try one before raising.
+             * The lock is dropped meanwhile, as finalizers may call us. */
+            tried_gc = 1;
+            engine_leave(self);
+            PyGC_Collect();
+            if (engine_enter(self))
+                return NULL;
+            continue;
+        }
+        if (rc == STK_ESAMPLE) {
+            /* The message names the first failed sample; the structured
+             * list of this batch's failures goes on the exception. */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", stk_loader_errmsg(self->l));
+            size_t nerr1 = stk_loader_error_count(self->l);
+            PyObject *errs = PyList_New(0);
+            for (size_t i = nerr0; errs && i < nerr1; i++) {
+                stk_sample_error e;
+                if (stk_loader_error_get(self->l, i, &e))
+                    continue;
+                PyObject *d = Py_BuildValue("{s:K,s:K,s:i,s:s,s:s,s:s}", "sample",
+                                            (unsigned long long)e.sample, "epoch",
+                                            (unsigned long long)e.epoch, "code", e.code,
+                                            "code_name", code_name(e.code), "path", e.path,
+                                            "reason", e.reason);
+                if (!d || PyList_Append(errs, d) < 0)
+                    Py_CLEAR(errs);
+                Py_XDECREF(d);
+            }
+            /* The library's message names the failed sample by index, but
+             * its path and reason may already have moved to the error list
+             * (it then says "(?): failed"); rebuild it from that entry. */
+            unsigned long long first = 0;
+            if (errs && PyList_GET_SIZE(errs) > 0 &&
+                sscanf(msg, "sample %llu", &first) == 1) {
+                PyObject *pick = PyList_GET_ITEM(errs, 0);
+                for (Py_ssize_t i = 0; i < PyList_GET_SIZE(errs); i++) {
+                    PyObject *d = PyList_GET_ITEM(errs, i);
+                    PyObject *sn = PyDict_GetItemString(d, "sample");
+                    if (sn && PyLong_AsUnsignedLongLong(sn) == first)
+                        pick = d;
+                }
+                PyErr_Clear();
+                if (pick != PyList_GET_ITEM(errs, 0)) {
+                    /* Put the named sample first, so .path/.reason match it. */
+                    Py_INCREF(pick);
+                    PySequence_DelItem(errs, PySequence_Index(errs, pick));
+                    PyList_Insert(errs, 0, pick);
+                    Py_DECREF(pick);
+                    PyErr_Clear();
+                }
+                const char *path = PyUnicode_AsUTF8(PyDict_GetItemString(pick, "path"));
+                const char *reason = PyUnicode_AsUTF8(PyDict_GetItemString(pick, "reason"));
+                Py_ssize_t more = PyList_GET_SIZE(errs) - 1;
+                if (path && reason) {
+                    if (more > 0)
+                        snprintf(msg, sizeof msg,
+                                 "sample %llu (%s): %s (and %zd more failed samples in this "
+                                 "batch)",
+                                 first, path, reason, more);
+                    else
+                        snprintf(msg, sizeof msg, "sample %llu (%s): %s", first, path, reason);
+                }
+                PyErr_Clear();
+            }
+            raise_code(rc, msg);
+            if (errs) {
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                PyErr_NormalizeException(&et, &ev, &tb);
+                if (ev && PyObject_SetAttrString(ev, "errors", errs) == 0 &&
+                    PyList_GET_SIZE(errs) > 0) {
+                    PyObject *first_d = PyList_GET_ITEM(errs, 0);
+                    static const char *const keys[] = {"sample", "path", "reason"};
+                    for (int k = 0; k < 3; k++) {
+                        PyObject *x = PyDict_GetItemString(first_d, keys[k]);
+                        if (x && PyObject_SetAttrString(ev, keys[k], x) < 0)
+                            PyErr_Clear();
+                    }
+                }
+                PyErr_Restore(et, ev, tb);
+                Py_DECREF(errs);
+            } else {
+                PyErr_Clear();
+                raise_code(rc, msg);
+            }
+            break;
+        }
+        if (rc == STK_EBUSY) {
+            char msg[1024];
+            snprintf(msg, sizeof msg,
+                     "%s. Batches are views of the ring, not copies, so every batch still "
+                     "referenced holds a buffer: copy what you keep (x.clone(), np.array(x)) "
+                     "or open the loader with a larger depth",
+                     stk_loader_errmsg(self->l));
+            raise_code(rc, msg);
+            break;
+        }
+        engine_raise(self, rc);
+        break;
+    }
+    engine_leave(self);
+    return result;
+}
+
+static PyObject *Engine_set_epoch(EngineObject *self, PyObject *args)
+{
+    unsigned long long e;
+    if (!PyArg_ParseTuple(args, "K:set_epoch", &e))
+        return NULL;
+    if (engine_enter(self))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_loader_set_epoch(self->l, e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_state(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    stk_state st;
+    int rc = stk_loader_get_state(self->l, &st);
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (rc)
+        return NULL;
+    return Py_BuildValue("(KKK)", (unsigned long long)st.seed, (unsigned long long)st.epoch,
+                         (unsigned long long)st.batch);
+}
+
+static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
+{
+    unsigned long long seed, epoch, batch;
+    if (!PyArg_ParseTuple(args, "KKK:set_state", &seed, &epoch, &batch))
+        return NULL;
+    if (engine_enter(self))
+        return NULL;
+    stk_state st = {seed, epoch, batch};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_loader_set_state(self->l, &st);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (rc)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_info(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    stk_info in;
+    int rc = stk_loader_info(self->l, &in);
+    uint64_t bound = rc ? 0 : stk_loader_memory_bound(self->l);
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (rc)
+        return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
+                         (unsigned long long)in.num_samples, "samples_per_epoch",
+                         (unsigned long long)in.samples_per_epoch, "batches_per_epoch",
+                         (unsigned long long)in.batches_per_epoch, "num_classes",
+                         (unsigned long long)in.num_classes, "threads", in.threads, "depth",
+                         in.depth, "batch_size", (Py_ssize_t)in.batch_size, "kind",
+                         in.kind == STK_BATCH_DENSE ? "dense" : "variable", "source_kind",
+                         in.source_kind ? in.source_kind : "?", "memory_bound_bytes",
+                         (unsigned long long)bound);
+}
+
+static PyObject *stage_dict(const stk_stage_stats *s)
+{
+    PyObject *d = PyDict_New();
+    for (int k = 0; d && k < STK_STAGE_COUNT; k++) {
+        PyObject *x = Py_BuildValue("{s:K,s:d}", "items", (unsigned long long)s[k].items,
+                                    "busy_s", (double)s[k].busy_ns * 1e-9);
+        if (!x || PyDict_SetItemString(d, stk_stage_name(k), x) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(x);
+    }
+    return d;
+}
+
+static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    PyObject *res = NULL, *threads = NULL, *stages = NULL, *errors = NULL;
+    stk_stats st;
+    stk_info in;
+    int rc = stk_loader_stats(self->l, &st);
+    if (!rc)
+        rc = stk_loader_info(self->l, &in);
+    if (rc) {
+        engine_raise(self, rc);
+        goto out;
+    }
+    if (!(stages = stage_dict(st.stages)) || !(threads = PyList_New(0)) ||
+        !(errors = PyList_New(0)))
+        goto out;
+    for (unsigned t = 0; t < in.threads; t++) {
+        stk_stage_stats s[STK_STAGE_COUNT];
+        if (stk_loader_thread_stats(self->l, t, s))
+            continue;
+        PyObject *d = stage_dict(s);
+        if (!d || PyList_Append(threads, d) < 0) {
+            Py_XDECREF(d);
+            goto out;
+        }
+        Py_DECREF(d);
+    }
+    size_t n = stk_loader_error_count(self->l);
+    for (size_t i = 0; i < n; i++) {
+        stk_sample_error e;
+        if (stk_loader_error_get(self->l, i, &e))
+            continue;
+        PyObject *d = Py_BuildValue("{s:K,s:K,s:i,s:s,s:s,s:s}", "sample",
+                                    (unsigned long long)e.sample, "epoch",
+                                    (unsigned long long)e.epoch, "code", e.code, "code_name",
+                                    code_name(e.code), "path", e.path, "reason", e.reason);
+        if (!d || PyList_Append(errors, d) < 0) {
+            Py_XDECREF(d);
+            goto out;
+        }
+        Py_DECREF(d);
+    }
+    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O}", "stages", stages, "threads",
+                        threads, "samples_delivered", (unsigned long long)st.samples_delivered,
+                        "batches_delivered", (unsigned long long)st.batches_delivered,
+                        "starvation_s", (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
+                        (unsigned long long)st.samples_skipped, "samples_failed",
+                        (unsigned long long)st.samples_failed, "memory_bound_bytes",
+                        (unsigned long long)st.memory_bound_bytes, "errors", errors);
+out:
+    engine_leave(self);
+    Py_XDECREF(stages);
+    Py_XDECREF(threads);
+    Py_XDECREF(errors);
+    return res;
+}
+
+/* close(): stops the threads and frees the loader. Held batches stay valid.
+ * Harmless when already closed; in a forked child it only forgets the
+ * parent's loader. */
+static PyObject *Engine_close(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->pid != getpid()) {
+        self->l = NULL; /* the parent's; the library would not touch it either */
+        Py_RETURN_NONE;
+    }
+    if (!self->l)
+        Py_RETURN_NONE;
+    self->closing = 1;
+    if (engine_enter(self)) {
+        /* Closed meanwhile by another thread: nothing left to do. */
+        if (!self->l) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        return NULL;
+    }
+    stk_loader *l = self->l;
+    self->l = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    stk_loader_close(l);
+    Py_END_ALLOW_THREADS
+    engine_leave(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Engine_get_closed(EngineObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->l == NULL);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"next", (PyCFunction)Engine_next, METH_VARARGS,
+     "next(slice_ms=100) -> Batch, or None at the end of the epoch."},
+    {"set_epoch", (PyCFunction)Engine_set_epoch, METH_VARARGS, "set_epoch(e)"},
+    {"get_state", (PyCFunction)Engine_get_state, METH_NOARGS, "-> (seed, epoch, batch)"},
+    {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(seed, epoch, batch)"},
+    {"info", (PyCFunction)Engine_info, METH_NOARGS, "-> dict of static facts"},
+    {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "-> dict of counters"},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stops the threads; held batches stay valid."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Engine_getset[] = {
+    {"closed", (getter)Engine_get_closed, NULL, "True once closed", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Engine_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoker._stoker.Engine",
+    .tp_basicsize = sizeof(EngineObject),
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A libstoker loader (internal; use stoker.Loader).",
+    .tp_methods = Engine_methods,
+    .tp_getset = Engine_getset,
+    .tp_init = (initproc)Engine_init,
+    .tp_new = Engine_new,
+};
+
+/* ---- module --------------------------------------------------------------- */
+static PyObject *mod_version(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyUnicode_FromString(stk_version());
+}
+
+static PyObject *mod_strerror(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int code;
+    if (!PyArg_ParseTuple(args, "i:strerror", &code))
+        return NULL;
+    return PyUnicode_FromString(stk_strerror(code));
+}
+
+static PyMethodDef module_methods[] = {
+    {"version", mod_version, METH_NOARGS, "The C library's version string."},
+    {"strerror", mod_strerror, METH_VARARGS, "Static text of a return code."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_stoker", "C core of the stoker package (see stoker.Loader).", -1,
+    module_methods,        NULL,      NULL,
+    NULL,                  NULL,
+};
+
+PyMODINIT_FUNC PyInit__stoker(void);
+
+PyMODINIT_FUNC PyInit__stoker(void)
+{
+    if (PyType_Ready(&View_Type) < 0 || PyType_Ready(&Batch_Type) < 0 ||
+        PyType_Ready(&Engine_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    g_Error = PyErr_NewExceptionWithDoc(
+        "stoker.Error",
+        "A stoker loader error. .code is the C library's STK_E* code and .code_name its name.",
+        PyExc_RuntimeError, NULL);
+    g_SampleError = g_Error ? PyErr_NewExceptionWithDoc(
+                                  "stoker.SampleError",
+                                  "A sample failed under on_error=\"raise\". The message names "
+                                  "it; .sample, .path, .reason and .errors (every failure of "
+                                  "the batch) give details. Calling next() again on the same "
+                                  "iterator delivers the batch without the failed samples.",
+                                  g_Error, NULL)
+                            : NULL;
+    if (!g_SampleError)
+        goto fail;
+    Py_INCREF(g_Error);
+    Py_INCREF(g_SampleError);
+    Py_INCREF(&Engine_Type);
+    Py_INCREF(&Batch_Type);
+    Py_INCREF(&View_Type);
+    if (PyModule_AddObject(m, "Error", g_Error) < 0 ||
+        PyModule_AddObject(m, "SampleError", g_SampleError) < 0 ||
+        PyModule_AddObject(m, "Engine", (PyObject *)&Engine_Type) < 0 ||
+        PyModule_AddObject(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
+        PyModule_AddObject(m, "View", (PyObject *)&View_Type) < 0 ||
+        PyModule_AddIntConstant(m, "STK_END", STK_END) < 0 ||
+        PyModule_AddStringConstant(m, "C_VERSION", STK_VERSION_STRING) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}
