@@ -2,11 +2,16 @@
  * stoker -- the command-line tool.
  *
  *   stoker bench PATH [options]   iterate a dataset and report throughput
+ *   stoker pack SRC OUT [options] write a dataset as .stk shards (tools/pack.c)
+ *   stoker info PATH              what a dataset holds (tools/info.c)
+ *   stoker verify PATH            check every sample's checksum (tools/info.c)
  *   stoker version
  *
  * Exit status: 0 success, 1 a loader error (message on stderr), 2 bad usage.
  */
 #include "stoker.h"
+
+#include "commands.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -22,14 +27,25 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: stoker bench PATH [options]\n"
+            "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
+            "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
+            "                   [--quiet] [--progress]\n"
+            "       stoker info PATH\n"
+            "       stoker verify PATH\n"
             "       stoker version\n"
             "\n"
             "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
             "memory bound, per-stage times, consumer starvation and a checksum of\n"
             "every delivered batch (bytes and labels, in order).\n"
             "\n"
-            "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE) or, with\n"
-            "--record-size, a file of fixed-size records.\n"
+            "pack writes SRC as .stk shards and a manifest in OUT (docs/shards.md);\n"
+            "info prints samples, classes, bytes, format and shards; verify reads\n"
+            "every sample, lists each corrupt one and exits 1 if any.\n"
+            "\n"
+            "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE), a directory\n"
+            "of .stk or .tar shards or CIFAR batches, one such file, a brace pattern\n"
+            "such as train-{000000..000099}.tar, or, with --record-size, a file of\n"
+            "fixed-size records.\n"
             "\n"
             "options:\n"
             "  --batch-size N      samples per batch (256)\n"
@@ -384,6 +400,12 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "bench"))
         return cmd_bench(argc, argv);
+    if (!strcmp(argv[1], "pack"))
+        return stoker_cmd_pack(argc, argv);
+    if (!strcmp(argv[1], "info"))
+        return stoker_cmd_info(argc, argv);
+    if (!strcmp(argv[1], "verify"))
+        return stoker_cmd_verify(argc, argv);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("stoker %s\n", stk_version());
         return 0;

@@ -1,7 +1,10 @@
 /* source.c -- picks the source kind for a path, and helpers shared by sources. */
 #include "source/source.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -21,27 +24,329 @@ uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
     return s->dst;
 }
 
+/* ---- Naming a dataset ----------------------------------------------------
+ * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, or
+ * ImageFolder class subfolders), a single shard or batch file, a file of
+ * fixed-size records (when a record size is given), or a brace pattern
+ * "train-{000000..000099}.tar" naming a list of shard files. The kind comes
+ * from the contents (magic bytes, tar header checksums, CIFAR names and
+ * sizes); a directory or list mixing kinds is an error that says so. */
+
+enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_COUNT };
+static const char *const k_kind_names[K_COUNT] = {"unknown", ".stk shards", ".tar shards",
+                                                  "CIFAR batches", "class subfolders"};
+
+typedef struct pathlist {
+    char **v;
+    size_t n, cap;
+} pathlist;
+
+static int pl_add(pathlist *l, const char *a, const char *b)
+{
+    if (l->n == l->cap) {
+        size_t c = l->cap ? l->cap * 2 : 16;
+        char **q = stk__realloc(l->v, c * sizeof *q);
+        if (!q)
+            return STK_ENOMEM;
+        l->v = q;
+        l->cap = c;
+    }
+    size_t la = strlen(a), lb = b ? strlen(b) : 0;
+    char *p = stk__malloc(la + lb + 2);
+    if (!p)
+        return STK_ENOMEM;
+    memcpy(p, a, la);
+    if (b) {
+        p[la] = '/';
+        memcpy(p + la + 1, b, lb + 1);
+    } else {
+        p[la] = '\0';
+    }
+    l->v[l->n++] = p;
+    return STK_OK;
+}
+
+static void pl_free(pathlist *l)
+{
+    for (size_t k = 0; k < l->n; k++)
+        stk__free(l->v[k]);
+    stk__free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+/* CIFAR batch names: CIFAR-10's data_batch_N.bin / test_batch.bin, CIFAR-100's
+ * train.bin / test.bin. */
+static bool cifar_name(const char *name, bool *train)
+{
+    *train = !strncmp(name, "data_batch_", 11) || !strcmp(name, "train.bin");
+    return (*train && ends_with(name, ".bin")) || !strcmp(name, "test_batch.bin") ||
+           !strcmp(name, "test.bin");
+}
+
+/* A 512-byte block is a tar header if its checksum field matches. */
+static bool tar_header_ok(const uint8_t *b)
+{
+    unsigned long sum = 0, want = 0;
+    for (int k = 0; k < 512; k++)
+        sum += (k >= 148 && k < 156) ? ' ' : b[k];
+    int k = 148;
+    while (k < 156 && b[k] == ' ')
+        k++;
+    int digits = 0;
+    for (; k < 156 && b[k] >= '0' && b[k] <= '7'; k++, digits++)
+        want = want * 8 + (unsigned long)(b[k] - '0');
+    return digits > 0 && sum == want;
+}
+
+/* Decides one file's kind from its first bytes, name and size. */
+static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
+{
+    uint8_t b[512];
+    *kind = K_NONE;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
+        return errno == ENOENT ? STK_ENOENT : STK_EIO;
+    }
+    struct stat st;
+    ssize_t got = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        while ((got = pread(fd, b, sizeof b, 0)) < 0 && errno == EINTR) {
+        }
+    }
+    close(fd);
+    bool train;
+    if (got >= 8 && !memcmp(b, "\x89STK\r\n\x1a\n", 8))
+        *kind = K_STK;
+    else if (got == 512 && tar_header_ok(b))
+        *kind = K_TAR;
+    else if (got > 0 && cifar_name(base_name(path), &train) &&
+             ((uint64_t)st.st_size % 3073 == 0 || (uint64_t)st.st_size % 3074 == 0))
+        *kind = K_CIFAR;
+    return STK_OK;
+}
+
+/* Expands one "{A..B}" group (A, B decimal; zero-padded to A's width when A
+ * has a leading zero or both have the same width). */
+static int expand_braces(const char *pat, pathlist *out, char *err, size_t errlen)
+{
+    const char *lb = strchr(pat, '{');
+    const char *dots = lb ? strstr(lb, "..") : NULL;
+    const char *rb = dots ? strchr(dots, '}') : NULL;
+    if (!rb) {
+        stk__fmt(err, errlen, "%s: a brace pattern needs {FIRST..LAST}", pat);
+        return STK_EINVAL;
+    }
+    if (strchr(rb, '{')) {
+        stk__fmt(err, errlen, "%s: only one {FIRST..LAST} group is supported", pat);
+        return STK_EINVAL;
+    }
+    uint64_t a = 0, z = 0;
+    size_t wa = (size_t)(dots - lb - 1), wz = (size_t)(rb - dots - 2);
+    bool ok = wa > 0 && wz > 0 && wa <= 18 && wz <= 18;
+    for (const char *p = lb + 1; ok && p < dots; p++)
+        ok = *p >= '0' && *p <= '9', a = a * 10 + (uint64_t)(*p - '0');
+    for (const char *p = dots + 2; ok && p < rb; p++)
+        ok = *p >= '0' && *p <= '9', z = z * 10 + (uint64_t)(*p - '0');
+    if (!ok || z < a || z - a >= 10000000) {
+        stk__fmt(err, errlen, "%s: bad brace range (want {FIRST..LAST}, decimal, FIRST <= LAST)",
+                 pat);
+        return STK_EINVAL;
+    }
+    int width = (lb[1] == '0' && wa > 1) || wa == wz ? (int)wa : 0;
+    char buf[4096];
+    for (uint64_t v = a; v <= z; v++) {
+        int w = snprintf(buf, sizeof buf, "%.*s%0*llu%s", (int)(lb - pat), pat, width,
+                         (unsigned long long)v, rb + 1);
+        if (w < 0 || (size_t)w >= sizeof buf) {
+            stk__fmt(err, errlen, "%s: path too long", pat);
+            return STK_EINVAL;
+        }
+        int rc = pl_add(out, buf, NULL);
+        if (rc)
+            return rc;
+    }
+    return STK_OK;
+}
+
+static int open_kind(stk__source *s, int kind, pathlist *l, const char *dir, char *err,
+                     size_t errlen)
+{
+    const char *const *v = (const char *const *)l->v;
+    switch (kind) {
+    case K_STK:
+        return stk__source_stk_open(s, v, l->n, dir, err, errlen);
+    case K_TAR:
+        return stk__source_tar_open(s, v, l->n, err, errlen);
+    case K_CIFAR:
+        return stk__source_cifar_open(s, v, l->n, err, errlen);
+    default:
+        return STK_EINVAL;
+    }
+}
+
+static int open_pattern(stk__source *s, const char *pat, char *err, size_t errlen)
+{
+    pathlist l = {0};
+    int rc = expand_braces(pat, &l, err, errlen);
+    int kind = K_NONE;
+    if (rc)
+        goto out;
+    for (size_t k = 0; k < l.n; k++) {
+        int kk;
+        if ((rc = sniff_file(l.v[k], &kk, err, errlen)))
+            goto out;
+        if (kk == K_NONE) {
+            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard or CIFAR batch", l.v[k]);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        if (k && kk != kind) {
+            stk__fmt(err, errlen, "%s: the pattern mixes %s (%s) and %s (%s)", pat,
+                     k_kind_names[kind], l.v[0], k_kind_names[kk], l.v[k]);
+            rc = STK_EINVAL;
+            goto out;
+        }
+        kind = kk;
+    }
+    rc = open_kind(s, kind, &l, NULL, err, errlen);
+out:
+    pl_free(&l);
+    return rc;
+}
+
+static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    pathlist lists[K_COUNT] = {{0}};
+    pathlist cifar_all = {0};
+    DIR *d = opendir(dir);
+    if (!d) {
+        stk__fmt(err, errlen, "cannot list %s: %s", dir, strerror(errno));
+        return STK_EIO;
+    }
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, ".."))
+            continue;
+        stk__fmt(path, sizeof path, "%s/%s", dir, name);
+        struct stat st;
+        if (stat(path, &st) != 0)
+            continue;
+        bool train;
+        int kind = K_NONE;
+        if (S_ISDIR(st.st_mode))
+            kind = K_FOLDER;
+        else if (!S_ISREG(st.st_mode))
+            continue;
+        else if (ends_with(name, ".stk"))
+            kind = K_STK;
+        else if (ends_with(name, ".tar"))
+            kind = K_TAR;
+        else if (cifar_name(name, &train)) {
+            if ((rc = pl_add(&cifar_all, dir, name)))
+                goto out;
+            if (train)
+                kind = K_CIFAR;
+        }
+        if (kind != K_NONE && (rc = pl_add(&lists[kind], dir, name)))
+            goto out;
+    }
+    if (!lists[K_CIFAR].n && cifar_all.n) {
+        /* Only a test batch: read it. */
+        pl_free(&lists[K_CIFAR]);
+        lists[K_CIFAR] = cifar_all;
+        memset(&cifar_all, 0, sizeof cifar_all);
+    }
+    int found = K_NONE, kinds = 0;
+    char mix[256] = "";
+    for (int k = K_STK; k < K_COUNT; k++) {
+        if (!lists[k].n)
+            continue;
+        size_t ml = strlen(mix);
+        stk__fmt(mix + ml, sizeof mix - ml, "%s%zu %s", kinds ? " and " : "", lists[k].n,
+                 k_kind_names[k]);
+        kinds++;
+        found = k;
+    }
+    if (kinds > 1) {
+        stk__fmt(err, errlen,
+                 "%s: the directory mixes kinds of data (%s); keep one kind per directory, or "
+                 "name the files with a pattern such as train-{000000..000009}.tar",
+                 dir, mix);
+        rc = STK_EINVAL;
+        goto out;
+    }
+    if (found == K_FOLDER || found == K_NONE) {
+        closedir(d);
+        d = NULL;
+        rc = stk__source_folder_open(s, dir, err, errlen);
+        goto out;
+    }
+    qsort(lists[found].v, lists[found].n, sizeof(char *), cmp_cstr);
+    rc = open_kind(s, found, &lists[found], dir, err, errlen);
+out:
+    if (d)
+        closedir(d);
+    for (int k = 0; k < K_COUNT; k++)
+        pl_free(&lists[k]);
+    pl_free(&cifar_all);
+    return rc;
+}
+
 int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
                      size_t errlen)
 {
     memset(s, 0, sizeof *s);
     struct stat st;
     if (stat(path, &st) != 0) {
-        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
-        return errno == ENOENT || errno == ENOTDIR ? STK_ENOENT : STK_EIO;
+        int e = errno;
+        if (strchr(path, '{') && !prm->record_bytes)
+            return open_pattern(s, path, err, errlen);
+        stk__fmt(err, errlen, "%s: %s", path, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? STK_ENOENT : STK_EIO;
     }
     if (S_ISDIR(st.st_mode)) {
         if (prm->record_bytes) {
             stk__fmt(err, errlen, "%s: is a directory, but a record size was given", path);
             return STK_EINVAL;
         }
-        return stk__source_folder_open(s, path, err, errlen);
+        return open_dir(s, path, err, errlen);
     }
     if (prm->record_bytes)
         return stk__source_records_open(s, path, prm, err, errlen);
+    int kind;
+    int rc = sniff_file(path, &kind, err, errlen);
+    if (rc)
+        return rc;
+    if (kind != K_NONE) {
+        char *one = (char *)(uintptr_t)path;
+        pathlist l = {&one, 1, 1};
+        return open_kind(s, kind, &l, NULL, err, errlen);
+    }
     stk__fmt(err, errlen,
-             "%s: is a file; give its record size (--record-size) to read it as fixed-size "
-             "records, or name a directory in ImageFolder layout",
+             "%s: is a file but not a .stk shard, tar shard or CIFAR batch; give its record "
+             "size (--record-size) to read it as fixed-size records, or name a directory in "
+             "ImageFolder layout",
              path);
     return STK_EINVAL;
 }

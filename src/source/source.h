@@ -67,6 +67,18 @@ void stk__source_close(stk__source *s);
 int stk__source_folder_open(stk__source *s, const char *path, char *err, size_t errlen);
 int stk__source_records_open(stk__source *s, const char *path, const stk__source_params *prm,
                              char *err, size_t errlen);
+/* Sources over a list of shard files (a directory's, a brace pattern's, or one
+ * file). The paths are copied. dir: the dataset directory when a directory
+ * was named (the .stk reader reads its manifest there), else NULL. */
+int stk__source_stk_open(stk__source *s, const char *const *paths, size_t n, const char *dir,
+                         char *err, size_t errlen);
+int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
+                         size_t errlen);
+/* CIFAR-10 (3073-byte records: label, 3072 bytes CHW) or CIFAR-100 (3074:
+ * coarse label, fine label, 3072 bytes CHW) batch files; samples are the
+ * 3072 image bytes as stored (CHW), the label is the (fine) label. */
+int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
+                           size_t errlen);
 
 /* Reads a whole file into a sink (open, fstat, read, close): the shared helper
  * for sources whose samples are files. */

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Fuzz suite (called by scripts/test-all.sh):
+#   1. replays every seed-corpus file of each target as a regular test, built
+#      with the project compiler under ASan+UBSan (runs even without clang);
+#   2. builds each libFuzzer target with clang -fsanitize=fuzzer,address,
+#      undefined and fuzzes it for FUZZ_SECONDS (default 30) seconds, starting
+#      from a scratch copy of the seed corpus.
+# Prints "fuzz: N passed, N failed" last; exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+CC=${CC:-gcc}
+OUT=build/fuzz
+mkdir -p "$OUT"
+pass=0 fail=0
+TARGETS="stk tar"
+LIB_SRCS="src/alloc.c src/source/source.c src/source/folder.c src/source/records.c
+          src/source/stk.c src/source/stkformat.c src/source/tar.c src/source/cifar.c"
+FLAGS="-std=c11 -D_GNU_SOURCE -g -Iinclude -Isrc -pthread"
+
+result() { # NAME OK?
+    if [ "$2" -eq 0 ]; then
+        pass=$((pass + 1)); echo "  [fuzz] $1: ok"
+    else
+        fail=$((fail + 1)); echo "  [fuzz] $1: FAILED"
+    fi
+}
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+for t in $TARGETS; do
+    corpus=tests/fuzz/corpus/$t
+    bin=$OUT/replay_$t
+    # shellcheck disable=SC2086
+    if $CC $FLAGS -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
+        -fno-sanitize-recover=all -DSTK_FUZZ_REPLAY -o "$bin" tests/fuzz/fuzz_$t.c \
+        $LIB_SRCS -lxxhash >"$OUT/replay_$t.log" 2>&1; then
+        "$bin" "$corpus"/* >"$OUT/replay_$t.out" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || tail -n 30 "$OUT/replay_$t.out" | sed 's/^/      /'
+        result "replay $t corpus ($(ls "$corpus" | wc -l) files)" $rc
+    else
+        cat "$OUT/replay_$t.log"
+        result "replay $t corpus (build)" 1
+    fi
+done
+
+CLANG=${CLANG:-$(command -v clang || command -v clang-14 || true)}
+if [ -z "$CLANG" ]; then
+    echo "  [fuzz] libFuzzer runs skipped: clang is not installed (the corpus replays above still ran)"
+else
+    for t in $TARGETS; do
+        bin=$OUT/fuzz_$t
+        # shellcheck disable=SC2086
+        if ! "$CLANG" $FLAGS -O1 -fsanitize=fuzzer,address,undefined \
+            -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c $LIB_SRCS -lxxhash \
+            >"$OUT/fuzz_$t.log" 2>&1; then
+            cat "$OUT/fuzz_$t.log"
+            result "libFuzzer $t (build)" 1
+            continue
+        fi
+        work=$OUT/corpus_$t
+        rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work"/
+        "$bin" -max_total_time="$FUZZ_SECONDS" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$OUT/crash_${t}_" "$work" \
+            >"$OUT/fuzz_$t.out" 2>&1
+        rc=$?
+        if [ $rc -ne 0 ]; then
+            tail -n 40 "$OUT/fuzz_$t.out" | sed 's/^/      /'
+        fi
+        runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$OUT/fuzz_$t.out" | grep -o '[0-9]*$')
+        result "libFuzzer $t for ${FUZZ_SECONDS}s (${runs:-?} runs)" $rc
+    done
+fi
+
+echo "fuzz: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

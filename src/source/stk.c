@@ -1,0 +1,376 @@
+/*
+ * stk.c -- the .stk shard reader (docs/format.md). Each shard's index is read
+ * once at open, checked, and kept in memory as the raw index region; a sample
+ * read is one pread of its payload followed by an XXH3-64 check, so a corrupt
+ * payload is reported, never delivered. pread (not mmap) keeps a shard that
+ * shrinks under us an I/O error instead of a SIGBUS.
+ *
+ * Descriptors: up to STK_KEEP_FDS shards stay open for the loader's life
+ * (pread on a shared descriptor is thread-safe); beyond that each read opens
+ * and closes its shard, so a dataset of thousands of shards never exhausts
+ * the process's descriptor limit.
+ */
+#include "source/stkformat.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define STK_KEEP_FDS 256
+
+typedef struct shard {
+    char *path;
+    int fd;
+    uint8_t *region; /* entries, meta, keys */
+    uint64_t first;  /* dataset index of its first sample */
+    uint64_t bytes;
+    stk__stk_header h;
+    stk__stk_footer f;
+} shard;
+
+typedef struct stkset {
+    shard *shards;
+    size_t n;
+    bool keep_fds;
+    stk__manifest man;
+    uint64_t total_bytes;
+} stkset;
+
+static size_t find_shard(const stkset *d, uint64_t i)
+{
+    size_t lo = 0, hi = d->n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->shards[mid].first <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void entry_of(const stkset *d, uint64_t i, const shard **sh, uint64_t *j,
+                     stk__stk_entry *e)
+{
+    const shard *s = &d->shards[find_shard(d, i)];
+    *sh = s;
+    *j = i - s->first;
+    stk__stk_entry_decode(s->region + *j * STK_ENTRY_SIZE, e);
+}
+
+static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
+                    int64_t *label, char *err, size_t errlen)
+{
+    const stkset *d = src->impl;
+    const shard *s;
+    uint64_t j;
+    stk__stk_entry e;
+    int rc;
+    entry_of(d, i, &s, &j, &e);
+    uint8_t *buf = stk__sink_reserve(sink, e.length, &rc);
+    if (!buf) {
+        if (rc == STK_ETOOBIG)
+            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget",
+                     e.length, sink->grow ? sink->grow->limit : sink->cap);
+        else
+            stk__fmt(err, errlen, "out of memory for %u bytes", e.length);
+        return rc;
+    }
+    int fd = s->fd;
+    if (fd < 0) {
+        fd = open(s->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
+            return STK_EIO;
+        }
+    }
+    rc = stk__pread_full(fd, buf, e.length, e.offset, err, errlen);
+    if (fd != s->fd)
+        close(fd);
+    if (rc)
+        return rc;
+    uint64_t sum = stk__xxh3(buf, e.length);
+    if (sum != e.sum) {
+        stk__fmt(err, errlen,
+                 "checksum mismatch: payload of %u bytes at offset %llu is corrupt (XXH3 "
+                 "%016llx, index says %016llx)",
+                 e.length, (unsigned long long)e.offset, (unsigned long long)sum,
+                 (unsigned long long)e.sum);
+        return STK_EFORMAT;
+    }
+    *data = buf;
+    *len = e.length;
+    *label = e.label;
+    return STK_OK;
+}
+
+void stk__stk_key(const stk__source *src, uint64_t i, char *buf, size_t n)
+{
+    const stkset *d = src->impl;
+    const shard *s;
+    uint64_t j;
+    stk__stk_entry e;
+    entry_of(d, i, &s, &j, &e);
+    const uint8_t *keys = s->region + s->f.count * (STK_ENTRY_SIZE + s->f.meta_size);
+    size_t k = e.key_len < n ? e.key_len : (n ? n - 1 : 0);
+    if (n) {
+        memcpy(buf, keys + e.key_off, k);
+        buf[k] = '\0';
+    }
+}
+
+static void stk_name(const stk__source *src, uint64_t i, char *buf, size_t n)
+{
+    const stkset *d = src->impl;
+    const shard *s = &d->shards[find_shard(d, i)];
+    char key[512];
+    stk__stk_key(src, i, key, sizeof key);
+    stk__fmt(buf, n, "%s#%llu key '%s'", s->path, (unsigned long long)(i - s->first), key);
+}
+
+int stk__stk_meta(const stk__source *src, uint64_t i, uint32_t *w, uint32_t *h)
+{
+    const stkset *d = src->impl;
+    const shard *s = &d->shards[find_shard(d, i)];
+    if (!s->f.meta_size) {
+        *w = *h = 0;
+        return STK_EUNSUPPORTED;
+    }
+    const uint8_t *m = s->region + s->f.count * STK_ENTRY_SIZE + (i - s->first) * STK_META_SIZE;
+    *w = stk__get32(m);
+    *h = stk__get32(m + 4);
+    return STK_OK;
+}
+
+const char *stk__stk_class_name(const stk__source *src, uint64_t c)
+{
+    const stkset *d = src->impl;
+    if (!d || c >= d->man.classes || !d->man.class_names)
+        return NULL;
+    return d->man.class_names[c];
+}
+
+void stk__stk_describe(const stk__source *src, stk__dataset_info *di)
+{
+    const stkset *d = src->impl;
+    di->format = "stk";
+    di->payload = stk__payload_kind_name(d->shards[0].h.kind);
+    di->shards = d->n;
+    di->bytes = d->total_bytes;
+    if (d->shards[0].h.kind == STK_PAYLOAD_RAW) {
+        di->raw_h = d->shards[0].h.raw_h;
+        di->raw_w = d->shards[0].h.raw_w;
+        di->raw_c = d->shards[0].h.raw_c;
+    }
+}
+
+static void stk_close(stk__source *src)
+{
+    stkset *d = src->impl;
+    if (!d)
+        return;
+    for (size_t k = 0; k < d->n; k++) {
+        if (d->shards[k].fd >= 0)
+            close(d->shards[k].fd);
+        stk__free(d->shards[k].path);
+        stk__free(d->shards[k].region);
+    }
+    stk__free(d->shards);
+    stk__manifest_free(&d->man);
+    stk__free(d);
+    src->impl = NULL;
+}
+
+static const stk__source_ops k_stk_ops = {"stk", stk_read, stk_name, stk_close};
+
+/* Opens one shard: header, footer, index region (checksummed and checked). */
+static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    char why[STK_ERRMSG_MAX];
+    uint8_t hdr[STK_HEADER_SIZE], foot[STK_FOOTER_SIZE];
+    int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        stk__fmt(err, errlen, "%s: %s", s->path, strerror(errno));
+        return errno == ENOENT ? STK_ENOENT : STK_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        stk__fmt(err, errlen, "%s: not a regular file", s->path);
+        rc = STK_EIO;
+        goto out;
+    }
+    s->bytes = (uint64_t)st.st_size;
+    if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+        stk__fmt(err, errlen, "%s: %llu bytes is too short for a shard (truncated)", s->path,
+                 (unsigned long long)s->bytes);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    if ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
+        (rc = stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why,
+                              sizeof why)) ||
+        (rc = stk__stk_header_decode(hdr, &s->h, why, sizeof why)) ||
+        (rc = stk__stk_footer_decode(foot, s->bytes, &s->f, why, sizeof why)))
+        goto fail;
+    size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
+    if (!(s->region = stk__malloc(rlen ? rlen : 1))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    if ((rc = stk__pread_full(fd, s->region, rlen, s->f.index_offset, why, sizeof why)))
+        goto fail;
+    if (stk__xxh3(s->region, rlen) != s->f.index_sum) {
+        stk__fmt(why, sizeof why, "index checksum mismatch (corrupt index)");
+        rc = STK_EFORMAT;
+        goto fail;
+    }
+    if ((rc = stk__stk_index_check(s->region, &s->f, &s->h, max_label, why, sizeof why)))
+        goto fail;
+    if (keep_fd) {
+        s->fd = fd;
+        fd = -1;
+    }
+    goto out;
+fail:
+    stk__fmt(err, errlen, "%s: %s", s->path, why);
+out:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Does dir show an unfinished pack: the marker `stoker pack` keeps while it
+ * works, or a shard still being written? */
+static bool unfinished_pack(const char *dir)
+{
+    bool found = false;
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return false;
+    struct dirent *e;
+    while (!found && (e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        found = !strcmp(e->d_name, STK_PACK_MARKER) ||
+                (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
+    }
+    closedir(dp);
+    return found;
+}
+
+int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, const char *dir,
+                         char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    stkset *d = NULL;
+    bool man = false;
+    char path[4096];
+    memset(src, 0, sizeof *src);
+    if (!(d = stk__calloc(1, sizeof *d))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    if (dir) {
+        rc = stk__manifest_read(dir, &d->man, err, errlen);
+        if (rc == STK_OK)
+            man = true;
+        else if (rc != STK_ENOENT)
+            goto out;
+        rc = STK_OK;
+        if (!man && unfinished_pack(dir)) {
+            stk__fmt(err, errlen,
+                     "%s: holds an unfinished or interrupted pack (no manifest yet, and "
+                     "a pack marker or *.stk.tmp file); run stoker pack again",
+                     dir);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+    }
+    size_t ns = man ? d->man.nshards : n;
+    if (!ns) {
+        stk__fmt(err, errlen, "%s: no shards", dir ? dir : "dataset");
+        rc = STK_EEMPTY;
+        goto out;
+    }
+    if (!(d->shards = stk__calloc(ns, sizeof *d->shards))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    d->keep_fds = ns <= STK_KEEP_FDS;
+    int64_t maxl = -1;
+    uint64_t total = 0;
+    for (size_t k = 0; k < ns; k++) {
+        shard *s = &d->shards[k];
+        s->fd = -1;
+        d->n = k + 1;
+        const char *p = paths[k < n ? k : 0];
+        if (man) {
+            stk__fmt(path, sizeof path, "%s/%s", dir, d->man.shards[k].name);
+            p = path;
+        }
+        if (!(s->path = stk__strdup(p))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        int64_t ml = -1;
+        if ((rc = open_shard(s, d->keep_fds, &ml, err, errlen)))
+            goto out;
+        if (man && s->f.count != d->man.shards[k].count) {
+            stk__fmt(err, errlen, "%s: has %llu samples, the manifest says %llu", s->path,
+                     (unsigned long long)s->f.count,
+                     (unsigned long long)d->man.shards[k].count);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        const stk__stk_header *h0 = &d->shards[0].h;
+        if (s->h.kind != h0->kind || s->h.raw_h != h0->raw_h || s->h.raw_w != h0->raw_w ||
+            s->h.raw_c != h0->raw_c) {
+            stk__fmt(err, errlen,
+                     "%s: payload kind %s %ux%ux%u differs from the first shard's (%s "
+                     "%ux%ux%u); a dataset's shards must agree",
+                     s->path, stk__payload_kind_name(s->h.kind), s->h.raw_h, s->h.raw_w,
+                     s->h.raw_c, stk__payload_kind_name(h0->kind), h0->raw_h, h0->raw_w,
+                     h0->raw_c);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        s->first = total;
+        total += s->f.count;
+        d->total_bytes += s->bytes;
+        if (ml > maxl)
+            maxl = ml;
+        src->index_bytes += s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s +
+                            strlen(s->path) + 1;
+    }
+    if (!total) {
+        stk__fmt(err, errlen, "%s: the shards hold no samples", dir ? dir : d->shards[0].path);
+        rc = STK_EEMPTY;
+        goto out;
+    }
+    if (man && d->man.samples != total) {
+        stk__fmt(err, errlen, "%s: shards hold %llu samples, the manifest says %llu", dir,
+                 (unsigned long long)total, (unsigned long long)d->man.samples);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    src->ops = &k_stk_ops;
+    src->impl = d;
+    src->count = total;
+    src->num_classes = (uint64_t)(maxl + 1);
+    if (d->man.classes > src->num_classes)
+        src->num_classes = d->man.classes;
+    if (d->shards[0].h.kind == STK_PAYLOAD_RAW)
+        src->fixed_len =
+            (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
+    src->index_bytes += sizeof *d;
+    d = NULL;
+out:
+    if (d) {
+        stk__source tmp = {.impl = d};
+        stk_close(&tmp);
+    }
+    return rc;
+}

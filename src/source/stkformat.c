@@ -1,0 +1,812 @@
+/*
+ * stkformat.c -- the .stk format shared by the reader (stk.c), the writer
+ * (`stoker pack`) and the fuzz target: header, footer and index coding and
+ * checks, the crash-safe shard writer, and the manifest. docs/format.md is
+ * the specification this follows.
+ */
+#include "source/stkformat.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+uint64_t stk__xxh3(const void *p, size_t n)
+{
+    return (uint64_t)XXH3_64bits(p, n);
+}
+
+const char *stk__payload_kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case STK_PAYLOAD_ENCODED:
+        return "encoded";
+    case STK_PAYLOAD_RESIZED:
+        return "resized";
+    case STK_PAYLOAD_RAW:
+        return "raw";
+    default:
+        return "unknown";
+    }
+}
+
+void stk__stk_header_encode(uint8_t out[STK_HEADER_SIZE], const stk__stk_header *h)
+{
+    memset(out, 0, STK_HEADER_SIZE);
+    memcpy(out, STK_MAGIC, 8);
+    stk__put16(out + 8, STK_VERSION_MAJOR_FMT);
+    stk__put16(out + 10, STK_VERSION_MINOR_FMT);
+    stk__put32(out + 12, h->flags);
+    stk__put32(out + 16, h->kind);
+    stk__put32(out + 20, h->align);
+    stk__put32(out + 24, h->raw_h);
+    stk__put32(out + 28, h->raw_w);
+    stk__put32(out + 32, h->raw_c);
+    stk__put32(out + 36, h->max_side);
+    stk__put32(out + 40, h->quality);
+    stk__put64(out + 56, stk__xxh3(out, 56));
+}
+
+int stk__stk_header_decode(const uint8_t in[STK_HEADER_SIZE], stk__stk_header *h, char *err,
+                           size_t errlen)
+{
+    if (memcmp(in, STK_MAGIC, 8) != 0) {
+        stk__fmt(err, errlen, "not a .stk shard (wrong magic)");
+        return STK_EFORMAT;
+    }
+    h->major = stk__get16(in + 8);
+    h->minor = stk__get16(in + 10);
+    if (h->major != STK_VERSION_MAJOR_FMT) {
+        stk__fmt(err, errlen, "unsupported .stk version %u.%u (this build reads %d.x)",
+                 h->major, h->minor, STK_VERSION_MAJOR_FMT);
+        return STK_EFORMAT;
+    }
+    if (stk__get64(in + 56) != stk__xxh3(in, 56)) {
+        stk__fmt(err, errlen, "header checksum mismatch (corrupt header)");
+        return STK_EFORMAT;
+    }
+    h->flags = stk__get32(in + 12);
+    h->kind = stk__get32(in + 16);
+    h->align = stk__get32(in + 20);
+    h->raw_h = stk__get32(in + 24);
+    h->raw_w = stk__get32(in + 28);
+    h->raw_c = stk__get32(in + 32);
+    h->max_side = stk__get32(in + 36);
+    h->quality = stk__get32(in + 40);
+    if (h->flags & ~(STK_FLAG_ALIGNED | STK_FLAG_HAS_META)) {
+        stk__fmt(err, errlen, "unknown header flags 0x%x", h->flags);
+        return STK_EFORMAT;
+    }
+    if (h->kind > STK_PAYLOAD_RAW) {
+        stk__fmt(err, errlen, "unknown payload kind %u", h->kind);
+        return STK_EFORMAT;
+    }
+    if ((h->flags & STK_FLAG_ALIGNED) &&
+        (h->align < 512 || h->align > (1u << 20) || (h->align & (h->align - 1)))) {
+        stk__fmt(err, errlen, "bad alignment %u (a power of two from 512 to 1 MiB)", h->align);
+        return STK_EFORMAT;
+    }
+    if (h->kind == STK_PAYLOAD_RAW) {
+        uint64_t n = (uint64_t)h->raw_h * h->raw_w * h->raw_c;
+        if (!n || n > UINT32_MAX) {
+            stk__fmt(err, errlen, "bad raw shape %ux%ux%u", h->raw_h, h->raw_w, h->raw_c);
+            return STK_EFORMAT;
+        }
+    }
+    return STK_OK;
+}
+
+static void footer_encode(uint8_t out[STK_FOOTER_SIZE], const stk__stk_footer *f)
+{
+    memset(out, 0, STK_FOOTER_SIZE);
+    stk__put64(out, f->index_offset);
+    stk__put64(out + 8, f->count);
+    stk__put64(out + 16, f->keys_bytes);
+    stk__put32(out + 24, f->entry_size);
+    stk__put32(out + 28, f->meta_size);
+    stk__put64(out + 32, f->index_sum);
+    stk__put64(out + 40, f->num_classes);
+    stk__put64(out + 48, stk__xxh3(out, 48));
+    memcpy(out + 56, STK_FOOT_MAGIC, 8);
+}
+
+int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size,
+                           stk__stk_footer *f, char *err, size_t errlen)
+{
+    if (memcmp(in + 56, STK_FOOT_MAGIC, 8) != 0) {
+        stk__fmt(err, errlen, "no footer at the end of the file: the shard is truncated or "
+                              "was not finished");
+        return STK_EFORMAT;
+    }
+    if (stk__get64(in + 48) != stk__xxh3(in, 48)) {
+        stk__fmt(err, errlen, "footer checksum mismatch (corrupt footer)");
+        return STK_EFORMAT;
+    }
+    f->index_offset = stk__get64(in);
+    f->count = stk__get64(in + 8);
+    f->keys_bytes = stk__get64(in + 16);
+    f->entry_size = stk__get32(in + 24);
+    f->meta_size = stk__get32(in + 28);
+    f->index_sum = stk__get64(in + 32);
+    f->num_classes = stk__get64(in + 40);
+    if (f->entry_size != STK_ENTRY_SIZE || (f->meta_size != 0 && f->meta_size != STK_META_SIZE)) {
+        stk__fmt(err, errlen, "unsupported index entry size %u / meta size %u", f->entry_size,
+                 f->meta_size);
+        return STK_EFORMAT;
+    }
+    uint64_t avail = file_size - STK_HEADER_SIZE - STK_FOOTER_SIZE; /* caller: size >= 128 */
+    uint64_t per = (uint64_t)f->entry_size + f->meta_size;
+    if (f->index_offset < STK_HEADER_SIZE || f->index_offset - STK_HEADER_SIZE > avail ||
+        f->count > avail / per || f->keys_bytes > avail) {
+        stk__fmt(err, errlen, "footer points outside the file (index at %llu, %llu samples, "
+                              "file %llu bytes)",
+                 (unsigned long long)f->index_offset, (unsigned long long)f->count,
+                 (unsigned long long)file_size);
+        return STK_EFORMAT;
+    }
+    uint64_t region = f->count * per + f->keys_bytes;
+    if (f->index_offset + region + STK_FOOTER_SIZE != file_size) {
+        stk__fmt(err, errlen,
+                 "index size does not match the file (index at %llu + %llu bytes + footer != "
+                 "%llu bytes): truncated or corrupt",
+                 (unsigned long long)f->index_offset, (unsigned long long)region,
+                 (unsigned long long)file_size);
+        return STK_EFORMAT;
+    }
+    return STK_OK;
+}
+
+void stk__stk_entry_decode(const uint8_t *p, stk__stk_entry *e)
+{
+    e->offset = stk__get64(p);
+    e->length = stk__get32(p + 8);
+    e->key_len = stk__get32(p + 12);
+    e->key_off = stk__get64(p + 16);
+    e->label = (int64_t)stk__get64(p + 24);
+    e->sum = stk__get64(p + 32);
+}
+
+int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f,
+                         const stk__stk_header *h, int64_t *max_label, char *err, size_t errlen)
+{
+    uint64_t prev_end = STK_HEADER_SIZE;
+    int64_t maxl = -1;
+    uint64_t raw_len = (uint64_t)h->raw_h * h->raw_w * h->raw_c;
+    for (uint64_t i = 0; i < f->count; i++) {
+        stk__stk_entry e;
+        stk__stk_entry_decode(region + i * STK_ENTRY_SIZE, &e);
+        if (e.offset < prev_end || e.offset > f->index_offset ||
+            e.length > f->index_offset - e.offset) {
+            stk__fmt(err, errlen,
+                     "index entry %llu points outside the payload area or overlaps the "
+                     "previous sample (offset %llu, length %u, payloads end at %llu)",
+                     (unsigned long long)i, (unsigned long long)e.offset, e.length,
+                     (unsigned long long)f->index_offset);
+            return STK_EFORMAT;
+        }
+        if (e.key_len > STK_KEY_MAX || e.key_off > f->keys_bytes ||
+            e.key_len > f->keys_bytes - e.key_off) {
+            stk__fmt(err, errlen, "index entry %llu: key outside the key table",
+                     (unsigned long long)i);
+            return STK_EFORMAT;
+        }
+        if (e.label < -1 || e.label > INT32_MAX) {
+            stk__fmt(err, errlen, "index entry %llu: invalid label %lld", (unsigned long long)i,
+                     (long long)e.label);
+            return STK_EFORMAT;
+        }
+        if (h->kind == STK_PAYLOAD_RAW && e.length != raw_len) {
+            stk__fmt(err, errlen, "index entry %llu: raw sample of %u bytes, expected %llu",
+                     (unsigned long long)i, e.length, (unsigned long long)raw_len);
+            return STK_EFORMAT;
+        }
+        if (e.label > maxl)
+            maxl = e.label;
+        prev_end = e.offset + e.length;
+    }
+    *max_label = maxl;
+    return STK_OK;
+}
+
+int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_t *bad,
+                          char *err, size_t errlen)
+{
+    stk__stk_header h;
+    stk__stk_footer f;
+    int64_t maxl;
+    int rc;
+    *count = 0;
+    *bad = 0;
+    if (n < STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+        stk__fmt(err, errlen, "file of %zu bytes is too short for a shard (truncated)", n);
+        return STK_EFORMAT;
+    }
+    if ((rc = stk__stk_header_decode(buf, &h, err, errlen)) ||
+        (rc = stk__stk_footer_decode(buf + n - STK_FOOTER_SIZE, n, &f, err, errlen)))
+        return rc;
+    const uint8_t *region = buf + f.index_offset;
+    size_t rlen = n - STK_FOOTER_SIZE - (size_t)f.index_offset;
+    if (stk__xxh3(region, rlen) != f.index_sum) {
+        stk__fmt(err, errlen, "index checksum mismatch (corrupt index)");
+        return STK_EFORMAT;
+    }
+    if ((rc = stk__stk_index_check(region, &f, &h, &maxl, err, errlen)))
+        return rc;
+    for (uint64_t i = 0; i < f.count; i++) {
+        stk__stk_entry e;
+        stk__stk_entry_decode(region + i * STK_ENTRY_SIZE, &e);
+        if (stk__xxh3(buf + e.offset, e.length) != e.sum)
+            (*bad)++;
+    }
+    *count = f.count;
+    return STK_OK;
+}
+
+/* ---- I/O helpers --------------------------------------------------------- */
+
+int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            stk__fmt(err, errlen, "read of %zu bytes at offset %llu failed: %s", n,
+                     (unsigned long long)off, strerror(errno));
+            return STK_EIO;
+        }
+        if (k == 0) {
+            stk__fmt(err, errlen,
+                     "short read: %zu of %zu bytes at offset %llu (file truncated?)", got, n,
+                     (unsigned long long)off);
+            return STK_EIO;
+        }
+        got += (size_t)k;
+    }
+    return STK_OK;
+}
+
+int stk__write_full(int fd, const void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(fd, (const uint8_t *)buf + done, n - done);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return STK_EIO;
+        }
+        done += (size_t)k;
+    }
+    return STK_OK;
+}
+
+/* fsyncs the directory holding path, so a rename in it is durable. */
+static void fsync_parent(const char *path)
+{
+    char dir[4096];
+    stk__fmt(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        stk__fmt(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* ---- Writer -------------------------------------------------------------- */
+
+#define WBUF_SIZE (1u << 20)
+
+struct stk__stk_writer {
+    int fd;
+    char *path, *tmp;
+    stk__stk_header h;
+    uint64_t pos; /* bytes written or buffered so far */
+    uint8_t *buf;
+    size_t blen;
+    uint8_t *index; /* entries */
+    size_t index_len, index_cap;
+    uint8_t *meta;
+    size_t meta_len, meta_cap;
+    uint8_t *keys;
+    size_t keys_len, keys_cap;
+    uint64_t count;
+};
+
+static int grow_append(uint8_t **p, size_t *len, size_t *cap, const void *data, size_t n)
+{
+    if (n > SIZE_MAX - *len)
+        return STK_ENOMEM;
+    if (*len + n > *cap) {
+        size_t c = *cap ? *cap : 4096;
+        while (c < *len + n)
+            c *= 2;
+        uint8_t *q = stk__realloc(*p, c);
+        if (!q)
+            return STK_ENOMEM;
+        *p = q;
+        *cap = c;
+    }
+    if (n)
+        memcpy(*p + *len, data, n);
+    *len += n;
+    return STK_OK;
+}
+
+static int wflush(stk__stk_writer *w)
+{
+    if (!w->blen)
+        return STK_OK;
+    int rc = stk__write_full(w->fd, w->buf, w->blen);
+    w->blen = 0;
+    return rc;
+}
+
+static int wput(stk__stk_writer *w, const uint8_t *data, size_t n)
+{
+    w->pos += n;
+    if (n >= WBUF_SIZE) {
+        int rc = wflush(w);
+        return rc ? rc : stk__write_full(w->fd, data, n);
+    }
+    if (w->blen + n > WBUF_SIZE) {
+        int rc = wflush(w);
+        if (rc)
+            return rc;
+    }
+    memcpy(w->buf + w->blen, data, n);
+    w->blen += n;
+    return STK_OK;
+}
+
+static int wzero(stk__stk_writer *w, uint64_t n)
+{
+    static const uint8_t zeros[4096];
+    while (n) {
+        size_t k = n > sizeof zeros ? sizeof zeros : (size_t)n;
+        int rc = wput(w, zeros, k);
+        if (rc)
+            return rc;
+        n -= k;
+    }
+    return STK_OK;
+}
+
+static void writer_free(stk__stk_writer *w)
+{
+    if (w->fd >= 0)
+        close(w->fd);
+    stk__free(w->path);
+    stk__free(w->tmp);
+    stk__free(w->buf);
+    stk__free(w->index);
+    stk__free(w->meta);
+    stk__free(w->keys);
+    stk__free(w);
+}
+
+int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_header *h,
+                   char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    stk__stk_writer *w = stk__calloc(1, sizeof *w);
+    *out = NULL;
+    if (!w)
+        return STK_ENOMEM;
+    w->fd = -1;
+    w->h = *h;
+    size_t pl = strlen(path);
+    if (!(w->path = stk__strdup(path)) || !(w->tmp = stk__malloc(pl + 5)) ||
+        !(w->buf = stk__malloc(WBUF_SIZE))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    memcpy(w->tmp, path, pl);
+    memcpy(w->tmp + pl, ".tmp", 5);
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        stk__fmt(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
+        rc = STK_EIO;
+        goto out;
+    }
+    uint8_t hdr[STK_HEADER_SIZE];
+    stk__stk_header_encode(hdr, h);
+    if ((rc = wput(w, hdr, sizeof hdr))) {
+        stk__fmt(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+        goto out;
+    }
+    *out = w;
+    w = NULL;
+out:
+    if (w) {
+        if (w->fd >= 0)
+            unlink(w->tmp);
+        writer_free(w);
+    }
+    return rc;
+}
+
+int stk__stkw_add(stk__stk_writer *w, const uint8_t *data, size_t len, int64_t label,
+                  const char *key, uint32_t width, uint32_t height, char *err, size_t errlen)
+{
+    int rc;
+    size_t klen = key ? strlen(key) : 0;
+    if (len > UINT32_MAX) {
+        stk__fmt(err, errlen, "sample of %zu bytes is over the 4 GiB limit of a .stk sample",
+                 len);
+        return STK_ETOOBIG;
+    }
+    if (klen > STK_KEY_MAX)
+        klen = STK_KEY_MAX;
+    if (label < -1 || label > INT32_MAX) {
+        stk__fmt(err, errlen, "label %lld out of range", (long long)label);
+        return STK_EINVAL;
+    }
+    if (w->h.flags & STK_FLAG_ALIGNED) {
+        uint64_t a = w->h.align, in = w->pos % a;
+        if (in && (len > a || in + len > a) && len)
+            if ((rc = wzero(w, a - in)))
+                goto io;
+    }
+    uint8_t ent[STK_ENTRY_SIZE];
+    stk__put64(ent, w->pos);
+    stk__put32(ent + 8, (uint32_t)len);
+    stk__put32(ent + 12, (uint32_t)klen);
+    stk__put64(ent + 16, w->keys_len);
+    stk__put64(ent + 24, (uint64_t)label);
+    stk__put64(ent + 32, stk__xxh3(data, len));
+    uint8_t meta[STK_META_SIZE];
+    stk__put32(meta, width);
+    stk__put32(meta + 4, height);
+    if ((rc = grow_append(&w->index, &w->index_len, &w->index_cap, ent, sizeof ent)) ||
+        (rc = grow_append(&w->keys, &w->keys_len, &w->keys_cap, key, klen)) ||
+        ((w->h.flags & STK_FLAG_HAS_META) &&
+         (rc = grow_append(&w->meta, &w->meta_len, &w->meta_cap, meta, sizeof meta))))
+        return rc;
+    if ((rc = wput(w, data, len)))
+        goto io;
+    w->count++;
+    return STK_OK;
+io:
+    stk__fmt(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+    return rc;
+}
+
+uint64_t stk__stkw_payload_bytes(const stk__stk_writer *w)
+{
+    return w->pos - STK_HEADER_SIZE;
+}
+
+uint64_t stk__stkw_count(const stk__stk_writer *w)
+{
+    return w->count;
+}
+
+int stk__stkw_finish(stk__stk_writer *w, uint64_t num_classes, uint64_t *file_size, char *err,
+                     size_t errlen)
+{
+    int rc;
+    if ((rc = wzero(w, (8 - w->pos % 8) % 8)))
+        goto io;
+    stk__stk_footer f = {0};
+    f.index_offset = w->pos;
+    f.count = w->count;
+    f.keys_bytes = w->keys_len;
+    f.entry_size = STK_ENTRY_SIZE;
+    f.meta_size = (w->h.flags & STK_FLAG_HAS_META) ? STK_META_SIZE : 0;
+    f.num_classes = num_classes;
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) {
+        rc = STK_ENOMEM;
+        goto fail;
+    }
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, w->index, w->index_len);
+    XXH3_64bits_update(st, w->meta, w->meta_len);
+    XXH3_64bits_update(st, w->keys, w->keys_len);
+    f.index_sum = (uint64_t)XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    uint8_t foot[STK_FOOTER_SIZE];
+    footer_encode(foot, &f);
+    if ((rc = wput(w, w->index, w->index_len)) || (rc = wput(w, w->meta, w->meta_len)) ||
+        (rc = wput(w, w->keys, w->keys_len)) || (rc = wput(w, foot, sizeof foot)) ||
+        (rc = wflush(w)))
+        goto io;
+    if (fsync(w->fd) != 0)
+        goto io;
+    if (close(w->fd) != 0) {
+        w->fd = -1;
+        goto io;
+    }
+    w->fd = -1;
+    if (rename(w->tmp, w->path) != 0) {
+        stk__fmt(err, errlen, "%s: cannot rename to %s: %s", w->tmp, w->path, strerror(errno));
+        rc = STK_EIO;
+        goto fail;
+    }
+    fsync_parent(w->path);
+    if (file_size)
+        *file_size = w->pos;
+    writer_free(w);
+    return STK_OK;
+io:
+    stk__fmt(err, errlen, "%s: write failed: %s", w->tmp, strerror(errno));
+    rc = STK_EIO;
+fail:
+    stk__stkw_abort(w);
+    return rc;
+}
+
+void stk__stkw_abort(stk__stk_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0) {
+        close(w->fd);
+        w->fd = -1;
+    }
+    unlink(w->tmp);
+    writer_free(w);
+}
+
+/* ---- Manifest ------------------------------------------------------------ */
+
+int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size_t errlen)
+{
+    char path[4096], tmp[4200];
+    int rc = STK_OK;
+    stk__fmt(path, sizeof path, "%s/%s", dir, STK_MANIFEST);
+    stk__fmt(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "we");
+    if (!f) {
+        stk__fmt(err, errlen, "%s: cannot create: %s", tmp, strerror(errno));
+        return STK_EIO;
+    }
+    fprintf(f, "stoker-manifest 1\nkind %s\nsamples %llu\nclasses %llu\n",
+            stk__payload_kind_name(m->kind), (unsigned long long)m->samples,
+            (unsigned long long)m->classes);
+    for (size_t k = 0; k < m->nshards; k++)
+        fprintf(f, "shard %s %llu %llu\n", m->shards[k].name,
+                (unsigned long long)m->shards[k].count, (unsigned long long)m->shards[k].bytes);
+    for (uint64_t c = 0; m->class_names && c < m->classes; c++)
+        if (m->class_names[c])
+            fprintf(f, "class %llu %s\n", (unsigned long long)c, m->class_names[c]);
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0)
+        rc = STK_EIO;
+    if (fclose(f) != 0)
+        rc = STK_EIO;
+    if (rc == STK_OK && rename(tmp, path) != 0)
+        rc = STK_EIO;
+    if (rc) {
+        stk__fmt(err, errlen, "%s: cannot write: %s", path, strerror(errno));
+        unlink(tmp);
+        return rc;
+    }
+    fsync_parent(path);
+    return STK_OK;
+}
+
+void stk__manifest_free(stk__manifest *m)
+{
+    for (size_t k = 0; k < m->nshards; k++)
+        stk__free(m->shards[k].name);
+    stk__free(m->shards);
+    if (m->class_names)
+        for (uint64_t c = 0; c < m->classes; c++)
+            stk__free(m->class_names[c]);
+    stk__free(m->class_names);
+    memset(m, 0, sizeof *m);
+}
+
+static bool parse_dec(const char *s, const char **end, uint64_t *v)
+{
+    uint64_t x = 0;
+    const char *p = s;
+    if (*p < '0' || *p > '9')
+        return false;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (x > (UINT64_MAX - d) / 10)
+            return false;
+        x = x * 10 + d;
+    }
+    *v = x;
+    *end = p;
+    return true;
+}
+
+/* Reads a whole small file into a NUL-terminated buffer. */
+static int slurp(const char *path, size_t limit, char **out, size_t *len, char *err,
+                 size_t errlen)
+{
+    int rc = STK_OK;
+    char *buf = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return STK_ENOENT;
+        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
+        return STK_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > limit) {
+        stk__fmt(err, errlen, "%s: not a regular file of at most %zu bytes", path, limit);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    size_t n = (size_t)st.st_size;
+    if (!(buf = stk__malloc(n + 1))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    if ((rc = stk__pread_full(fd, buf, n, 0, err, errlen)))
+        goto out;
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    buf = NULL;
+out:
+    stk__free(buf);
+    close(fd);
+    return rc;
+}
+
+int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errlen)
+{
+    char path[4096];
+    int rc = STK_OK;
+    char *text = NULL;
+    size_t tlen = 0, shard_cap = 0;
+    uint64_t lineno = 0;
+    memset(m, 0, sizeof *m);
+    stk__fmt(path, sizeof path, "%s/%s", dir, STK_MANIFEST);
+    if ((rc = slurp(path, 64u << 20, &text, &tlen, err, errlen)))
+        return rc;
+    if (memchr(text, '\0', tlen)) {
+        stk__fmt(err, errlen, "%s: not a text file", path);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    for (char *line = text, *next; line < text + tlen; line = next) {
+        char *nl = strchr(line, '\n');
+        if (nl) {
+            *nl = '\0';
+            next = nl + 1;
+        } else {
+            next = line + strlen(line);
+        }
+        lineno++;
+        const char *e;
+        uint64_t a, b, c;
+        if (lineno == 1) {
+            if (strcmp(line, "stoker-manifest 1") != 0) {
+                stk__fmt(err, errlen, "%s: not a stoker manifest (version 1)", path);
+                rc = STK_EFORMAT;
+                goto out;
+            }
+        } else if (!strncmp(line, "kind ", 5)) {
+            m->kind = !strcmp(line + 5, "raw")       ? STK_PAYLOAD_RAW
+                      : !strcmp(line + 5, "resized") ? STK_PAYLOAD_RESIZED
+                                                     : STK_PAYLOAD_ENCODED;
+        } else if (!strncmp(line, "samples ", 8)) {
+            if (!parse_dec(line + 8, &e, &m->samples) || *e)
+                goto bad;
+        } else if (!strncmp(line, "classes ", 8)) {
+            if (!parse_dec(line + 8, &e, &a) || *e || a > (1u << 24) || m->class_names)
+                goto bad;
+            m->classes = a;
+            if (a && !(m->class_names = stk__calloc((size_t)a, sizeof *m->class_names))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+        } else if (!strncmp(line, "shard ", 6)) {
+            const char *name = line + 6;
+            const char *sp = strchr(name, ' ');
+            if (!sp || sp == name || !parse_dec(sp + 1, &e, &b) || *e != ' ' ||
+                !parse_dec(e + 1, &e, &c) || *e)
+                goto bad;
+            if (memchr(name, '/', (size_t)(sp - name))) {
+                stk__fmt(err, errlen, "%s:%llu: shard names must be plain file names", path,
+                         (unsigned long long)lineno);
+                rc = STK_EFORMAT;
+                goto out;
+            }
+            if (m->nshards == shard_cap) {
+                size_t nc = shard_cap ? shard_cap * 2 : 16;
+                stk__manifest_shard *q = stk__realloc(m->shards, nc * sizeof *q);
+                if (!q) {
+                    rc = STK_ENOMEM;
+                    goto out;
+                }
+                m->shards = q;
+                shard_cap = nc;
+            }
+            stk__manifest_shard *s = &m->shards[m->nshards];
+            size_t namelen = (size_t)(sp - name);
+            if (!(s->name = stk__malloc(namelen + 1))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+            memcpy(s->name, name, namelen);
+            s->name[namelen] = '\0';
+            s->count = b;
+            s->bytes = c;
+            m->nshards++;
+        } else if (!strncmp(line, "class ", 6)) {
+            if (!parse_dec(line + 6, &e, &a) || *e != ' ')
+                goto bad;
+            if (a < m->classes && m->class_names && !m->class_names[a] &&
+                !(m->class_names[a] = stk__strdup(e + 1))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+        }
+        continue;
+    bad:
+        stk__fmt(err, errlen, "%s:%llu: malformed line", path, (unsigned long long)lineno);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    if (lineno == 0) {
+        stk__fmt(err, errlen, "%s: empty manifest", path);
+        rc = STK_EFORMAT;
+    }
+out:
+    stk__free(text);
+    if (rc)
+        stk__manifest_free(m);
+    return rc;
+}
+
+/* ---- Describing sources -------------------------------------------------- */
+
+void stk__source_describe(const stk__source *s, stk__dataset_info *di)
+{
+    memset(di, 0, sizeof *di);
+    const char *kind = s->ops ? s->ops->kind : "";
+    if (!strcmp(kind, "stk"))
+        stk__stk_describe(s, di);
+    else if (!strcmp(kind, "tar"))
+        stk__tar_describe(s, di);
+    else if (!strcmp(kind, "cifar"))
+        stk__cifar_describe(s, di);
+    else
+        di->format = kind;
+}
+
+void stk__source_key(const stk__source *s, const char *root, uint64_t i, char *buf, size_t n)
+{
+    const char *kind = s->ops->kind;
+    if (!strcmp(kind, "stk")) {
+        stk__stk_key(s, i, buf, n);
+        return;
+    }
+    if (!strcmp(kind, "tar")) {
+        stk__tar_key(s, i, buf, n);
+        return;
+    }
+    if (!strcmp(kind, "cifar")) {
+        stk__cifar_key(s, i, buf, n);
+        return;
+    }
+    char name[4096];
+    s->ops->name(s, i, name, sizeof name);
+    size_t rl = root ? strlen(root) : 0;
+    while (rl > 1 && root[rl - 1] == '/')
+        rl--;
+    if (rl && !strncmp(name, root, rl) && name[rl] == '/')
+        stk__fmt(buf, n, "%s", name + rl + 1);
+    else
+        stk__fmt(buf, n, "%s", name);
+}

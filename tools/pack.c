@@ -1,0 +1,1072 @@
+/*
+ * pack.c -- `stoker pack SRC OUT`: writes any dataset stoker can read
+ * (ImageFolder tree, WebDataset tars, CIFAR batches, .stk shards, records)
+ * as .stk shards plus a manifest (docs/format.md, docs/shards.md).
+ *
+ * Threads: `threads` workers read and transform samples (the source's read
+ * is thread-safe) into a window of slots; the calling thread writes them to
+ * the shards strictly in sample order. The bytes of each sample depend only
+ * on the sample and the options, and shard boundaries only on those bytes, so
+ * the output is byte-identical whatever the thread count. Lock order: one
+ * mutex (pack.lock) guards the window; it is never held across I/O, decoding
+ * or encoding.
+ *
+ * Crash safety: the empty marker OUT/.stoker-pack-incomplete exists from
+ * before the first shard until after the manifest; each shard is written to
+ * NAME.tmp, fsynced and renamed; the manifest last. A reader refuses a
+ * directory with the marker and no manifest.
+ *
+ * Image work (only with --max-side or --raw): JPEG through libjpeg (DCT
+ * scaling to the smallest of 1/8, 2/8, 4/8, 8/8 that still covers the target,
+ * then an area-average (box) filter to the exact size), PNG through libspng.
+ * The box filter is simple and alias-free for reductions; that is enough for
+ * packing, where the training pipeline resizes again.
+ */
+#include "commands.h"
+
+#include "source/source.h"
+#include "source/stkformat.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <jpeglib.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <spng.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PACK_READ_LIMIT (1u << 30)
+#define PACK_ERR 512
+
+/* ---- Small helpers ------------------------------------------------------ */
+
+typedef struct bytes {
+    uint8_t *p;
+    size_t len, cap;
+} bytes;
+
+static int bytes_reserve(bytes *b, size_t n)
+{
+    if (n <= b->cap)
+        return 0;
+    size_t c = b->cap ? b->cap : 4096;
+    while (c < n)
+        c *= 2;
+    uint8_t *q = realloc(b->p, c);
+    if (!q)
+        return -1;
+    b->p = q;
+    b->cap = c;
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Image size from the header alone (JPEG SOF, PNG IHDR); 0x0 if unknown. */
+static void sniff_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
+{
+    *w = *h = 0;
+    if (n >= 24 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8) && !memcmp(b + 12, "IHDR", 4)) {
+        *w = (uint32_t)b[16] << 24 | (uint32_t)b[17] << 16 | (uint32_t)b[18] << 8 | b[19];
+        *h = (uint32_t)b[20] << 24 | (uint32_t)b[21] << 16 | (uint32_t)b[22] << 8 | b[23];
+        return;
+    }
+    if (n < 4 || b[0] != 0xFF || b[1] != 0xD8)
+        return;
+    size_t k = 2;
+    while (k + 4 <= n) {
+        if (b[k] != 0xFF) {
+            k++;
+            continue;
+        }
+        uint8_t m = b[k + 1];
+        if (m == 0xFF) {
+            k++;
+            continue;
+        }
+        if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+            k += 2;
+            continue;
+        }
+        size_t len = (size_t)b[k + 2] << 8 | b[k + 3];
+        if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+            if (k + 9 <= n) {
+                *h = (uint32_t)b[k + 5] << 8 | b[k + 6];
+                *w = (uint32_t)b[k + 7] << 8 | b[k + 8];
+            }
+            return;
+        }
+        if (m == 0xDA || len < 2)
+            return;
+        k += 2 + len;
+    }
+}
+
+/* ---- Decoding ------------------------------------------------------------ */
+
+typedef struct image {
+    bytes px; /* HWC uint8 */
+    uint32_t w, h, c;
+} image;
+
+typedef struct jerr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} jerr;
+
+static void jerr_exit(j_common_ptr c)
+{
+    jerr *e = (jerr *)(void *)c->err;
+    (*c->err->format_message)(c, e->msg);
+    longjmp(e->jb, 1);
+}
+
+/* Corrupt-data warnings are errors: a damaged image is reported, not packed. */
+static void jerr_emit(j_common_ptr c, int level)
+{
+    if (level < 0)
+        jerr_exit(c);
+}
+
+static int pick_scale(uint32_t w, uint32_t h, uint32_t need_w, uint32_t need_h)
+{
+    static const int ms[] = {1, 2, 4};
+    for (int k = 0; k < 3; k++) {
+        uint64_t sw = ((uint64_t)w * (unsigned)ms[k] + 7) / 8;
+        uint64_t sh = ((uint64_t)h * (unsigned)ms[k] + 7) / 8;
+        if (sw >= need_w && sh >= need_h)
+            return ms[k];
+    }
+    return 8;
+}
+
+/* Decodes a JPEG so that the result covers need_w x need_h (0: full size). */
+static int decode_jpeg(const uint8_t *b, size_t n, uint32_t need_w, uint32_t need_h, image *im,
+                       uint32_t *ow, uint32_t *oh, char *err, size_t errlen)
+{
+    struct jpeg_decompress_struct cinfo;
+    jerr je;
+    uint8_t *volatile cmyk = NULL;
+    volatile int rc = 0;
+    memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = jerr_exit;
+    je.pub.emit_message = jerr_emit;
+    if (setjmp(je.jb)) {
+        stk__fmt(err, errlen, "JPEG: %s", je.msg);
+        rc = -1;
+        goto out;
+    }
+    jpeg_create_decompress(&cinfo);
+    jpeg_mem_src(&cinfo, b, (unsigned long)n);
+    jpeg_read_header(&cinfo, TRUE);
+    *ow = cinfo.image_width;
+    *oh = cinfo.image_height;
+    if ((uint64_t)cinfo.image_width * cinfo.image_height > (1ull << 28)) {
+        stk__fmt(err, errlen, "JPEG of %ux%u pixels is too large", cinfo.image_width,
+                 cinfo.image_height);
+        rc = -1;
+        goto out;
+    }
+    bool is_cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    cinfo.out_color_space = is_cmyk                                 ? JCS_CMYK
+                            : cinfo.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE
+                                                                      : JCS_RGB;
+    int m = need_w ? pick_scale(cinfo.image_width, cinfo.image_height, need_w, need_h) : 8;
+    cinfo.scale_num = (unsigned)m;
+    cinfo.scale_denom = 8;
+    jpeg_start_decompress(&cinfo);
+    uint32_t w = cinfo.output_width, h = cinfo.output_height;
+    uint32_t c = cinfo.out_color_space == JCS_GRAYSCALE ? 1 : 3;
+    if (bytes_reserve(&im->px, (size_t)w * h * c)) {
+        stk__fmt(err, errlen, "out of memory");
+        rc = -1;
+        goto out;
+    }
+    if (is_cmyk && !(cmyk = malloc((size_t)w * 4))) {
+        stk__fmt(err, errlen, "out of memory");
+        rc = -1;
+        goto out;
+    }
+    while (cinfo.output_scanline < h) {
+        uint8_t *row = im->px.p + (size_t)cinfo.output_scanline * w * c;
+        JSAMPROW rp = is_cmyk ? cmyk : row;
+        jpeg_read_scanlines(&cinfo, &rp, 1);
+        if (is_cmyk) {
+            /* Adobe writes CMYK inverted: channel * K / 255 gives RGB. */
+            for (uint32_t x = 0; x < w; x++) {
+                unsigned k = cmyk[4 * x + 3];
+                for (int ch = 0; ch < 3; ch++)
+                    row[3 * x + (unsigned)ch] = (uint8_t)((cmyk[4 * x + (unsigned)ch] * k + 127) / 255);
+            }
+        }
+    }
+    jpeg_finish_decompress(&cinfo);
+    im->w = w;
+    im->h = h;
+    im->c = c;
+out:
+    jpeg_destroy_decompress(&cinfo);
+    free(cmyk);
+    return rc;
+}
+
+static int decode_png(const uint8_t *b, size_t n, image *im, char *err, size_t errlen)
+{
+    int rc = -1, e;
+    spng_ctx *ctx = spng_ctx_new(0);
+    struct spng_ihdr ihdr;
+    size_t len;
+    if (!ctx) {
+        stk__fmt(err, errlen, "out of memory");
+        return -1;
+    }
+    spng_set_image_limits(ctx, 32768, 32768);
+    spng_set_chunk_limits(ctx, 64u << 20, 64u << 20);
+    if ((e = spng_set_png_buffer(ctx, b, n)) || (e = spng_get_ihdr(ctx, &ihdr)) ||
+        (e = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &len))) {
+        stk__fmt(err, errlen, "PNG: %s", spng_strerror(e));
+        goto out;
+    }
+    if (len > (1u << 30) || bytes_reserve(&im->px, len)) {
+        stk__fmt(err, errlen, "PNG of %ux%u pixels is too large", ihdr.width, ihdr.height);
+        goto out;
+    }
+    if ((e = spng_decode_image(ctx, im->px.p, len, SPNG_FMT_RGB8, 0))) {
+        stk__fmt(err, errlen, "PNG: %s", spng_strerror(e));
+        goto out;
+    }
+    im->w = ihdr.width;
+    im->h = ihdr.height;
+    im->c = 3;
+    rc = 0;
+out:
+    spng_ctx_free(ctx);
+    return rc;
+}
+
+/* ---- Resizing and encoding ----------------------------------------------- */
+
+/* Area-average resampling weights: output pixel o covers source interval
+ * [o*s, (o+1)*s) with s = src/dst; each source pixel contributes its overlap.
+ * Stored as (first source index, count) and weights summing to 1. */
+typedef struct taps {
+    uint32_t *first, *count;
+    float *w;
+    uint32_t maxc;
+} taps;
+
+static int make_taps(taps *t, uint32_t src, uint32_t dst)
+{
+    double s = (double)src / dst;
+    uint32_t maxc = (uint32_t)s + 2;
+    t->first = malloc(dst * sizeof *t->first);
+    t->count = malloc(dst * sizeof *t->count);
+    t->w = malloc((size_t)dst * maxc * sizeof *t->w);
+    t->maxc = maxc;
+    if (!t->first || !t->count || !t->w)
+        return -1;
+    for (uint32_t o = 0; o < dst; o++) {
+        double a = o * s, b = (o + 1) * s;
+        if (s < 1) { /* enlarging: sample the nearest source pixel */
+            a = (o + 0.5) * s;
+            uint32_t i = (uint32_t)a < src ? (uint32_t)a : src - 1;
+            t->first[o] = i;
+            t->count[o] = 1;
+            t->w[(size_t)o * maxc] = 1;
+            continue;
+        }
+        uint32_t i0 = (uint32_t)a, i1 = (uint32_t)b;
+        if (i1 >= src)
+            i1 = src - 1;
+        uint32_t cnt = 0;
+        for (uint32_t i = i0; i <= i1 && cnt < maxc; i++) {
+            double lo = i > a ? i : a, hi = i + 1 < b ? i + 1 : b;
+            if (hi > lo)
+                t->w[(size_t)o * maxc + cnt++] = (float)((hi - lo) / s);
+            else if (cnt == 0)
+                i0 = i + 1;
+        }
+        t->first[o] = i0;
+        t->count[o] = cnt ? cnt : 1;
+        if (!cnt)
+            t->w[(size_t)o * maxc] = 1;
+    }
+    return 0;
+}
+
+static void free_taps(taps *t)
+{
+    free(t->first);
+    free(t->count);
+    free(t->w);
+}
+
+/* Resizes src (sw x sh x c) into dst (dw x dh x c). */
+static int area_resize(const uint8_t *src, uint32_t sw, uint32_t sh, uint32_t c, uint8_t *dst,
+                       uint32_t dw, uint32_t dh)
+{
+    int rc = -1;
+    taps tx = {0}, ty = {0};
+    float *tmp = malloc((size_t)sh * dw * c * sizeof *tmp);
+    if (!tmp || make_taps(&tx, sw, dw) || make_taps(&ty, sh, dh))
+        goto out;
+    for (uint32_t y = 0; y < sh; y++) {
+        const uint8_t *row = src + (size_t)y * sw * c;
+        float *trow = tmp + (size_t)y * dw * c;
+        for (uint32_t x = 0; x < dw; x++) {
+            const float *w = tx.w + (size_t)x * tx.maxc;
+            for (uint32_t ch = 0; ch < c; ch++) {
+                float acc = 0;
+                for (uint32_t k = 0; k < tx.count[x]; k++)
+                    acc += w[k] * row[(size_t)(tx.first[x] + k) * c + ch];
+                trow[(size_t)x * c + ch] = acc;
+            }
+        }
+    }
+    for (uint32_t y = 0; y < dh; y++) {
+        const float *w = ty.w + (size_t)y * ty.maxc;
+        uint8_t *drow = dst + (size_t)y * dw * c;
+        for (size_t x = 0; x < (size_t)dw * c; x++) {
+            float acc = 0;
+            for (uint32_t k = 0; k < ty.count[y]; k++)
+                acc += w[k] * tmp[(size_t)(ty.first[y] + k) * dw * c + x];
+            int v = (int)(acc + 0.5f);
+            drow[x] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+    rc = 0;
+out:
+    free(tmp);
+    free_taps(&tx);
+    free_taps(&ty);
+    return rc;
+}
+
+static int encode_jpeg(const image *im, unsigned quality, bytes *out, char *err, size_t errlen)
+{
+    struct jpeg_compress_struct cinfo;
+    jerr je;
+    unsigned char *volatile mem = NULL;
+    unsigned long memlen = 0;
+    volatile int rc = 0;
+    memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = jerr_exit;
+    if (setjmp(je.jb)) {
+        stk__fmt(err, errlen, "JPEG encode: %s", je.msg);
+        rc = -1;
+        goto out;
+    }
+    jpeg_create_compress(&cinfo);
+    unsigned char *m = NULL;
+    jpeg_mem_dest(&cinfo, &m, &memlen);
+    cinfo.image_width = im->w;
+    cinfo.image_height = im->h;
+    cinfo.input_components = (int)im->c;
+    cinfo.in_color_space = im->c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_set_defaults(&cinfo);
+    jpeg_set_quality(&cinfo, (int)quality, TRUE);
+    jpeg_start_compress(&cinfo, TRUE);
+    while (cinfo.next_scanline < im->h) {
+        JSAMPROW rp = im->px.p + (size_t)cinfo.next_scanline * im->w * im->c;
+        jpeg_write_scanlines(&cinfo, &rp, 1);
+    }
+    jpeg_finish_compress(&cinfo);
+    mem = m;
+    if (bytes_reserve(out, memlen)) {
+        stk__fmt(err, errlen, "out of memory");
+        rc = -1;
+        goto out;
+    }
+    memcpy(out->p, mem, memlen);
+    out->len = memlen;
+out:
+    jpeg_destroy_compress(&cinfo);
+    free(mem);
+    return rc;
+}
+
+/* ---- The pack job ------------------------------------------------------- */
+
+enum in_kind { IN_IMAGES, IN_CIFAR, IN_RAW_STK, IN_BYTES };
+
+typedef struct slot {
+    bytes out;
+    int64_t label;
+    uint32_t w, h;
+    int rc;
+    bool done;
+    char err[PACK_ERR];
+} slot;
+
+typedef struct pack {
+    const stoker_pack_opts *o;
+    stk__source src;
+    int in_kind;
+    uint32_t kind; /* payload kind written */
+    uint32_t in_h, in_w, in_c; /* IN_RAW_STK / IN_CIFAR sample shape */
+    slot *slots;
+    uint64_t window;
+    pthread_mutex_t lock;
+    pthread_cond_t cond_space, cond_done;
+    uint64_t next, written;
+    bool stop;
+} pack;
+
+typedef struct worker {
+    pack *p;
+    unsigned id;
+    stk__scratch scratch;
+    image im, im2;
+} worker;
+
+/* Produces sample i's payload into s. */
+static int make_sample(worker *wk, uint64_t i, slot *s)
+{
+    pack *p = wk->p;
+    const stoker_pack_opts *o = p->o;
+    stk__sink sink = {NULL, 0, &wk->scratch};
+    uint8_t *data;
+    size_t len;
+    int rc = p->src.ops->read(&p->src, i, &sink, &data, &len, &s->label, s->err, sizeof s->err);
+    if (rc)
+        return rc;
+    s->w = s->h = 0;
+    image *im = &wk->im;
+    if (p->in_kind == IN_BYTES || (p->in_kind == IN_IMAGES && p->kind == STK_PAYLOAD_ENCODED)) {
+        if (p->in_kind == IN_IMAGES)
+            sniff_size(data, len, &s->w, &s->h);
+        if (bytes_reserve(&s->out, len ? len : 1))
+            return STK_ENOMEM;
+        memcpy(s->out.p, data, len);
+        s->out.len = len;
+        return 0;
+    }
+    /* Pixels: from the shape we know, or by decoding. */
+    uint32_t need_w = 0, need_h = 0;
+    if (p->kind == STK_PAYLOAD_RAW) {
+        need_w = o->raw_w;
+        need_h = o->raw_h;
+    }
+    if (p->in_kind == IN_CIFAR || p->in_kind == IN_RAW_STK) {
+        uint32_t H = p->in_h, W = p->in_w, C = p->in_c;
+        if (len != (size_t)H * W * C || bytes_reserve(&im->px, len))
+            return STK_EFORMAT;
+        if (p->in_kind == IN_CIFAR) { /* CHW as stored -> HWC */
+            for (uint32_t y = 0; y < H; y++)
+                for (uint32_t x = 0; x < W; x++)
+                    for (uint32_t ch = 0; ch < C; ch++)
+                        im->px.p[((size_t)y * W + x) * C + ch] =
+                            data[(size_t)ch * H * W + (size_t)y * W + x];
+        } else {
+            memcpy(im->px.p, data, len);
+        }
+        im->w = W;
+        im->h = H;
+        im->c = C;
+        s->w = W;
+        s->h = H;
+    } else {
+        bool jpeg = len >= 3 && data[0] == 0xFF && data[1] == 0xD8;
+        bool png = len >= 8 && !memcmp(data, "\x89PNG\r\n\x1a\n", 8);
+        if (p->kind == STK_PAYLOAD_RESIZED) {
+            uint32_t w0, h0;
+            sniff_size(data, len, &w0, &h0);
+            if (jpeg && w0 && h0 && w0 <= o->max_side && h0 <= o->max_side) {
+                /* Small enough already: keep the original bytes. */
+                s->w = w0;
+                s->h = h0;
+                if (bytes_reserve(&s->out, len))
+                    return STK_ENOMEM;
+                memcpy(s->out.p, data, len);
+                s->out.len = len;
+                return 0;
+            }
+            if (jpeg && w0 && h0) {
+                uint64_t mx = w0 > h0 ? w0 : h0;
+                need_w = (uint32_t)((uint64_t)w0 * o->max_side / mx);
+                need_h = (uint32_t)((uint64_t)h0 * o->max_side / mx);
+            }
+        }
+        if (jpeg) {
+            if (decode_jpeg(data, len, need_w, need_h, im, &s->w, &s->h, s->err, sizeof s->err))
+                return STK_EFORMAT;
+        } else if (png) {
+            if (decode_png(data, len, im, s->err, sizeof s->err))
+                return STK_EFORMAT;
+            s->w = im->w;
+            s->h = im->h;
+        } else {
+            stk__fmt(s->err, sizeof s->err,
+                     "cannot decode this image to resize it (only JPEG and PNG are re-encoded)");
+            return STK_EUNSUPPORTED;
+        }
+    }
+    /* Target size and channels. */
+    uint32_t dw, dh, dc = im->c;
+    if (p->kind == STK_PAYLOAD_RAW) {
+        dw = o->raw_w;
+        dh = o->raw_h;
+        dc = o->raw_c;
+    } else {
+        uint32_t mx = s->w > s->h ? s->w : s->h;
+        if (mx <= o->max_side) {
+            dw = im->w;
+            dh = im->h;
+        } else {
+            dw = (uint32_t)(((uint64_t)s->w * o->max_side + mx / 2) / mx);
+            dh = (uint32_t)(((uint64_t)s->h * o->max_side + mx / 2) / mx);
+        }
+        if (!dw)
+            dw = 1;
+        if (!dh)
+            dh = 1;
+    }
+    image *rs = im;
+    if (dw != im->w || dh != im->h) {
+        rs = &wk->im2;
+        if (bytes_reserve(&rs->px, (size_t)dw * dh * im->c) ||
+            area_resize(im->px.p, im->w, im->h, im->c, rs->px.p, dw, dh))
+            return STK_ENOMEM;
+        rs->w = dw;
+        rs->h = dh;
+        rs->c = im->c;
+    }
+    if (p->kind == STK_PAYLOAD_RESIZED)
+        return encode_jpeg(rs, o->quality, &s->out, s->err, sizeof s->err) ? STK_EFORMAT : 0;
+    /* Raw: convert channels into the output buffer. */
+    size_t npx = (size_t)dw * dh;
+    if (bytes_reserve(&s->out, npx * dc))
+        return STK_ENOMEM;
+    const uint8_t *sp = rs->px.p;
+    for (size_t k = 0; k < npx; k++) {
+        const uint8_t *q = sp + k * rs->c;
+        uint8_t *d = s->out.p + k * dc;
+        if (dc == rs->c)
+            memcpy(d, q, dc);
+        else if (dc == 1)
+            d[0] = (uint8_t)((77u * q[0] + 150u * q[1] + 29u * q[2] + 128) >> 8);
+        else
+            d[0] = d[1] = d[2] = q[0];
+    }
+    s->out.len = npx * dc;
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *wk = arg;
+    pack *p = wk->p;
+    char name[16];
+    snprintf(name, sizeof name, "stk-pack-%u", wk->id);
+    pthread_setname_np(pthread_self(), name);
+    for (;;) {
+        pthread_mutex_lock(&p->lock);
+        while (!p->stop && p->next < p->src.count && p->next >= p->written + p->window)
+            pthread_cond_wait(&p->cond_space, &p->lock);
+        if (p->stop || p->next >= p->src.count) {
+            pthread_mutex_unlock(&p->lock);
+            break;
+        }
+        uint64_t i = p->next++;
+        slot *s = &p->slots[i % p->window];
+        pthread_mutex_unlock(&p->lock);
+        s->err[0] = '\0';
+        s->rc = make_sample(wk, i, s);
+        if (s->rc && !s->err[0])
+            stk__fmt(s->err, sizeof s->err, "%s", stk_strerror(s->rc));
+        pthread_mutex_lock(&p->lock);
+        s->done = true;
+        pthread_cond_broadcast(&p->cond_done);
+        pthread_mutex_unlock(&p->lock);
+    }
+    return NULL;
+}
+
+static void progress(const pack *p, uint64_t done, uint64_t bytes_out, double t0, bool final)
+{
+    double dt = now_s() - t0;
+    uint64_t n = p->src.count;
+    int bar = (int)(n ? 30 * done / n : 30);
+    char b[31];
+    for (int k = 0; k < 30; k++)
+        b[k] = k < bar ? '#' : '.';
+    b[30] = '\0';
+    fprintf(stderr, "\rpack [%s] %3d%% %" PRIu64 "/%" PRIu64 " samples, %.0f/s, %.1f MiB%s", b,
+            (int)(n ? 100 * done / n : 100), done, n, dt > 0 ? (double)done / dt : 0.0,
+            (double)bytes_out / 1048576.0, final ? "\n" : "");
+    fflush(stderr);
+}
+
+static int check_out_dir(const char *out, char *err, size_t errlen)
+{
+    struct stat st;
+    if (stat(out, &st) != 0) {
+        if (mkdir(out, 0755) != 0) {
+            stk__fmt(err, errlen, "%s: cannot create: %s", out, strerror(errno));
+            return 1;
+        }
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        stk__fmt(err, errlen, "%s: exists and is not a directory", out);
+        return 1;
+    }
+    char path[4096];
+    stk__fmt(path, sizeof path, "%s/%s", out, STK_MANIFEST);
+    bool taken = access(path, F_OK) == 0;
+    stk__fmt(path, sizeof path, "%s/part-000000.stk", out);
+    taken = taken || access(path, F_OK) == 0;
+    if (taken) {
+        stk__fmt(err, errlen, "%s already holds a packed dataset; remove it or choose another "
+                              "directory",
+                 out);
+        return 1;
+    }
+    return 0;
+}
+
+static int set_marker(const char *out, bool on)
+{
+    char path[4096];
+    stk__fmt(path, sizeof path, "%s/%s", out, STK_PACK_MARKER);
+    if (!on)
+        return unlink(path) == 0 || errno == ENOENT ? 0 : -1;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -1;
+    fsync(fd);
+    close(fd);
+    int dfd = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+static unsigned online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
+}
+
+/* Decides the input kind and the payload kind. */
+static int plan(pack *p, char *err, size_t errlen)
+{
+    const stoker_pack_opts *o = p->o;
+    stk__dataset_info di;
+    stk__source_describe(&p->src, &di);
+    const char *kind = p->src.ops->kind;
+    p->in_kind = IN_IMAGES;
+    if (!strcmp(kind, "cifar")) {
+        p->in_kind = IN_CIFAR;
+        p->in_h = p->in_w = 32;
+        p->in_c = 3;
+    } else if (!strcmp(kind, "stk") && di.raw_c) {
+        p->in_kind = IN_RAW_STK;
+        p->in_h = di.raw_h;
+        p->in_w = di.raw_w;
+        p->in_c = di.raw_c;
+    } else if (!strcmp(kind, "records")) {
+        p->in_kind = IN_BYTES;
+    }
+    if (o->raw_c && o->max_side) {
+        stk__fmt(err, errlen, "--raw and --max-side exclude each other");
+        return 1;
+    }
+    if (o->raw_c) {
+        if (o->raw_c != 1 && o->raw_c != 3) {
+            stk__fmt(err, errlen, "--raw HxWxC needs C = 1 or 3");
+            return 1;
+        }
+        p->kind = STK_PAYLOAD_RAW;
+    } else if (o->max_side) {
+        p->kind = STK_PAYLOAD_RESIZED;
+    } else if (p->in_kind == IN_CIFAR || p->in_kind == IN_RAW_STK) {
+        p->kind = STK_PAYLOAD_RAW; /* keep the tensors, as HWC */
+    } else {
+        p->kind = STK_PAYLOAD_ENCODED;
+    }
+    if (p->in_kind == IN_BYTES && p->kind != STK_PAYLOAD_ENCODED) {
+        stk__fmt(err, errlen, "records are packed as they are (no --raw or --max-side)");
+        return 1;
+    }
+    if (p->in_kind != IN_IMAGES && p->kind == STK_PAYLOAD_RESIZED) {
+        stk__fmt(err, errlen, "--max-side applies to encoded images; this input holds raw "
+                              "tensors (use --raw HxWxC)");
+        return 1;
+    }
+    return 0;
+}
+
+int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
+{
+    int status = 1, rc;
+    pack p;
+    memset(&p, 0, sizeof p);
+    p.o = o;
+    worker *wks = NULL;
+    pthread_t *tids = NULL;
+    unsigned started = 0;
+    stk__stk_writer *w = NULL;
+    stk__manifest man;
+    memset(&man, 0, sizeof man);
+    size_t shard_cap = 0;
+    char why[STK_ERRMSG_MAX], path[4096], key[4096];
+    bool locks = false, marker = false;
+    uint64_t skipped = 0, bytes_out = 0;
+    double t0 = now_s(), last = 0;
+    bool tty = o->progress < 0 ? isatty(2) : o->progress > 0;
+
+    stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
+    if ((rc = stk__source_open(&p.src, o->src, &sp, why, sizeof why))) {
+        stk__fmt(err, errlen, "cannot open %s: %s (%s)", o->src, why, stk_strerror(rc));
+        goto out;
+    }
+    if (plan(&p, err, errlen) || check_out_dir(o->out, err, errlen))
+        goto out;
+    if (set_marker(o->out, true)) {
+        stk__fmt(err, errlen, "%s: cannot write: %s", o->out, strerror(errno));
+        goto out;
+    }
+    marker = true;
+    unsigned nt = o->threads ? o->threads : online_cores();
+    p.window = (uint64_t)nt * 4 < 16 ? 16 : (uint64_t)nt * 4;
+    if (!(p.slots = calloc(p.window, sizeof *p.slots)) || !(wks = calloc(nt, sizeof *wks)) ||
+        !(tids = calloc(nt, sizeof *tids)) ||
+        (p.src.num_classes && !(man.class_names = calloc(p.src.num_classes, sizeof(char *))))) {
+        stk__fmt(err, errlen, "out of memory");
+        goto out;
+    }
+    man.classes = p.src.num_classes;
+    man.kind = p.kind;
+    pthread_mutex_init(&p.lock, NULL);
+    pthread_cond_init(&p.cond_space, NULL);
+    pthread_cond_init(&p.cond_done, NULL);
+    locks = true;
+    stk__stk_header h = {0};
+    h.kind = p.kind;
+    h.flags = STK_FLAG_HAS_META | (o->align ? STK_FLAG_ALIGNED : 0);
+    h.align = o->align;
+    if (p.kind == STK_PAYLOAD_RAW) {
+        h.raw_h = o->raw_c ? o->raw_h : p.in_h;
+        h.raw_w = o->raw_c ? o->raw_w : p.in_w;
+        h.raw_c = o->raw_c ? o->raw_c : p.in_c;
+    }
+    if (p.kind == STK_PAYLOAD_RESIZED) {
+        h.max_side = o->max_side;
+        h.quality = o->quality;
+    }
+    stoker_pack_opts eff = *o; /* raw shape for CIFAR/raw input without --raw */
+    if (p.kind == STK_PAYLOAD_RAW && !o->raw_c) {
+        eff.raw_h = h.raw_h;
+        eff.raw_w = h.raw_w;
+        eff.raw_c = h.raw_c;
+    }
+    p.o = &eff;
+    for (unsigned k = 0; k < nt; k++) {
+        wks[k].p = &p;
+        wks[k].id = k;
+        wks[k].scratch.limit = PACK_READ_LIMIT;
+        if (pthread_create(&tids[k], NULL, worker_main, &wks[k]) != 0) {
+            stk__fmt(err, errlen, "cannot start thread %u", k);
+            goto out;
+        }
+        started++;
+    }
+    bool is_folder = !strcmp(p.src.ops->kind, "folder");
+    bool is_stk = !strcmp(p.src.ops->kind, "stk");
+    for (uint64_t i = 0; i < p.src.count; i++) {
+        slot *s = &p.slots[i % p.window];
+        pthread_mutex_lock(&p.lock);
+        while (!s->done)
+            pthread_cond_wait(&p.cond_done, &p.lock);
+        pthread_mutex_unlock(&p.lock);
+        stk__source_key(&p.src, o->src, i, key, sizeof key);
+        if (s->rc) {
+            if (!o->skip_bad) {
+                stk__fmt(err, errlen, "sample %" PRIu64 " (%s): %s", i, key, s->err);
+                goto out;
+            }
+            fprintf(stderr, "%sstoker pack: skipped sample %" PRIu64 " (%s): %s\n",
+                    tty ? "\n" : "", i, key, s->err);
+            skipped++;
+        } else {
+            if (w && stk__stkw_count(w) &&
+                stk__stkw_payload_bytes(w) + s->out.len > o->shard_size) {
+                uint64_t fsize;
+                uint64_t cnt = stk__stkw_count(w);
+                rc = stk__stkw_finish(w, p.src.num_classes, &fsize, why, sizeof why);
+                w = NULL;
+                if (rc) {
+                    stk__fmt(err, errlen, "%s", why);
+                    goto out;
+                }
+                man.shards[man.nshards - 1].count = cnt;
+                man.shards[man.nshards - 1].bytes = fsize;
+                bytes_out += fsize;
+            }
+            if (!w) {
+                if (man.nshards == shard_cap) {
+                    shard_cap = shard_cap ? 2 * shard_cap : 64;
+                    stk__manifest_shard *q = realloc(man.shards, shard_cap * sizeof *q);
+                    if (!q) {
+                        stk__fmt(err, errlen, "out of memory");
+                        goto out;
+                    }
+                    man.shards = q;
+                }
+                char name[64];
+                snprintf(name, sizeof name, "part-%06zu.stk", man.nshards);
+                man.shards[man.nshards].name = strdup(name);
+                man.shards[man.nshards].count = man.shards[man.nshards].bytes = 0;
+                if (!man.shards[man.nshards].name) {
+                    stk__fmt(err, errlen, "out of memory");
+                    goto out;
+                }
+                man.nshards++;
+                stk__fmt(path, sizeof path, "%s/%s", o->out, name);
+                if ((rc = stk__stkw_open(&w, path, &h, why, sizeof why))) {
+                    stk__fmt(err, errlen, "%s", why);
+                    goto out;
+                }
+            }
+            if ((rc = stk__stkw_add(w, s->out.p, s->out.len, s->label, key, s->w, s->h, why,
+                                    sizeof why))) {
+                stk__fmt(err, errlen, "sample %" PRIu64 " (%s): %s", i, key, why);
+                goto out;
+            }
+            man.samples++;
+            if (s->label >= 0 && (uint64_t)s->label < man.classes && !man.class_names[s->label]) {
+                const char *cn = NULL;
+                char first[4096];
+                if (is_folder) {
+                    stk__fmt(first, sizeof first, "%s", key);
+                    char *sl = strchr(first, '/');
+                    if (sl) {
+                        *sl = '\0';
+                        cn = first;
+                    }
+                } else if (is_stk) {
+                    cn = stk__stk_class_name(&p.src, (uint64_t)s->label);
+                }
+                if (cn && !strchr(cn, '\n') && !(man.class_names[s->label] = strdup(cn))) {
+                    stk__fmt(err, errlen, "out of memory");
+                    goto out;
+                }
+            }
+        }
+        pthread_mutex_lock(&p.lock);
+        s->done = false;
+        p.written++;
+        pthread_cond_broadcast(&p.cond_space);
+        pthread_mutex_unlock(&p.lock);
+        if (tty && now_s() - last > 0.1) {
+            last = now_s();
+            progress(&p, i + 1, bytes_out + (w ? stk__stkw_payload_bytes(w) : 0), t0, false);
+        }
+    }
+    if (!w) {
+        stk__fmt(err, errlen, "no samples to pack (all %" PRIu64 " skipped)", skipped);
+        goto out;
+    }
+    {
+        uint64_t fsize, cnt = stk__stkw_count(w);
+        rc = stk__stkw_finish(w, p.src.num_classes, &fsize, why, sizeof why);
+        w = NULL;
+        if (rc) {
+            stk__fmt(err, errlen, "%s", why);
+            goto out;
+        }
+        man.shards[man.nshards - 1].count = cnt;
+        man.shards[man.nshards - 1].bytes = fsize;
+        bytes_out += fsize;
+    }
+    if ((rc = stk__manifest_write(o->out, &man, why, sizeof why))) {
+        stk__fmt(err, errlen, "%s", why);
+        goto out;
+    }
+    set_marker(o->out, false);
+    marker = false;
+    if (tty)
+        progress(&p, p.src.count, bytes_out, t0, true);
+    double dt = now_s() - t0;
+    if (!o->quiet)
+        printf("packed %" PRIu64 " samples (%" PRIu64 " skipped) into %zu shard(s), %.1f MiB, "
+               "%s payloads, in %.2f s: %.0f samples/s, %.1f MiB/s -> %s\n",
+               man.samples, skipped, man.nshards, (double)bytes_out / 1048576.0,
+               stk__payload_kind_name(p.kind), dt, dt > 0 ? (double)man.samples / dt : 0.0,
+               dt > 0 ? (double)bytes_out / 1048576.0 / dt : 0.0, o->out);
+    status = 0;
+out:
+    if (locks) {
+        pthread_mutex_lock(&p.lock);
+        p.stop = true;
+        pthread_cond_broadcast(&p.cond_space);
+        pthread_mutex_unlock(&p.lock);
+    }
+    for (unsigned k = 0; k < started; k++)
+        pthread_join(tids[k], NULL);
+    if (locks) {
+        pthread_mutex_destroy(&p.lock);
+        pthread_cond_destroy(&p.cond_space);
+        pthread_cond_destroy(&p.cond_done);
+    }
+    stk__stkw_abort(w);
+    if (status && marker && tty)
+        fprintf(stderr, "\n");
+    for (uint64_t k = 0; p.slots && k < p.window; k++)
+        free(p.slots[k].out.p);
+    free(p.slots);
+    for (unsigned k = 0; wks && k < started; k++) {
+        stk__scratch_free(&wks[k].scratch);
+        free(wks[k].im.px.p);
+        free(wks[k].im2.px.p);
+    }
+    free(wks);
+    free(tids);
+    for (size_t k = 0; k < man.nshards; k++)
+        free(man.shards[k].name);
+    free(man.shards);
+    for (uint64_t c = 0; man.class_names && c < man.classes; c++)
+        free(man.class_names[c]);
+    free(man.class_names);
+    stk__source_close(&p.src);
+    return status;
+}
+
+/* ---- Command line -------------------------------------------------------- */
+
+static bool parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-' || *s == '+')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1ULL << 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1ULL << 20, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1ULL << 30, end++;
+    if (*end == 'i' && end[1] == 'B')
+        end += 2;
+    else if (*end == 'B' && mul > 1)
+        end++;
+    if (errno || *end || end == s || v > UINT64_MAX / mul)
+        return false;
+    *out = (uint64_t)v * mul;
+    return true;
+}
+
+static bool parse_shape(const char *s, unsigned *h, unsigned *w, unsigned *c)
+{
+    char *e;
+    unsigned long v[3];
+    for (int k = 0; k < 3; k++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        errno = 0;
+        v[k] = strtoul(s, &e, 10);
+        if (errno || v[k] == 0 || v[k] > 65535 || (k < 2 && *e != 'x') || (k == 2 && *e))
+            return false;
+        s = e + 1;
+    }
+    *h = (unsigned)v[0];
+    *w = (unsigned)v[1];
+    *c = (unsigned)v[2];
+    return true;
+}
+
+int stoker_cmd_pack(int argc, char **argv)
+{
+    stoker_pack_opts o;
+    memset(&o, 0, sizeof o);
+    o.shard_size = 256ull << 20;
+    o.quality = 90;
+    o.progress = -1;
+    for (int i = 2; i < argc; i++) {
+        const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t v = 0;
+        bool num = val && parse_size(val, &v);
+        if (!strcmp(k, "--shard-size") || !strcmp(k, "--max-side") || !strcmp(k, "--quality") ||
+            !strcmp(k, "--threads") || !strcmp(k, "--align") || !strcmp(k, "--record-size") ||
+            !strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {
+            if (!num) {
+                fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k, val ? val : "nothing");
+                return 2;
+            }
+            i++;
+            if (!strcmp(k, "--shard-size") && v)
+                o.shard_size = v;
+            else if (!strcmp(k, "--max-side") && v && v <= 65535)
+                o.max_side = (unsigned)v;
+            else if (!strcmp(k, "--quality") && v >= 1 && v <= 100)
+                o.quality = (unsigned)v;
+            else if (!strcmp(k, "--threads") && v <= 256)
+                o.threads = (unsigned)v;
+            else if (!strcmp(k, "--align") && (v == 0 || (v >= 512 && v <= (1u << 20) &&
+                                                          !(v & (v - 1)))))
+                o.align = (unsigned)v;
+            else if (!strcmp(k, "--record-size") && v)
+                o.record_bytes = (size_t)v;
+            else if (!strcmp(k, "--header-bytes"))
+                o.header_bytes = (size_t)v;
+            else if (!strcmp(k, "--label-bytes") && v <= 8)
+                o.label_bytes = (unsigned)v;
+            else {
+                fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val);
+                return 2;
+            }
+        } else if (!strcmp(k, "--raw")) {
+            if (!val || !parse_shape(val, &o.raw_h, &o.raw_w, &o.raw_c)) {
+                fprintf(stderr, "stoker: --raw needs HxWxC, e.g. 32x32x3\n");
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(k, "--skip-bad")) {
+            o.skip_bad = 1;
+        } else if (!strcmp(k, "--quiet")) {
+            o.quiet = 1;
+            o.progress = 0;
+        } else if (!strcmp(k, "--progress")) {
+            o.progress = 1;
+        } else if (k[0] == '-' && k[1] == '-') {
+            fprintf(stderr, "stoker: unknown or incomplete option '%s'\n", k);
+            return 2;
+        } else if (!o.src) {
+            o.src = k;
+        } else if (!o.out) {
+            o.out = k;
+        } else {
+            fprintf(stderr, "stoker: unexpected argument '%s'\n", k);
+            return 2;
+        }
+    }
+    if (!o.src || !o.out) {
+        fprintf(stderr, "stoker: pack needs SRC and OUT\n");
+        return 2;
+    }
+    char err[1024];
+    if (stoker_pack(&o, err, sizeof err)) {
+        fprintf(stderr, "stoker: pack: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
