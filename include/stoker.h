@@ -109,9 +109,14 @@ STK_API int stk_options_create(stk_options **out);
  * keep a reference. */
 STK_API void stk_options_destroy(stk_options *o);
 
-/* The dataset: a directory in ImageFolder layout (class subfolders), or a file
- * of fixed-size records (then stk_options_set_records is required). The string
- * is copied. Returns STK_OK, STK_EINVAL (NULL or empty), STK_ENOMEM. */
+/* The dataset, detected from what is there (docs/shards.md): a directory in
+ * ImageFolder layout (class subfolders); a directory of .stk shards (with its
+ * manifest) or of WebDataset .tar shards; a single .stk or .tar shard; a brace
+ * pattern such as "train-{000000..000099}.tar"; CIFAR-10/100 binary batches (a
+ * directory or one batch file); or a file of fixed-size records (then
+ * stk_options_set_records is required). A directory mixing kinds is an error
+ * at open. The string is copied. Returns STK_OK, STK_EINVAL (NULL or empty),
+ * STK_ENOMEM. */
 STK_API int stk_options_set_source(stk_options *o, const char *path);
 
 /* Declares the source file as fixed-size records: each record is
@@ -182,7 +187,7 @@ typedef struct stk_info {
     unsigned depth;
     size_t batch_size;
     int kind;                   /* enum stk_batch_kind of the batches */
-    const char *source_kind;    /* "folder", "records", ... (static string) */
+    const char *source_kind;    /* "folder", "records", "stk", "tar", "cifar" (static) */
 } stk_info;
 
 /* Loader position: resume by restoring it. */
