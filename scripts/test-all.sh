@@ -16,7 +16,7 @@ overall=0
 # run_suite NAME MODE [FILTER]: builds MODE and runs its test binaries.
 run_suite() {
     local name=$1 mode=$2 filter=${3:-test_*}
-    if ! make -s -j"$JOBS" MODE="$mode" lib tests >"build/$name.log" 2>&1; then
+    if ! make -s -j"$JOBS" MODE="$mode" lib tools tests >"build/$name.log" 2>&1; then
         cat "build/$name.log"
         echo "$name: 0 passed, 1 failed (build failed)"
         overall=1

@@ -835,8 +835,10 @@ static int open_core(stk_loader *l, const stk_options *o)
     size_t errlen = sizeof l->errmsg;
     int rc;
     core *c = stk__calloc(1, sizeof *c);
-    if (!c)
+    if (!c) {
+        stk__fmt(err, errlen, "out of memory while opening %s", o->source);
         return STK_ENOMEM;
+    }
     c->refs = 1;
     if (pthread_mutex_init(&c->lock, NULL) || cond_init(&c->cond_work) ||
         cond_init(&c->cond_ready) || cond_init(&c->cond_idle)) {

@@ -4,10 +4,10 @@
  * and the partition of an epoch across ranks.
  *
  * The permutation is a 6-round Feistel network on the smallest power-of-two
- * domain 2^b >= n (halves of floor(b/2) and ceil(b/2) bits, each round xors one
+ * domain 2^b >= max(n, 256) (halves of floor(b/2) and ceil(b/2) bits, each round xors one
  * half with a keyed hash of the other), walked in cycles until the value falls
- * inside [0, n). The domain is less than 2n, so a lookup costs under two
- * Feistel evaluations on average.
+ * inside [0, n). For n >= 256 the domain is less than 2n, so a lookup costs
+ * under two Feistel evaluations on average.
  */
 #ifndef STK_ORDER_H
 #define STK_ORDER_H

@@ -120,7 +120,8 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
 {
     uint8_t b[512];
     *kind = K_NONE;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not block the open of a dataset. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
         return errno == ENOENT ? STK_ENOENT : STK_EIO;
@@ -362,7 +363,10 @@ int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *le
                    size_t errlen)
 {
     int rc = STK_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO (or a device) named like an image must not
+     * block the worker forever; it has no effect on regular files, and the
+     * fstat check below refuses anything else. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         stk__fmt(err, errlen, "cannot open: %s", strerror(errno));
         return STK_EIO;

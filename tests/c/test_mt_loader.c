@@ -1,0 +1,758 @@
+/* test_mt_loader.c -- the threaded engine through the public API: every
+ * sample exactly once per epoch for any thread count, depth, batch size and
+ * rank; bit-identical batches for any thread count and depth; resume from a
+ * saved state into a new loader; set_epoch mid-epoch; stage statistics; and
+ * peak RSS under the reported memory bound. Also run under ThreadSanitizer. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "order.h"
+#include "testutil.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#else
+#define UNDER_SANITIZER 0
+#endif
+
+/* ---- helpers -------------------------------------------------------------- */
+
+typedef struct cfg {
+    const char *path;
+    size_t record;
+    unsigned label;
+    size_t bs;
+    unsigned threads, depth;
+    uint64_t seed;
+    int shuffle, drop_last;
+    unsigned rank, world;
+    int on_error;
+} cfg;
+
+static int open_cfg(stk_loader **l, const cfg *c)
+{
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set_source(o, c->path) == STK_OK);
+    if (c->record)
+        REQUIRE(stk_options_set_records(o, c->record, 0, c->label) == STK_OK);
+    REQUIRE(stk_options_set_batch_size(o, c->bs) == STK_OK);
+    REQUIRE(stk_options_set_threads(o, c->threads ? c->threads : 2) == STK_OK);
+    REQUIRE(stk_options_set_depth(o, c->depth ? c->depth : 2) == STK_OK);
+    REQUIRE(stk_options_set_seed(o, c->seed) == STK_OK);
+    REQUIRE(stk_options_set_shuffle(o, c->shuffle) == STK_OK);
+    REQUIRE(stk_options_set_drop_last(o, c->drop_last) == STK_OK);
+    REQUIRE(stk_options_set_partition(o, c->rank, c->world ? c->world : 1) == STK_OK);
+    REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
+    int rc = stk_loader_open(l, o);
+    if (rc)
+        fprintf(stderr, "open %s: %s\n", c->path, stk_loader_errmsg(*l));
+    stk_options_destroy(o);
+    return rc;
+}
+
+/* Record i: a 1-byte label i % 10, then 8 bytes of i and a pattern. */
+#define REC 40
+static void make_records(const char *path, uint64_t n)
+{
+    uint8_t *buf = malloc(n * REC);
+    REQUIRE(buf);
+    for (uint64_t i = 0; i < n; i++) {
+        uint8_t *r = buf + i * REC;
+        r[0] = (uint8_t)(i % 10);
+        memcpy(r + 1, &i, 8);
+        for (int j = 9; j < REC; j++)
+            r[j] = (uint8_t)(i * 7 + (uint64_t)j);
+    }
+    tu_write_file(path, buf, n * REC);
+    free(buf);
+}
+
+static int record_ok(const stk_batch *b, size_t k)
+{
+    const uint8_t *p = (const uint8_t *)b->data + k * b->sample_bytes;
+    uint64_t i;
+    memcpy(&i, p, 8);
+    if (i != b->indices[k] || b->labels[k] != (int64_t)(i % 10))
+        return 0;
+    for (int j = 9; j < REC; j++)
+        if (p[j - 1] != (uint8_t)(i * 7 + (uint64_t)j))
+            return 0;
+    return 1;
+}
+
+/* Everything the consumer can see of a batch, hashed. */
+static uint64_t batch_hash(const stk_batch *b)
+{
+    uint64_t h = tu_hash(0, &b->epoch, sizeof b->epoch);
+    h = tu_hash(h, &b->index, sizeof b->index);
+    h = tu_hash(h, &b->size, sizeof b->size);
+    h = tu_hash(h, b->labels, b->size * sizeof *b->labels);
+    h = tu_hash(h, b->indices, b->size * sizeof *b->indices);
+    if (b->kind == STK_BATCH_DENSE)
+        return tu_hash(h, b->data, b->size * b->sample_bytes);
+    for (size_t k = 0; k < b->size; k++) {
+        h = tu_hash(h, &b->lengths[k], sizeof b->lengths[k]);
+        h = tu_hash(h, (const uint8_t *)b->data + b->offsets[k], b->lengths[k]);
+        h = tu_hash(h, &b->dims[3 * k], 3 * sizeof *b->dims);
+    }
+    return h;
+}
+
+/* Hashes of every batch of `epochs` epochs, from the loader's position. */
+static size_t run_hashes(stk_loader *l, int epochs, uint64_t *out, size_t cap)
+{
+    size_t n = 0;
+    for (int e = 0; e < epochs; e++)
+        for (;;) {
+            stk_batch *b;
+            int rc = stk_loader_next(l, &b);
+            if (rc == STK_END)
+                break;
+            REQUIRE(rc == STK_OK);
+            REQUIRE(n < cap);
+            out[n++] = batch_hash(b);
+            stk_batch_release(b);
+        }
+    return n;
+}
+
+static const char *records_file(uint64_t n)
+{
+    static char p[1024];
+    snprintf(p, sizeof p, "%s/rec%llu.bin", tu_tmpdir(), (unsigned long long)n);
+    struct stat st;
+    if (stat(p, &st) != 0)
+        make_records(p, n);
+    return p;
+}
+
+/* ---- exactly once --------------------------------------------------------- */
+
+/* Every thread count, depth and batch size (dividing N or not): each epoch
+ * delivers every sample once, in the seeded order, in numbered batches. */
+static void test_exactly_once_matrix(void)
+{
+    static const unsigned threads[] = {1, 2, 4, 8};
+    static const unsigned depths[] = {1, 2, 3, 5};
+    static const size_t bss[] = {1, 7, 16};
+    enum { N = 100 };
+    const char *path = records_file(N);
+    int bad_configs = 0;
+    for (size_t ti = 0; ti < 4; ti++)
+        for (size_t di = 0; di < 4; di++)
+            for (size_t bi = 0; bi < 3; bi++) {
+                size_t bs = bss[bi];
+                cfg c = {.path = path,
+                         .record = REC,
+                         .label = 1,
+                         .bs = bs,
+                         .threads = threads[ti],
+                         .depth = depths[di],
+                         .seed = 77,
+                         .shuffle = 1};
+                stk_loader *l;
+                REQUIRE(open_cfg(&l, &c) == STK_OK);
+                stk_info info;
+                REQUIRE(stk_loader_info(l, &info) == STK_OK);
+                CHECK_EQ(info.threads, threads[ti]);
+                CHECK_EQ(info.depth, depths[di]);
+                CHECK_EQ(info.batches_per_epoch, (N + bs - 1) / bs);
+                int ok = 1;
+                for (uint64_t e = 0; e < 3; e++) {
+                    stk__order ord;
+                    stk__order_init(&ord, N, 77, e, true);
+                    uint8_t seen[N] = {0};
+                    uint64_t pos = 0, batch = 0;
+                    for (;;) {
+                        stk_batch *b;
+                        int rc = stk_loader_next(l, &b);
+                        if (rc == STK_END)
+                            break;
+                        REQUIRE(rc == STK_OK);
+                        ok &= b->epoch == e && b->index == batch;
+                        ok &= b->size == (batch + 1 < info.batches_per_epoch ? bs : N - batch * bs);
+                        for (size_t k = 0; k < b->size; k++) {
+                            uint64_t i = b->indices[k];
+                            ok &= i < N && !seen[i];
+                            if (i < N)
+                                seen[i] = 1;
+                            ok &= i == stk__order_at(&ord, pos++);
+                            ok &= record_ok(b, k);
+                        }
+                        batch++;
+                        stk_batch_release(b);
+                    }
+                    ok &= pos == N && batch == info.batches_per_epoch;
+                }
+                if (!ok) {
+                    bad_configs++;
+                    fprintf(stderr, "    wrong epoch: threads %u depth %u batch %zu\n", threads[ti],
+                            depths[di], bs);
+                }
+                stk_loader_close(l);
+            }
+    CHECK_EQ(bad_configs, 0);
+}
+
+/* Ranks: each delivers its DistributedSampler share, all ranks have the same
+ * number of batches, and together they cover the epoch (exactly once when the
+ * world divides N; the wrapped padding otherwise; at most once with
+ * drop_last). */
+static void test_ranks_partition(void)
+{
+    static const uint64_t ns[] = {103, 104};
+    for (size_t ni = 0; ni < 2; ni++) {
+        uint64_t N = ns[ni];
+        const char *path = records_file(N);
+        for (unsigned world = 1; world <= 4; world++)
+            for (int dl = 0; dl <= 1; dl++) {
+                unsigned cover[104] = {0};
+                uint64_t batches0 = 0;
+                for (unsigned rank = 0; rank < world; rank++) {
+                    cfg c = {.path = path,
+                             .record = REC,
+                             .label = 1,
+                             .bs = 5,
+                             .threads = 1 + rank % 3,
+                             .depth = 2,
+                             .seed = 5,
+                             .shuffle = 1,
+                             .drop_last = dl,
+                             .rank = rank,
+                             .world = world};
+                    stk_loader *l;
+                    REQUIRE(open_cfg(&l, &c) == STK_OK);
+                    stk_info info;
+                    stk_loader_info(l, &info);
+                    uint64_t per = dl ? N / world / 5 * 5 : (N + world - 1) / world;
+                    CHECK_EQ(info.samples_per_epoch, per);
+                    if (rank == 0)
+                        batches0 = info.batches_per_epoch;
+                    CHECK_EQ(info.batches_per_epoch, batches0);
+                    stk__order ord;
+                    stk__order_init(&ord, N, 5, 0, true);
+                    uint64_t k = 0, nb = 0;
+                    int ok = 1;
+                    for (;;) {
+                        stk_batch *b;
+                        int rc = stk_loader_next(l, &b);
+                        if (rc == STK_END)
+                            break;
+                        REQUIRE(rc == STK_OK);
+                        for (size_t s = 0; s < b->size; s++, k++) {
+                            uint64_t pos = (k * world + rank) % N;
+                            ok &= b->indices[s] == stk__order_at(&ord, pos);
+                            ok &= record_ok(b, s);
+                            cover[b->indices[s]]++;
+                        }
+                        nb++;
+                        stk_batch_release(b);
+                    }
+                    CHECK(ok);
+                    CHECK_EQ(k, per);
+                    CHECK_EQ(nb, batches0);
+                    stk_loader_close(l);
+                }
+                uint64_t total = 0;
+                for (uint64_t i = 0; i < N; i++) {
+                    total += cover[i];
+                    if (dl)
+                        CHECK(cover[i] <= 1);
+                    else if (N % world == 0)
+                        CHECK_EQ(cover[i], 1);
+                    else
+                        CHECK(cover[i] == 1 || cover[i] == 2);
+                }
+                if (!dl)
+                    CHECK_EQ(total, (N + world - 1) / world * world);
+            }
+    }
+}
+
+/* ---- determinism ----------------------------------------------------------- */
+
+static const char *folder_tree(void)
+{
+    static char root[900];
+    snprintf(root, sizeof root, "%s/tree", tu_tmpdir());
+    struct stat st;
+    if (stat(root, &st) == 0)
+        return root;
+    for (int k = 0; k < 90; k++) {
+        char p[1200], d[1100];
+        snprintf(d, sizeof d, "%s/class%d%s", root, k % 4, k % 3 ? "" : "/nested");
+        tu_mkdirs(d);
+        snprintf(p, sizeof p, "%s/img%03d.jpg", d, k);
+        uint8_t buf[700];
+        size_t n = 1 + (size_t)(k * 37) % sizeof buf;
+        for (size_t j = 0; j < n; j++)
+            buf[j] = (uint8_t)(k ^ (int)j);
+        tu_write_file(p, buf, n);
+    }
+    return root;
+}
+
+/* Same seed: bit-identical batches (data, lengths, labels, indices) with 1 or
+ * 8 threads and any depth, over epochs, for dense and variable batches. */
+static void test_determinism_threads_depths(void)
+{
+    enum { CAP = 256 };
+    static uint64_t ref[CAP], got[CAP];
+    const char *paths[2] = {records_file(100), folder_tree()};
+    static const unsigned tds[][2] = {{1, 1}, {8, 5}, {3, 2}, {2, 7}, {8, 1}};
+    for (int src = 0; src < 2; src++)
+        for (uint64_t seed = 0; seed < 2; seed++) {
+            size_t nref = 0;
+            for (size_t t = 0; t < sizeof tds / sizeof tds[0]; t++) {
+                cfg c = {.path = paths[src],
+                         .record = src ? 0 : REC,
+                         .label = 1,
+                         .bs = 6,
+                         .threads = tds[t][0],
+                         .depth = tds[t][1],
+                         .seed = seed * 1000 + 1,
+                         .shuffle = 1};
+                stk_loader *l;
+                REQUIRE(open_cfg(&l, &c) == STK_OK);
+                size_t n = run_hashes(l, 3, t ? got : ref, CAP);
+                stk_loader_close(l);
+                if (!t) {
+                    nref = n;
+                    CHECK(n == 3 * 17 || n == 3 * 15);
+                    continue;
+                }
+                CHECK_EQ(n, nref);
+                int same = n == nref && !memcmp(ref, got, n * sizeof *ref);
+                if (!same)
+                    fprintf(stderr, "    src %d seed %llu: threads %u depth %u differ\n", src,
+                            (unsigned long long)seed, tds[t][0], tds[t][1]);
+                CHECK(same);
+            }
+            /* Another seed gives other batches. */
+            cfg c = {.path = paths[src],
+                     .record = src ? 0 : REC,
+                     .label = 1,
+                     .bs = 6,
+                     .threads = 2,
+                     .depth = 2,
+                     .seed = seed * 1000 + 2,
+                     .shuffle = 1};
+            stk_loader *l;
+            REQUIRE(open_cfg(&l, &c) == STK_OK);
+            size_t n = run_hashes(l, 3, got, CAP);
+            stk_loader_close(l);
+            CHECK(n == nref && memcmp(ref, got, n * sizeof *ref) != 0);
+        }
+}
+
+/* ---- resume and seek -------------------------------------------------------- */
+
+static void test_resume_into_new_loader(void)
+{
+    enum { N = 57, CAP = 64 };
+    const char *path = records_file(N);
+    static uint64_t ref[CAP], got[CAP];
+    cfg c = {.path = path,
+             .record = REC,
+             .label = 1,
+             .bs = 4,
+             .threads = 3,
+             .depth = 2,
+             .seed = 3,
+             .shuffle = 1};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    size_t nref = run_hashes(l, 3, ref, CAP); /* 3 epochs of 15 batches */
+    stk_loader_close(l);
+    REQUIRE(nref == 45);
+
+    static const uint64_t stops[] = {0, 1, 7, 14, 15};
+    for (size_t si = 0; si < 5; si++) {
+        for (uint64_t ep = 0; ep < 2; ep++) {
+            /* Run to batch `stop` of epoch `ep`, save the state, close. */
+            cfg a = c;
+            a.threads = 2;
+            a.depth = 3;
+            REQUIRE(open_cfg(&l, &a) == STK_OK);
+            size_t n = 0;
+            if (ep)
+                n = run_hashes(l, 1, got, CAP);
+            for (uint64_t k = 0; k < stops[si]; k++) {
+                stk_batch *b;
+                REQUIRE(stk_loader_next(l, &b) == STK_OK);
+                got[n++] = batch_hash(b);
+                stk_batch_release(b);
+            }
+            stk_state st;
+            CHECK_EQ(stk_loader_get_state(l, &st), STK_OK);
+            CHECK_EQ(st.seed, 3);
+            CHECK_EQ(st.epoch, ep);
+            CHECK_EQ(st.batch, stops[si]);
+            stk_loader_close(l);
+            /* A new loader, other threads and depth, restores it. */
+            cfg r = c;
+            r.threads = 8;
+            r.depth = 5;
+            REQUIRE(open_cfg(&l, &r) == STK_OK);
+            CHECK_EQ(stk_loader_set_state(l, &st), STK_OK);
+            stk_state back;
+            stk_loader_get_state(l, &back);
+            CHECK(back.epoch == st.epoch && back.batch == st.batch);
+            /* The rest of this epoch, then one more. */
+            n += run_hashes(l, 2, got + n, CAP - n);
+            stk_loader_close(l);
+            size_t want = (size_t)(ep + 2) * 15;
+            CHECK_EQ(n, want);
+            int same = n == want && !memcmp(ref, got, n * sizeof *ref);
+            if (!same)
+                fprintf(stderr, "    resume at epoch %llu batch %llu differs\n",
+                        (unsigned long long)ep, (unsigned long long)stops[si]);
+            CHECK(same);
+        }
+    }
+
+    /* A state from another seed, or past the epoch, is refused. */
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    stk_state bad = {4, 0, 0};
+    CHECK_EQ(stk_loader_set_state(l, &bad), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "seed") != NULL);
+    bad.seed = 3;
+    bad.batch = 16;
+    CHECK_EQ(stk_loader_set_state(l, &bad), STK_EINVAL);
+    /* And the loader still works from where it was. */
+    stk_batch *b;
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    CHECK(batch_hash(b) == ref[0]);
+    stk_batch_release(b);
+    stk_loader_close(l);
+}
+
+static void test_set_epoch_mid_epoch(void)
+{
+    enum { N = 57, CAP = 64 };
+    const char *path = records_file(N);
+    static uint64_t e4[CAP], e0[CAP], got[CAP];
+    cfg c = {.path = path,
+             .record = REC,
+             .label = 1,
+             .bs = 4,
+             .threads = 4,
+             .depth = 3,
+             .seed = 11,
+             .shuffle = 1};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    REQUIRE(run_hashes(l, 1, e0, CAP) == 15);
+    CHECK_EQ(stk_loader_set_epoch(l, 4), STK_OK);
+    REQUIRE(run_hashes(l, 1, e4, CAP) == 15);
+    stk_loader_close(l);
+
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    stk_batch *held;
+    REQUIRE(stk_loader_next(l, &held) == STK_OK);
+    uint64_t held_hash = batch_hash(held);
+    for (int k = 0; k < 2; k++) {
+        stk_batch *b;
+        REQUIRE(stk_loader_next(l, &b) == STK_OK);
+        stk_batch_release(b);
+    }
+    /* Mid-epoch, with a batch held: jump to epoch 4. */
+    CHECK_EQ(stk_loader_set_epoch(l, 4), STK_OK);
+    stk_state st;
+    stk_loader_get_state(l, &st);
+    CHECK(st.epoch == 4 && st.batch == 0);
+    size_t n = run_hashes(l, 1, got, CAP);
+    CHECK(n == 15 && !memcmp(got, e4, sizeof *got * 15));
+    /* The held batch was not touched by the seek. */
+    CHECK(batch_hash(held) == held_hash);
+    CHECK(held_hash == e0[0]);
+    stk_batch_release(held);
+    /* After epoch 4 ends comes epoch 5. */
+    stk_batch *b;
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    CHECK(b->epoch == 5 && b->index == 0);
+    stk_batch_release(b);
+    /* Back to epoch 0 mid-epoch: it restarts from its first batch. */
+    CHECK_EQ(stk_loader_set_epoch(l, 0), STK_OK);
+    n = run_hashes(l, 1, got, CAP);
+    CHECK(n == 15 && !memcmp(got, e0, sizeof *got * 15));
+    /* Restarting the current epoch right at its end. */
+    CHECK_EQ(stk_loader_set_epoch(l, 1), STK_OK);
+    n = run_hashes(l, 1, got, CAP);
+    CHECK_EQ(n, 15);
+    CHECK_EQ(stk_loader_set_epoch(l, 1), STK_OK);
+    size_t n2 = run_hashes(l, 1, e4, CAP);
+    CHECK(n2 == 15 && !memcmp(got, e4, sizeof *got * 15));
+    stk_loader_close(l);
+}
+
+/* No shuffle: the natural order, every epoch. */
+static void test_no_shuffle_natural(void)
+{
+    enum { N = 50 };
+    cfg c = {.path = records_file(N),
+             .record = REC,
+             .label = 1,
+             .bs = 8,
+             .threads = 4,
+             .depth = 3,
+             .seed = 99,
+             .shuffle = 0};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    for (int e = 0; e < 2; e++) {
+        uint64_t expect = 0;
+        for (;;) {
+            stk_batch *b;
+            int rc = stk_loader_next(l, &b);
+            if (rc == STK_END)
+                break;
+            REQUIRE(rc == STK_OK);
+            for (size_t k = 0; k < b->size; k++)
+                CHECK_EQ(b->indices[k], expect++);
+            stk_batch_release(b);
+        }
+        CHECK_EQ(expect, N);
+    }
+    stk_loader_close(l);
+}
+
+/* Skipping under many threads is as deterministic as the clean run. */
+static void test_skip_deterministic(void)
+{
+    const char *root = folder_tree();
+    char p[1100];
+    snprintf(p, sizeof p, "%s/class1/img001.jpg", root); /* k=1: class1, not nested */
+    char moved[1200];
+    snprintf(moved, sizeof moved, "%s.away", p);
+    REQUIRE(rename(p, moved) == 0);
+    REQUIRE(symlink("/nonexistent", p) == 0);
+    enum { CAP = 64 };
+    static uint64_t ref[CAP], got[CAP];
+    for (int t = 0; t < 2; t++) {
+        cfg c = {.path = root,
+                 .bs = 7,
+                 .threads = t ? 8 : 1,
+                 .depth = t ? 4 : 1,
+                 .seed = 4,
+                 .shuffle = 1,
+                 .on_error = STK_ON_ERROR_SKIP};
+        stk_loader *l;
+        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        size_t n = run_hashes(l, 2, t ? got : ref, CAP);
+        CHECK_EQ(n, 26);
+        if (t)
+            CHECK(!memcmp(ref, got, n * sizeof *ref));
+        stk_stats st;
+        stk_loader_stats(l, &st);
+        CHECK_EQ(st.samples_skipped, 2);
+        CHECK_EQ(st.samples_delivered, 178);
+        CHECK_EQ(stk_loader_error_count(l), 2);
+        stk_sample_error e0, e1;
+        REQUIRE(stk_loader_error_get(l, 0, &e0) == STK_OK);
+        REQUIRE(stk_loader_error_get(l, 1, &e1) == STK_OK);
+        CHECK(!strcmp(e0.path, p) && !strcmp(e1.path, p));
+        CHECK(e0.epoch == 0 && e1.epoch == 1);
+        stk_loader_close(l);
+    }
+    unlink(p);
+    REQUIRE(rename(moved, p) == 0);
+}
+
+/* ---- statistics ------------------------------------------------------------ */
+
+static void test_stats(void)
+{
+    enum { N = 64 };
+    cfg c = {.path = records_file(N),
+             .record = REC,
+             .label = 1,
+             .bs = 8,
+             .threads = 3,
+             .depth = 2,
+             .seed = 1,
+             .shuffle = 1};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    stk_info info;
+    stk_loader_info(l, &info);
+    stk_batch *b0, *b1;
+    REQUIRE(stk_loader_next(l, &b0) == STK_OK);
+    REQUIRE(stk_loader_next(l, &b1) == STK_OK);
+    usleep(20000);
+    /* Both buffers are held, so the workers are idle and every counter is
+     * settled: exactly the 16 held samples were read. */
+    stk_stats st;
+    CHECK_EQ(stk_loader_stats(l, &st), STK_OK);
+    CHECK_EQ(st.stages[STK_STAGE_READ].items, 16);
+    CHECK_EQ(st.stages[STK_STAGE_PROCESS].items, 0); /* no transform */
+    CHECK(st.stages[STK_STAGE_READ].busy_ns > 0);
+    CHECK_EQ(st.samples_delivered, 16);
+    CHECK_EQ(st.batches_delivered, 2);
+    CHECK(st.consumer_wait_ns > 0);
+    CHECK_EQ(st.samples_skipped + st.samples_failed, 0);
+    CHECK_EQ(st.memory_bound_bytes, stk_loader_memory_bound(l));
+    CHECK(st.memory_bound_bytes >= 2 * 8 * (REC - 1));
+    stk_stage_stats sum[STK_STAGE_COUNT] = {{0, 0}};
+    for (unsigned t = 0; t < info.threads; t++) {
+        stk_stage_stats ts[STK_STAGE_COUNT];
+        CHECK_EQ(stk_loader_thread_stats(l, t, ts), STK_OK);
+        for (int s = 0; s < STK_STAGE_COUNT; s++) {
+            sum[s].items += ts[s].items;
+            sum[s].busy_ns += ts[s].busy_ns;
+        }
+    }
+    stk_stage_stats ts[STK_STAGE_COUNT];
+    CHECK_EQ(stk_loader_thread_stats(l, info.threads, ts), STK_EINVAL);
+    for (int s = 0; s < STK_STAGE_COUNT; s++) {
+        CHECK_EQ(sum[s].items, st.stages[s].items);
+        CHECK_EQ(sum[s].busy_ns, st.stages[s].busy_ns);
+    }
+    stk_batch_release(b0);
+    stk_batch_release(b1);
+    /* The rest of the epoch: counters grow, the wait stays under wall time. */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t wait0 = st.consumer_wait_ns;
+    for (;;) {
+        stk_batch *b;
+        int rc = stk_loader_next(l, &b);
+        if (rc == STK_END)
+            break;
+        REQUIRE(rc == STK_OK);
+        stk_batch_release(b);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    uint64_t wall =
+        (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ULL + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+    stk_stats st2;
+    stk_loader_stats(l, &st2);
+    CHECK_EQ(st2.samples_delivered, N);
+    CHECK_EQ(st2.batches_delivered, N / 8);
+    CHECK(st2.stages[STK_STAGE_READ].items >= N);
+    CHECK(st2.stages[STK_STAGE_READ].items <= N + 2 * 8); /* at most the ring ahead */
+    CHECK(st2.consumer_wait_ns >= wait0 && st2.consumer_wait_ns - wait0 <= wall);
+    stk_loader_close(l);
+}
+
+/* ---- memory bound ------------------------------------------------------------ */
+
+#define FIXED_OVERHEAD (16u << 20)
+
+static void test_memory_bound(void)
+{
+    if (UNDER_SANITIZER) {
+        printf("    skipped: RSS is meaningless under a sanitizer\n");
+        return;
+    }
+    /* 8 ring buffers of 128 x 64 KiB = 64 MiB of ring; a 32 MiB file. */
+    enum { PAYLOAD = 64 << 10, N = 512, BS = 128, DEPTH = 8 };
+    const char *path = tu_path("big.bin");
+    {
+        FILE *f = fopen(path, "wb");
+        REQUIRE(f);
+        static uint8_t rec[PAYLOAD];
+        for (uint64_t i = 0; i < N; i++) {
+            memset(rec, (int)(i & 0xff), sizeof rec);
+            REQUIRE(fwrite(rec, 1, sizeof rec, f) == sizeof rec);
+        }
+        fclose(f);
+    }
+    /* Reset the peak (Linux: "5" to clear_refs) and take the baseline. */
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    int reset = cr && fputs("5", cr) >= 0;
+    if (cr)
+        reset &= fclose(cr) == 0;
+    long base = reset ? tu_rss_bytes() : tu_peak_rss_bytes();
+    stk_options *o;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    stk_options_set_source(o, path);
+    stk_options_set_records(o, PAYLOAD, 0, 0);
+    stk_options_set_batch_size(o, BS);
+    stk_options_set_depth(o, DEPTH);
+    stk_options_set_threads(o, 2);
+    stk_loader *l;
+    REQUIRE(stk_loader_open(&l, o) == STK_OK);
+    stk_options_destroy(o);
+    uint64_t bound = stk_loader_memory_bound(l);
+    const uint64_t ring = (uint64_t)DEPTH * BS * PAYLOAD;
+    CHECK(bound >= ring);
+    /* Hold two epochs' batches at once (the whole ring, since workers reuse
+     * the lowest free buffer and a quick consumer would leave the rest
+     * untouched), then run a third epoch releasing as it goes. */
+    uint64_t samples = 0;
+    stk_batch *held[DEPTH];
+    int nh = 0;
+    for (int e = 0; e < 3; e++) {
+        for (;;) {
+            stk_batch *b;
+            int rc = stk_loader_next(l, &b);
+            if (rc == STK_END)
+                break;
+            REQUIRE(rc == STK_OK && nh < DEPTH);
+            samples += b->size;
+            if (e < 2)
+                held[nh++] = b;
+            else
+                stk_batch_release(b);
+        }
+        if (e == 1) {
+            CHECK_EQ(nh, DEPTH);
+            for (int k = 0; k < nh; k++)
+                stk_batch_release(held[k]);
+            nh = 0;
+        }
+    }
+    CHECK_EQ(samples, 3 * N);
+    long peak = tu_peak_rss_bytes();
+    stk_loader_close(l);
+    long growth = peak - base;
+    printf("    ring %.1f MiB, memory bound %.2f MiB, peak RSS growth %.2f MiB: %.2f MiB over "
+           "the ring, %.2f MiB over the bound%s\n",
+           (double)ring / 1048576.0, (double)bound / 1048576.0, (double)growth / 1048576.0,
+           ((double)growth - (double)ring) / 1048576.0,
+           ((double)growth - (double)bound) / 1048576.0, reset ? "" : " (peak not reset)");
+    CHECK(growth <= (long)(bound + FIXED_OVERHEAD));
+    /* The ring is really used (else this test measures nothing). */
+    CHECK(growth >= (long)(ring * 3 / 4));
+    unlink(path);
+}
+
+/* ThreadSanitizer starts a background thread of its own with the first
+ * thread the program creates; start one before the harness counts threads so
+ * the count at the end compares like with like. */
+static void *noop_thread(void *p)
+{
+    return p;
+}
+static void warm_up_threads(void)
+{
+    pthread_t th;
+    if (pthread_create(&th, NULL, noop_thread, NULL) == 0)
+        pthread_join(th, NULL);
+    usleep(20000);
+}
+
+int main(void)
+{
+    warm_up_threads();
+    tu_begin("test_mt_loader", 120);
+    RUN(test_exactly_once_matrix);
+    RUN(test_ranks_partition);
+    RUN(test_determinism_threads_depths);
+    RUN(test_resume_into_new_loader);
+    RUN(test_set_epoch_mid_epoch);
+    RUN(test_no_shuffle_natural);
+    RUN(test_skip_deterministic);
+    RUN(test_stats);
+    RUN(test_memory_bound);
+    return tu_end();
+}
