@@ -2,8 +2,18 @@
 #ifndef STOKER_TOOLS_COMMANDS_H
 #define STOKER_TOOLS_COMMANDS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+
+/* Parses a whole decimal number with an optional K/M/G suffix (binary
+ * multiples; "KiB"/"MB" spellings accepted). False on anything else. */
+bool stoker_parse_size(const char *s, uint64_t *out);
+/* Formats a byte count as "12.3 MiB" into buf. Returns buf. */
+const char *stoker_human_bytes(double v, char *buf, size_t n);
+/* Writes s as a JSON string literal. */
+void stoker_json_str(FILE *f, const char *s);
 
 /* What `stoker pack` does, parsed from its arguments (tests fill it directly). */
 typedef struct stoker_pack_opts {

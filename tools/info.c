@@ -15,16 +15,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static const char *human(double v, char *buf, size_t n)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int k = 0;
-    while (v >= 1024 && k < 4)
-        v /= 1024, k++;
-    snprintf(buf, n, "%.1f %s", v, u[k]);
-    return buf;
-}
-
 /* Parses PATH and the record options shared by info and verify. */
 static int parse_path(int argc, char **argv, const char **path, stk__source_params *prm)
 {
@@ -91,7 +81,7 @@ int stoker_cmd_info(int argc, char **argv)
     printf("classes   %" PRIu64 "\n", s.num_classes);
     if (di.shards) {
         printf("shards    %" PRIu64 "\n", di.shards);
-        printf("bytes     %" PRIu64 " (%s)\n", di.bytes, human((double)di.bytes, b1, sizeof b1));
+        printf("bytes     %" PRIu64 " (%s)\n", di.bytes, stoker_human_bytes((double)di.bytes, b1, sizeof b1));
     }
     if (s.fixed_len)
         printf("sample    %zu bytes each (dense batches)\n", s.fixed_len);

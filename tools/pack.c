@@ -951,30 +951,6 @@ out:
 
 /* ---- Command line -------------------------------------------------------- */
 
-static bool parse_size(const char *s, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+')
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    uint64_t mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1ULL << 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1ULL << 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1ULL << 30, end++;
-    if (*end == 'i' && end[1] == 'B')
-        end += 2;
-    else if (*end == 'B' && mul > 1)
-        end++;
-    if (errno || *end || end == s || v > UINT64_MAX / mul)
-        return false;
-    *out = (uint64_t)v * mul;
-    return true;
-}
-
 static bool parse_shape(const char *s, unsigned *h, unsigned *w, unsigned *c)
 {
     char *e;
@@ -1004,7 +980,7 @@ int stoker_cmd_pack(int argc, char **argv)
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t v = 0;
-        bool num = val && parse_size(val, &v);
+        bool num = val && stoker_parse_size(val, &v);
         if (!strcmp(k, "--shard-size") || !strcmp(k, "--max-side") || !strcmp(k, "--quality") ||
             !strcmp(k, "--threads") || !strcmp(k, "--align") || !strcmp(k, "--record-size") ||
             !strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {

@@ -68,28 +68,6 @@ static void usage(FILE *f)
             "  --json              print one JSON object instead of the report\n");
 }
 
-static bool parse_u64(const char *s, uint64_t *out)
-{
-    if (!s || !*s || *s == '-' || *s == '+')
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    uint64_t mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1ULL << 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1ULL << 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1ULL << 30, end++;
-    if (*end == 'i' && end[1] == 'B')
-        end += 2;
-    if (errno || *end || v > UINT64_MAX / mul)
-        return false;
-    *out = (uint64_t)v * mul;
-    return true;
-}
-
 static long peak_rss_bytes(void)
 {
     struct rusage ru;
@@ -102,21 +80,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
 }
 
 /* Folds one batch into the checksum: labels, then each sample's length and
@@ -133,16 +96,6 @@ static void hash_batch(XXH3_state_t *h, const stk_batch *b)
         XXH3_64bits_update(h, &len, sizeof len);
         XXH3_64bits_update(h, (const uint8_t *)b->data + b->offsets[k], len);
     }
-}
-
-static const char *human_bytes(double v, char *buf, size_t n)
-{
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int k = 0;
-    while (v >= 1024 && k < 4)
-        v /= 1024, k++;
-    snprintf(buf, n, "%.1f %s", v, u[k]);
-    return buf;
 }
 
 typedef struct bench_args {
@@ -168,7 +121,7 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        bool num = val && parse_u64(val, &v);
+        bool num = val && stoker_parse_size(val, &v);
         int rc = STK_OK;
 #define NEED_NUM                                                                  \
     do {                                                                          \
@@ -283,9 +236,9 @@ static void print_errors_json(stk_loader *l, FILE *f)
             continue;
         fprintf(f, "%s{\"sample\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"path\":", k ? "," : "",
                 e.sample, e.epoch);
-        json_str(f, e.path);
+        stoker_json_str(f, e.path);
         fprintf(f, ",\"reason\":");
-        json_str(f, e.reason);
+        stoker_json_str(f, e.reason);
         fprintf(f, "}");
     }
     fprintf(f, "]");
@@ -351,7 +304,7 @@ static int cmd_bench(int argc, char **argv)
     double rate = secs > 0 ? (double)samples / secs : 0;
     if (a.json) {
         printf("{\"path\":");
-        json_str(stdout, a.path);
+        stoker_json_str(stdout, a.path);
         printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
                "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
                ",\"seconds\":%.6f,\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,"
@@ -369,8 +322,8 @@ static int cmd_bench(int argc, char **argv)
         char b1[32], b2[32];
         printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
                samples, batches, secs, rate);
-        printf("  peak RSS     %s (memory bound %s)\n", human_bytes((double)rss, b1, sizeof b1),
-               human_bytes((double)bound, b2, sizeof b2));
+        printf("  peak RSS     %s (memory bound %s)\n", stoker_human_bytes((double)rss, b1, sizeof b1),
+               stoker_human_bytes((double)bound, b2, sizeof b2));
         for (int s = 0; s < STK_STAGE_COUNT; s++) {
             double busy = (double)st.stages[s].busy_ns * 1e-9;
             printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",

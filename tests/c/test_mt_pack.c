@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include "../../tools/pack.c"
+#include "../../tools/cliutil.c"
 
 static void make_tree(const char *root)
 {

@@ -5,6 +5,7 @@
 
 #include "../../tools/info.c"
 #include "../../tools/pack.c"
+#include "../../tools/cliutil.c"
 
 #include <sys/stat.h>
 #include <sys/time.h>
