@@ -62,6 +62,11 @@ void stk__resample_h(const stk__view *in, uint32_t y0, const stk__axis *ax, cons
 /* Vertical pass: out row r reads in rows from ax->bounds; out->h == ax->n,
  * out->w == in->w. */
 void stk__resample_v(const stk__view *in, const stk__axis *ax, const stk__view *out);
+/* Both passes use AVX2 code where the CPU has it (same results bit for bit);
+ * a non-zero `on` makes them use the generic code instead, so tests can
+ * compare the two. For tests only: not meant to be flipped while passes run
+ * elsewhere (harmless if it is, either path being exact). */
+void stk__resize_force_generic(int on);
 
 /* ---- Geometry ---------------------------------------------------------- */
 /* Copies in into out at (left, top) and fills the rest of out with fill. */
