@@ -2,10 +2,11 @@
  * decodes per second (islow IDCT, fancy upsampling, RGB output, as PIL), on
  * files already in memory. Built and run by bench/bench_images.py.
  * usage: jpeg_decode_limit FILE... */
-#include <jpeglib.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include <jpeglib.h>
 #include <time.h>
 
 struct err {

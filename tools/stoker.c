@@ -68,11 +68,27 @@ static void usage(FILE *f)
             "  --json              print one JSON object instead of the report\n");
 }
 
+/* Peak resident set of this process image. VmHWM belongs to the address
+ * space, so it starts afresh at exec; getrusage's ru_maxrss does not (Linux
+ * carries the pre-exec peak over, so a stoker started from a large Python
+ * process would report that process's size). */
 static long peak_rss_bytes(void)
 {
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss * 1024L;
+    long kb = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "VmHWM:", 6))
+                kb = strtol(line + 6, NULL, 10);
+        fclose(f);
+    }
+    if (kb < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kb = ru.ru_maxrss;
+    }
+    return kb * 1024L;
 }
 
 static double now_s(void)
