@@ -258,8 +258,13 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
         if (!c->seeking) {
             if (c->claim_g < c->assigned_end_g) {
                 buffer *b = c->inflight[c->claim_g % c->depth];
+                /* Guided sizes: runs shrink as the batch runs out, so the
+                 * threads finish a batch together instead of one idling
+                 * while another works through a long last run (which
+                 * matters when no buffer is free for the next batch). */
                 size_t left = b->size - c->claim_slot;
-                size_t k = left < c->run ? left : c->run;
+                size_t k = left / (2 * (size_t)c->nthreads);
+                k = k < 1 ? 1 : k > c->run ? c->run : k;
                 *bo = b;
                 *g = c->claim_g;
                 *slot0 = c->claim_slot;

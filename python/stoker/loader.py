@@ -100,7 +100,9 @@ class Loader:
         "cifar-train", "decode", "none"), a spec string, a
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
-    threads: worker threads (None = all online cores). depth: ring buffers.
+    threads: worker threads (None = all online cores). depth: batches prepared
+        ahead; the ring has depth + 1 buffers, one for the batch your loop
+        still holds.
     output: "torch" (tensors through DLPack) or "numpy".
     layout, dtype, size: image output options (dtype "bfloat16" needs torch).
     on_error: "raise" (a bad sample raises stoker.SampleError; calling next()
@@ -141,8 +143,8 @@ class Loader:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or not 1 <= threads <= 256):
             raise ValueError(f"threads must be None (all cores) or 1..256, got {threads!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 64:
-            raise ValueError(f"depth must be 1..64, got {depth!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 63:
+            raise ValueError(f"depth must be 1..63, got {depth!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
             raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
         rank, world_size = _default_partition(rank, world_size)
@@ -182,10 +184,15 @@ class Loader:
         self.return_indices = bool(return_indices)
         self._engine = _stoker.Engine(
             path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
-            transform=spec, threads=threads or 0, depth=depth,
+            # One ring buffer more than depth: the batch a `for x, y in
+            # loader` loop still holds while it asks for the next must not
+            # cost the pipeline a prefetched batch (or raise EBUSY).
+            transform=spec, threads=threads or 0, depth=depth + 1,
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
             records=records, options=opts, max_sample_bytes=int(max_sample_bytes or 0))
         self._info = self._engine.info()
+        self._info["ring_buffers"] = self._info["depth"]
+        self._info["depth"] = depth
         self.threads = self._info["threads"]
         self._lock = threading.Lock()
         self._generation = 0   # bumped when an iterator is superseded
@@ -234,7 +241,8 @@ class Loader:
         return self._engine is None or self._engine.closed
 
     def info(self):
-        """Static facts: counts, threads, depth, batch kind, source kind, memory bound."""
+        """Static facts: counts, threads, depth (and ring_buffers = depth + 1),
+        batch kind, source kind, memory bound."""
         return dict(self._info)
 
     # ---- position ------------------------------------------------------------

@@ -28,8 +28,8 @@ def test_batches_view_the_ring_without_copying(make_records, output):
         addresses = set()
         for x, y in L:
             addresses.add(addr(x))
-        # 10 batches went through 3 ring buffers
-        assert len(addresses) <= 3
+        # 10 batches went through depth + 1 = 4 ring buffers
+        assert len(addresses) <= 4
 
 
 @pytest.mark.parametrize("output", ["torch", "numpy"])
@@ -81,11 +81,13 @@ def test_labels_alone_keep_the_batch_alive(make_records):
 
 def test_depth_one_with_a_held_batch_raises_instead_of_overwriting(make_records):
     with stoker.Loader(make_records(16), 4, output="numpy", depth=1, seed=3) as L:
+        assert L.info()["ring_buffers"] == 2
         it = iter(L)
-        x, y = next(it)
+        x0, y0 = next(it)
+        x, y = next(it)                    # one held batch is free of charge
         keep = np.array(x, copy=True)
         with pytest.raises(stoker.Error, match="held") as e:
-            next(it)
+            next(it)                       # two held: no buffer left
         assert e.value.code_name == "EBUSY" and "copy" in str(e.value)
         assert np.array_equal(x, keep)
         del x, y
@@ -96,6 +98,7 @@ def test_depth_one_with_a_held_batch_raises_instead_of_overwriting(make_records)
 def test_batch_in_a_reference_cycle_is_collected_when_ring_is_full(make_records):
     with stoker.Loader(make_records(16), 4, output="numpy", depth=1) as L:
         it = iter(L)
+        held, _ = next(it)                 # takes the spare buffer
         x, y = next(it)
         cycle = [x]
         cycle.append(cycle)
