@@ -116,6 +116,7 @@ static void hash_batch(XXH3_state_t *h, const stk_batch *b)
 
 typedef struct bench_args {
     const char *path;
+    const char *transform;
     uint64_t epochs;
     bool json;
 } bench_args;
@@ -189,6 +190,7 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             a->json = true;
         } else if (!strcmp(k, "--transform") && val) {
             rc = stk_options_set_transform(o, val);
+            a->transform = val;
             i++;
         } else if (!strcmp(k, "--on-error") && val) {
             if (strcmp(val, "raise") && strcmp(val, "skip")) {
@@ -288,6 +290,8 @@ static int cmd_bench(int argc, char **argv)
     if (!a.json) {
         printf("stoker bench: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", a.path,
                info.source_kind, info.num_samples, info.num_classes);
+        printf("  transform %s, %s batches\n", a.transform ? a.transform : "none",
+               info.kind == STK_BATCH_DENSE ? "dense" : "variable-size");
         printf("  %u threads, batch %zu, depth %u, %" PRIu64 " batches/epoch, %" PRIu64
                " epoch(s)\n",
                info.threads, info.batch_size, info.depth, info.batches_per_epoch, a.epochs);
@@ -321,6 +325,8 @@ static int cmd_bench(int argc, char **argv)
     if (a.json) {
         printf("{\"path\":");
         stoker_json_str(stdout, a.path);
+        printf(",\"transform\":");
+        stoker_json_str(stdout, a.transform ? a.transform : "none");
         printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
                "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
                ",\"seconds\":%.6f,\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,"
