@@ -202,17 +202,17 @@ out:
     return rc;
 }
 
-static const char *g_sort_text; /* qsort has no context argument in C11 */
-
-static int cmp_entry(const void *pa, const void *pb)
+/* qsort_r (glibc), so concurrent opens never share a sort context. */
+static int cmp_entry(const void *pa, const void *pb, void *ctx)
 {
     const entry *a = pa, *b = pb;
+    const char *text = ctx;
     if (a->label != b->label)
         return a->label < b->label ? -1 : 1;
-    int c = strcmp(g_sort_text + a->root, g_sort_text + b->root);
+    int c = strcmp(text + a->root, text + b->root);
     if (c)
         return c;
-    return strcmp(g_sort_text + a->name, g_sort_text + b->name);
+    return strcmp(text + a->name, text + b->name);
 }
 
 static int folder_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
@@ -342,9 +342,7 @@ int stk__source_folder_open(stk__source *s, const char *root, char *err, size_t 
     }
     size_t n = sc.entries.len / sizeof(entry);
     entry *ents = (entry *)(void *)sc.entries.p;
-    g_sort_text = (const char *)sc.text.p;
-    qsort(ents, n, sizeof *ents, cmp_entry);
-    g_sort_text = NULL;
+    qsort_r(ents, n, sizeof *ents, cmp_entry, sc.text.p);
 
     if (!(f = stk__calloc(1, sizeof *f))) {
         rc = STK_ENOMEM;

@@ -741,6 +741,77 @@ static void warm_up_threads(void)
     usleep(20000);
 }
 
+/* Loaders opened at the same time from several threads (train and val
+ * loaders, say) must not share any scan state: each sees the same samples in
+ * the same order as a loader opened alone. (Found by review: the folder
+ * source's sort once used a process-global context and crashed.) */
+typedef struct open_job {
+    const char *root;
+    int rounds;
+    uint64_t want, got_bad;
+} open_job;
+
+static uint64_t folder_order_hash(const char *root)
+{
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    uint64_t h = 0;
+    stk_options_create(&o);
+    stk_options_set_source(o, root);
+    stk_options_set_shuffle(o, 0);
+    stk_options_set_threads(o, 1);
+    stk_options_set_batch_size(o, 1500);
+    stk_options_set_max_sample_bytes(o, 64);
+    if (stk_loader_open(&l, o) == STK_OK) {
+        stk_batch *b;
+        if (stk_loader_next(l, &b) == STK_OK) {
+            h = tu_hash(0, b->labels, b->size * sizeof *b->labels);
+            h = tu_hash(h, b->lengths, b->size * sizeof *b->lengths);
+            stk_batch_release(b);
+        }
+    }
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    return h;
+}
+
+static void *open_many(void *arg)
+{
+    open_job *j = arg;
+    for (int r = 0; r < j->rounds; r++)
+        if (folder_order_hash(j->root) != j->want)
+            j->got_bad++;
+    return NULL;
+}
+
+static void test_concurrent_opens(void)
+{
+    char root[900];
+    snprintf(root, sizeof root, "%s/many", tu_tmpdir());
+    for (int k = 0; k < 1500; k++) {
+        char d[1000], p[1100];
+        snprintf(d, sizeof d, "%s/c%d/sub%d", root, k % 3, k % 7);
+        if (k < 21)
+            tu_mkdirs(d);
+        snprintf(p, sizeof p, "%s/f%04d_%d.png", d, (k * 7919) % 1500, k);
+        uint8_t buf[64];
+        memset(buf, k & 0xff, sizeof buf);
+        tu_write_file(p, buf, 1 + (size_t)k % sizeof buf);
+    }
+    uint64_t want = folder_order_hash(root);
+    CHECK(want != 0);
+    open_job jobs[3];
+    pthread_t th[3];
+    for (int k = 0; k < 3; k++) {
+        jobs[k] = (open_job){root, 6, want, 0};
+        pthread_create(&th[k], NULL, open_many, &jobs[k]);
+    }
+    for (int k = 0; k < 3; k++) {
+        pthread_join(th[k], NULL);
+        CHECK_EQ(jobs[k].got_bad, 0);
+    }
+}
+
 int main(void)
 {
     warm_up_threads();
@@ -754,5 +825,6 @@ int main(void)
     RUN(test_skip_deterministic);
     RUN(test_stats);
     RUN(test_memory_bound);
+    RUN(test_concurrent_opens);
     return tu_end();
 }
