@@ -141,7 +141,11 @@ static PyObject *raise_code(int code, const char *msg)
         snprintf(text, sizeof text, "%s [%s]", msg, stk_strerror(code));
     else
         snprintf(text, sizeof text, "%s", stk_strerror(code));
-    PyObject *exc = PyObject_CallFunction(type, "s", text);
+    /* Messages hold file names (any bytes) and may be cut mid-character:
+     * decode leniently, so the error raised is always the stoker one. */
+    PyObject *str = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    PyObject *exc = str ? PyObject_CallOneArg(type, str) : NULL;
+    Py_XDECREF(str);
     if (!exc)
         return NULL;
     /* Builtin exceptions take attributes too; failures here only lose the
@@ -552,6 +556,23 @@ static int check_pid(EngineObject *self)
 
 /* Takes the engine's lock (waiting without the GIL) and checks that the
  * loader is open. Returns 0, or -1 with an exception set. */
+/* One failed sample as a dict. The path is decoded as os.fsdecode does
+ * (surrogateescape: os.fsencode gives the exact bytes back); the reason
+ * leniently, as it may quote bytes of the file. */
+static PyObject *error_dict(const stk_sample_error *e)
+{
+    PyObject *path = PyUnicode_DecodeFSDefault(e->path);
+    PyObject *reason = PyUnicode_DecodeUTF8(e->reason, (Py_ssize_t)strlen(e->reason), "replace");
+    PyObject *d = NULL;
+    if (path && reason)
+        d = Py_BuildValue("{s:K,s:K,s:i,s:s,s:O,s:O}", "sample", (unsigned long long)e->sample,
+                          "epoch", (unsigned long long)e->epoch, "code", e->code, "code_name",
+                          code_name(e->code), "path", path, "reason", reason);
+    Py_XDECREF(path);
+    Py_XDECREF(reason);
+    return d;
+}
+
 static int engine_enter(EngineObject *self)
 {
     if (check_pid(self))
@@ -791,6 +812,14 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
                 break;
             if (self->closing) {
                 PyErr_SetString(g_Error, "the loader was closed while waiting for a batch");
+                if (self->l && self->owner == PyThread_get_thread_ident()) {
+                    /* A deferred close (see Engine_close): finish it here. */
+                    stk_loader *l = self->l;
+                    self->l = NULL;
+                    Py_BEGIN_ALLOW_THREADS
+                    stk_loader_close(l);
+                    Py_END_ALLOW_THREADS
+                }
                 break;
             }
             continue;
@@ -817,11 +846,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
                 stk_sample_error e;
                 if (stk_loader_error_get(self->l, i, &e))
                     continue;
-                PyObject *d = Py_BuildValue("{s:K,s:K,s:i,s:s,s:s,s:s}", "sample",
-                                            (unsigned long long)e.sample, "epoch",
-                                            (unsigned long long)e.epoch, "code", e.code,
-                                            "code_name", code_name(e.code), "path", e.path,
-                                            "reason", e.reason);
+                PyObject *d = error_dict(&e);
                 if (!d || PyList_Append(errs, d) < 0)
                     Py_CLEAR(errs);
                 Py_XDECREF(d);
@@ -1028,10 +1053,7 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         stk_sample_error e;
         if (stk_loader_error_get(self->l, i, &e))
             continue;
-        PyObject *d = Py_BuildValue("{s:K,s:K,s:i,s:s,s:s,s:s}", "sample",
-                                    (unsigned long long)e.sample, "epoch",
-                                    (unsigned long long)e.epoch, "code", e.code, "code_name",
-                                    code_name(e.code), "path", e.path, "reason", e.reason);
+        PyObject *d = error_dict(&e);
         if (!d || PyList_Append(errors, d) < 0) {
             Py_XDECREF(d);
             goto out;
@@ -1065,6 +1087,8 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
     }
     if (!self->l)
         Py_RETURN_NONE;
+    /* Set before taking the lock, so a next() waiting in another thread
+     * gives up and lets us in. */
     self->closing = 1;
     if (engine_enter(self)) {
         /* Closed meanwhile by another thread: nothing left to do. */
@@ -1072,6 +1096,14 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
             PyErr_Clear();
             Py_RETURN_NONE;
         }
+        /* Called from a signal handler (or finalizer) while this very thread
+         * waits in next(): the close is deferred to that next(), which sees
+         * `closing`, closes the loader and raises. */
+        if (self->owner == PyThread_get_thread_ident()) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        self->closing = 0;
         return NULL;
     }
     stk_loader *l = self->l;

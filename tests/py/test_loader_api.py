@@ -366,3 +366,32 @@ def test_close_twice_and_use_after_close(make_records):
         iter(L)
     with pytest.raises(stoker.Error, match="closed"):
         L.stats()
+
+
+# ---- names that are not UTF-8 (found by review) ---------------------------------------
+
+def test_non_utf8_file_name_gives_the_stoker_error_and_its_exact_path(tmp_path):
+    d = os.path.join(os.fsencode(tmp_path), b"c0")
+    os.makedirs(d)
+    bad = os.path.join(d, b"bad\xff.jpg")
+    with open(bad, "wb") as f:
+        f.write(b"not a jpeg")
+    root = os.fsdecode(os.fsencode(tmp_path))
+    with stoker.Loader(root, 1, transform="decode", output="numpy") as L:
+        with pytest.raises(stoker.SampleError) as e:
+            next(iter(L))
+        assert "bad" in str(e.value)
+    with stoker.Loader(root, 1, transform="decode", output="numpy", on_error="skip") as L:
+        assert [len(y) for _, y in L] == [0]
+        errs = L.stats()["errors"]
+        assert len(errs) == 1 and os.fsencode(errs[0]["path"]) == bad
+
+
+def test_missing_non_utf8_path_is_file_not_found(tmp_path):
+    missing = os.fsdecode(os.path.join(os.fsencode(tmp_path), b"no-such-\xff"))
+    with pytest.raises(FileNotFoundError):
+        stoker.Loader(missing, 1)
+    # A message cut by the engine's buffer in the middle of a character.
+    long = os.path.join(str(tmp_path), "é" * 100, "é" * 100, "é" * 100)
+    with pytest.raises(FileNotFoundError):
+        stoker.Loader(long, 1)

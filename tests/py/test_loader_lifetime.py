@@ -336,3 +336,22 @@ def test_same_seed_same_batches_for_any_thread_count(make_records):
         assert len(other) == len(runs[0])
         for (a, la), (b, lb) in zip(runs[0], other):
             assert np.array_equal(a, b) and np.array_equal(la, lb)
+
+
+def test_close_from_a_signal_handler_during_next(tmp_path):
+    """The graceful-shutdown pattern: a signal handler calls close() while
+    next() waits. The close completes inside that next(), which raises; the
+    loader is closed, not left half-open (found by review)."""
+    root = slow_folder(tmp_path)
+    L = stoker.Loader(root, 48, shuffle=False, threads=1, output="numpy", transform="imagenet-val")
+    it = iter(L)
+    old = signal.signal(signal.SIGALRM, lambda signum, frame: L.close())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(stoker.Error, match="closed"):
+            next(it)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert L.closed
+    L.close()                              # harmless again
