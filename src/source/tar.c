@@ -37,8 +37,8 @@
 #define TAR_KEEP_FDS 256
 #define TAR_NAME_MAX 4096
 #define TAR_LABEL_MAX 65536 /* bytes of a .cls/.json member that are scanned */
-#define TIDX_MAGIC "STKTIDX1"
-#define TIDX_HEAD 56
+#define TIDX_MAGIC "STKTIDX2"
+#define TIDX_HEAD 88
 
 enum label_state { L_OK = 0, L_MISSING = 1, L_BAD = 2, L_NODATA = 3, L_TRUNC = 4 };
 
@@ -386,10 +386,21 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
             size_t rest = (size_t)(r->size - off);
             if ((rc = rd_get(r, off, h, rest, why, sizeof why)))
                 goto io;
-            if (!all_zero(h, rest) && b->n) {
-                b->e[b->n - 1].state = (b->e[b->n - 1].state & ~(uint64_t)0xff) | L_TRUNC;
-                b->e[b->n - 1].len = 0;
-                b->e[b->n - 1].off = off;
+            if (!all_zero(h, rest)) {
+                /* Cut inside a member's header: the samples before it are
+                 * whole. The cut member is reported as a truncated sample,
+                 * under its own name when the header kept it, so nothing is
+                 * lost silently. */
+                size_t nl = strnlen((const char *)h, rest < 100 ? rest : 100);
+                if (nl > 0 && (nl < rest || nl == 100)) {
+                    memcpy(name, h, nl);
+                    name[nl] = '\0';
+                } else {
+                    stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin",
+                             (unsigned long long)off);
+                }
+                if ((rc = add_member(b, r, name, off, 0, true)))
+                    goto out;
             }
             break;
         }
@@ -559,8 +570,13 @@ static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
         stk__get64(buf + n - 8) != stk__xxh3(buf, n - 8) ||
         stk__get64(buf + 8) != (uint64_t)tst->st_size ||
         (int64_t)stk__get64(buf + 16) != (int64_t)tst->st_mtim.tv_sec ||
-        (int64_t)stk__get64(buf + 24) != (int64_t)tst->st_mtim.tv_nsec)
-        goto out;
+        (int64_t)stk__get64(buf + 24) != (int64_t)tst->st_mtim.tv_nsec ||
+        stk__get64(buf + 56) != (uint64_t)tst->st_ino ||
+        stk__get64(buf + 64) != (uint64_t)tst->st_dev ||
+        (int64_t)stk__get64(buf + 72) != (int64_t)tst->st_ctim.tv_sec ||
+        (int64_t)stk__get64(buf + 80) != (int64_t)tst->st_ctim.tv_nsec)
+        goto out; /* size and mtime alone can be restored by cp -p or tar x:
+                     the inode and ctime cannot, so a replaced tar is noticed */
     uint64_t count = stk__get64(buf + 32), kb = stk__get64(buf + 40);
     uint64_t body = n - TIDX_HEAD - 8;
     if (count > body / STK_ENTRY_SIZE || kb != body - count * STK_ENTRY_SIZE)
@@ -617,6 +633,10 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     stk__put64(buf + 24, (uint64_t)tst->st_mtim.tv_nsec);
     stk__put64(buf + 32, t->count);
     stk__put64(buf + 40, t->keys_len);
+    stk__put64(buf + 56, (uint64_t)tst->st_ino);
+    stk__put64(buf + 64, (uint64_t)tst->st_dev);
+    stk__put64(buf + 72, (uint64_t)tst->st_ctim.tv_sec);
+    stk__put64(buf + 80, (uint64_t)tst->st_ctim.tv_nsec);
     uint8_t *p = buf + TIDX_HEAD;
     for (uint64_t k = 0; k < t->count; k++, p += STK_ENTRY_SIZE) {
         const tentry *e = &t->e[k];

@@ -712,6 +712,21 @@ static void test_tar(void)
     REQUIRE(open_src(&s, f, err, sizeof err) == 0);
     CHECK_EQ(s.count, 12);
     stk__source_close(&s);
+    /* Replaced by another tar of the same size with the mtime restored (as
+     * cp -p or tar x do): the stale cache must not be used (found by
+     * review: it delivered cut samples and header bytes). */
+    make_tar(f, 100, 12, -1, false);
+    utimes(f, tv);
+    REQUIRE(open_src(&s, f, err, sizeof err) == 0);
+    {
+        uint8_t *d;
+        size_t n;
+        int64_t l;
+        REQUIRE(read_sample(&s, 0, &d, &n, &l, err, sizeof err) == 0);
+        CHECK(n == strlen("image-100-bytes") && !memcmp(d, "image-100-bytes", n));
+        free(d);
+    }
+    stk__source_close(&s);
     size_t cn;
     uint8_t *cb = tu_read_file(idx, &cn);
     REQUIRE(cb && cn > 64);
@@ -797,6 +812,21 @@ static void test_tar(void)
     REQUIRE(read_sample(&s, 3, &d, &n, &l, err, sizeof err) == 0);
     free(d);
     stk__source_close(&s);
+    /* Cut inside the next member's header: every sample before it is whole,
+     * and the cut one is still reported (by its name when the header kept
+     * it, else by its offset), never dropped silently. */
+    for (int keep_name = 1; keep_name >= 0; keep_name--) {
+        tu_write_file(f, tb, 4 * 2048 + (keep_name ? 100 : 3));
+        REQUIRE(open_src(&s, f, err, sizeof err) == 0);
+        CHECK_EQ(s.count, 5);
+        for (uint64_t k = 0; k < 4; k++) {
+            CHECK_EQ(read_sample(&s, k, &d, &n, &l, err, sizeof err), 0);
+            free(d);
+        }
+        CHECK_EQ(read_sample(&s, 4, &d, &n, &l, err, sizeof err), STK_EFORMAT);
+        CHECK(strstr(err, "truncated") != NULL);
+        stk__source_close(&s);
+    }
     /* A corrupt header fails the open with the shard and the offset. */
     tb[512 * 2 + 10] ^= 0x20;
     tu_write_file(f, tb, tn);
