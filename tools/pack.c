@@ -124,6 +124,10 @@ typedef struct jerr {
     struct jpeg_error_mgr pub;
     jmp_buf jb;
     char msg[JMSG_LENGTH_MAX];
+    /* The encoder's output buffer lives here, in memory whose address
+     * libjpeg holds, so it is still known after a longjmp and can be freed. */
+    unsigned char *mem;
+    unsigned long memlen;
 } jerr;
 
 static void jerr_exit(j_common_ptr c)
@@ -359,10 +363,10 @@ static int encode_jpeg(const image *im, unsigned quality, bytes *out, char *err,
 {
     struct jpeg_compress_struct cinfo;
     jerr je;
-    unsigned char *volatile mem = NULL;
-    unsigned long memlen = 0;
     volatile int rc = 0;
     memset(&cinfo, 0, sizeof cinfo);
+    je.mem = NULL;
+    je.memlen = 0;
     cinfo.err = jpeg_std_error(&je.pub);
     je.pub.error_exit = jerr_exit;
     if (setjmp(je.jb)) {
@@ -371,8 +375,7 @@ static int encode_jpeg(const image *im, unsigned quality, bytes *out, char *err,
         goto out;
     }
     jpeg_create_compress(&cinfo);
-    unsigned char *m = NULL;
-    jpeg_mem_dest(&cinfo, &m, &memlen);
+    jpeg_mem_dest(&cinfo, &je.mem, &je.memlen);
     cinfo.image_width = im->w;
     cinfo.image_height = im->h;
     cinfo.input_components = (int)im->c;
@@ -385,17 +388,16 @@ static int encode_jpeg(const image *im, unsigned quality, bytes *out, char *err,
         jpeg_write_scanlines(&cinfo, &rp, 1);
     }
     jpeg_finish_compress(&cinfo);
-    mem = m;
-    if (bytes_reserve(out, memlen)) {
+    if (bytes_reserve(out, je.memlen)) {
         stk__fmt(err, errlen, "out of memory");
         rc = -1;
         goto out;
     }
-    memcpy(out->p, mem, memlen);
-    out->len = memlen;
+    memcpy(out->p, je.mem, je.memlen);
+    out->len = je.memlen;
 out:
     jpeg_destroy_compress(&cinfo);
-    free(mem);
+    free(je.mem);
     return rc;
 }
 

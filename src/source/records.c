@@ -63,7 +63,12 @@ static int records_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **d
     uint64_t v = 0;
     for (unsigned k = 0; k < r->label_bytes; k++)
         v |= (uint64_t)lab[k] << (8 * k);
-    *label = r->label_bytes ? (int64_t)(v & INT64_MAX) : -1;
+    if (v > INT64_MAX) {
+        stk__fmt(err, errlen, "record %llu: label %llu does not fit an int64",
+                 (unsigned long long)i, (unsigned long long)v);
+        return STK_EFORMAT;
+    }
+    *label = r->label_bytes ? (int64_t)v : -1;
     *data = buf;
     *len = n;
     return STK_OK;

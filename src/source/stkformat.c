@@ -696,9 +696,14 @@ int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errl
                 goto out;
             }
         } else if (!strncmp(line, "kind ", 5)) {
-            m->kind = !strcmp(line + 5, "raw")       ? STK_PAYLOAD_RAW
-                      : !strcmp(line + 5, "resized") ? STK_PAYLOAD_RESIZED
-                                                     : STK_PAYLOAD_ENCODED;
+            if (!strcmp(line + 5, "raw"))
+                m->kind = STK_PAYLOAD_RAW;
+            else if (!strcmp(line + 5, "resized"))
+                m->kind = STK_PAYLOAD_RESIZED;
+            else if (!strcmp(line + 5, "encoded"))
+                m->kind = STK_PAYLOAD_ENCODED;
+            else
+                goto bad; /* an unknown kind is not silently read as another */
         } else if (!strncmp(line, "samples ", 8)) {
             if (!parse_dec(line + 8, &e, &m->samples) || *e)
                 goto bad;

@@ -28,6 +28,7 @@
 #include "source/stkformat.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -650,7 +651,13 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     if (t->keys_len)
         memcpy(p, t->keys, (size_t)t->keys_len);
     stk__put64(buf + n - 8, stk__xxh3(buf, n - 8));
-    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld", cpath, (long)getpid());
+    /* Unique per writer: two loaders of one process (or two processes with
+     * the same pid in different containers sharing the directory) must not
+     * write or unlink each other's temporary file. */
+    static atomic_uint seq;
+    unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
+    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
+             (unsigned long long)stk__now_ns());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
         rc = stk__write_full(fd, buf, n);
