@@ -283,7 +283,7 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
         if (!man && unfinished_pack(dir)) {
             stk__fmt(err, errlen,
                      "%s: holds an unfinished or interrupted pack (no manifest yet, and "
-                     "a pack marker or *.stk.tmp file); run stoker pack again",
+                     "a pack marker or *.stk.tmp file); remove the directory and run stoker pack again",
                      dir);
             rc = STK_EFORMAT;
             goto out;

@@ -472,6 +472,14 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
         if (type == '0' || type == '\0' || type == '7') {
             if ((rc = add_member(b, r, name, data, size, truncated)))
                 goto out;
+        } else if (truncated) {
+            /* Another kind of member running past the end: the tar was cut
+             * (or lies); report it as a failed sample rather than dropping
+             * whatever followed without a word. */
+            stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin",
+                     (unsigned long long)off);
+            if ((rc = add_member(b, r, name, off, 0, true)))
+                goto out;
         }
         if (truncated)
             break;

@@ -827,6 +827,31 @@ static void test_tar(void)
         CHECK(strstr(err, "truncated") != NULL);
         stk__source_close(&s);
     }
+    /* A non-file member whose size runs past the end (a cut or lying tar):
+     * reported as a failed sample, not a silent end of the shard. */
+    {
+        tbuf t2 = {0};
+        tar_add(&t2, "a.jpg", "A", 1);
+        tar_add(&t2, "a.cls", "1", 1);
+        tar_add(&t2, "dir", "0123456789", 10);
+        uint8_t *h = t2.p + t2.n - 1024; /* the "dir" header */
+        h[156] = '5';
+        snprintf((char *)h + 124, 12, "%011o", 0777777u);
+        memset(h + 148, ' ', 8);
+        unsigned sum = 0;
+        for (int k = 0; k < 512; k++)
+            sum += h[k];
+        snprintf((char *)h + 148, 8, "%06o", sum);
+        tu_write_file(f, t2.p, t2.n);
+        free(t2.p);
+        REQUIRE(open_src(&s, f, err, sizeof err) == 0);
+        CHECK_EQ(s.count, 2);
+        CHECK_EQ(read_sample(&s, 0, &d, &n, &l, err, sizeof err), 0);
+        free(d);
+        CHECK_EQ(read_sample(&s, 1, &d, &n, &l, err, sizeof err), STK_EFORMAT);
+        CHECK(strstr(err, "truncated") != NULL);
+        stk__source_close(&s);
+    }
     /* A corrupt header fails the open with the shard and the offset. */
     tb[512 * 2 + 10] ^= 0x20;
     tu_write_file(f, tb, tn);
