@@ -231,8 +231,18 @@ static int View_getbuffer(ViewObject *self, Py_buffer *view, int flags)
         return -1;
     }
     Py_ssize_t len = k_vtypes[self->vt].itemsize;
-    for (int k = 0; k < self->ndim; k++)
+    int dims_over_one = 0;
+    for (int k = 0; k < self->ndim; k++) {
         len *= self->shape[k];
+        dims_over_one += self->shape[k] > 1;
+    }
+    /* The memory is C-ordered: a consumer that needs Fortran order is served
+     * only when the two coincide (at most one dimension over 1). */
+    if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && dims_over_one > 1) {
+        PyErr_SetString(PyExc_BufferError, "stoker batches are C-contiguous, not Fortran");
+        view->obj = NULL;
+        return -1;
+    }
     view->buf = self->ptr;
     view->obj = (PyObject *)self;
     Py_INCREF(self);

@@ -395,3 +395,31 @@ def test_missing_non_utf8_path_is_file_not_found(tmp_path):
     long = os.path.join(str(tmp_path), "é" * 100, "é" * 100, "é" * 100)
     with pytest.raises(FileNotFoundError):
         stoker.Loader(long, 1)
+
+
+def test_buffer_refuses_fortran_order_it_does_not_have(make_records):
+    """The batch memory is C-ordered; a consumer asking the exporter for a
+    Fortran-contiguous buffer gets BufferError, not C-ordered bytes."""
+    with stoker.Loader(make_records(8), 4, output="numpy", shuffle=False) as L:
+        x, y = next(iter(L))
+        exporter = x.base if x.base is not None else x
+        assert memoryview(exporter).c_contiguous
+        with pytest.raises(BufferError):
+            _pybuffer_f_contiguous(exporter)
+
+
+def _pybuffer_f_contiguous(obj):
+    """Requests a PyBUF_F_CONTIGUOUS buffer from obj through the C API."""
+    import ctypes
+    PyBUF_F_CONTIGUOUS = 0x0040 | 0x0018
+    class Py_buffer(ctypes.Structure):
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                    ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+    b = Py_buffer()
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(Py_buffer), ctypes.c_int]
+    get.restype = ctypes.c_int
+    if get(obj, ctypes.byref(b), PyBUF_F_CONTIGUOUS) == 0:
+        ctypes.pythonapi.PyBuffer_Release(ctypes.byref(b))
