@@ -34,27 +34,27 @@ extern "C" {
 #define STK_API
 #endif
 
-#define STK_VERSION_MAJOR 0
-#define STK_VERSION_MINOR 1
-#define STK_VERSION_PATCH 0
+#define STK_VERSION_MAJOR  0
+#define STK_VERSION_MINOR  1
+#define STK_VERSION_PATCH  0
 #define STK_VERSION_STRING "0.1.0"
 
 /* ---- Return codes (stable numbers) ------------------------------------- */
-#define STK_OK 0
-#define STK_END 1 /* stk_loader_next: the epoch has ended, no batch returned */
+#define STK_OK      0
+#define STK_END     1 /* stk_loader_next: the epoch has ended, no batch returned */
 #define STK_TIMEOUT 2 /* stk_loader_next_timeout: no batch within the timeout */
 
-#define STK_EINVAL (-1)    /* an argument or option is invalid */
-#define STK_ENOMEM (-2)    /* an allocation failed */
-#define STK_EIO (-3)       /* reading a file failed (unreadable, vanished, short) */
-#define STK_ENOENT (-4)    /* a path does not exist */
-#define STK_EFORMAT (-5)   /* data is malformed (corrupt sample, bad dataset) */
-#define STK_ETOOBIG (-6)   /* a sample exceeds its budget or a size limit */
-#define STK_EMISUSE (-7)   /* API misuse: closed/failed handle, forked child */
-#define STK_EBUSY (-8)     /* the consumer holds every ring buffer */
-#define STK_EEMPTY (-9)    /* the dataset (or this rank's share) has no samples */
+#define STK_EINVAL       (-1)  /* an argument or option is invalid */
+#define STK_ENOMEM       (-2)  /* an allocation failed */
+#define STK_EIO          (-3)  /* reading a file failed (unreadable, vanished, short) */
+#define STK_ENOENT       (-4)  /* a path does not exist */
+#define STK_EFORMAT      (-5)  /* data is malformed (corrupt sample, bad dataset) */
+#define STK_ETOOBIG      (-6)  /* a sample exceeds its budget or a size limit */
+#define STK_EMISUSE      (-7)  /* API misuse: closed/failed handle, forked child */
+#define STK_EBUSY        (-8)  /* the consumer holds every ring buffer */
+#define STK_EEMPTY       (-9)  /* the dataset (or this rank's share) has no samples */
 #define STK_EUNSUPPORTED (-10) /* a feature or format this build lacks */
-#define STK_ESAMPLE (-11)  /* a sample failed under the raise policy; see errmsg */
+#define STK_ESAMPLE      (-11) /* a sample failed under the raise policy; see errmsg */
 
 /* Returns a static, never-NULL description of a return code. Thread-safe. */
 STK_API const char *stk_strerror(int code);
@@ -124,8 +124,8 @@ STK_API int stk_options_set_source(stk_options *o, const char *path);
  * label_bytes (0, 1, 2, 4 or 8; little-endian unsigned) of each record are its
  * label and are not part of the sample (label -1 when 0). A trailing partial
  * record is an error at open. Returns STK_OK or STK_EINVAL. */
-STK_API int stk_options_set_records(stk_options *o, size_t record_bytes,
-                                    size_t header_bytes, unsigned label_bytes);
+STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_bytes,
+                                    unsigned label_bytes);
 
 STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
 STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
@@ -162,14 +162,14 @@ typedef struct stk_loader stk_loader;
  * memory stays valid after stk_loader_close() until released. */
 typedef struct stk_batch {
     uint64_t epoch;
-    uint64_t index;        /* batch index within the epoch, from 0 */
-    size_t size;           /* samples in this batch (<= batch_size) */
-    int kind;              /* enum stk_batch_kind */
-    int dtype;             /* enum stk_dtype (dense); UINT8 for variable */
-    unsigned ndim;         /* dense: rank of one sample's shape */
-    int64_t shape[4];      /* dense: shape of one sample */
-    size_t sample_bytes;   /* dense: bytes of one sample */
-    void *data;            /* dense: size*sample_bytes bytes; variable: arena */
+    uint64_t index;          /* batch index within the epoch, from 0 */
+    size_t size;             /* samples in this batch (<= batch_size) */
+    int kind;                /* enum stk_batch_kind */
+    int dtype;               /* enum stk_dtype (dense); UINT8 for variable */
+    unsigned ndim;           /* dense: rank of one sample's shape */
+    int64_t shape[4];        /* dense: shape of one sample */
+    size_t sample_bytes;     /* dense: bytes of one sample */
+    void *data;              /* dense: size*sample_bytes bytes; variable: arena */
     const uint64_t *offsets; /* variable: offset of sample k into data */
     const uint64_t *lengths; /* variable: byte length of sample k */
     const int32_t *dims;     /* variable: 3 per sample (h, w, c) or zeros */
@@ -186,8 +186,8 @@ typedef struct stk_info {
     unsigned threads;           /* worker threads actually started */
     unsigned depth;
     size_t batch_size;
-    int kind;                   /* enum stk_batch_kind of the batches */
-    const char *source_kind;    /* "folder", "records", "stk", "tar", "cifar" (static) */
+    int kind;                /* enum stk_batch_kind of the batches */
+    const char *source_kind; /* "folder", "records", "stk", "tar", "cifar" (static) */
 } stk_info;
 
 /* Loader position: resume by restoring it. */
@@ -206,16 +206,16 @@ typedef struct stk_stats {
     stk_stage_stats stages[STK_STAGE_COUNT]; /* summed over threads */
     uint64_t samples_delivered;
     uint64_t batches_delivered;
-    uint64_t consumer_wait_ns;  /* time next() waited for a batch: starvation */
-    uint64_t samples_skipped;   /* under STK_ON_ERROR_SKIP */
-    uint64_t samples_failed;    /* under STK_ON_ERROR_RAISE */
+    uint64_t consumer_wait_ns; /* time next() waited for a batch: starvation */
+    uint64_t samples_skipped;  /* under STK_ON_ERROR_SKIP */
+    uint64_t samples_failed;   /* under STK_ON_ERROR_RAISE */
     uint64_t memory_bound_bytes;
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid
  * until stk_loader_close. */
 typedef struct stk_sample_error {
-    uint64_t sample;  /* dataset index */
+    uint64_t sample; /* dataset index */
     uint64_t epoch;
     int code;         /* STK_E* */
     const char *path; /* file path or key */

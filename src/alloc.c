@@ -71,9 +71,18 @@ char *stk__strdup(const char *s)
     return d;
 }
 
-long stk__alloc_live(void) { return atomic_load_explicit(&g_live, memory_order_relaxed); }
-long stk__alloc_count(void) { return atomic_load_explicit(&g_count, memory_order_relaxed); }
-void stk__alloc_fail_after(long n) { atomic_store_explicit(&g_fail_after, n, memory_order_relaxed); }
+long stk__alloc_live(void)
+{
+    return atomic_load_explicit(&g_live, memory_order_relaxed);
+}
+long stk__alloc_count(void)
+{
+    return atomic_load_explicit(&g_count, memory_order_relaxed);
+}
+void stk__alloc_fail_after(long n)
+{
+    atomic_store_explicit(&g_fail_after, n, memory_order_relaxed);
+}
 
 int stk__scratch_reserve(stk__scratch *s, size_t n)
 {

@@ -16,11 +16,11 @@ typedef struct stk__imgpipe stk__imgpipe;
 
 /* Options that are not part of the transform spec itself. */
 typedef struct stk__imgpipe_params {
-    int dtype;          /* enum stk_dtype of the output (default UINT8) */
-    int nchw;           /* 1: CHW per sample, 0: HWC */
-    int size;           /* default crop/resize size for presets (0 = preset's) */
-    int exif;           /* 1: apply EXIF orientation (default 0) */
-    uint32_t max_dim;   /* reject images wider or taller than this (0 = 16384) */
+    int dtype;        /* enum stk_dtype of the output (default UINT8) */
+    int nchw;         /* 1: CHW per sample, 0: HWC */
+    int size;         /* default crop/resize size for presets (0 = preset's) */
+    int exif;         /* 1: apply EXIF orientation (default 0) */
+    uint32_t max_dim; /* reject images wider or taller than this (0 = 16384) */
 } stk__imgpipe_params;
 
 /* Parses spec ("imagenet-train", "imagenet-val", "cifar-train", or a list of

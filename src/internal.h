@@ -32,9 +32,9 @@ void stk__free(void *p);
 char *stk__strdup(const char *s);
 
 /* Test hooks (exported for the test programs, not part of the API). */
-STK_API long stk__alloc_live(void);            /* live allocations now */
-STK_API void stk__alloc_fail_after(long n);    /* n-th next allocation fails; -1 = never */
-STK_API long stk__alloc_count(void);           /* allocations made so far */
+STK_API long stk__alloc_live(void);         /* live allocations now */
+STK_API void stk__alloc_fail_after(long n); /* n-th next allocation fails; -1 = never */
+STK_API long stk__alloc_count(void);        /* allocations made so far */
 
 /* ---- Scratch ------------------------------------------------------------
  * A growable per-thread buffer with a hard limit (part of the memory bound). */

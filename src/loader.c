@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #define MAX_KEPT_ERRORS 1024
-#define WAIT_SLICE_NS 100000000ULL /* waits wake this often to re-check cancel */
+#define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
 enum { BUF_FREE, BUF_FILLING, BUF_HELD };
 
@@ -196,8 +196,7 @@ static void stage_add(worker *w, int stage, uint64_t ns)
 
 /* Makes one sample: read its bytes, transform them into slot `s` of b.
  * Returns the error (with a slot_err appended to *errs) or STK_OK. */
-static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch,
-                       slot_err **errs)
+static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch, slot_err **errs)
 {
     core *c = w->core;
     char err[STK_ERRMSG_MAX];
@@ -216,8 +215,8 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
         size_t out_len = 0;
-        rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes,
-                              &out_len, dims, err, sizeof err);
+        rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes, &out_len,
+                              dims, err, sizeof err);
         len = out_len;
         stage_add(w, STK_STAGE_PROCESS, stk__now_ns() - t1);
     } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
@@ -460,8 +459,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
                     /* The message first: record_errors() takes the strings. */
                     const slot_err *e = first_err(b);
                     stk__fmt(l->errmsg, sizeof l->errmsg, "sample %llu (%s): %s%s",
-                             e ? (unsigned long long)e->sample : 0ULL,
-                             e && e->name ? e->name : "?",
+                             e ? (unsigned long long)e->sample : 0ULL, e && e->name ? e->name : "?",
                              e && e->reason ? e->reason : "failed",
                              b->failed > 1 ? " (and more failed samples in this batch)" : "");
                     record_errors(c, b);
@@ -509,7 +507,10 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     return rc;
 }
 
-int stk_loader_next(stk_loader *l, stk_batch **out) { return next_impl(l, out, 0); }
+int stk_loader_next(stk_loader *l, stk_batch **out)
+{
+    return next_impl(l, out, 0);
+}
 
 int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms)
 {
@@ -571,8 +572,7 @@ int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
     if (rc)
         return rc;
     if (epoch > UINT64_MAX / (l->c->part.batches + 1) - 1) {
-        stk__fmt(l->errmsg, sizeof l->errmsg, "epoch %llu is too large",
-                 (unsigned long long)epoch);
+        stk__fmt(l->errmsg, sizeof l->errmsg, "epoch %llu is too large", (unsigned long long)epoch);
         return STK_EINVAL;
     }
     seek(l->c, epoch, 0);
@@ -609,8 +609,7 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
                  (unsigned long long)st->seed, (unsigned long long)c->seed);
         return STK_EINVAL;
     }
-    if (st->batch > c->part.batches ||
-        st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
+    if (st->batch > c->part.batches || st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
         stk__fmt(l->errmsg, sizeof l->errmsg,
                  "state batch %llu is past this loader's %llu batches per epoch",
                  (unsigned long long)st->batch, (unsigned long long)c->part.batches);
@@ -719,7 +718,10 @@ int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e)
     return rc;
 }
 
-const char *stk_loader_errmsg(stk_loader *l) { return l ? l->errmsg : ""; }
+const char *stk_loader_errmsg(stk_loader *l)
+{
+    return l ? l->errmsg : "";
+}
 
 /* Stops and joins the workers. */
 static void stop_workers(core *c)
@@ -815,8 +817,7 @@ static int alloc_ring(core *c)
             !(b->lengths = stk__malloc(B * sizeof *b->lengths)) ||
             !(b->dims = stk__malloc(3 * B * sizeof *b->dims)) ||
             !(b->labels = stk__malloc(B * sizeof *b->labels)) ||
-            !(b->indices = stk__malloc(B * sizeof *b->indices)) ||
-            !(b->ok = stk__malloc(B)))
+            !(b->indices = stk__malloc(B * sizeof *b->indices)) || !(b->ok = stk__malloc(B)))
             return STK_ENOMEM;
     }
     c->free_count = c->depth;
@@ -865,9 +866,8 @@ static int open_core(stk_loader *l, const stk_options *o)
         goto fail;
     if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
-        stk__fmt(err, errlen,
-                 "%s: %llu samples give rank %u of %u no batch of %zu samples%s", o->source,
-                 (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
+        stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
+                 o->source, (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
                  o->drop_last ? " with drop_last" : "");
         goto fail;
     }
@@ -951,7 +951,10 @@ const char *stk_strerror(int code)
     }
 }
 
-const char *stk_version(void) { return STK_VERSION_STRING; }
+const char *stk_version(void)
+{
+    return STK_VERSION_STRING;
+}
 
 const char *stk_stage_name(int stage)
 {

@@ -58,8 +58,7 @@ int stk__partition_init(stk__partition *p, uint64_t n, unsigned rank, unsigned w
     p->world = world;
     p->batch_size = batch_size;
     p->per_rank = drop_last ? n / world : (n + world - 1) / world;
-    p->batches = drop_last ? p->per_rank / batch_size
-                           : (p->per_rank + batch_size - 1) / batch_size;
+    p->batches = drop_last ? p->per_rank / batch_size : (p->per_rank + batch_size - 1) / batch_size;
     if (drop_last)
         p->per_rank = p->batches * batch_size;
     return p->batches ? STK_OK : STK_EEMPTY;

@@ -33,8 +33,8 @@ uint64_t stk__order_at(const stk__order *o, uint64_t k);
 /* How an epoch of n samples is split over world ranks. */
 typedef struct stk__partition {
     uint64_t n;
-    uint64_t per_rank;   /* samples each rank delivers per epoch */
-    uint64_t batches;    /* batches each rank delivers per epoch */
+    uint64_t per_rank; /* samples each rank delivers per epoch */
+    uint64_t batches;  /* batches each rank delivers per epoch */
     uint64_t batch_size;
     unsigned rank, world;
 } stk__partition;

@@ -18,15 +18,15 @@ void stoker_json_str(FILE *f, const char *s);
 /* What `stoker pack` does, parsed from its arguments (tests fill it directly). */
 typedef struct stoker_pack_opts {
     const char *src, *out;
-    uint64_t shard_size;      /* target payload bytes per shard (256 MiB) */
-    unsigned max_side;        /* > 0: re-encode images larger than this */
-    unsigned quality;         /* JPEG quality of re-encoded images (90) */
-    unsigned raw_h, raw_w, raw_c; /* raw tensors of this shape when raw_c > 0 */
-    unsigned threads;         /* 0 = online cores */
-    unsigned align;           /* page alignment of payloads, 0 = none */
-    int skip_bad;             /* 1: skip unreadable samples (listed), 0: fail */
-    int progress;             /* -1: on a terminal, 0: never, 1: always */
-    int quiet;                /* 1: no summary line */
+    uint64_t shard_size;               /* target payload bytes per shard (256 MiB) */
+    unsigned max_side;                 /* > 0: re-encode images larger than this */
+    unsigned quality;                  /* JPEG quality of re-encoded images (90) */
+    unsigned raw_h, raw_w, raw_c;      /* raw tensors of this shape when raw_c > 0 */
+    unsigned threads;                  /* 0 = online cores */
+    unsigned align;                    /* page alignment of payloads, 0 = none */
+    int skip_bad;                      /* 1: skip unreadable samples (listed), 0: fail */
+    int progress;                      /* -1: on a terminal, 0: never, 1: always */
+    int quiet;                         /* 1: no summary line */
     size_t record_bytes, header_bytes; /* read SRC as fixed-size records */
     unsigned label_bytes;
 } stoker_pack_opts;

@@ -81,7 +81,8 @@ int stoker_cmd_info(int argc, char **argv)
     printf("classes   %" PRIu64 "\n", s.num_classes);
     if (di.shards) {
         printf("shards    %" PRIu64 "\n", di.shards);
-        printf("bytes     %" PRIu64 " (%s)\n", di.bytes, stoker_human_bytes((double)di.bytes, b1, sizeof b1));
+        printf("bytes     %" PRIu64 " (%s)\n", di.bytes,
+               stoker_human_bytes((double)di.bytes, b1, sizeof b1));
     }
     if (s.fixed_len)
         printf("sample    %zu bytes each (dense batches)\n", s.fixed_len);

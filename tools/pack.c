@@ -42,7 +42,7 @@
 #include <unistd.h>
 
 #define PACK_READ_LIMIT (1u << 30)
-#define PACK_ERR 512
+#define PACK_ERR        512
 
 /* ---- Small helpers ------------------------------------------------------ */
 
@@ -185,7 +185,7 @@ static int decode_jpeg(const uint8_t *b, size_t n, uint32_t need_w, uint32_t nee
         goto out;
     }
     bool is_cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-    cinfo.out_color_space = is_cmyk                                 ? JCS_CMYK
+    cinfo.out_color_space = is_cmyk                                   ? JCS_CMYK
                             : cinfo.jpeg_color_space == JCS_GRAYSCALE ? JCS_GRAYSCALE
                                                                       : JCS_RGB;
     int m = need_w ? pick_scale(cinfo.image_width, cinfo.image_height, need_w, need_h) : 8;
@@ -213,7 +213,8 @@ static int decode_jpeg(const uint8_t *b, size_t n, uint32_t need_w, uint32_t nee
             for (uint32_t x = 0; x < w; x++) {
                 unsigned k = cmyk[4 * x + 3];
                 for (int ch = 0; ch < 3; ch++)
-                    row[3 * x + (unsigned)ch] = (uint8_t)((cmyk[4 * x + (unsigned)ch] * k + 127) / 255);
+                    row[3 * x + (unsigned)ch] =
+                        (uint8_t)((cmyk[4 * x + (unsigned)ch] * k + 127) / 255);
             }
         }
     }
@@ -418,7 +419,7 @@ typedef struct pack {
     const stoker_pack_opts *o;
     stk__source src;
     int in_kind;
-    uint32_t kind; /* payload kind written */
+    uint32_t kind;             /* payload kind written */
     uint32_t in_h, in_w, in_c; /* IN_RAW_STK / IN_CIFAR sample shape */
     slot *slots;
     uint64_t window;
@@ -633,8 +634,9 @@ static int check_out_dir(const char *out, char *err, size_t errlen)
     stk__fmt(path, sizeof path, "%s/part-000000.stk", out);
     taken = taken || access(path, F_OK) == 0;
     if (taken) {
-        stk__fmt(err, errlen, "%s already holds a packed dataset; remove it or choose another "
-                              "directory",
+        stk__fmt(err, errlen,
+                 "%s already holds a packed dataset; remove it or choose another "
+                 "directory",
                  out);
         return 1;
     }
@@ -708,8 +710,9 @@ static int plan(pack *p, char *err, size_t errlen)
         return 1;
     }
     if (p->in_kind != IN_IMAGES && p->kind == STK_PAYLOAD_RESIZED) {
-        stk__fmt(err, errlen, "--max-side applies to encoded images; this input holds raw "
-                              "tensors (use --raw HxWxC)");
+        stk__fmt(err, errlen,
+                 "--max-side applies to encoded images; this input holds raw "
+                 "tensors (use --raw HxWxC)");
         return 1;
     }
     return 0;
@@ -804,8 +807,8 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
                 stk__fmt(err, errlen, "sample %" PRIu64 " (%s): %s", i, key, s->err);
                 goto out;
             }
-            fprintf(stderr, "%sstoker pack: skipped sample %" PRIu64 " (%s): %s\n",
-                    tty ? "\n" : "", i, key, s->err);
+            fprintf(stderr, "%sstoker pack: skipped sample %" PRIu64 " (%s): %s\n", tty ? "\n" : "",
+                    i, key, s->err);
             skipped++;
         } else {
             if (w && stk__stkw_count(w) &&
@@ -999,8 +1002,8 @@ int stoker_cmd_pack(int argc, char **argv)
                 o.quality = (unsigned)v;
             else if (!strcmp(k, "--threads") && v <= 256)
                 o.threads = (unsigned)v;
-            else if (!strcmp(k, "--align") && (v == 0 || (v >= 512 && v <= (1u << 20) &&
-                                                          !(v & (v - 1)))))
+            else if (!strcmp(k, "--align") &&
+                     (v == 0 || (v >= 512 && v <= (1u << 20) && !(v & (v - 1)))))
                 o.align = (unsigned)v;
             else if (!strcmp(k, "--record-size") && v)
                 o.record_bytes = (size_t)v;

@@ -25,47 +25,46 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: stoker bench PATH [options]\n"
-            "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
-            "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
-            "                   [--quiet] [--progress]\n"
-            "       stoker info PATH\n"
-            "       stoker verify PATH\n"
-            "       stoker version\n"
-            "\n"
-            "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
-            "memory bound, per-stage times, consumer starvation and a checksum of\n"
-            "every delivered batch (bytes and labels, in order).\n"
-            "\n"
-            "pack writes SRC as .stk shards and a manifest in OUT (docs/shards.md);\n"
-            "info prints samples, classes, bytes, format and shards; verify reads\n"
-            "every sample, lists each corrupt one and exits 1 if any.\n"
-            "\n"
-            "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE), a directory\n"
-            "of .stk or .tar shards or CIFAR batches, one such file, a brace pattern\n"
-            "such as train-{000000..000099}.tar, or, with --record-size, a file of\n"
-            "fixed-size records.\n"
-            "\n"
-            "options:\n"
-            "  --batch-size N      samples per batch (256)\n"
-            "  --threads N         worker threads (0 = cores)\n"
-            "  --depth N           ring buffers (2)\n"
-            "  --epochs N          epochs to run (1)\n"
-            "  --seed S            shuffle and augmentation seed (0)\n"
-            "  --no-shuffle        natural order\n"
-            "  --drop-last         drop each rank's final partial batch\n"
-            "  --rank R --world-size W   this rank's share of each epoch\n"
-            "  --transform T       none | imagenet-train | imagenet-val | cifar-train | SPEC\n"
-            "  --size N            output size for the transform presets\n"
-            "  --layout L          nchw | nhwc (nchw)\n"
-            "  --dtype D           uint8 | float32 | float16 | bfloat16 (uint8)\n"
-            "  --on-error P        raise | skip (raise)\n"
-            "  --max-sample-bytes N  per-sample budget of variable-size batches (1M)\n"
-            "  --record-size N     read PATH as records of N bytes\n"
-            "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
-            "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
-            "  --json              print one JSON object instead of the report\n");
+    fprintf(f, "usage: stoker bench PATH [options]\n"
+               "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
+               "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
+               "                   [--quiet] [--progress]\n"
+               "       stoker info PATH\n"
+               "       stoker verify PATH\n"
+               "       stoker version\n"
+               "\n"
+               "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
+               "memory bound, per-stage times, consumer starvation and a checksum of\n"
+               "every delivered batch (bytes and labels, in order).\n"
+               "\n"
+               "pack writes SRC as .stk shards and a manifest in OUT (docs/shards.md);\n"
+               "info prints samples, classes, bytes, format and shards; verify reads\n"
+               "every sample, lists each corrupt one and exits 1 if any.\n"
+               "\n"
+               "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE), a directory\n"
+               "of .stk or .tar shards or CIFAR batches, one such file, a brace pattern\n"
+               "such as train-{000000..000099}.tar, or, with --record-size, a file of\n"
+               "fixed-size records.\n"
+               "\n"
+               "options:\n"
+               "  --batch-size N      samples per batch (256)\n"
+               "  --threads N         worker threads (0 = cores)\n"
+               "  --depth N           ring buffers (2)\n"
+               "  --epochs N          epochs to run (1)\n"
+               "  --seed S            shuffle and augmentation seed (0)\n"
+               "  --no-shuffle        natural order\n"
+               "  --drop-last         drop each rank's final partial batch\n"
+               "  --rank R --world-size W   this rank's share of each epoch\n"
+               "  --transform T       none | imagenet-train | imagenet-val | cifar-train | SPEC\n"
+               "  --size N            output size for the transform presets\n"
+               "  --layout L          nchw | nhwc (nchw)\n"
+               "  --dtype D           uint8 | float32 | float16 | bfloat16 (uint8)\n"
+               "  --on-error P        raise | skip (raise)\n"
+               "  --max-sample-bytes N  per-sample budget of variable-size batches (1M)\n"
+               "  --record-size N     read PATH as records of N bytes\n"
+               "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
+               "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
+               "  --json              print one JSON object instead of the report\n");
 }
 
 /* Peak resident set of this process image. VmHWM belongs to the address
@@ -140,14 +139,13 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         bool num = val && stoker_parse_size(val, &v);
         int rc = STK_OK;
-#define NEED_NUM                                                                  \
-    do {                                                                          \
-        if (!num) {                                                               \
-            fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k,           \
-                    val ? val : "nothing");                                       \
-            return 2;                                                             \
-        }                                                                         \
-        i++;                                                                      \
+#define NEED_NUM                                                                                   \
+    do {                                                                                           \
+        if (!num) {                                                                                \
+            fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k, val ? val : "nothing");    \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
     } while (0)
         if (!strcmp(k, "--batch-size")) {
             NEED_NUM;
@@ -197,8 +195,8 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
                 fprintf(stderr, "stoker: --on-error takes raise or skip, got '%s'\n", val);
                 return 2;
             }
-            rc = stk_options_set_on_error(o, val[0] == 's' ? STK_ON_ERROR_SKIP
-                                                           : STK_ON_ERROR_RAISE);
+            rc =
+                stk_options_set_on_error(o, val[0] == 's' ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE);
             i++;
         } else if ((!strcmp(k, "--size") || !strcmp(k, "--layout") || !strcmp(k, "--dtype")) &&
                    val) {
@@ -344,7 +342,8 @@ static int cmd_bench(int argc, char **argv)
         char b1[32], b2[32];
         printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
                samples, batches, secs, rate);
-        printf("  peak RSS     %s (memory bound %s)\n", stoker_human_bytes((double)rss, b1, sizeof b1),
+        printf("  peak RSS     %s (memory bound %s)\n",
+               stoker_human_bytes((double)rss, b1, sizeof b1),
                stoker_human_bytes((double)bound, b2, sizeof b2));
         for (int s = 0; s < STK_STAGE_COUNT; s++) {
             double busy = (double)st.stages[s].busy_ns * 1e-9;

@@ -163,8 +163,7 @@ static PyObject *raise_code(int code, const char *msg)
 
 /* ---- Batch ---------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD
-    stk_batch *b;
+    PyObject_HEAD stk_batch *b;
     pid_t pid; /* the process that holds the batch */
 } BatchObject;
 
@@ -182,8 +181,7 @@ static void Batch_dealloc(BatchObject *self)
 
 /* ---- View ----------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD
-    PyObject *owner; /* the Batch whose memory this is */
+    PyObject_HEAD PyObject *owner; /* the Batch whose memory this is */
     char *ptr;
     int vt;
     int ndim;
@@ -541,8 +539,7 @@ static PyTypeObject Batch_Type = {
 
 /* ---- Engine --------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD
-    stk_loader *l;
+    PyObject_HEAD stk_loader *l;
     PyThread_type_lock lock;
     unsigned long owner; /* thread holding lock, 0 when free (GIL-protected) */
     pid_t pid;
@@ -599,8 +596,7 @@ static int engine_enter(EngineObject *self)
                             "finalizer while it was busy)");
             return -1;
         }
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
     self->owner = me;
@@ -644,9 +640,21 @@ static int set_or_raise(int rc, const char *what)
  * options: dict of str -> str for stk_options_set. */
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"source",   "batch_size", "shuffle", "seed",       "drop_last",
-                             "transform", "threads",   "depth",   "on_error_skip", "rank",
-                             "world_size", "records",  "options", "max_sample_bytes", NULL};
+    static char *kwlist[] = {"source",
+                             "batch_size",
+                             "shuffle",
+                             "seed",
+                             "drop_last",
+                             "transform",
+                             "threads",
+                             "depth",
+                             "on_error_skip",
+                             "rank",
+                             "world_size",
+                             "records",
+                             "options",
+                             "max_sample_bytes",
+                             NULL};
     PyObject *source_obj;
     Py_ssize_t batch_size;
     int shuffle = 1, drop_last = 0, skip = 0;
@@ -656,8 +664,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
     PyObject *records = Py_None, *options = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOK:Engine", kwlist,
                                      PyUnicode_FSConverter, &source_obj, &batch_size, &shuffle,
-                                     &seed, &drop_last, &transform, &threads, &depth, &skip,
-                                     &rank, &world, &records, &options, &max_sample_bytes))
+                                     &seed, &drop_last, &transform, &threads, &depth, &skip, &rank,
+                                     &world, &records, &options, &max_sample_bytes))
         return -1;
     if (self->l) {
         Py_DECREF(source_obj);
@@ -725,10 +733,9 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         }
     }
     stk_loader *l = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = stk_loader_open(&l, o);
-    Py_END_ALLOW_THREADS
-    if (rc != STK_OK) {
+    Py_BEGIN_ALLOW_THREADS rc = stk_loader_open(&l, o);
+    Py_END_ALLOW_THREADS if (rc != STK_OK)
+    {
         if (!l) {
             PyErr_NoMemory();
         } else {
@@ -769,8 +776,7 @@ static void Engine_dealloc(EngineObject *self)
         self->l = NULL;
         /* Joining the workers can take a moment; other threads may run. In a
          * forked child the library leaves the parent's loader alone. */
-        Py_BEGIN_ALLOW_THREADS
-        stk_loader_close(l);
+        Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
         Py_END_ALLOW_THREADS
     }
     if (self->lock && self->pid == getpid())
@@ -796,10 +802,9 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
     for (;;) {
         stk_batch *b = NULL;
         int rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = stk_loader_next_timeout(self->l, &b, slice);
-        Py_END_ALLOW_THREADS
-        if (rc == STK_OK) {
+        Py_BEGIN_ALLOW_THREADS rc = stk_loader_next_timeout(self->l, &b, slice);
+        Py_END_ALLOW_THREADS if (rc == STK_OK)
+        {
             BatchObject *bo = PyObject_New(BatchObject, &Batch_Type);
             if (!bo) {
                 /* The batch is lost to Python; give it back so the ring
@@ -826,8 +831,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
                     /* A deferred close (see Engine_close): finish it here. */
                     stk_loader *l = self->l;
                     self->l = NULL;
-                    Py_BEGIN_ALLOW_THREADS
-                    stk_loader_close(l);
+                    Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
                     Py_END_ALLOW_THREADS
                 }
                 break;
@@ -865,8 +869,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
              * its path and reason may already have moved to the error list
              * (it then says "(?): failed"); rebuild it from that entry. */
             unsigned long long first = 0;
-            if (errs && PyList_GET_SIZE(errs) > 0 &&
-                sscanf(msg, "sample %llu", &first) == 1) {
+            if (errs && PyList_GET_SIZE(errs) > 0 && sscanf(msg, "sample %llu", &first) == 1) {
                 PyObject *pick = PyList_GET_ITEM(errs, 0);
                 for (Py_ssize_t i = 0; i < PyList_GET_SIZE(errs); i++) {
                     PyObject *d = PyList_GET_ITEM(errs, i);
@@ -945,11 +948,8 @@ static PyObject *Engine_set_epoch(EngineObject *self, PyObject *args)
     if (engine_enter(self))
         return NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = stk_loader_set_epoch(self->l, e);
-    Py_END_ALLOW_THREADS
-    if (rc)
-        engine_raise(self, rc);
+    Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_epoch(self->l, e);
+    Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
     engine_leave(self);
     if (rc)
         return NULL;
@@ -981,11 +981,8 @@ static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
         return NULL;
     stk_state st = {seed, epoch, batch};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = stk_loader_set_state(self->l, &st);
-    Py_END_ALLOW_THREADS
-    if (rc)
-        engine_raise(self, rc);
+    Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_state(self->l, &st);
+    Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
     engine_leave(self);
     if (rc)
         return NULL;
@@ -1005,23 +1002,22 @@ static PyObject *Engine_info(EngineObject *self, PyObject *unused)
     engine_leave(self);
     if (rc)
         return NULL;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
-                         (unsigned long long)in.num_samples, "samples_per_epoch",
-                         (unsigned long long)in.samples_per_epoch, "batches_per_epoch",
-                         (unsigned long long)in.batches_per_epoch, "num_classes",
-                         (unsigned long long)in.num_classes, "threads", in.threads, "depth",
-                         in.depth, "batch_size", (Py_ssize_t)in.batch_size, "kind",
-                         in.kind == STK_BATCH_DENSE ? "dense" : "variable", "source_kind",
-                         in.source_kind ? in.source_kind : "?", "memory_bound_bytes",
-                         (unsigned long long)bound);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
+        (unsigned long long)in.num_samples, "samples_per_epoch",
+        (unsigned long long)in.samples_per_epoch, "batches_per_epoch",
+        (unsigned long long)in.batches_per_epoch, "num_classes", (unsigned long long)in.num_classes,
+        "threads", in.threads, "depth", in.depth, "batch_size", (Py_ssize_t)in.batch_size, "kind",
+        in.kind == STK_BATCH_DENSE ? "dense" : "variable", "source_kind",
+        in.source_kind ? in.source_kind : "?", "memory_bound_bytes", (unsigned long long)bound);
 }
 
 static PyObject *stage_dict(const stk_stage_stats *s)
 {
     PyObject *d = PyDict_New();
     for (int k = 0; d && k < STK_STAGE_COUNT; k++) {
-        PyObject *x = Py_BuildValue("{s:K,s:d}", "items", (unsigned long long)s[k].items,
-                                    "busy_s", (double)s[k].busy_ns * 1e-9);
+        PyObject *x = Py_BuildValue("{s:K,s:d}", "items", (unsigned long long)s[k].items, "busy_s",
+                                    (double)s[k].busy_ns * 1e-9);
         if (!x || PyDict_SetItemString(d, stk_stage_name(k), x) < 0)
             Py_CLEAR(d);
         Py_XDECREF(x);
@@ -1118,10 +1114,8 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
     }
     stk_loader *l = self->l;
     self->l = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    stk_loader_close(l);
-    Py_END_ALLOW_THREADS
-    engine_leave(self);
+    Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
+    Py_END_ALLOW_THREADS engine_leave(self);
     Py_RETURN_NONE;
 }
 
@@ -1139,7 +1133,8 @@ static PyMethodDef Engine_methods[] = {
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(seed, epoch, batch)"},
     {"info", (PyCFunction)Engine_info, METH_NOARGS, "-> dict of static facts"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "-> dict of counters"},
-    {"close", (PyCFunction)Engine_close, METH_NOARGS, "Stops the threads; held batches stay valid."},
+    {"close", (PyCFunction)Engine_close, METH_NOARGS,
+     "Stops the threads; held batches stay valid."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1184,9 +1179,15 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_stoker", "C core of the stoker package (see stoker.Loader).", -1,
-    module_methods,        NULL,      NULL,
-    NULL,                  NULL,
+    PyModuleDef_HEAD_INIT,
+    "_stoker",
+    "C core of the stoker package (see stoker.Loader).",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__stoker(void);

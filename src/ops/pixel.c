@@ -137,8 +137,7 @@ static void chw_masks(uint8_t m[3][3][16], int reverse)
 }
 
 __attribute__((target("ssse3"))) static void write_u8_chw_ssse3(const stk__view *in,
-                                                                const stk__writer *wr,
-                                                                uint8_t *out)
+                                                                const stk__writer *wr, uint8_t *out)
 {
     const uint32_t W = in->w, H = in->h;
     const size_t plane = (size_t)W * H;

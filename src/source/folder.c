@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 
 typedef struct folder {
-    char *paths;          /* all sample paths, NUL-terminated, back to back */
-    uint64_t *path_off;   /* count entries */
-    uint32_t *labels;     /* count entries */
+    char *paths;        /* all sample paths, NUL-terminated, back to back */
+    uint64_t *path_off; /* count entries */
+    uint32_t *labels;   /* count entries */
     char **class_names;
     uint64_t num_classes;
 } folder;
@@ -51,7 +51,7 @@ static int vec_push(vec *v, const void *data, size_t n)
     return STK_OK;
 }
 
-static const char *const k_exts[] = {".jpg", ".jpeg", ".png", ".ppm", ".bmp",
+static const char *const k_exts[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
                                      ".pgm", ".tif",  ".tiff", ".webp"};
 
 static bool has_image_ext(const char *name)
@@ -67,14 +67,14 @@ static bool has_image_ext(const char *name)
 
 /* One file found by the scan, before sorting. Offsets point into scan.text. */
 typedef struct entry {
-    uint64_t root;  /* offset of its directory's path */
-    uint64_t name;  /* offset of its name */
+    uint64_t root; /* offset of its directory's path */
+    uint64_t name; /* offset of its name */
     uint32_t label;
 } entry;
 
 typedef struct scan {
-    vec text;     /* NUL-terminated strings */
-    vec entries;  /* entry[] */
+    vec text;    /* NUL-terminated strings */
+    vec entries; /* entry[] */
     char *err;
     size_t errlen;
     uint64_t loops;
@@ -311,8 +311,8 @@ int stk__source_folder_open(stk__source *s, const char *root, char *err, size_t 
     if ((rc = find_classes(root, &classes, &nclasses, err, errlen)))
         goto out;
     if (!nclasses) {
-        stk__fmt(err, errlen,
-                 "%s: no class subfolders (ImageFolder layout is ROOT/CLASS/IMAGE)", root);
+        stk__fmt(err, errlen, "%s: no class subfolders (ImageFolder layout is ROOT/CLASS/IMAGE)",
+                 root);
         rc = STK_EEMPTY;
         goto out;
     }
@@ -375,8 +375,8 @@ int stk__source_folder_open(stk__source *s, const char *root, char *err, size_t 
     s->count = n;
     s->num_classes = nclasses;
     /* The peak is while both the scan's buffers and the index exist. */
-    s->index_bytes = paths.cap + n * (sizeof *f->path_off + sizeof *f->labels) + sc.text.cap +
-                     sc.entries.cap;
+    s->index_bytes =
+        paths.cap + n * (sizeof *f->path_off + sizeof *f->labels) + sc.text.cap + sc.entries.cap;
     f = NULL;
 out:
     stk__free(paths.p);

@@ -44,8 +44,7 @@ static int records_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **d
         else if (got < r->label_bytes)
             k = pread(r->fd, lab + got, r->label_bytes - got, off + (off_t)got);
         else
-            k = pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got,
-                      off + (off_t)got);
+            k = pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got, off + (off_t)got);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
@@ -92,8 +91,7 @@ static void records_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_records_ops = {"records", records_read, records_name,
-                                              records_close};
+static const stk__source_ops k_records_ops = {"records", records_read, records_name, records_close};
 
 int stk__source_records_open(stk__source *s, const char *path, const stk__source_params *prm,
                              char *err, size_t errlen)

@@ -192,14 +192,10 @@ static int open_kind(stk__source *s, int kind, pathlist *l, const char *dir, cha
 {
     const char *const *v = (const char *const *)l->v;
     switch (kind) {
-    case K_STK:
-        return stk__source_stk_open(s, v, l->n, dir, err, errlen);
-    case K_TAR:
-        return stk__source_tar_open(s, v, l->n, err, errlen);
-    case K_CIFAR:
-        return stk__source_cifar_open(s, v, l->n, err, errlen);
-    default:
-        return STK_EINVAL;
+    case K_STK: return stk__source_stk_open(s, v, l->n, dir, err, errlen);
+    case K_TAR: return stk__source_tar_open(s, v, l->n, err, errlen);
+    case K_CIFAR: return stk__source_cifar_open(s, v, l->n, err, errlen);
+    default: return STK_EINVAL;
     }
 }
 

@@ -52,8 +52,7 @@ static size_t find_shard(const stkset *d, uint64_t i)
     return lo;
 }
 
-static void entry_of(const stkset *d, uint64_t i, const shard **sh, uint64_t *j,
-                     stk__stk_entry *e)
+static void entry_of(const stkset *d, uint64_t i, const shard **sh, uint64_t *j, stk__stk_entry *e)
 {
     const shard *s = &d->shards[find_shard(d, i)];
     *sh = s;
@@ -73,8 +72,8 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
     uint8_t *buf = stk__sink_reserve(sink, e.length, &rc);
     if (!buf) {
         if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget",
-                     e.length, sink->grow ? sink->grow->limit : sink->cap);
+            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", e.length,
+                     sink->grow ? sink->grow->limit : sink->cap);
         else
             stk__fmt(err, errlen, "out of memory for %u bytes", e.length);
         return rc;
@@ -211,8 +210,8 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
         goto out;
     }
     if ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
-        (rc = stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why,
-                              sizeof why)) ||
+        (rc =
+             stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why, sizeof why)) ||
         (rc = stk__stk_header_decode(hdr, &s->h, why, sizeof why)) ||
         (rc = stk__stk_footer_decode(foot, s->bytes, &s->f, why, sizeof why)))
         goto fail;
@@ -281,10 +280,11 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
             goto out;
         rc = STK_OK;
         if (!man && unfinished_pack(dir)) {
-            stk__fmt(err, errlen,
-                     "%s: holds an unfinished or interrupted pack (no manifest yet, and "
-                     "a pack marker or *.stk.tmp file); remove the directory and run stoker pack again",
-                     dir);
+            stk__fmt(
+                err, errlen,
+                "%s: holds an unfinished or interrupted pack (no manifest yet, and "
+                "a pack marker or *.stk.tmp file); remove the directory and run stoker pack again",
+                dir);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -320,8 +320,7 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
             goto out;
         if (man && s->f.count != d->man.shards[k].count) {
             stk__fmt(err, errlen, "%s: has %llu samples, the manifest says %llu", s->path,
-                     (unsigned long long)s->f.count,
-                     (unsigned long long)d->man.shards[k].count);
+                     (unsigned long long)s->f.count, (unsigned long long)d->man.shards[k].count);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -331,9 +330,8 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
             stk__fmt(err, errlen,
                      "%s: payload kind %s %ux%ux%u differs from the first shard's (%s "
                      "%ux%ux%u); a dataset's shards must agree",
-                     s->path, stk__payload_kind_name(s->h.kind), s->h.raw_h, s->h.raw_w,
-                     s->h.raw_c, stk__payload_kind_name(h0->kind), h0->raw_h, h0->raw_w,
-                     h0->raw_c);
+                     s->path, stk__payload_kind_name(s->h.kind), s->h.raw_h, s->h.raw_w, s->h.raw_c,
+                     stk__payload_kind_name(h0->kind), h0->raw_h, h0->raw_w, h0->raw_c);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -342,8 +340,8 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
         d->total_bytes += s->bytes;
         if (ml > maxl)
             maxl = ml;
-        src->index_bytes += s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s +
-                            strlen(s->path) + 1;
+        src->index_bytes +=
+            s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s + strlen(s->path) + 1;
     }
     if (!total) {
         stk__fmt(err, errlen, "%s: the shards hold no samples", dir ? dir : d->shards[0].path);
@@ -363,8 +361,7 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
     if (d->man.classes > src->num_classes)
         src->num_classes = d->man.classes;
     if (d->shards[0].h.kind == STK_PAYLOAD_RAW)
-        src->fixed_len =
-            (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
+        src->fixed_len = (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
     src->index_bytes += sizeof *d;
     d = NULL;
 out:

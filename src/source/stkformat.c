@@ -22,14 +22,10 @@ uint64_t stk__xxh3(const void *p, size_t n)
 const char *stk__payload_kind_name(uint32_t kind)
 {
     switch (kind) {
-    case STK_PAYLOAD_ENCODED:
-        return "encoded";
-    case STK_PAYLOAD_RESIZED:
-        return "resized";
-    case STK_PAYLOAD_RAW:
-        return "raw";
-    default:
-        return "unknown";
+    case STK_PAYLOAD_ENCODED: return "encoded";
+    case STK_PAYLOAD_RESIZED: return "resized";
+    case STK_PAYLOAD_RAW: return "raw";
+    default: return "unknown";
     }
 }
 
@@ -60,8 +56,8 @@ int stk__stk_header_decode(const uint8_t in[STK_HEADER_SIZE], stk__stk_header *h
     h->major = stk__get16(in + 8);
     h->minor = stk__get16(in + 10);
     if (h->major != STK_VERSION_MAJOR_FMT) {
-        stk__fmt(err, errlen, "unsupported .stk version %u.%u (this build reads %d.x)",
-                 h->major, h->minor, STK_VERSION_MAJOR_FMT);
+        stk__fmt(err, errlen, "unsupported .stk version %u.%u (this build reads %d.x)", h->major,
+                 h->minor, STK_VERSION_MAJOR_FMT);
         return STK_EFORMAT;
     }
     if (stk__get64(in + 56) != stk__xxh3(in, 56)) {
@@ -117,8 +113,9 @@ int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size
                            stk__stk_footer *f, char *err, size_t errlen)
 {
     if (memcmp(in + 56, STK_FOOT_MAGIC, 8) != 0) {
-        stk__fmt(err, errlen, "no footer at the end of the file: the shard is truncated or "
-                              "was not finished");
+        stk__fmt(err, errlen,
+                 "no footer at the end of the file: the shard is truncated or "
+                 "was not finished");
         return STK_EFORMAT;
     }
     if (stk__get64(in + 48) != stk__xxh3(in, 48)) {
@@ -141,8 +138,9 @@ int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size
     uint64_t per = (uint64_t)f->entry_size + f->meta_size;
     if (f->index_offset < STK_HEADER_SIZE || f->index_offset - STK_HEADER_SIZE > avail ||
         f->count > avail / per || f->keys_bytes > avail) {
-        stk__fmt(err, errlen, "footer points outside the file (index at %llu, %llu samples, "
-                              "file %llu bytes)",
+        stk__fmt(err, errlen,
+                 "footer points outside the file (index at %llu, %llu samples, "
+                 "file %llu bytes)",
                  (unsigned long long)f->index_offset, (unsigned long long)f->count,
                  (unsigned long long)file_size);
         return STK_EFORMAT;
@@ -169,8 +167,8 @@ void stk__stk_entry_decode(const uint8_t *p, stk__stk_entry *e)
     e->sum = stk__get64(p + 32);
 }
 
-int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f,
-                         const stk__stk_header *h, int64_t *max_label, char *err, size_t errlen)
+int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f, const stk__stk_header *h,
+                         int64_t *max_label, char *err, size_t errlen)
 {
     uint64_t prev_end = STK_HEADER_SIZE;
     int64_t maxl = -1;
@@ -211,8 +209,8 @@ int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f,
     return STK_OK;
 }
 
-int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_t *bad,
-                          char *err, size_t errlen)
+int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_t *bad, char *err,
+                          size_t errlen)
 {
     stk__stk_header h;
     stk__stk_footer f;
@@ -260,9 +258,8 @@ int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t
             return STK_EIO;
         }
         if (k == 0) {
-            stk__fmt(err, errlen,
-                     "short read: %zu of %zu bytes at offset %llu (file truncated?)", got, n,
-                     (unsigned long long)off);
+            stk__fmt(err, errlen, "short read: %zu of %zu bytes at offset %llu (file truncated?)",
+                     got, n, (unsigned long long)off);
             return STK_EIO;
         }
         got += (size_t)k;
@@ -396,8 +393,8 @@ static void writer_free(stk__stk_writer *w)
     stk__free(w);
 }
 
-int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_header *h,
-                   char *err, size_t errlen)
+int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_header *h, char *err,
+                   size_t errlen)
 {
     int rc = STK_OK;
     stk__stk_writer *w = stk__calloc(1, sizeof *w);
@@ -443,8 +440,7 @@ int stk__stkw_add(stk__stk_writer *w, const uint8_t *data, size_t len, int64_t l
     int rc;
     size_t klen = key ? strlen(key) : 0;
     if (len > UINT32_MAX) {
-        stk__fmt(err, errlen, "sample of %zu bytes is over the 4 GiB limit of a .stk sample",
-                 len);
+        stk__fmt(err, errlen, "sample of %zu bytes is over the 4 GiB limit of a .stk sample", len);
         return STK_ETOOBIG;
     }
     if (klen > STK_KEY_MAX)
@@ -627,8 +623,7 @@ static bool parse_dec(const char *s, const char **end, uint64_t *v)
 }
 
 /* Reads a whole small file into a NUL-terminated buffer. */
-static int slurp(const char *path, size_t limit, char **out, size_t *len, char *err,
-                 size_t errlen)
+static int slurp(const char *path, size_t limit, char **out, size_t *len, char *err, size_t errlen)
 {
     int rc = STK_OK;
     char *buf = NULL;

@@ -14,18 +14,18 @@
 
 #include <string.h>
 
-#define STK_MAGIC "\x89STK\r\n\x1a\n"
-#define STK_FOOT_MAGIC "STKEND\r\n"
+#define STK_MAGIC             "\x89STK\r\n\x1a\n"
+#define STK_FOOT_MAGIC        "STKEND\r\n"
 #define STK_VERSION_MAJOR_FMT 1
 #define STK_VERSION_MINOR_FMT 0
-#define STK_HEADER_SIZE 64
-#define STK_FOOTER_SIZE 64
-#define STK_ENTRY_SIZE 40
-#define STK_META_SIZE 8
-#define STK_KEY_MAX 4096
-#define STK_FLAG_ALIGNED 1u
-#define STK_FLAG_HAS_META 2u
-#define STK_MANIFEST "stoker.manifest"
+#define STK_HEADER_SIZE       64
+#define STK_FOOTER_SIZE       64
+#define STK_ENTRY_SIZE        40
+#define STK_META_SIZE         8
+#define STK_KEY_MAX           4096
+#define STK_FLAG_ALIGNED      1u
+#define STK_FLAG_HAS_META     2u
+#define STK_MANIFEST          "stoker.manifest"
 /* Kept in the output directory while `stoker pack` works. */
 #define STK_PACK_MARKER ".stoker-pack-incomplete"
 
@@ -96,14 +96,13 @@ int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size
 void stk__stk_entry_decode(const uint8_t *p, stk__stk_entry *e);
 /* Checks every entry of an index region (already checksummed) against the
  * footer: bounds, order, key ranges, labels. Sets *max_label (-1 if none). */
-int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f,
-                         const stk__stk_header *h, int64_t *max_label, char *err,
-                         size_t errlen);
+int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f, const stk__stk_header *h,
+                         int64_t *max_label, char *err, size_t errlen);
 /* Parses a whole shard held in memory (the fuzz target's entry point, and
  * `verify`'s model): header, footer, index, and every payload checksum.
  * Returns STK_OK or STK_EFORMAT; *bad counts payloads whose checksum fails. */
-int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_t *bad,
-                          char *err, size_t errlen);
+int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_t *bad, char *err,
+                          size_t errlen);
 
 uint64_t stk__xxh3(const void *p, size_t n);
 const char *stk__payload_kind_name(uint32_t kind);
@@ -112,8 +111,8 @@ const char *stk__payload_kind_name(uint32_t kind);
 typedef struct stk__stk_writer stk__stk_writer;
 
 /* Creates PATH.tmp and writes the header. STK_EIO/STK_ENOMEM with reason. */
-int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_header *h,
-                   char *err, size_t errlen);
+int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_header *h, char *err,
+                   size_t errlen);
 /* Appends one sample. key may be NULL (empty key). */
 int stk__stkw_add(stk__stk_writer *w, const uint8_t *data, size_t len, int64_t label,
                   const char *key, uint32_t width, uint32_t height, char *err, size_t errlen);
@@ -155,10 +154,10 @@ int stk__write_full(int fd, const void *buf, size_t n);
 
 /* ---- Describing an open dataset (stoker info / pack) ------------------ */
 typedef struct stk__dataset_info {
-    const char *format;   /* "stk", "tar", "cifar", "folder", "records" */
-    const char *payload;  /* stk: payload kind name; else NULL */
-    uint64_t shards;      /* files behind the source */
-    uint64_t bytes;       /* their total size */
+    const char *format;           /* "stk", "tar", "cifar", "folder", "records" */
+    const char *payload;          /* stk: payload kind name; else NULL */
+    uint64_t shards;              /* files behind the source */
+    uint64_t bytes;               /* their total size */
     uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
 } stk__dataset_info;
 

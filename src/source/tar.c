@@ -35,11 +35,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TAR_KEEP_FDS 256
-#define TAR_NAME_MAX 4096
+#define TAR_KEEP_FDS  256
+#define TAR_NAME_MAX  4096
 #define TAR_LABEL_MAX 65536 /* bytes of a .cls/.json member that are scanned */
-#define TIDX_MAGIC "STKTIDX2"
-#define TIDX_HEAD 88
+#define TIDX_MAGIC    "STKTIDX2"
+#define TIDX_HEAD     88
 
 enum label_state { L_OK = 0, L_MISSING = 1, L_BAD = 2, L_NODATA = 3, L_TRUNC = 4 };
 
@@ -410,8 +410,8 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
         if (all_zero(h, 512))
             break; /* end-of-archive marker */
         if (!block_ok(h)) {
-            stk__fmt(err, errlen, "%s: corrupt tar header at offset %llu (checksum mismatch)",
-                     tag, (unsigned long long)off);
+            stk__fmt(err, errlen, "%s: corrupt tar header at offset %llu (checksum mismatch)", tag,
+                     (unsigned long long)off);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -476,8 +476,7 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
             /* Another kind of member running past the end: the tar was cut
              * (or lies); report it as a failed sample rather than dropping
              * whatever followed without a word. */
-            stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin",
-                     (unsigned long long)off);
+            stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin", (unsigned long long)off);
             if ((rc = add_member(b, r, name, off, 0, true)))
                 goto out;
         }
@@ -500,8 +499,7 @@ out:
     return rc;
 }
 
-int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
-                          size_t errlen)
+int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err, size_t errlen)
 {
     builder b = {0};
     src_rd r = {-1, buf, n};
@@ -735,8 +733,7 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
     const tentry *e = &t->e[i - t->first];
     int rc;
     switch (e->state) {
-    case L_OK:
-        break;
+    case L_OK: break;
     case L_MISSING:
         stk__fmt(err, errlen, "sample has no label (no .cls or .json member)");
         return STK_EFORMAT;

@@ -625,7 +625,10 @@ static void tar_add(tbuf *t, const char *name, const void *data, size_t len)
     snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
     snprintf((char *)h + 136, 12, "%011o", 0u);
     h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
+    memcpy(h + 257,
+           "ustar\0"
+           "00",
+           8);
     memset(h + 148, ' ', 8);
     unsigned sum = 0;
     for (int k = 0; k < 512; k++)

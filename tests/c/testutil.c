@@ -29,7 +29,10 @@ static void on_alarm(int sig)
     _exit(124);
 }
 
-static void *noop_thread(void *arg) { return arg; }
+static void *noop_thread(void *arg)
+{
+    return arg;
+}
 
 void tu_begin(const char *name, unsigned timeout_s)
 {
@@ -146,8 +149,14 @@ static int count_dir(const char *d)
     return n - 1; /* the DIR's own fd when counting fds; harmless for tasks */
 }
 
-int tu_count_fds(void) { return count_dir("/proc/self/fd"); }
-int tu_count_threads(void) { return count_dir("/proc/self/task") + 1; }
+int tu_count_fds(void)
+{
+    return count_dir("/proc/self/fd");
+}
+int tu_count_threads(void)
+{
+    return count_dir("/proc/self/task") + 1;
+}
 
 static long status_kb(const char *key)
 {
@@ -164,8 +173,14 @@ static long status_kb(const char *key)
     return v * 1024;
 }
 
-long tu_peak_rss_bytes(void) { return status_kb("VmHWM:"); }
-long tu_rss_bytes(void) { return status_kb("VmRSS:"); }
+long tu_peak_rss_bytes(void)
+{
+    return status_kb("VmHWM:");
+}
+long tu_rss_bytes(void)
+{
+    return status_kb("VmRSS:");
+}
 
 uint64_t tu_hash(uint64_t h, const void *p, size_t n)
 {
@@ -192,14 +207,16 @@ int tu_end(void)
     if (g_tmp[0])
         nftw(g_tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     if (stk__alloc_live() != g_live0) {
-        fprintf(stderr, "%s: %ld library allocations leaked\n", g_name, stk__alloc_live() - g_live0);
+        fprintf(stderr, "%s: %ld library allocations leaked\n", g_name,
+                stk__alloc_live() - g_live0);
         tu_failures++;
     }
     /* Threads are joined by close; give the kernel a moment to reap tasks. */
     for (int i = 0; i < 100 && tu_count_threads() != g_threads0; i++)
         usleep(10000);
     if (tu_count_threads() != g_threads0) {
-        fprintf(stderr, "%s: thread count %d, expected %d\n", g_name, tu_count_threads(), g_threads0);
+        fprintf(stderr, "%s: thread count %d, expected %d\n", g_name, tu_count_threads(),
+                g_threads0);
         tu_failures++;
     }
     if (tu_count_fds() != g_fds0) {

@@ -13,33 +13,33 @@
 extern int tu_failures;
 extern int tu_checks;
 
-#define CHECK(cond)                                                                   \
-    do {                                                                              \
-        tu_checks++;                                                                  \
-        if (!(cond)) {                                                                \
-            tu_failures++;                                                            \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                             \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_EQ(a, b)                                                                \
-    do {                                                                              \
-        long long tu_a = (long long)(a), tu_b = (long long)(b);                       \
-        tu_checks++;                                                                  \
-        if (tu_a != tu_b) {                                                           \
-            tu_failures++;                                                            \
-            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n",     \
-                    __FILE__, __LINE__, #a, #b, tu_a, tu_b);                          \
-        }                                                                             \
+#define CHECK_EQ(a, b)                                                                             \
+    do {                                                                                           \
+        long long tu_a = (long long)(a), tu_b = (long long)(b);                                    \
+        tu_checks++;                                                                               \
+        if (tu_a != tu_b) {                                                                        \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %s (%lld vs %lld)\n", __FILE__,         \
+                    __LINE__, #a, #b, tu_a, tu_b);                                                 \
+        }                                                                                          \
     } while (0)
 
 /* Aborts the test program at once (for failures that make going on pointless). */
-#define REQUIRE(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond); \
-            tu_abort();                                                               \
-        }                                                                             \
+#define REQUIRE(cond)                                                                              \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: REQUIRE failed: %s\n", __FILE__, __LINE__, #cond);             \
+            tu_abort();                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* Runs one named test function, printing its result line. */

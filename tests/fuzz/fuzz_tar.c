@@ -1,7 +1,8 @@
 /* fuzz_tar.c -- libFuzzer target for the tar parser (member headers, GNU
  * long names, pax records, sample grouping, .cls/.json label scans). The
  * parser checks that every index entry it builds lies inside the input
- * (STK_EINVAL otherwise, which fails the run). With -DSTK_FUZZ_REPLAY it replays corpus files given as arguments. */
+ * (STK_EINVAL otherwise, which fails the run). With -DSTK_FUZZ_REPLAY it replays corpus files given
+ * as arguments. */
 #include "source/stkformat.h"
 
 #include <stdio.h>
