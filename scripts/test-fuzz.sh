@@ -34,7 +34,7 @@ for t in $TARGETS; do
     bin=$OUT/replay_$t
     # shellcheck disable=SC2086
     if $CC $FLAGS -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-        -fno-sanitize-recover=all -DSTK_FUZZ_REPLAY -o "$bin" tests/fuzz/fuzz_$t.c \
+        -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c tests/fuzz/replay_main.c \
         $LIB_SRCS -lxxhash >"$OUT/replay_$t.log" 2>&1; then
         "$bin" "$corpus"/* >"$OUT/replay_$t.out" 2>&1
         rc=$?

@@ -1,7 +1,7 @@
 /* fuzz_stk.c -- libFuzzer target for the .stk parser: the in-memory parser
  * (header, footer, index checks, payload checksums) and the real reader
  * (open through a memfd, then read every sample). Built by
- * scripts/test-fuzz.sh; with -DSTK_FUZZ_REPLAY it is a plain program that
+ * scripts/test-fuzz.sh; linked with replay_main.c it is a plain program that
  * replays corpus files given as arguments (the corpus as regular tests). */
 #include "source/stkformat.h"
 
@@ -55,32 +55,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(fd);
     return 0;
 }
-
-#ifdef STK_FUZZ_REPLAY
-int main(int argc, char **argv)
-{
-    int failed = 0;
-    for (int k = 1; k < argc; k++) {
-        FILE *f = fopen(argv[k], "rb");
-        if (!f) {
-            fprintf(stderr, "%s: cannot open\n", argv[k]);
-            failed = 1;
-            continue;
-        }
-        uint8_t *b = NULL;
-        size_t n = 0, cap = 0, r;
-        do {
-            if (n == cap) {
-                cap = cap ? cap * 2 : 65536;
-                b = realloc(b, cap);
-            }
-            r = fread(b + n, 1, cap - n, f);
-            n += r;
-        } while (r > 0);
-        fclose(f);
-        LLVMFuzzerTestOneInput(b, n);
-        free(b);
-    }
-    return failed;
-}
-#endif
