@@ -334,7 +334,18 @@ static int cmd_bench(int argc, char **argv)
         for (int s = 0; s < STK_STAGE_COUNT; s++)
             printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
                    stk_stage_name(s), st.stages[s].items, (double)st.stages[s].busy_ns * 1e-9);
-        printf("},\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
+        printf("},\"per_thread\":[");
+        for (unsigned t = 0; t < info.threads; t++) {
+            stk_stage_stats ts[STK_STAGE_COUNT];
+            if (stk_loader_thread_stats(l, t, ts))
+                continue;
+            printf("%s{", t ? "," : "");
+            for (int s = 0; s < STK_STAGE_COUNT; s++)
+                printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
+                       stk_stage_name(s), ts[s].items, (double)ts[s].busy_ns * 1e-9);
+            printf("}");
+        }
+        printf("],\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
                st.samples_failed);
         print_errors_json(l, stdout);
         printf(",\"checksum\":\"%016llx\",\"ok\":%s}\n", sum, status ? "false" : "true");

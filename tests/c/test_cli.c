@@ -166,6 +166,17 @@ static void test_bench_records_checksum(void)
         CHECK(strstr(r.out, "\"ok\":true") != NULL);
         CHECK(strstr(r.out, "\"source\":\"records\"") != NULL);
         CHECK(json_int(r.out, "memory_bound_bytes") > 0);
+        /* The report keys the issue names, and per-thread stage counters. */
+        const char *keys[] = {"\"batches\":",
+                              "\"seconds\":",
+                              "\"samples_per_s\":",
+                              "\"peak_rss_bytes\":",
+                              "\"starvation_s\":",
+                              "\"stages\":{\"read\":",
+                              "\"per_thread\":[{\"read\":",
+                              "\"transform\":\"none\""};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            CHECK(strstr(r.out, keys[k]) != NULL);
         result_free(&r);
     }
 }
