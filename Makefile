@@ -33,12 +33,6 @@ LDLIBS_ALL := -ljpeg -lspng -lxxhash -lpthread -lm $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 
 LIB_SRCS := $(sort $(wildcard src/*.c src/*/*.c))
-# Temporary during parallel development: NO_IMAGE=1 IMAGE_STUB=/tmp/imgstub.c
-# builds the engine without the image module.
-ifeq ($(NO_IMAGE),1)
-LIB_SRCS := $(filter-out src/image.c src/codec/% src/ops/%,$(LIB_SRCS)) $(IMAGE_STUB)
-B := build/noimg-$(MODE)
-endif
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 TOOL_SRCS := $(sort $(wildcard tools/*.c))
 TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))

@@ -5,7 +5,7 @@ Each test builds an odd tree, asks torchvision for its sample list, computes
 the checksum `stoker bench --no-shuffle --batch-size 1 --json` must print
 (XXH3-64 over, per batch, the int64 labels and then each sample's uint64
 length and bytes), and compares. The binary is $STOKER_BIN, else
-build/release/stoker, else build/noimg-release/stoker.
+build/release/stoker.
 """
 import ctypes
 import ctypes.util
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _stoker_bin():
     env = os.environ.get("STOKER_BIN")
     cands = [Path(env)] if env else []
-    cands += [REPO / "build/release/stoker", REPO / "build/noimg-release/stoker"]
+    cands += [REPO / "build/release/stoker"]
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
