@@ -13,9 +13,11 @@ CC=${CC:-gcc}
 OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
-TARGETS="stk tar"
+TARGETS="stk tar image"
 LIB_SRCS="src/alloc.c src/source/source.c src/source/folder.c src/source/records.c
-          src/source/stk.c src/source/stkformat.c src/source/tar.c src/source/cifar.c"
+          src/source/stk.c src/source/stkformat.c src/source/tar.c src/source/cifar.c
+          src/image.c src/codec/*.c src/ops/*.c"
+LIBS="-lxxhash -ljpeg -lspng -lm"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -Iinclude -Isrc -pthread"
 
 result() { # NAME OK?
@@ -35,7 +37,7 @@ for t in $TARGETS; do
     # shellcheck disable=SC2086
     if $CC $FLAGS -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
         -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c tests/fuzz/replay_main.c \
-        $LIB_SRCS -lxxhash >"$OUT/replay_$t.log" 2>&1; then
+        $LIB_SRCS $LIBS >"$OUT/replay_$t.log" 2>&1; then
         "$bin" "$corpus"/* >"$OUT/replay_$t.out" 2>&1
         rc=$?
         [ $rc -eq 0 ] || tail -n 30 "$OUT/replay_$t.out" | sed 's/^/      /'
@@ -54,7 +56,7 @@ else
         bin=$OUT/fuzz_$t
         # shellcheck disable=SC2086
         if ! "$CLANG" $FLAGS -O1 -fsanitize=fuzzer,address,undefined \
-            -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c $LIB_SRCS -lxxhash \
+            -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c $LIB_SRCS $LIBS \
             >"$OUT/fuzz_$t.log" 2>&1; then
             cat "$OUT/fuzz_$t.log"
             result "libFuzzer $t (build)" 1
