@@ -24,37 +24,12 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-typedef struct cfg {
-    const char *path;
-    size_t record;
-    unsigned label;
-    size_t bs;
-    unsigned threads, depth;
-    uint64_t seed;
-    int shuffle, drop_last;
-    unsigned rank, world;
-    int on_error;
-} cfg;
-
-static int open_cfg(stk_loader **l, const cfg *c)
+/* tu_open_cfg, saying why when an open these tests expect to work fails. */
+static int open_cfg(stk_loader **l, const tu_cfg *c)
 {
-    stk_options *o = NULL;
-    REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_set_source(o, c->path) == STK_OK);
-    if (c->record)
-        REQUIRE(stk_options_set_records(o, c->record, 0, c->label) == STK_OK);
-    REQUIRE(stk_options_set_batch_size(o, c->bs) == STK_OK);
-    REQUIRE(stk_options_set_threads(o, c->threads ? c->threads : 2) == STK_OK);
-    REQUIRE(stk_options_set_depth(o, c->depth ? c->depth : 2) == STK_OK);
-    REQUIRE(stk_options_set_seed(o, c->seed) == STK_OK);
-    REQUIRE(stk_options_set_shuffle(o, c->shuffle) == STK_OK);
-    REQUIRE(stk_options_set_drop_last(o, c->drop_last) == STK_OK);
-    REQUIRE(stk_options_set_partition(o, c->rank, c->world ? c->world : 1) == STK_OK);
-    REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
-    int rc = stk_loader_open(l, o);
+    int rc = tu_open_cfg(l, c);
     if (rc)
         fprintf(stderr, "open %s: %s\n", c->path, stk_loader_errmsg(*l));
-    stk_options_destroy(o);
     return rc;
 }
 
@@ -150,14 +125,14 @@ static void test_exactly_once_matrix(void)
         for (size_t di = 0; di < 4; di++)
             for (size_t bi = 0; bi < 3; bi++) {
                 size_t bs = bss[bi];
-                cfg c = {.path = path,
-                         .record = REC,
-                         .label = 1,
-                         .bs = bs,
-                         .threads = threads[ti],
-                         .depth = depths[di],
-                         .seed = 77,
-                         .shuffle = 1};
+                tu_cfg c = {.path = path,
+                            .record = REC,
+                            .label = 1,
+                            .bs = bs,
+                            .threads = threads[ti],
+                            .depth = depths[di],
+                            .seed = 77,
+                            .shuffle = 1};
                 stk_loader *l;
                 REQUIRE(open_cfg(&l, &c) == STK_OK);
                 stk_info info;
@@ -217,17 +192,17 @@ static void test_ranks_partition(void)
                 unsigned cover[104] = {0};
                 uint64_t batches0 = 0;
                 for (unsigned rank = 0; rank < world; rank++) {
-                    cfg c = {.path = path,
-                             .record = REC,
-                             .label = 1,
-                             .bs = 5,
-                             .threads = 1 + rank % 3,
-                             .depth = 2,
-                             .seed = 5,
-                             .shuffle = 1,
-                             .drop_last = dl,
-                             .rank = rank,
-                             .world = world};
+                    tu_cfg c = {.path = path,
+                                .record = REC,
+                                .label = 1,
+                                .bs = 5,
+                                .threads = 1 + rank % 3,
+                                .depth = 2,
+                                .seed = 5,
+                                .shuffle = 1,
+                                .drop_last = dl,
+                                .rank = rank,
+                                .world = world};
                     stk_loader *l;
                     REQUIRE(open_cfg(&l, &c) == STK_OK);
                     stk_info info;
@@ -312,14 +287,14 @@ static void test_determinism_threads_depths(void)
         for (uint64_t seed = 0; seed < 2; seed++) {
             size_t nref = 0;
             for (size_t t = 0; t < sizeof tds / sizeof tds[0]; t++) {
-                cfg c = {.path = paths[src],
-                         .record = src ? 0 : REC,
-                         .label = 1,
-                         .bs = 6,
-                         .threads = tds[t][0],
-                         .depth = tds[t][1],
-                         .seed = seed * 1000 + 1,
-                         .shuffle = 1};
+                tu_cfg c = {.path = paths[src],
+                            .record = src ? 0 : REC,
+                            .label = 1,
+                            .bs = 6,
+                            .threads = tds[t][0],
+                            .depth = tds[t][1],
+                            .seed = seed * 1000 + 1,
+                            .shuffle = 1};
                 stk_loader *l;
                 REQUIRE(open_cfg(&l, &c) == STK_OK);
                 size_t n = run_hashes(l, 3, t ? got : ref, CAP);
@@ -337,14 +312,14 @@ static void test_determinism_threads_depths(void)
                 CHECK(same);
             }
             /* Another seed gives other batches. */
-            cfg c = {.path = paths[src],
-                     .record = src ? 0 : REC,
-                     .label = 1,
-                     .bs = 6,
-                     .threads = 2,
-                     .depth = 2,
-                     .seed = seed * 1000 + 2,
-                     .shuffle = 1};
+            tu_cfg c = {.path = paths[src],
+                        .record = src ? 0 : REC,
+                        .label = 1,
+                        .bs = 6,
+                        .threads = 2,
+                        .depth = 2,
+                        .seed = seed * 1000 + 2,
+                        .shuffle = 1};
             stk_loader *l;
             REQUIRE(open_cfg(&l, &c) == STK_OK);
             size_t n = run_hashes(l, 3, got, CAP);
@@ -360,14 +335,14 @@ static void test_resume_into_new_loader(void)
     enum { N = 57, CAP = 64 };
     const char *path = records_file(N);
     static uint64_t ref[CAP], got[CAP];
-    cfg c = {.path = path,
-             .record = REC,
-             .label = 1,
-             .bs = 4,
-             .threads = 3,
-             .depth = 2,
-             .seed = 3,
-             .shuffle = 1};
+    tu_cfg c = {.path = path,
+                .record = REC,
+                .label = 1,
+                .bs = 4,
+                .threads = 3,
+                .depth = 2,
+                .seed = 3,
+                .shuffle = 1};
     stk_loader *l;
     REQUIRE(open_cfg(&l, &c) == STK_OK);
     size_t nref = run_hashes(l, 3, ref, CAP); /* 3 epochs of 15 batches */
@@ -378,7 +353,7 @@ static void test_resume_into_new_loader(void)
     for (size_t si = 0; si < 5; si++) {
         for (uint64_t ep = 0; ep < 2; ep++) {
             /* Run to batch `stop` of epoch `ep`, save the state, close. */
-            cfg a = c;
+            tu_cfg a = c;
             a.threads = 2;
             a.depth = 3;
             REQUIRE(open_cfg(&l, &a) == STK_OK);
@@ -398,7 +373,7 @@ static void test_resume_into_new_loader(void)
             CHECK_EQ(st.batch, stops[si]);
             stk_loader_close(l);
             /* A new loader, other threads and depth, restores it. */
-            cfg r = c;
+            tu_cfg r = c;
             r.threads = 8;
             r.depth = 5;
             REQUIRE(open_cfg(&l, &r) == STK_OK);
@@ -440,14 +415,14 @@ static void test_set_epoch_mid_epoch(void)
     enum { N = 57, CAP = 64 };
     const char *path = records_file(N);
     static uint64_t e4[CAP], e0[CAP], got[CAP];
-    cfg c = {.path = path,
-             .record = REC,
-             .label = 1,
-             .bs = 4,
-             .threads = 4,
-             .depth = 3,
-             .seed = 11,
-             .shuffle = 1};
+    tu_cfg c = {.path = path,
+                .record = REC,
+                .label = 1,
+                .bs = 4,
+                .threads = 4,
+                .depth = 3,
+                .seed = 11,
+                .shuffle = 1};
     stk_loader *l;
     REQUIRE(open_cfg(&l, &c) == STK_OK);
     REQUIRE(run_hashes(l, 1, e0, CAP) == 15);
@@ -498,14 +473,14 @@ static void test_set_epoch_mid_epoch(void)
 static void test_no_shuffle_natural(void)
 {
     enum { N = 50 };
-    cfg c = {.path = records_file(N),
-             .record = REC,
-             .label = 1,
-             .bs = 8,
-             .threads = 4,
-             .depth = 3,
-             .seed = 99,
-             .shuffle = 0};
+    tu_cfg c = {.path = records_file(N),
+                .record = REC,
+                .label = 1,
+                .bs = 8,
+                .threads = 4,
+                .depth = 3,
+                .seed = 99,
+                .shuffle = 0};
     stk_loader *l;
     REQUIRE(open_cfg(&l, &c) == STK_OK);
     for (int e = 0; e < 2; e++) {
@@ -538,13 +513,13 @@ static void test_skip_deterministic(void)
     enum { CAP = 64 };
     static uint64_t ref[CAP], got[CAP];
     for (int t = 0; t < 2; t++) {
-        cfg c = {.path = root,
-                 .bs = 7,
-                 .threads = t ? 8 : 1,
-                 .depth = t ? 4 : 1,
-                 .seed = 4,
-                 .shuffle = 1,
-                 .on_error = STK_ON_ERROR_SKIP};
+        tu_cfg c = {.path = root,
+                    .bs = 7,
+                    .threads = t ? 8 : 1,
+                    .depth = t ? 4 : 1,
+                    .seed = 4,
+                    .shuffle = 1,
+                    .on_error = STK_ON_ERROR_SKIP};
         stk_loader *l;
         REQUIRE(open_cfg(&l, &c) == STK_OK);
         size_t n = run_hashes(l, 2, t ? got : ref, CAP);
@@ -572,14 +547,14 @@ static void test_skip_deterministic(void)
 static void test_stats(void)
 {
     enum { N = 64 };
-    cfg c = {.path = records_file(N),
-             .record = REC,
-             .label = 1,
-             .bs = 8,
-             .threads = 3,
-             .depth = 2,
-             .seed = 1,
-             .shuffle = 1};
+    tu_cfg c = {.path = records_file(N),
+                .record = REC,
+                .label = 1,
+                .bs = 8,
+                .threads = 3,
+                .depth = 2,
+                .seed = 1,
+                .shuffle = 1};
     stk_loader *l;
     REQUIRE(open_cfg(&l, &c) == STK_OK);
     stk_info info;

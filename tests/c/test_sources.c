@@ -17,42 +17,6 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-typedef struct cfg {
-    const char *path;
-    size_t record, header;
-    unsigned label;
-    size_t bs;
-    unsigned threads, depth;
-    uint64_t seed;
-    int shuffle;
-    int drop_last;
-    unsigned rank, world;
-    int on_error;
-    size_t max_sample;
-} cfg;
-
-static int open_cfg(stk_loader **l, const cfg *c)
-{
-    stk_options *o = NULL;
-    REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_set_source(o, c->path) == STK_OK);
-    if (c->record)
-        REQUIRE(stk_options_set_records(o, c->record, c->header, c->label) == STK_OK);
-    REQUIRE(stk_options_set_batch_size(o, c->bs ? c->bs : 4) == STK_OK);
-    REQUIRE(stk_options_set_threads(o, c->threads ? c->threads : 2) == STK_OK);
-    REQUIRE(stk_options_set_depth(o, c->depth ? c->depth : 2) == STK_OK);
-    REQUIRE(stk_options_set_seed(o, c->seed) == STK_OK);
-    REQUIRE(stk_options_set_shuffle(o, c->shuffle) == STK_OK);
-    REQUIRE(stk_options_set_drop_last(o, c->drop_last) == STK_OK);
-    REQUIRE(stk_options_set_partition(o, c->rank, c->world ? c->world : 1) == STK_OK);
-    REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
-    if (c->max_sample)
-        REQUIRE(stk_options_set_max_sample_bytes(o, c->max_sample) == STK_OK);
-    int rc = stk_loader_open(l, o);
-    stk_options_destroy(o);
-    return rc;
-}
-
 /* Payload byte j of record i, and record i's label (fits label_bytes). */
 static uint8_t rec_byte(uint64_t i, size_t j)
 {
@@ -158,9 +122,9 @@ static void test_records_dense_labels(void)
             size_t rec = 24 + lb, payload = 24;
             const char *path = tu_path("rec.bin");
             make_records(path, 37, rec, headers[hi], lb, 0);
-            cfg c = {.path = path, .record = rec, .header = headers[hi], .label = lb, .bs = 5};
+            tu_cfg c = {.path = path, .record = rec, .header = headers[hi], .label = lb, .bs = 5};
             stk_loader *l;
-            REQUIRE(open_cfg(&l, &c) == STK_OK);
+            REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
             stk_info info;
             CHECK_EQ(stk_loader_info(l, &info), STK_OK);
             CHECK_EQ(info.num_samples, 37);
@@ -201,33 +165,33 @@ static void test_records_bad_files(void)
     const char *path = tu_path("bad.bin");
     /* A trailing partial record: an error at open that names the file. */
     make_records(path, 10, 16, 0, 1, 5);
-    cfg c = {.path = path, .record = 16, .label = 1};
-    CHECK_EQ(open_cfg(&l, &c), STK_EFORMAT);
+    tu_cfg c = {.path = path, .record = 16, .label = 1};
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EFORMAT);
     CHECK(strstr(stk_loader_errmsg(l), path) != NULL);
     stk_loader_close(l);
     /* A header longer than the file. */
     make_records(path, 0, 16, 7, 0, 0);
     c.header = 8;
-    CHECK_EQ(open_cfg(&l, &c), STK_EFORMAT);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EFORMAT);
     stk_loader_close(l);
     /* Only a header: no records. */
     c.header = 7;
-    CHECK_EQ(open_cfg(&l, &c), STK_EEMPTY);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EEMPTY);
     CHECK(strstr(stk_loader_errmsg(l), path) != NULL);
     stk_loader_close(l);
     /* Missing file. */
     c.path = tu_path("nope.bin");
-    CHECK_EQ(open_cfg(&l, &c), STK_ENOENT);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_ENOENT);
     CHECK(strstr(stk_loader_errmsg(l), c.path) != NULL);
     stk_loader_close(l);
     /* A record size on a directory, and a plain file without one. */
     tu_mkdirs(tu_path("somedir/x"));
     c.path = tu_path("somedir");
-    CHECK_EQ(open_cfg(&l, &c), STK_EINVAL);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EINVAL);
     stk_loader_close(l);
     make_records(path, 4, 16, 0, 0, 0);
-    cfg c2 = {.path = path};
-    CHECK_EQ(open_cfg(&l, &c2), STK_EINVAL);
+    tu_cfg c2 = {.path = path};
+    CHECK_EQ(tu_open_cfg(&l, &c2), STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), path) != NULL);
     stk_loader_close(l);
     /* Invalid record options are refused by the setter. */
@@ -246,9 +210,10 @@ static void test_records_truncated_mid_epoch(void)
     for (int policy = 0; policy <= 1; policy++) {
         const char *path = tu_path("trunc.bin");
         make_records(path, 40, 10, 0, 2, 0);
-        cfg c = {.path = path, .record = 10, .label = 2, .bs = 4, .depth = 2, .on_error = policy};
+        tu_cfg c = {
+            .path = path, .record = 10, .label = 2, .bs = 4, .depth = 2, .on_error = policy};
         stk_loader *l;
-        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         /* Holding every ring buffer stops production: nothing past batch 1
          * has been read when the file shrinks to 30 records and a half. */
         stk_batch *b0, *b1;
@@ -416,9 +381,9 @@ static void test_folder_torchvision_order(void)
     for (int slash = 0; slash <= 1; slash++) {
         char rootarg[1024];
         snprintf(rootarg, sizeof rootarg, "%s%s", root, slash ? "/" : "");
-        cfg c = {.path = rootarg, .bs = 3, .threads = 3};
+        tu_cfg c = {.path = rootarg, .bs = 3, .threads = 3};
         stk_loader *l;
-        int rc = open_cfg(&l, &c);
+        int rc = tu_open_cfg(&l, &c);
         if (rc)
             fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
         REQUIRE(rc == STK_OK);
@@ -449,9 +414,9 @@ static void test_folder_torchvision_order(void)
 static void test_folder_batch_layout(void)
 {
     const char *root = tu_path("tree");
-    cfg c = {.path = root, .bs = 4, .threads = 2};
+    tu_cfg c = {.path = root, .bs = 4, .threads = 2};
     stk_loader *l;
-    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     stk_batch *b;
     REQUIRE(stk_loader_next(l, &b) == STK_OK);
     CHECK_EQ(b->kind, STK_BATCH_VARIABLE);
@@ -484,9 +449,9 @@ static void test_folder_symlink_loops(void)
     REQUIRE(symlink(".", p) == 0);
     snprintf(p, sizeof p, "%s/cls/alias.png", root);
     REQUIRE(symlink("a.jpg", p) == 0);
-    cfg c = {.path = root, .bs = 2};
+    tu_cfg c = {.path = root, .bs = 2};
     stk_loader *l;
-    int rc = open_cfg(&l, &c);
+    int rc = tu_open_cfg(&l, &c);
     if (rc)
         fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
     REQUIRE(rc == STK_OK);
@@ -520,9 +485,9 @@ static void test_folder_sample_budget(void)
         tu_write_file(p, data, sizes[k]);
     }
     for (int policy = 0; policy <= 1; policy++) {
-        cfg c = {.path = root, .bs = 6, .max_sample = 100, .on_error = policy, .threads = 2};
+        tu_cfg c = {.path = root, .bs = 6, .max_sample = 100, .on_error = policy, .threads = 2};
         stk_loader *l;
-        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         stk_batch *b;
         int rc = stk_loader_next(l, &b);
         if (policy == STK_ON_ERROR_RAISE) {
@@ -562,21 +527,21 @@ static void test_folder_sample_budget(void)
 static void test_folder_bad_trees(void)
 {
     stk_loader *l;
-    cfg c = {.path = tu_path("does/not/exist")};
-    CHECK_EQ(open_cfg(&l, &c), STK_ENOENT);
+    tu_cfg c = {.path = tu_path("does/not/exist")};
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_ENOENT);
     CHECK(strstr(stk_loader_errmsg(l), c.path) != NULL);
     stk_loader_close(l);
 
     tu_mkdirs(tu_path("empty"));
     c.path = tu_path("empty");
-    CHECK_EQ(open_cfg(&l, &c), STK_EEMPTY);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EEMPTY);
     CHECK(strstr(stk_loader_errmsg(l), c.path) != NULL);
     stk_loader_close(l);
 
     put(tu_path("flat"), "a.jpg", 0);
     put(tu_path("flat"), "b.jpg", 0);
     c.path = tu_path("flat");
-    CHECK_EQ(open_cfg(&l, &c), STK_EEMPTY);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EEMPTY);
     CHECK(strstr(stk_loader_errmsg(l), "class") != NULL);
     stk_loader_close(l);
 
@@ -585,15 +550,15 @@ static void test_folder_bad_trees(void)
     put(tu_path("noimg"), "textonly/readme.txt", 0);
     tu_mkdirs(tu_path("noimg/textonly/emptysub"));
     c.path = tu_path("noimg");
-    CHECK_EQ(open_cfg(&l, &c), STK_EEMPTY);
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EEMPTY);
     CHECK(strstr(stk_loader_errmsg(l), "textonly") != NULL);
     stk_loader_close(l);
 
     /* A rank with no batch. */
     put(tu_path("tiny"), "c/a.jpg", 0);
     put(tu_path("tiny"), "c/b.jpg", 0);
-    cfg t = {.path = tu_path("tiny"), .bs = 1, .world = 3, .rank = 2, .drop_last = 1};
-    CHECK_EQ(open_cfg(&l, &t), STK_EEMPTY);
+    tu_cfg t = {.path = tu_path("tiny"), .bs = 1, .world = 3, .rank = 2, .drop_last = 1};
+    CHECK_EQ(tu_open_cfg(&l, &t), STK_EEMPTY);
     CHECK(stk_loader_errmsg(l)[0] != 0);
     stk_loader_close(l);
 }
@@ -603,8 +568,8 @@ static void test_folder_bad_trees(void)
 static void test_failed_handle(void)
 {
     stk_loader *l = NULL;
-    cfg c = {.path = tu_path("missing-dir")};
-    CHECK_EQ(open_cfg(&l, &c), STK_ENOENT);
+    tu_cfg c = {.path = tu_path("missing-dir")};
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_ENOENT);
     REQUIRE(l != NULL);
     stk_batch *b = (stk_batch *)1;
     CHECK_EQ(stk_loader_next(l, &b), STK_EMISUSE);
@@ -654,9 +619,9 @@ static void test_folder_unreadable(void)
         expect_bad = 3;
     }
     for (int policy = 0; policy <= 1; policy++) {
-        cfg c = {.path = root, .bs = 7, .on_error = policy};
+        tu_cfg c = {.path = root, .bs = 7, .on_error = policy};
         stk_loader *l;
-        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         stk_batch *b;
         int rc = stk_loader_next(l, &b);
         if (policy == STK_ON_ERROR_RAISE) {
@@ -716,9 +681,9 @@ static void test_folder_file_vanishes(void)
         put(root, p, (size_t)k * 11);
     }
     static run clean, got;
-    cfg c = {.path = root, .bs = 4, .depth = 2, .threads = 3, .shuffle = 1, .seed = 9};
+    tu_cfg c = {.path = root, .bs = 4, .depth = 2, .threads = 3, .shuffle = 1, .seed = 9};
     stk_loader *l;
-    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     clean.n = clean.batches = 0;
     CHECK_EQ(drain(l, &clean), STK_END);
     stk_loader_close(l);
@@ -733,7 +698,7 @@ static void test_folder_file_vanishes(void)
             put(root, p, (size_t)k * 11);
         }
         c.on_error = policy;
-        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         got.n = got.batches = 0;
         stk_batch *b0, *b1;
         /* Hold both ring buffers: batches 0 and 1 are done, nothing else read. */

@@ -182,6 +182,28 @@ long tu_rss_bytes(void)
     return status_kb("VmRSS:");
 }
 
+int tu_open_cfg(stk_loader **l, const tu_cfg *c)
+{
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set_source(o, c->path) == STK_OK);
+    if (c->record)
+        REQUIRE(stk_options_set_records(o, c->record, c->header, c->label) == STK_OK);
+    REQUIRE(stk_options_set_batch_size(o, c->bs ? c->bs : 4) == STK_OK);
+    REQUIRE(stk_options_set_threads(o, c->threads ? c->threads : 2) == STK_OK);
+    REQUIRE(stk_options_set_depth(o, c->depth ? c->depth : 2) == STK_OK);
+    REQUIRE(stk_options_set_seed(o, c->seed) == STK_OK);
+    REQUIRE(stk_options_set_shuffle(o, c->shuffle) == STK_OK);
+    REQUIRE(stk_options_set_drop_last(o, c->drop_last) == STK_OK);
+    REQUIRE(stk_options_set_partition(o, c->rank, c->world ? c->world : 1) == STK_OK);
+    REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
+    if (c->max_sample)
+        REQUIRE(stk_options_set_max_sample_bytes(o, c->max_sample) == STK_OK);
+    int rc = stk_loader_open(l, o);
+    stk_options_destroy(o);
+    return rc;
+}
+
 uint64_t tu_hash(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *c = p;

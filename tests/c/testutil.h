@@ -65,6 +65,26 @@ int tu_count_fds(void);
 int tu_count_threads(void);
 long tu_peak_rss_bytes(void);
 long tu_rss_bytes(void);
+/* A loader's options in one struct, for tests that open many variants.
+ * Zero fields take defaults: batch 4, 2 threads, depth 2, world 1; record 0
+ * means the path is not a record file; max_sample 0 keeps the library's. */
+typedef struct tu_cfg {
+    const char *path;
+    size_t record, header;
+    unsigned label;
+    size_t bs;
+    unsigned threads, depth;
+    uint64_t seed;
+    int shuffle, drop_last;
+    unsigned rank, world;
+    int on_error;
+    size_t max_sample;
+} tu_cfg;
+
+/* Opens *l from c (every setter must accept its value). Returns
+ * stk_loader_open's code; *l must be closed either way. */
+int tu_open_cfg(stk_loader **l, const tu_cfg *c);
+
 /* 64-bit FNV-1a, for comparing batch contents cheaply. */
 uint64_t tu_hash(uint64_t h, const void *p, size_t n);
 
