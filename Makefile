@@ -29,7 +29,7 @@ $(error MODE must be release, asan or tsan)
 endif
 
 CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
-LDLIBS_ALL := -ljpeg -lspng -lxxhash -lpthread -lm $(LDLIBS)
+LDLIBS_ALL := -ljpeg -lspng -lxxhash -lcurl -lpthread -lm $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 
 LIB_SRCS := $(sort $(wildcard src/*.c src/*/*.c))

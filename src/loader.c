@@ -18,11 +18,13 @@
  * Lifetime: the shared `core` is reference-counted by the loader handle and by
  * each held batch, so batches stay valid after stk_loader_close().
  */
+#include "fetch/fetch.h"
 #include "image.h"
 #include "internal.h"
 #include "options.h"
 #include "order.h"
 #include "source/source.h"
+#include "io/remote.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -82,6 +84,7 @@ struct core {
     bool cancel, seeking;
 
     stk__source src;
+    stk__fetch *fetch; /* remote sources: reads ahead of the workers */
     stk__partition part;
     stk__imgpipe *pipe;
     uint64_t seed;
@@ -178,7 +181,11 @@ static void core_free(core *c)
     }
     stk__free(c->errors);
     stk__imgpipe_destroy(c->pipe);
+    /* Closing the source closes its store, which completes the fetch
+     * stage's requests still in flight; only then can the stage go. */
+    stk__fetch_cancel(c->fetch);
     stk__source_close(&c->src);
+    stk__fetch_destroy(c->fetch);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -209,7 +216,9 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     int32_t dims[3] = {0, 0, 0};
 
     uint64_t t0 = stk__now_ns();
-    int rc = c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
+    int rc = c->fetch ? stk__fetch_read(c->fetch, b->g, s, i, &sink, &bytes, &len, &label, err,
+                                        sizeof err)
+                      : c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
     uint64_t t1 = stk__now_ns();
     stage_add(w, STK_STAGE_READ, t1 - t0);
     if (rc == STK_OK && c->pipe) {
@@ -560,6 +569,10 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
         c->claim_g = c->assigned_end_g = c->deliver_g = target;
         c->claim_slot = 0;
         c->cur_epoch = epoch;
+        /* Lock order: loader lock, then the fetch stage's (which never
+         * calls back into the loader). */
+        if (c->fetch)
+            stk__fetch_reset(c->fetch, target);
         c->seeking = false;
         pthread_cond_broadcast(&c->cond_work);
     }
@@ -732,6 +745,7 @@ static void stop_workers(core *c)
     pthread_cond_broadcast(&c->cond_idle);
     pthread_cond_broadcast(&c->cond_ready);
     pthread_mutex_unlock(&c->lock);
+    stk__fetch_cancel(c->fetch);
     for (unsigned k = 0; k < c->nthreads; k++)
         if (c->workers[k].started)
             pthread_join(c->workers[k].th, NULL);
@@ -800,6 +814,40 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     return STK_OK;
 }
 
+/* The fetch stage's view of the future (pure functions of g and slot). */
+static uint64_t plan_batch_len(void *ctx, uint64_t g)
+{
+    core *c = ctx;
+    return stk__partition_batch_len(&c->part, g % c->part.batches);
+}
+
+static uint64_t plan_sample_at(void *ctx, uint64_t g, uint64_t slot)
+{
+    core *c = ctx;
+    uint64_t epoch = g / c->part.batches, bi = g % c->part.batches;
+    stk__order ord;
+    stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
+    return stk__order_at(&ord, stk__partition_pos(&c->part, bi * c->batch_size + slot));
+}
+
+static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    if (!c->src.remote || !c->src.ops->locate)
+        return STK_OK;
+    stk__fetch_plan plan = {c, c->batch_size, plan_batch_len, plan_sample_at};
+    stk__fetch_cfg fc = {0};
+    fc.buffer_bytes = o->fetch_buffer;
+    fc.lookahead = o->fetch_lookahead;
+    fc.threads = c->nthreads;
+    fc.cache_dir = o->cache_dir;
+    fc.cache_limit = o->cache_limit;
+    int rc = stk__fetch_create(&c->fetch, &c->src, &plan, &fc, err, errlen);
+    if (rc)
+        return rc;
+    stk__fetch_reset(c->fetch, 0);
+    return STK_OK;
+}
+
 static int alloc_ring(core *c)
 {
     size_t B = c->batch_size;
@@ -859,7 +907,18 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->depth = o->depth;
     c->nthreads = o->threads ? o->threads : online_cores();
 
-    stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
+    stk__remote_cfg rcfg = {.endpoint = o->endpoint,
+                            .region = o->region,
+                            .addressing = o->addressing,
+                            .concurrency = o->fetch_concurrency,
+                            .retries = o->fetch_retries,
+                            .timeout_s = o->fetch_timeout};
+    stk__source_params sp = {.record_bytes = o->record_bytes,
+                             .header_bytes = o->header_bytes,
+                             .label_bytes = o->label_bytes,
+                             .remote = &rcfg,
+                             .cache_dir = o->cache_dir,
+                             .cache_limit = o->cache_limit};
     if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
     if ((rc = setup_output(c, o, err, errlen)))
@@ -891,7 +950,11 @@ static int open_core(stk_loader *l, const stk_options *o)
         w->in.limit = o->max_input_bytes;
         w->dec.limit = o->scratch_bytes;
     }
+    if ((rc = setup_fetch(c, o, err, errlen)))
+        goto fail;
     c->memory_bound = memory_bound(c, o);
+    if (c->fetch)
+        c->memory_bound += stk__fetch_memory_bound(c->fetch);
     for (unsigned k = 0; k < c->nthreads; k++) {
         if (pthread_create(&c->workers[k].th, NULL, worker_main, &c->workers[k])) {
             stk__fmt(err, errlen, "cannot start worker thread %u: %s", k, strerror(errno));

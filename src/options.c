@@ -31,6 +31,9 @@ void stk_options_destroy(stk_options *o)
         return;
     stk__free(o->source);
     stk__free(o->transform);
+    stk__free(o->endpoint);
+    stk__free(o->region);
+    stk__free(o->cache_dir);
     stk__free(o);
 }
 
@@ -217,6 +220,49 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             o->scratch_bytes = (size_t)n;
         else
             o->max_input_bytes = (size_t)n;
+        return STK_OK;
+    }
+    /* Remote datasets (docs/remote.md). */
+    if (!strcmp(key, "endpoint"))
+        return set_str(&o->endpoint, value);
+    if (!strcmp(key, "region"))
+        return set_str(&o->region, value);
+    if (!strcmp(key, "cache_dir"))
+        return set_str(&o->cache_dir, value);
+    if (!strcmp(key, "addressing")) {
+        if (!strcmp(value, "path"))
+            o->addressing = 1;
+        else if (!strcmp(value, "virtual"))
+            o->addressing = 2;
+        else if (!strcmp(value, "auto"))
+            o->addressing = 0;
+        else
+            return STK_EINVAL;
+        return STK_OK;
+    }
+    if (!strcmp(key, "fetch_concurrency") || !strcmp(key, "fetch_retries") ||
+        !strcmp(key, "fetch_timeout")) {
+        uint64_t lo = key[6] == 'r' ? 0 : 1, hi = key[6] == 'c' ? 1024 : key[6] == 'r' ? 100 : 3600;
+        if (parse_size(value, hi, &n) || n < lo)
+            return STK_EINVAL;
+        if (key[6] == 'c')
+            o->fetch_concurrency = (unsigned)n;
+        else if (key[6] == 'r')
+            o->fetch_retries = n ? (unsigned)n : UINT32_MAX;
+        else
+            o->fetch_timeout = (unsigned)n;
+        return STK_OK;
+    }
+    if (!strcmp(key, "fetch_buffer") || !strcmp(key, "cache_limit") ||
+        !strcmp(key, "fetch_lookahead")) {
+        if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
+            return STK_EINVAL;
+        if (key[0] == 'c')
+            o->cache_limit = n;
+        else if (key[6] == 'b')
+            o->fetch_buffer = n;
+        else
+            o->fetch_lookahead = n;
         return STK_OK;
     }
     return STK_EINVAL;

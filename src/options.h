@@ -24,6 +24,16 @@ struct stk_options {
     uint32_t max_dim;
     size_t scratch_bytes;   /* per-thread decode scratch limit */
     size_t max_input_bytes; /* per-thread encoded-input limit when decoding */
+    /* Remote datasets (stk_options_set; docs/remote.md). */
+    char *endpoint, *region;
+    int addressing;              /* 0 default, 1 path, 2 virtual */
+    unsigned fetch_concurrency;  /* requests in flight (0 = 64) */
+    unsigned fetch_retries;      /* 0 = default (6) */
+    unsigned fetch_timeout;      /* seconds of < 1 KiB/s before a retry (0 = 30) */
+    uint64_t fetch_buffer;       /* bytes buffered + in flight (0 = 64 MiB) */
+    uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */
+    char *cache_dir;
+    uint64_t cache_limit;
 };
 
 #endif

@@ -737,7 +737,8 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     double t0 = now_s(), last = 0;
     bool tty = o->progress < 0 ? isatty(2) : o->progress > 0;
 
-    stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
+    stk__source_params sp = {
+        .record_bytes = o->record_bytes, .header_bytes = o->header_bytes, .label_bytes = o->label_bytes};
     if ((rc = stk__source_open(&p.src, o->src, &sp, why, sizeof why))) {
         stk__fmt(err, errlen, "cannot open %s: %s (%s)", o->src, why, stk_strerror(rc));
         goto out;

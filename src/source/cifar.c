@@ -120,7 +120,7 @@ static void cifar_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_cifar_ops = {"cifar", cifar_read, cifar_name, cifar_close};
+static const stk__source_ops k_cifar_ops = {.kind = "cifar", .read = cifar_read, .name = cifar_name, .close = cifar_close};
 
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen)

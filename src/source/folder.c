@@ -244,7 +244,7 @@ static void folder_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_folder_ops = {"folder", folder_read, folder_name, folder_close};
+static const stk__source_ops k_folder_ops = {.kind = "folder", .read = folder_read, .name = folder_name, .close = folder_close};
 
 /* Lists the class subfolders of root (entries that are directories after
  * following symlinks), sorted by name. */

@@ -91,7 +91,7 @@ static void records_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_records_ops = {"records", records_read, records_name, records_close};
+static const stk__source_ops k_records_ops = {.kind = "records", .read = records_read, .name = records_name, .close = records_close};
 
 int stk__source_records_open(stk__source *s, const char *path, const stk__source_params *prm,
                              char *err, size_t errlen)

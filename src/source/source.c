@@ -1,5 +1,8 @@
 /* source.c -- picks the source kind for a path, and helpers shared by sources. */
 #include "source/source.h"
+#include "io/remote.h"
+#include "cache/cache.h"
+#include "source/stkformat.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -310,10 +313,168 @@ out:
     return rc;
 }
 
+/* ---- Remote datasets ----------------------------------------------------
+ * A URL names a directory (prefix) holding a packed dataset (stoker.manifest
+ * and .stk shards), a directory of .stk or .tar shards (S3: listed), one
+ * shard, or a brace pattern of shards. */
+
+typedef struct named {
+    const char *name;
+    uint64_t size;
+} named;
+
+static int cmp_named(const void *a, const void *b)
+{
+    return strcmp(((const named *)a)->name, ((const named *)b)->name);
+}
+
+static int url_kind(const char *name)
+{
+    return ends_with(name, ".stk") ? K_STK : ends_with(name, ".tar") ? K_TAR : K_NONE;
+}
+
+static int open_url_shards(stk__source *s, stk__remote *r, int kind, pathlist *names,
+                           const uint64_t *sizes, const stk__source_params *prm, char *err,
+                           size_t errlen)
+{
+    const char *const *v = (const char *const *)names->v;
+    if (kind == K_STK)
+        return stk__source_stk_open_remote(s, r, v, sizes, names->n, NULL, err, errlen);
+    if (kind == K_TAR)
+        return stk__source_tar_open_remote(s, r, v, sizes, names->n, prm, err, errlen);
+    stk__fmt(err, errlen,
+             "%s: remote datasets are .stk shards (with or without a stoker.manifest) or .tar "
+             "shards; other kinds must be read from local disk",
+             stk__remote_display(r));
+    stk__remote_close(r);
+    return STK_EUNSUPPORTED;
+}
+
+static int open_url(stk__source *s, const char *url, const stk__source_params *prm, char *err,
+                    size_t errlen)
+{
+    int rc = STK_OK;
+    stk__remote *r = NULL;
+    pathlist names = {0};
+    char **lnames = NULL;
+    uint64_t *lsizes = NULL, *sizes = NULL;
+    size_t ln = 0;
+    char *dir = NULL;
+    stk__remote_cfg none = {0};
+    if (prm->record_bytes) {
+        stk__fmt(err, errlen, "%s: files of fixed-size records are read from local disk only",
+                 url);
+        return STK_EUNSUPPORTED;
+    }
+    const char *brace = strchr(url, '{');
+    const char *q = strchr(url, '?');
+    if (brace && (!q || brace < q)) {
+        /* A pattern: the directory is the store's root, names expand. */
+        const char *slash = strrchr(url, '/');
+        if (!slash || slash > brace) {
+            stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element", url);
+            return STK_EINVAL;
+        }
+        size_t dl = (size_t)(slash - url);
+        if (!(dir = stk__malloc(dl + 1)))
+            return STK_ENOMEM;
+        memcpy(dir, url, dl);
+        dir[dl] = '\0';
+        if ((rc = expand_braces(slash + 1, &names, err, errlen)))
+            goto out;
+        if ((rc = stk__remote_open(&r, dir, prm->remote ? prm->remote : &none, err, errlen)))
+            goto out;
+        int kind = url_kind(names.v[0]);
+        for (size_t k = 1; k < names.n; k++)
+            if (url_kind(names.v[k]) != kind)
+                kind = K_NONE;
+        rc = open_url_shards(s, r, kind, &names, NULL, prm, err, errlen);
+        r = NULL;
+        goto out;
+    }
+    if ((rc = stk__remote_open(&r, url, prm->remote ? prm->remote : &none, err, errlen)))
+        goto out;
+    if (stk__remote_names_object(r)) {
+        if ((rc = pl_add(&names, "", NULL)))
+            goto out;
+        int kind = url_kind(stk__remote_basename(r));
+        rc = open_url_shards(s, r, kind, &names, NULL, prm, err, errlen);
+        r = NULL;
+        goto out;
+    }
+    /* A directory: its manifest, else a listing. */
+    char *text = NULL;
+    size_t tlen = 0;
+    rc = stk__remote_get_small(r, STK_MANIFEST, 64u << 20, &text, &tlen, err, errlen);
+    if (rc == STK_OK) {
+        stk__manifest man;
+        char where[4096];
+        stk__remote_object_display(r, STK_MANIFEST, where, sizeof where);
+        rc = stk__manifest_parse(text, tlen, where, &man, err, errlen);
+        stk__free(text);
+        if (rc)
+            goto out;
+        rc = stk__source_stk_open_remote(s, r, NULL, NULL, 0, &man, err, errlen);
+        stk__manifest_free(&man);
+        r = NULL;
+        goto out;
+    }
+    if (rc != STK_ENOENT)
+        goto out;
+    if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen)))
+        goto out;
+    size_t counts[K_COUNT] = {0};
+    for (size_t k = 0; k < ln; k++)
+        counts[url_kind(lnames[k])]++;
+    int kind = counts[K_STK] ? K_STK : K_TAR;
+    if (counts[K_STK] && counts[K_TAR]) {
+        stk__fmt(err, errlen, "%s: the prefix mixes .stk and .tar shards (%zu and %zu); keep one kind per prefix",
+                 stk__remote_display(r), counts[K_STK], counts[K_TAR]);
+        rc = STK_EINVAL;
+        goto out;
+    }
+    if (!counts[kind]) {
+        stk__fmt(err, errlen, "%s: holds no stoker.manifest and no .stk or .tar shards (%zu other objects)",
+                 stk__remote_display(r), ln);
+        rc = STK_ENOENT;
+        goto out;
+    }
+    /* Sorted by name, as a local directory's shards are. */
+    named *ns = stk__malloc((ln ? ln : 1) * sizeof *ns);
+    size_t nn = 0;
+    if (!ns || !(sizes = stk__malloc((ln ? ln : 1) * sizeof *sizes))) {
+        stk__free(ns);
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < ln; k++)
+        if (url_kind(lnames[k]) == kind)
+            ns[nn++] = (named){lnames[k], lsizes[k]};
+    qsort(ns, nn, sizeof *ns, cmp_named);
+    for (size_t k = 0; k < nn && !rc; k++) {
+        sizes[k] = ns[k].size;
+        rc = pl_add(&names, ns[k].name, NULL);
+    }
+    stk__free(ns);
+    if (rc)
+        goto out;
+    rc = open_url_shards(s, r, kind, &names, sizes, prm, err, errlen);
+    r = NULL;
+out:
+    stk__remote_close(r);
+    stk__remote_list_free(lnames, lsizes, ln);
+    stk__free(sizes);
+    stk__free(dir);
+    pl_free(&names);
+    return rc;
+}
+
 int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
                      size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    if (stk__is_url(path))
+        return open_url(s, path, prm, err, errlen);
     struct stat st;
     if (stat(path, &st) != 0) {
         int e = errno;
@@ -348,10 +509,34 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
     return STK_EINVAL;
 }
 
+void stk__source_free_common(stk__source *s)
+{
+    if (s->shard_objs)
+        for (size_t k = 0; k < s->nshards_objs_; k++)
+            stk__free(s->shard_objs[k]);
+    stk__free(s->shard_objs);
+    stk__free(s->shard_bytes);
+    stk__free(s->shard_first);
+    stk__remote_close(s->remote);
+    for (size_t k = 0; k < s->npins; k++)
+        stk__cache_unpin(s->pins[k]);
+    stk__free(s->pins);
+    stk__cache_close(s->cache);
+    s->pins = NULL;
+    s->npins = 0;
+    s->cache = NULL;
+    s->shard_objs = NULL;
+    s->shard_bytes = NULL;
+    s->shard_first = NULL;
+    s->remote = NULL;
+    s->nshards = s->nshards_objs_ = 0;
+}
+
 void stk__source_close(stk__source *s)
 {
     if (s->ops && s->ops->close)
         s->ops->close(s);
+    stk__source_free_common(s);
     memset(s, 0, sizeof *s);
 }
 

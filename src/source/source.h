@@ -14,6 +14,11 @@
 
 #include "internal.h"
 
+struct stk__manifest;
+struct stk__remote;
+struct stk__remote_cfg;
+struct stk__cache;
+
 /* Where a read puts its bytes: straight into the sample's slot (dst/cap, when
  * no transform runs), or into the thread's growable scratch. */
 typedef struct stk__sink {
@@ -39,6 +44,13 @@ typedef struct stk__source_ops {
     /* Writes sample i's name (path or key) into buf. */
     void (*name)(const stk__source *s, uint64_t i, char *buf, size_t n);
     void (*close)(stk__source *s);
+    /* Optional, for sources whose samples are byte ranges of shards (the
+     * fetch stage reads them ahead of the workers): where sample i lives. */
+    void (*locate)(const stk__source *s, uint64_t i, size_t *shard, uint64_t *off, uint64_t *len);
+    /* Optional, with locate: checks the bytes fetched for sample i (checksum)
+     * and gives its label. STK_EFORMAT with the reason in err. */
+    int (*accept)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                  int64_t *label, char *err, size_t errlen);
 } stk__source_ops;
 
 struct stk__source {
@@ -50,12 +62,35 @@ struct stk__source {
     size_t fixed_len;
     /* Bytes the source keeps in memory (its index), for the memory bound. */
     uint64_t index_bytes;
+    /* Bytes of the largest sample when the index says (0: unknown). */
+    uint64_t max_len;
+    /* Shards (0 when the source has none): shard k holds samples
+     * [shard_first[k], shard_first[k + 1]); shard_first has nshards + 1
+     * entries. Used by shard-aware order and the fetch stage. */
+    size_t nshards;
+    uint64_t *shard_first;
+    /* Remote sources: the object store (owned by the source), each shard's
+     * object name (relative to the dataset URL) and size in bytes. */
+    struct stk__remote *remote;
+    char **shard_objs; /* nshards_objs_ entries (allocated before nshards is known) */
+    uint64_t *shard_bytes;
+    size_t nshards_objs_;
+    /* Cache entries pinned for the source's life (open descriptors holding
+     * shared locks), and the cache they belong to. */
+    int *pins;
+    size_t npins;
+    struct stk__cache *cache;
 };
 
 /* Parameters a source may need beyond the path. */
 typedef struct stk__source_params {
     size_t record_bytes, header_bytes;
     unsigned label_bytes;
+    /* Remote datasets (URLs): the store's settings, and the disk cache that
+     * tar shards are downloaded into (cache_dir NULL: none). */
+    const struct stk__remote_cfg *remote;
+    const char *cache_dir;
+    uint64_t cache_limit;
 } stk__source_params;
 
 /* Opens the dataset at path, choosing the source kind from what is there.
@@ -63,6 +98,9 @@ typedef struct stk__source_params {
 int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
                      size_t errlen);
 void stk__source_close(stk__source *s);
+/* Frees what every source may hold besides its impl (shard tables, the
+ * remote store) and zeroes those fields: for failure paths. */
+void stk__source_free_common(stk__source *s);
 
 int stk__source_folder_open(stk__source *s, const char *path, char *err, size_t errlen);
 int stk__source_records_open(stk__source *s, const char *path, const stk__source_params *prm,
@@ -74,6 +112,18 @@ int stk__source_stk_open(stk__source *s, const char *const *paths, size_t n, con
                          char *err, size_t errlen);
 int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                          size_t errlen);
+/* .tar shards in an object store, downloaded whole into prm->cache_dir
+ * (required). r is taken over as for stk. */
+int stk__source_tar_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
+                                const uint64_t *sizes, size_t n, const stk__source_params *prm,
+                                char *err, size_t errlen);
+/* .stk shards in an object store: r is taken over by the source (closed with
+ * it, also on failure). names are object names relative to the dataset URL;
+ * sizes (may be NULL) their sizes when known (a listing or the manifest);
+ * man: the dataset's manifest when it has one (taken over), else NULL. */
+int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
+                                const uint64_t *sizes, size_t n, struct stk__manifest *man,
+                                char *err, size_t errlen);
 /* CIFAR-10 (3073-byte records: label, 3072 bytes CHW) or CIFAR-100 (3074:
  * coarse label, fine label, 3072 bytes CHW) batch files; samples are the
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */

@@ -11,6 +11,7 @@
  * the process's descriptor limit.
  */
 #include "source/stkformat.h"
+#include "io/remote.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -22,10 +23,12 @@
 #define STK_KEEP_FDS 256
 
 typedef struct shard {
-    char *path;
+    char *path; /* local path, or the object's URL without credentials */
+    char *obj;  /* remote: object name relative to the dataset URL */
     int fd;
     uint8_t *region; /* entries, meta, keys */
     uint64_t first;  /* dataset index of its first sample */
+    int64_t maxl;    /* largest label, -1 if none */
     uint64_t bytes;
     stk__stk_header h;
     stk__stk_footer f;
@@ -34,6 +37,7 @@ typedef struct shard {
 typedef struct stkset {
     shard *shards;
     size_t n;
+    stk__remote *remote; /* borrowed from the source */
     bool keep_fds;
     stk__manifest man;
     uint64_t total_bytes;
@@ -78,6 +82,28 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
             stk__fmt(err, errlen, "out of memory for %u bytes", e.length);
         return rc;
     }
+    if (d->remote) {
+        /* Without the fetch stage (stoker verify, or a read nobody planned):
+         * one blocking ranged GET. */
+        stk__req q;
+        memset(&q, 0, sizeof q);
+        q.name = s->obj;
+        q.off = e.offset;
+        q.len = e.length;
+        q.buf = buf;
+        q.fd = -1;
+        if (!e.length) {
+            rc = STK_OK;
+        } else {
+            stk__remote_submit(d->remote, &q);
+            rc = stk__remote_wait(d->remote, &q);
+        }
+        if (rc) {
+            stk__fmt(err, errlen, "%s", q.err);
+            return rc == STK_ENOENT ? STK_EIO : rc;
+        }
+        goto check;
+    }
     int fd = s->fd;
     if (fd < 0) {
         fd = open(s->path, O_RDONLY | O_CLOEXEC);
@@ -91,6 +117,7 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
         close(fd);
     if (rc)
         return rc;
+check:;
     uint64_t sum = stk__xxh3(buf, e.length);
     if (sum != e.sum) {
         stk__fmt(err, errlen,
@@ -102,6 +129,39 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
     }
     *data = buf;
     *len = e.length;
+    *label = e.label;
+    return STK_OK;
+}
+
+static void stk_locate(const stk__source *src, uint64_t i, size_t *shard_ix, uint64_t *off,
+                       uint64_t *len)
+{
+    const stkset *d = src->impl;
+    size_t k = find_shard(d, i);
+    stk__stk_entry e;
+    stk__stk_entry_decode(d->shards[k].region + (i - d->shards[k].first) * STK_ENTRY_SIZE, &e);
+    *shard_ix = k;
+    *off = e.offset;
+    *len = e.length;
+}
+
+static int stk_accept(const stk__source *src, uint64_t i, const uint8_t *bytes, size_t len,
+                      int64_t *label, char *err, size_t errlen)
+{
+    const stkset *d = src->impl;
+    const shard *s;
+    uint64_t j;
+    stk__stk_entry e;
+    entry_of(d, i, &s, &j, &e);
+    uint64_t sum = stk__xxh3(bytes, len);
+    if (len != e.length || sum != e.sum) {
+        stk__fmt(err, errlen,
+                 "checksum mismatch: payload of %u bytes at offset %llu is corrupt (XXH3 "
+                 "%016llx, index says %016llx)",
+                 e.length, (unsigned long long)e.offset, (unsigned long long)sum,
+                 (unsigned long long)e.sum);
+        return STK_EFORMAT;
+    }
     *label = e.label;
     return STK_OK;
 }
@@ -175,6 +235,7 @@ static void stk_close(stk__source *src)
         if (d->shards[k].fd >= 0)
             close(d->shards[k].fd);
         stk__free(d->shards[k].path);
+        stk__free(d->shards[k].obj);
         stk__free(d->shards[k].region);
     }
     stk__free(d->shards);
@@ -183,7 +244,33 @@ static void stk_close(stk__source *src)
     src->impl = NULL;
 }
 
-static const stk__source_ops k_stk_ops = {"stk", stk_read, stk_name, stk_close};
+static const stk__source_ops k_stk_ops = {"stk",      stk_read,  stk_name,
+                                          stk_close, stk_locate, stk_accept};
+
+/* Checks a shard's header and footer bytes (read from anywhere). */
+static int parse_ends(shard *s, const uint8_t *hdr, const uint8_t *foot, char *why, size_t wl)
+{
+    int rc;
+    if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+        stk__fmt(why, wl, "%llu bytes is too short for a shard (truncated)",
+                 (unsigned long long)s->bytes);
+        return STK_EFORMAT;
+    }
+    if ((rc = stk__stk_header_decode(hdr, &s->h, why, wl)) ||
+        (rc = stk__stk_footer_decode(foot, s->bytes, &s->f, why, wl)))
+        return rc;
+    return STK_OK;
+}
+
+/* Checks a shard's index region (already read into s->region). */
+static int check_region(shard *s, size_t rlen, int64_t *max_label, char *why, size_t wl)
+{
+    if (stk__xxh3(s->region, rlen) != s->f.index_sum) {
+        stk__fmt(why, wl, "index checksum mismatch (corrupt index)");
+        return STK_EFORMAT;
+    }
+    return stk__stk_index_check(s->region, &s->f, &s->h, max_label, why, wl);
+}
 
 /* Opens one shard: header, footer, index region (checksummed and checked). */
 static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, size_t errlen)
@@ -203,31 +290,20 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
         goto out;
     }
     s->bytes = (uint64_t)st.st_size;
-    if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE) {
-        stk__fmt(err, errlen, "%s: %llu bytes is too short for a shard (truncated)", s->path,
-                 (unsigned long long)s->bytes);
-        rc = STK_EFORMAT;
-        goto out;
-    }
-    if ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
-        (rc =
-             stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why, sizeof why)) ||
-        (rc = stk__stk_header_decode(hdr, &s->h, why, sizeof why)) ||
-        (rc = stk__stk_footer_decode(foot, s->bytes, &s->f, why, sizeof why)))
+    if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE &&
+        ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
+         (rc = stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why,
+                               sizeof why))))
+        goto fail;
+    if ((rc = parse_ends(s, hdr, foot, why, sizeof why)))
         goto fail;
     size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
     if (!(s->region = stk__malloc(rlen ? rlen : 1))) {
         rc = STK_ENOMEM;
         goto out;
     }
-    if ((rc = stk__pread_full(fd, s->region, rlen, s->f.index_offset, why, sizeof why)))
-        goto fail;
-    if (stk__xxh3(s->region, rlen) != s->f.index_sum) {
-        stk__fmt(why, sizeof why, "index checksum mismatch (corrupt index)");
-        rc = STK_EFORMAT;
-        goto fail;
-    }
-    if ((rc = stk__stk_index_check(s->region, &s->f, &s->h, max_label, why, sizeof why)))
+    if ((rc = stk__pread_full(fd, s->region, rlen, s->f.index_offset, why, sizeof why)) ||
+        (rc = check_region(s, rlen, max_label, why, sizeof why)))
         goto fail;
     if (keep_fd) {
         s->fd = fd;
@@ -258,6 +334,86 @@ static bool unfinished_pack(const char *dir)
     }
     closedir(dp);
     return found;
+}
+
+/* After every shard of d is parsed: checks them against the manifest and
+ * each other, and fills src. Takes d over (freed on failure). */
+static int finish_set(stk__source *src, stkset *d, bool man, const char *where, char *err,
+                      size_t errlen)
+{
+    int rc = STK_OK;
+    int64_t maxl = -1;
+    uint64_t total = 0;
+    if (!(src->shard_first = stk__calloc(d->n + 1, sizeof *src->shard_first))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < d->n; k++) {
+        shard *s = &d->shards[k];
+        if (man && s->f.count != d->man.shards[k].count) {
+            stk__fmt(err, errlen, "%s: has %llu samples, the manifest says %llu", s->path,
+                     (unsigned long long)s->f.count, (unsigned long long)d->man.shards[k].count);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        const stk__stk_header *h0 = &d->shards[0].h;
+        if (s->h.kind != h0->kind || s->h.raw_h != h0->raw_h || s->h.raw_w != h0->raw_w ||
+            s->h.raw_c != h0->raw_c) {
+            stk__fmt(err, errlen,
+                     "%s: payload kind %s %ux%ux%u differs from the first shard's (%s "
+                     "%ux%ux%u); a dataset's shards must agree",
+                     s->path, stk__payload_kind_name(s->h.kind), s->h.raw_h, s->h.raw_w, s->h.raw_c,
+                     stk__payload_kind_name(h0->kind), h0->raw_h, h0->raw_w, h0->raw_c);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        s->first = total;
+        src->shard_first[k] = total;
+        total += s->f.count;
+        d->total_bytes += s->bytes;
+        src->index_bytes +=
+            s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s + strlen(s->path) + 1;
+    }
+    src->shard_first[d->n] = total;
+    src->nshards = d->n;
+    for (size_t k = 0; k < d->n; k++) {
+        if (d->shards[k].maxl > maxl)
+            maxl = d->shards[k].maxl;
+        for (uint64_t j = 0; j < d->shards[k].f.count; j++) {
+            uint32_t len = stk__get32(d->shards[k].region + j * STK_ENTRY_SIZE + 8);
+            if (len > src->max_len)
+                src->max_len = len;
+        }
+    }
+    if (!total) {
+        stk__fmt(err, errlen, "%s: the shards hold no samples", where);
+        rc = STK_EEMPTY;
+        goto out;
+    }
+    if (man && d->man.samples != total) {
+        stk__fmt(err, errlen, "%s: shards hold %llu samples, the manifest says %llu", where,
+                 (unsigned long long)total, (unsigned long long)d->man.samples);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    src->ops = &k_stk_ops;
+    src->impl = d;
+    src->count = total;
+    src->num_classes = (uint64_t)(maxl + 1);
+    if (d->man.classes > src->num_classes)
+        src->num_classes = d->man.classes;
+    if (d->shards[0].h.kind == STK_PAYLOAD_RAW)
+        src->fixed_len = (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
+    src->index_bytes += sizeof *d + (d->n + 1) * sizeof *src->shard_first;
+    d = NULL;
+out:
+    if (d) {
+        stk__source tmp = {.impl = d};
+        stk_close(&tmp);
+        stk__free(src->shard_first);
+        src->shard_first = NULL;
+    }
+    return rc;
 }
 
 int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, const char *dir,
@@ -300,8 +456,6 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
         goto out;
     }
     d->keep_fds = ns <= STK_KEEP_FDS;
-    int64_t maxl = -1;
-    uint64_t total = 0;
     for (size_t k = 0; k < ns; k++) {
         shard *s = &d->shards[k];
         s->fd = -1;
@@ -315,59 +469,206 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
             rc = STK_ENOMEM;
             goto out;
         }
-        int64_t ml = -1;
-        if ((rc = open_shard(s, d->keep_fds, &ml, err, errlen)))
+        if ((rc = open_shard(s, d->keep_fds, &s->maxl, err, errlen)))
             goto out;
-        if (man && s->f.count != d->man.shards[k].count) {
-            stk__fmt(err, errlen, "%s: has %llu samples, the manifest says %llu", s->path,
-                     (unsigned long long)s->f.count, (unsigned long long)d->man.shards[k].count);
-            rc = STK_EFORMAT;
-            goto out;
-        }
-        const stk__stk_header *h0 = &d->shards[0].h;
-        if (s->h.kind != h0->kind || s->h.raw_h != h0->raw_h || s->h.raw_w != h0->raw_w ||
-            s->h.raw_c != h0->raw_c) {
-            stk__fmt(err, errlen,
-                     "%s: payload kind %s %ux%ux%u differs from the first shard's (%s "
-                     "%ux%ux%u); a dataset's shards must agree",
-                     s->path, stk__payload_kind_name(s->h.kind), s->h.raw_h, s->h.raw_w, s->h.raw_c,
-                     stk__payload_kind_name(h0->kind), h0->raw_h, h0->raw_w, h0->raw_c);
-            rc = STK_EFORMAT;
-            goto out;
-        }
-        s->first = total;
-        total += s->f.count;
-        d->total_bytes += s->bytes;
-        if (ml > maxl)
-            maxl = ml;
-        src->index_bytes +=
-            s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s + strlen(s->path) + 1;
     }
-    if (!total) {
-        stk__fmt(err, errlen, "%s: the shards hold no samples", dir ? dir : d->shards[0].path);
-        rc = STK_EEMPTY;
-        goto out;
-    }
-    if (man && d->man.samples != total) {
-        stk__fmt(err, errlen, "%s: shards hold %llu samples, the manifest says %llu", dir,
-                 (unsigned long long)total, (unsigned long long)d->man.samples);
-        rc = STK_EFORMAT;
-        goto out;
-    }
-    src->ops = &k_stk_ops;
-    src->impl = d;
-    src->count = total;
-    src->num_classes = (uint64_t)(maxl + 1);
-    if (d->man.classes > src->num_classes)
-        src->num_classes = d->man.classes;
-    if (d->shards[0].h.kind == STK_PAYLOAD_RAW)
-        src->fixed_len = (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
-    src->index_bytes += sizeof *d;
+    rc = finish_set(src, d, man, dir ? dir : d->shards[0].path, err, errlen);
     d = NULL;
 out:
     if (d) {
         stk__source tmp = {.impl = d};
         stk_close(&tmp);
     }
+    return rc;
+}
+
+/* Remote shards are opened in chunks of this many, each chunk's requests in
+ * flight together: bounded memory for requests, and round trips overlap. */
+#define REMOTE_OPEN_CHUNK 512
+
+/* Fetches and checks the header, footer and index of shards [a, b). */
+static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    size_t n = b - a;
+    stk__req *q = stk__calloc(2 * n, sizeof *q);
+    stk__req **qp = stk__calloc(2 * n, sizeof *qp);
+    uint8_t *ends = stk__malloc(n * (STK_HEADER_SIZE + STK_FOOTER_SIZE));
+    char why[STK_ERRMSG_MAX];
+    if (!q || !qp || !ends) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    /* 1. Headers, and footers of shards whose size is known. A header's
+     *    Content-Range gives the size of the others. */
+    size_t nq = 0;
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[a + k];
+        uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
+        q[2 * k] = (stk__req){.name = s->obj, .off = 0, .len = STK_HEADER_SIZE, .buf = hb, .fd = -1};
+        qp[nq++] = &q[2 * k];
+        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+            q[2 * k + 1] = (stk__req){.name = s->obj,
+                                      .off = s->bytes - STK_FOOTER_SIZE,
+                                      .len = STK_FOOTER_SIZE,
+                                      .buf = hb + STK_HEADER_SIZE,
+                                      .fd = -1};
+            qp[nq++] = &q[2 * k + 1];
+        }
+    }
+    stk__remote_run(d->remote, qp, nq);
+    nq = 0;
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[a + k];
+        stk__req *h = &q[2 * k];
+        if (h->rc) {
+            stk__fmt(err, errlen, "%s: %s", s->path,
+                     h->rc == STK_ENOENT ? "not found (HTTP 404)" : h->err);
+            rc = h->rc == STK_ENOENT ? STK_ENOENT : h->rc;
+            goto out;
+        }
+        if (s->bytes && h->total && h->total != s->bytes) {
+            stk__fmt(err, errlen, "%s: is %llu bytes, the listing or manifest says %llu", s->path,
+                     (unsigned long long)h->total, (unsigned long long)s->bytes);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        if (!s->bytes) {
+            s->bytes = h->total;
+            if (!s->bytes) {
+                stk__fmt(err, errlen, "%s: the server did not say how large the object is",
+                         s->path);
+                rc = STK_EIO;
+                goto out;
+            }
+            if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE)
+                continue; /* parse_ends reports it */
+            uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
+            q[2 * k + 1] = (stk__req){.name = s->obj,
+                                      .off = s->bytes - STK_FOOTER_SIZE,
+                                      .len = STK_FOOTER_SIZE,
+                                      .buf = hb + STK_HEADER_SIZE,
+                                      .fd = -1};
+            qp[nq++] = &q[2 * k + 1];
+        }
+    }
+    stk__remote_run(d->remote, qp, nq);
+    /* 2. Parse header and footer; fetch each index region. */
+    nq = 0;
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[a + k];
+        stk__req *f = &q[2 * k + 1];
+        uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
+        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE && f->rc) {
+            stk__fmt(err, errlen, "%s: %s", s->path, f->err);
+            rc = f->rc == STK_ENOENT ? STK_EIO : f->rc;
+            goto out;
+        }
+        if ((rc = parse_ends(s, hb, hb + STK_HEADER_SIZE, why, sizeof why))) {
+            stk__fmt(err, errlen, "%s: %s", s->path, why);
+            goto out;
+        }
+        size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
+        if (!(s->region = stk__malloc(rlen ? rlen : 1))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        if (rlen) {
+            q[2 * k] = (stk__req){.name = s->obj,
+                                  .off = s->f.index_offset,
+                                  .len = rlen,
+                                  .buf = s->region,
+                                  .fd = -1};
+            qp[nq++] = &q[2 * k];
+        } else {
+            q[2 * k].rc = STK_OK;
+        }
+    }
+    stk__remote_run(d->remote, qp, nq);
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[a + k];
+        size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
+        if (rlen && q[2 * k].rc) {
+            stk__fmt(err, errlen, "%s: %s", s->path, q[2 * k].err);
+            rc = q[2 * k].rc == STK_ENOENT ? STK_EIO : q[2 * k].rc;
+            goto out;
+        }
+        if ((rc = check_region(s, rlen, &s->maxl, why, sizeof why))) {
+            stk__fmt(err, errlen, "%s: %s", s->path, why);
+            goto out;
+        }
+    }
+out:
+    stk__free(q);
+    stk__free(qp);
+    stk__free(ends);
+    return rc;
+}
+
+int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *const *names,
+                                const uint64_t *sizes, size_t n, stk__manifest *man, char *err,
+                                size_t errlen)
+{
+    int rc = STK_OK;
+    memset(src, 0, sizeof *src);
+    src->remote = r;
+    stkset *d = stk__calloc(1, sizeof *d);
+    if (!d) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    d->remote = r;
+    if (man) {
+        d->man = *man;
+        memset(man, 0, sizeof *man);
+        n = d->man.nshards;
+    }
+    if (!n) {
+        stk__fmt(err, errlen, "%s: no shards", stk__remote_display(r));
+        rc = STK_EEMPTY;
+        goto out;
+    }
+    if (!(d->shards = stk__calloc(n, sizeof *d->shards)) ||
+        !(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
+        !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    src->nshards_objs_ = n;
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[k];
+        s->fd = -1;
+        s->maxl = -1;
+        d->n = k + 1;
+        const char *name = d->man.shards ? d->man.shards[k].name : names[k];
+        char where[4096];
+        stk__remote_object_display(r, name, where, sizeof where);
+        if (!(s->obj = stk__strdup(name)) || !(s->path = stk__strdup(where))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        s->bytes = d->man.shards ? d->man.shards[k].bytes : sizes ? sizes[k] : 0;
+    }
+    for (size_t a = 0; a < n; a += REMOTE_OPEN_CHUNK) {
+        size_t b = a + REMOTE_OPEN_CHUNK < n ? a + REMOTE_OPEN_CHUNK : n;
+        if ((rc = open_remote_chunk(d, a, b, err, errlen)))
+            goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        if (!(src->shard_objs[k] = stk__strdup(d->shards[k].obj))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        src->shard_bytes[k] = d->shards[k].bytes;
+    }
+    rc = finish_set(src, d, d->man.shards != NULL, stk__remote_display(r), err, errlen);
+    d = NULL;
+out:
+    if (d) {
+        stk__source tmp = {.impl = d};
+        stk_close(&tmp);
+    }
+    if (rc)
+        stk__source_free_common(src);
     return rc;
 }

@@ -660,14 +660,25 @@ out:
 int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errlen)
 {
     char path[4096];
-    int rc = STK_OK;
     char *text = NULL;
-    size_t tlen = 0, shard_cap = 0;
-    uint64_t lineno = 0;
+    size_t tlen = 0;
     memset(m, 0, sizeof *m);
     stk__fmt(path, sizeof path, "%s/%s", dir, STK_MANIFEST);
-    if ((rc = slurp(path, 64u << 20, &text, &tlen, err, errlen)))
+    int rc = slurp(path, 64u << 20, &text, &tlen, err, errlen);
+    if (rc)
         return rc;
+    rc = stk__manifest_parse(text, tlen, path, m, err, errlen);
+    stk__free(text);
+    return rc;
+}
+
+int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest *m, char *err,
+                        size_t errlen)
+{
+    int rc = STK_OK;
+    size_t shard_cap = 0;
+    uint64_t lineno = 0;
+    memset(m, 0, sizeof *m);
     if (memchr(text, '\0', tlen)) {
         stk__fmt(err, errlen, "%s: not a text file", path);
         rc = STK_EFORMAT;
@@ -763,7 +774,6 @@ int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errl
         rc = STK_EFORMAT;
     }
 out:
-    stk__free(text);
     if (rc)
         stk__manifest_free(m);
     return rc;

@@ -144,6 +144,10 @@ typedef struct stk__manifest {
 int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size_t errlen);
 /* Reads DIR/stoker.manifest. STK_ENOENT if there is none (err untouched). */
 int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errlen);
+/* Parses a manifest's text (modified in place; NUL-terminated at tlen);
+ * path names it in messages. */
+int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest *m, char *err,
+                        size_t errlen);
 void stk__manifest_free(stk__manifest *m);
 
 /* ---- Helpers shared by readers ---------------------------------------- */

@@ -820,7 +820,7 @@ static void tar_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_tar_ops = {"tar", tar_read, tar_name, tar_close};
+static const stk__source_ops k_tar_ops = {.kind = "tar", .read = tar_read, .name = tar_name, .close = tar_close};
 
 int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                          size_t errlen)

@@ -1,0 +1,461 @@
+/*
+ * fetch.c -- the fetch stage (see fetch.h).
+ *
+ * State, all under f->lock:
+ *   - a ring of `cap` entries indexed by seq % cap, covering the planned
+ *     window [lo, plan_seq); an entry is PLANNED (its chunk in flight),
+ *     READY, FAILED, or FREE (consumed, or a slot past a short batch);
+ *   - chunks: one ranged GET each, covering one or more entries of one
+ *     shard; a chunk's buffer is freed when its last entry is consumed and
+ *     its request is done.
+ * The planner (plan_more) runs in whichever thread made room: a worker that
+ * consumed an entry, or reset. It never blocks.
+ */
+#include "fetch/fetch.h"
+#include "io/remote.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define WAIT_SLICE_NS 100000000ULL
+
+enum { E_FREE = 0, E_PLANNED, E_READY, E_FAILED };
+
+typedef struct chunk chunk;
+
+typedef struct entry {
+    uint64_t sample;
+    chunk *ch;
+    uint64_t off; /* into ch->buf */
+    uint32_t len;
+    uint8_t state;
+} entry;
+
+struct chunk {
+    stk__req req;
+    stk__fetch *f;
+    uint8_t *buf;
+    uint64_t bytes;
+    unsigned refs; /* entries not yet consumed */
+    bool inflight;
+    uint64_t gen;
+    chunk *next_all, *prev_all;
+};
+
+struct stk__fetch {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    stk__source *src;
+    stk__remote *remote;
+    stk__fetch_plan plan;
+    stk__fetch_cfg cfg;
+    bool cancel;
+    uint64_t gen;
+
+    entry *ring;
+    uint64_t cap; /* power of two >= lookahead + batch_size */
+    uint64_t lo, plan_seq;
+    uint64_t buffered; /* bytes of live chunks */
+    chunk *chunks;     /* every live chunk */
+
+    /* stats (under lock) */
+    uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
+};
+
+/* ---- chunks ---------------------------------------------------------------- */
+
+static void chunk_unlink_free(stk__fetch *f, chunk *c)
+{
+    if (c->prev_all)
+        c->prev_all->next_all = c->next_all;
+    else
+        f->chunks = c->next_all;
+    if (c->next_all)
+        c->next_all->prev_all = c->prev_all;
+    f->buffered -= c->bytes;
+    stk__free(c->buf);
+    stk__free(c);
+}
+
+/* Drops one entry's reference; frees the chunk when nothing needs it. */
+static void chunk_put(stk__fetch *f, chunk *c)
+{
+    if (--c->refs == 0 && !c->inflight)
+        chunk_unlink_free(f, c);
+}
+
+static void on_chunk_done(stk__req *q, void *ctx)
+{
+    chunk *c = ctx;
+    stk__fetch *f = c->f;
+    pthread_mutex_lock(&f->lock);
+    c->inflight = false;
+    if (c->gen == f->gen) {
+        for (uint64_t s = f->lo; s < f->plan_seq; s++) {
+            entry *e = &f->ring[s & (f->cap - 1)];
+            if (e->ch == c && e->state == E_PLANNED)
+                e->state = q->rc == STK_OK ? E_READY : E_FAILED;
+        }
+        pthread_cond_broadcast(&f->cond);
+    }
+    if (c->refs == 0)
+        chunk_unlink_free(f, c);
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* ---- planning --------------------------------------------------------------- */
+
+typedef struct pend {
+    uint64_t seq, off, len;
+    size_t shard;
+} pend;
+
+static int cmp_pend(const void *a, const void *b)
+{
+    const pend *x = a, *y = b;
+    if (x->shard != y->shard)
+        return x->shard < y->shard ? -1 : 1;
+    if (x->off != y->off)
+        return x->off < y->off ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Issues one chunk for pends [a, b) (same shard, sorted by offset). */
+static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
+{
+    uint64_t start = p[a].off, end = p[a].off + p[a].len;
+    for (size_t k = a; k < b; k++)
+        if (p[k].off + p[k].len > end)
+            end = p[k].off + p[k].len;
+    chunk *c = stk__calloc(1, sizeof *c);
+    uint8_t *buf = c ? stk__malloc(end > start ? (size_t)(end - start) : 1) : NULL;
+    if (!buf) {
+        stk__free(c);
+        /* Out of memory: the entries fail like a failed read. */
+        for (size_t k = a; k < b; k++)
+            f->ring[p[k].seq & (f->cap - 1)].state = E_FAILED;
+        return;
+    }
+    c->f = f;
+    c->buf = buf;
+    c->bytes = end - start;
+    c->inflight = end > start;
+    c->gen = f->gen;
+    c->next_all = f->chunks;
+    if (f->chunks)
+        f->chunks->prev_all = c;
+    f->chunks = c;
+    f->buffered += c->bytes;
+    if (f->buffered > f->buffered_peak)
+        f->buffered_peak = f->buffered;
+    uint64_t useful = 0;
+    for (size_t k = a; k < b; k++) {
+        entry *e = &f->ring[p[k].seq & (f->cap - 1)];
+        e->ch = c;
+        e->off = p[k].off - start;
+        c->refs++;
+        useful += p[k].len;
+        if (end == start)
+            e->state = E_READY;
+    }
+    if (c->bytes > useful)
+        f->overfetch += c->bytes - useful;
+    if (end == start)
+        return;
+    c->req.name = f->src->shard_objs[p[a].shard];
+    c->req.off = start;
+    c->req.len = end - start;
+    c->req.buf = buf;
+    c->req.fd = -1;
+    c->req.done = on_chunk_done;
+    c->req.ctx = c;
+    stk__remote_submit(f->remote, &c->req);
+}
+
+/* Plans sequence numbers up to `upto` (exclusive) or until the budget or the
+ * ring is full. force: plan at least up to `upto` whatever the budget.
+ * Lock held. */
+static void plan_more(stk__fetch *f, uint64_t upto, bool force)
+{
+    pend pb[64]; /* one group: requests go out in the order they are needed */
+    size_t np = 0;
+    uint64_t pbytes = 0;
+    uint64_t B = f->plan.batch_size;
+    while (!f->cancel) {
+        uint64_t s = f->plan_seq;
+        bool must = force && s < upto;
+        if (s >= f->lo + f->cap || np == sizeof pb / sizeof *pb)
+            break;
+        if (!must && (s - f->lo >= f->cfg.lookahead ||
+                      f->buffered + pbytes >= f->cfg.buffer_bytes))
+            break;
+        uint64_t g = s / B, slot = s % B;
+        entry *e = &f->ring[s & (f->cap - 1)];
+        memset(e, 0, sizeof *e);
+        f->plan_seq++;
+        if (slot >= f->plan.batch_len(f->plan.ctx, g)) {
+            /* Past a short batch: skip to the next batch. */
+            e->state = E_FREE;
+            continue;
+        }
+        uint64_t i = f->plan.sample_at(f->plan.ctx, g, slot);
+        size_t shard;
+        uint64_t off, len;
+        f->src->ops->locate(f->src, i, &shard, &off, &len);
+        e->sample = i;
+        e->len = (uint32_t)len;
+        e->state = E_PLANNED;
+        pb[np++] = (pend){s, off, len, shard};
+        pbytes += len;
+    }
+    if (!np)
+        return;
+    qsort(pb, np, sizeof *pb, cmp_pend);
+    size_t a = 0;
+    for (size_t k = 1; k <= np; k++) {
+        bool split = k == np || pb[k].shard != pb[a].shard;
+        if (!split) {
+            uint64_t end = pb[k - 1].off + pb[k - 1].len;
+            split = pb[k].off > end + f->cfg.coalesce_gap ||
+                    pb[k].off + pb[k].len - pb[a].off > f->cfg.max_request;
+        }
+        if (split) {
+            issue(f, pb, a, k);
+            a = k;
+        }
+    }
+    /* More may fit: keep planning in bounded batches. */
+    if (f->plan_seq < f->lo + f->cap && (force ? f->plan_seq < upto : true))
+        plan_more(f, upto, force);
+}
+
+/* Moves lo past consumed entries. Lock held. */
+static void advance_lo(stk__fetch *f)
+{
+    while (f->lo < f->plan_seq && f->ring[f->lo & (f->cap - 1)].state == E_FREE)
+        f->lo++;
+}
+
+/* ---- API ---------------------------------------------------------------------- */
+
+int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
+                      const stk__fetch_cfg *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!src->remote || !src->ops->locate || !src->ops->accept || !src->shard_objs) {
+        stk__fmt(err, errlen, "this source cannot be fetched ahead");
+        return STK_EUNSUPPORTED;
+    }
+    stk__fetch *f = stk__calloc(1, sizeof *f);
+    if (!f)
+        return STK_ENOMEM;
+    f->src = src;
+    f->remote = src->remote;
+    f->plan = *plan;
+    f->cfg = *cfg;
+    if (!f->cfg.buffer_bytes)
+        f->cfg.buffer_bytes = 64ULL << 20;
+    if (!f->cfg.coalesce_gap)
+        f->cfg.coalesce_gap = 16ULL << 10;
+    if (!f->cfg.max_request)
+        f->cfg.max_request = 8ULL << 20;
+    if (!f->cfg.lookahead)
+        f->cfg.lookahead = 4096;
+    uint64_t need = f->cfg.lookahead + plan->batch_size + 256;
+    f->cap = 1;
+    while (f->cap < need)
+        f->cap <<= 1;
+    if (pthread_mutex_init(&f->lock, NULL)) {
+        stk__free(f);
+        return STK_ENOMEM;
+    }
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int r = pthread_cond_init(&f->cond, &a);
+    pthread_condattr_destroy(&a);
+    if (r || !(f->ring = stk__calloc(f->cap, sizeof *f->ring))) {
+        if (!r)
+            pthread_cond_destroy(&f->cond);
+        pthread_mutex_destroy(&f->lock);
+        stk__free(f);
+        return STK_ENOMEM;
+    }
+    (void)err;
+    (void)errlen;
+    *out = f;
+    return STK_OK;
+}
+
+void stk__fetch_cancel(stk__fetch *f)
+{
+    if (!f)
+        return;
+    pthread_mutex_lock(&f->lock);
+    f->cancel = true;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+void stk__fetch_destroy(stk__fetch *f)
+{
+    if (!f)
+        return;
+    stk__fetch_cancel(f);
+    /* Requests still in flight hold pointers to their chunks: wait for each
+     * to be done (the store cancels them promptly when it closes, but the
+     * store outlives this stage, so wait here). */
+    for (;;) {
+        pthread_mutex_lock(&f->lock);
+        chunk *c = f->chunks;
+        while (c && !c->inflight)
+            c = c->next_all;
+        pthread_mutex_unlock(&f->lock);
+        if (!c)
+            break;
+        stk__remote_wait(f->remote, &c->req);
+        /* The done callback ran (or runs now) and cleared inflight. */
+        pthread_mutex_lock(&f->lock);
+        while (c->inflight)
+            pthread_cond_wait(&f->cond, &f->lock);
+        pthread_mutex_unlock(&f->lock);
+    }
+    while (f->chunks)
+        chunk_unlink_free(f, f->chunks);
+    stk__free(f->ring);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    stk__free(f);
+}
+
+void stk__fetch_reset(stk__fetch *f, uint64_t g)
+{
+    pthread_mutex_lock(&f->lock);
+    for (uint64_t s = f->lo; s < f->plan_seq; s++) {
+        entry *e = &f->ring[s & (f->cap - 1)];
+        if (e->state != E_FREE && e->ch)
+            chunk_put(f, e->ch);
+        memset(e, 0, sizeof *e);
+    }
+    f->gen++;
+    f->lo = f->plan_seq = g * f->plan.batch_size;
+    plan_more(f, 0, false);
+    pthread_mutex_unlock(&f->lock);
+}
+
+int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__sink *sink,
+                    uint8_t **data, size_t *len, int64_t *label, char *err, size_t errlen)
+{
+    uint64_t seq = g * f->plan.batch_size + slot;
+    pthread_mutex_lock(&f->lock);
+    if (seq < f->lo || seq >= f->lo + f->cap) {
+        /* Not in the window (cannot happen in order; be safe): read directly. */
+        pthread_mutex_unlock(&f->lock);
+        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
+    }
+    if (seq >= f->plan_seq)
+        plan_more(f, seq + 1, true);
+    entry *e = &f->ring[seq & (f->cap - 1)];
+    if (e->sample != i || e->state == E_FREE) {
+        pthread_mutex_unlock(&f->lock);
+        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
+    }
+    if (e->state == E_PLANNED) {
+        uint64_t t0 = stk__now_ns();
+        f->waits++;
+        while (e->state == E_PLANNED && !f->cancel) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t t = (uint64_t)ts.tv_nsec + WAIT_SLICE_NS;
+            ts.tv_sec += (time_t)(t / 1000000000ULL);
+            ts.tv_nsec = (long)(t % 1000000000ULL);
+            pthread_cond_timedwait(&f->cond, &f->lock, &ts);
+        }
+        f->wait_ns += stk__now_ns() - t0;
+    }
+    int rc = STK_OK;
+    chunk *c = e->ch;
+    if (e->state == E_PLANNED) {
+        stk__fmt(err, errlen, "cancelled: the loader is closing");
+        rc = STK_EIO;
+    } else if (e->state == E_FAILED) {
+        stk__fmt(err, errlen, "%s", c && c->req.err[0] ? c->req.err : "fetch failed");
+        rc = c && c->req.rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
+    }
+    uint64_t off = e->off;
+    uint32_t n = e->len;
+    e->state = E_FREE;
+    e->ch = NULL;
+    advance_lo(f);
+    pthread_mutex_unlock(&f->lock);
+
+    /* The chunk stays alive: this entry still holds its reference. The copy
+     * and the checksum run outside the lock, in parallel across workers. */
+    uint8_t *buf = NULL;
+    if (rc == STK_OK) {
+        buf = stk__sink_reserve(sink, n, &rc);
+        if (!buf) {
+            if (rc == STK_ETOOBIG)
+                stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", n,
+                         sink->grow ? sink->grow->limit : sink->cap);
+            else
+                stk__fmt(err, errlen, "out of memory for %u bytes", n);
+        } else {
+            if (n)
+                memcpy(buf, c->buf + off, n);
+            rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
+        }
+    }
+    pthread_mutex_lock(&f->lock);
+    if (c)
+        chunk_put(f, c);
+    if (rc == STK_OK) {
+        f->samples++;
+        f->sample_bytes += n;
+    }
+    plan_more(f, 0, false);
+    pthread_mutex_unlock(&f->lock);
+    if (rc == STK_OK) {
+        *data = buf;
+        *len = n;
+    }
+    return rc;
+}
+
+void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    stk__remote_counters rc;
+    stk__remote_counters_get(f->remote, &rc);
+    st->requests = rc.requests;
+    st->retries = rc.retries;
+    st->failures = rc.failures;
+    st->bytes = rc.bytes;
+    st->inflight = rc.inflight;
+    st->inflight_peak = rc.inflight_peak;
+    st->io_busy_ns = rc.busy_ns;
+    pthread_mutex_lock(&f->lock);
+    st->samples = f->samples;
+    st->sample_bytes = f->sample_bytes;
+    st->overfetch_bytes = f->overfetch;
+    st->waits = f->waits;
+    st->wait_ns = f->wait_ns;
+    st->buffered = f->buffered;
+    st->buffered_peak = f->buffered_peak;
+    pthread_mutex_unlock(&f->lock);
+}
+
+uint64_t stk__fetch_memory_bound(const stk__fetch *f)
+{
+    /* The budget, plus what forced planning may add (threads x a claim run
+     * of the largest sample), plus a request's worth of merging slack, the
+     * ring and the chunk headers. */
+    uint64_t maxs = f->src->max_len ? f->src->max_len : (1u << 20);
+    uint64_t forced = (uint64_t)(f->cfg.threads ? f->cfg.threads : 1) * 16 * maxs;
+    uint64_t chunks = f->cap * (sizeof(chunk) + 64);
+    return f->cfg.buffer_bytes + f->cfg.max_request + forced + f->cap * sizeof(entry) + chunks +
+           sizeof *f;
+}

@@ -1,0 +1,82 @@
+/*
+ * fetch.h -- the fetch stage: reads remote samples' bytes ahead of the
+ * decode workers, in exactly the order the loader will ask for them.
+ *
+ * The loader's order is deterministic, so the stage knows its future: from
+ * the production cursor it walks the coming batches slot by slot (a
+ * "sequence number" seq = g * batch_size + slot), groups the samples it has
+ * not yet asked for by shard, merges neighbours whose gap is small into one
+ * ranged GET, and keeps those requests in flight on the remote store's I/O
+ * thread. A worker that reaches slot (g, s) finds the bytes there already in
+ * steady state; it waits only when the network is slower than decoding.
+ *
+ * Bounded: the bytes buffered and in flight stay under `buffer_bytes`,
+ * except that a worker asking for a sample the planner has not reached yet
+ * plans it at once (at most threads x one claim run of samples beyond the
+ * budget; counted in the memory bound).
+ *
+ * With a disk cache (cache.h), whole shards are downloaded into the cache
+ * and samples read from there; a shard the cache cannot admit is read by
+ * ranged GETs as above.
+ *
+ * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
+ * the loader with no worker inside read (reset) or any time (cancel). Lock
+ * order: stk_loader.lock is never held while calling in; fetch.lock is taken
+ * before the remote engine's lock.
+ */
+#ifndef STK_FETCH_H
+#define STK_FETCH_H
+
+#include "source/source.h"
+
+/* The loader's future: how many samples global batch g has, and which
+ * dataset sample sits at slot `slot` of it. Pure functions of their
+ * arguments; called with the fetch lock held. */
+typedef struct stk__fetch_plan {
+    void *ctx;
+    uint64_t batch_size;
+    uint64_t (*batch_len)(void *ctx, uint64_t g);
+    uint64_t (*sample_at)(void *ctx, uint64_t g, uint64_t slot);
+} stk__fetch_plan;
+
+typedef struct stk__fetch_cfg {
+    uint64_t buffer_bytes;  /* budget for bytes buffered + in flight (default 64 MiB) */
+    uint64_t coalesce_gap;  /* merge neighbours up to this gap (default 16 KiB) */
+    uint64_t max_request;   /* largest merged request (default 8 MiB) */
+    uint64_t lookahead;     /* most samples planned ahead (default 4096) */
+    unsigned threads;       /* workers (for the memory bound) */
+    const char *cache_dir;  /* disk cache of whole shards, or NULL */
+    uint64_t cache_limit;   /* bytes */
+} stk__fetch_cfg;
+
+typedef struct stk__fetch stk__fetch;
+
+typedef struct stk__fetch_stats {
+    uint64_t requests, retries, failures, bytes, inflight, inflight_peak;
+    uint64_t samples, sample_bytes; /* samples delivered to workers, their bytes */
+    uint64_t overfetch_bytes;       /* gap bytes fetched by merging */
+    uint64_t waits, wait_ns;        /* reads that had to wait for the network */
+    uint64_t buffered, buffered_peak;
+    uint64_t cache_hits, cache_misses, cache_evictions, cache_bytes, cache_fallbacks;
+    uint64_t io_busy_ns;
+} stk__fetch_stats;
+
+/* Creates the stage for a remote source (src->remote and ops->locate set).
+ * Plans nothing until stk__fetch_reset. */
+int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
+                      const stk__fetch_cfg *cfg, char *err, size_t errlen);
+/* Stops planning and wakes waiting workers (their reads fail). */
+void stk__fetch_cancel(stk__fetch *f);
+/* Frees the stage (after the workers have stopped). NULL is harmless. */
+void stk__fetch_destroy(stk__fetch *f);
+/* Drops what was planned and plans from global batch g on. */
+void stk__fetch_reset(stk__fetch *f, uint64_t g);
+/* Reads sample i, at slot `slot` of global batch g, into the sink: the same
+ * contract as stk__source_ops.read. */
+int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__sink *sink,
+                    uint8_t **data, size_t *len, int64_t *label, char *err, size_t errlen);
+void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st);
+/* Peak bytes the stage allocates (its buffers and tables). */
+uint64_t stk__fetch_memory_bound(const stk__fetch *f);
+
+#endif

@@ -1,0 +1,1373 @@
+/*
+ * remote.c -- dataset URLs, S3 credentials and addressing, and the transfer
+ * engine (one I/O thread over a libcurl multi handle). See remote.h.
+ *
+ * S3 requests are signed by libcurl (CURLOPT_AWS_SIGV4). libcurl 7.88 needs
+ * three things from its caller for the signature to match what the server
+ * computes: the `x-amz-content-sha256: UNSIGNED-PAYLOAD` header, a query
+ * string already sorted by name and percent-encoded (RFC 3986, '/' as %2F),
+ * and object keys percent-encoded except unreserved characters and '/'.
+ */
+#include "io/remote.h"
+
+#include <curl/curl.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { SCHEME_HTTP = 1, SCHEME_S3 = 2 };
+enum { Q_QUEUED, Q_ACTIVE, Q_WAITING_RETRY, Q_DONE };
+
+struct stk__remote {
+    int scheme;
+    char *display;  /* the URL as given, no credentials or query */
+    char *base;     /* request URL prefix that object names are appended to */
+    char *self_url; /* URL of the root itself (a single object) */
+    char *basename; /* last element of the URL's path */
+    bool names_object;
+    /* S3 */
+    char *bucket, *prefix; /* prefix: "" or ends with '/' for a directory */
+    char *list_url;        /* bucket URL for ListObjectsV2 */
+    char *key_id, *secret, *token, *region, *sigv4;
+    stk__remote_cfg cfg;
+
+    /* engine */
+    pthread_mutex_t lock;
+    pthread_cond_t cond_done;
+    pthread_t th;
+    bool started, stop;
+    CURLM *multi;
+    stk__req *queue_head, *queue_tail; /* Q_QUEUED, FIFO */
+    stk__req *retry;                   /* Q_WAITING_RETRY, unordered */
+    stk__req *act;                     /* in the multi handle (I/O thread only) */
+    unsigned active;
+    uint64_t rng;
+    /* Counters: relaxed atomics, each independent. */
+    _Atomic uint64_t n_requests, n_retries, n_failures, n_bytes, n_busy_ns;
+    _Atomic uint64_t n_inflight, n_peak;
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
+static CURLcode g_curl_init_rc;
+static void curl_init_once(void)
+{
+    g_curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+bool stk__is_url(const char *p)
+{
+    return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5));
+}
+
+static char *dupn(const char *s, size_t n)
+{
+    char *p = stk__malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+static char *cat3(const char *a, const char *b, const char *c)
+{
+    size_t la = strlen(a), lb = strlen(b), lc = strlen(c);
+    char *p = stk__malloc(la + lb + lc + 1);
+    if (p) {
+        memcpy(p, a, la);
+        memcpy(p + la, b, lb);
+        memcpy(p + la + lb, c, lc + 1);
+    }
+    return p;
+}
+
+void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 4 < n; p++) {
+        unsigned char ch = *p;
+        bool keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
+                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_' ||
+                    ch == '~' || (keep_slash && ch == '/');
+        if (keep) {
+            out[o++] = (char)ch;
+        } else {
+            out[o++] = '%';
+            out[o++] = hex[ch >> 4];
+            out[o++] = hex[ch & 15];
+        }
+    }
+    if (n)
+        out[o < n ? o : n - 1] = '\0';
+}
+
+void stk__xml_unescape(char *s)
+{
+    char *w = s;
+    for (const char *r = s; *r;) {
+        if (*r != '&') {
+            *w++ = *r++;
+            continue;
+        }
+        const char *semi = strchr(r, ';');
+        size_t k = semi ? (size_t)(semi - r) : 0;
+        unsigned long cp = 0;
+        bool ok = true;
+        if (k == 4 && !strncmp(r, "&amp", 4))
+            cp = '&';
+        else if (k == 3 && !strncmp(r, "&lt", 3))
+            cp = '<';
+        else if (k == 3 && !strncmp(r, "&gt", 3))
+            cp = '>';
+        else if (k == 5 && !strncmp(r, "&quot", 5))
+            cp = '"';
+        else if (k == 5 && !strncmp(r, "&apos", 5))
+            cp = '\'';
+        else if (k > 2 && r[1] == '#') {
+            char *end;
+            cp = r[2] == 'x' ? strtoul(r + 3, &end, 16) : strtoul(r + 2, &end, 10);
+            ok = end == semi && cp > 0 && cp < 0x110000;
+        } else
+            ok = false;
+        if (!ok) {
+            *w++ = *r++;
+            continue;
+        }
+        /* UTF-8 encode cp. */
+        if (cp < 0x80) {
+            *w++ = (char)cp;
+        } else if (cp < 0x800) {
+            *w++ = (char)(0xC0 | (cp >> 6));
+            *w++ = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            *w++ = (char)(0xE0 | (cp >> 12));
+            *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (cp & 0x3F));
+        } else {
+            *w++ = (char)(0xF0 | (cp >> 18));
+            *w++ = (char)(0x80 | ((cp >> 12) & 0x3F));
+            *w++ = (char)(0x80 | ((cp >> 6) & 0x3F));
+            *w++ = (char)(0x80 | (cp & 0x3F));
+        }
+        r = semi + 1;
+    }
+    *w = '\0';
+}
+
+/* ---- credentials --------------------------------------------------------- */
+
+static const char *env(const char *k)
+{
+    const char *v = getenv(k);
+    return v && *v ? v : NULL;
+}
+
+static char *trim(char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Looks up key in [section] of an INI-style AWS file; returns a copy or NULL. */
+static char *ini_get(const char *path, const char *section, const char *key)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return NULL;
+    char line[2048];
+    bool in = false;
+    char *val = NULL;
+    while (!val && fgets(line, sizeof line, f)) {
+        char *t = trim(line);
+        if (*t == '#' || *t == ';' || !*t)
+            continue;
+        if (*t == '[') {
+            char *e = strchr(t, ']');
+            if (e) {
+                *e = '\0';
+                in = !strcmp(trim(t + 1), section);
+            }
+            continue;
+        }
+        if (!in)
+            continue;
+        char *eq = strchr(t, '=');
+        if (!eq)
+            continue;
+        *eq = '\0';
+        if (!strcmp(trim(t), key))
+            val = stk__strdup(trim(eq + 1));
+    }
+    fclose(f);
+    return val;
+}
+
+static void aws_file(const char *envname, const char *leaf, char *buf, size_t n)
+{
+    const char *p = env(envname);
+    if (p) {
+        stk__fmt(buf, n, "%s", p);
+        return;
+    }
+    const char *home = env("HOME");
+    stk__fmt(buf, n, "%s/.aws/%s", home ? home : "", leaf);
+}
+
+static int s3_credentials(stk__remote *r)
+{
+    const char *profile = env("AWS_PROFILE");
+    if (!profile)
+        profile = "default";
+    char cred[4096], conf[4096], section[512];
+    aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", cred, sizeof cred);
+    aws_file("AWS_CONFIG_FILE", "config", conf, sizeof conf);
+    if (!strcmp(profile, "default"))
+        stk__fmt(section, sizeof section, "default");
+    else
+        stk__fmt(section, sizeof section, "profile %s", profile);
+
+    if (env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY")) {
+        r->key_id = stk__strdup(env("AWS_ACCESS_KEY_ID"));
+        r->secret = stk__strdup(env("AWS_SECRET_ACCESS_KEY"));
+        if (env("AWS_SESSION_TOKEN"))
+            r->token = stk__strdup(env("AWS_SESSION_TOKEN"));
+        if (!r->key_id || !r->secret || (env("AWS_SESSION_TOKEN") && !r->token))
+            return STK_ENOMEM;
+    } else {
+        r->key_id = ini_get(cred, profile, "aws_access_key_id");
+        r->secret = ini_get(cred, profile, "aws_secret_access_key");
+        r->token = ini_get(cred, profile, "aws_session_token");
+        if (!r->key_id || !r->secret) {
+            stk__free(r->key_id);
+            stk__free(r->secret);
+            stk__free(r->token);
+            r->key_id = ini_get(conf, section, "aws_access_key_id");
+            r->secret = ini_get(conf, section, "aws_secret_access_key");
+            r->token = ini_get(conf, section, "aws_session_token");
+        }
+        if (!r->key_id || !r->secret) {
+            /* Anonymous requests (a public bucket). */
+            stk__free(r->key_id);
+            stk__free(r->secret);
+            stk__free(r->token);
+            r->key_id = r->secret = r->token = NULL;
+        }
+    }
+    const char *reg = r->cfg.region && *r->cfg.region ? r->cfg.region : env("AWS_REGION");
+    if (!reg)
+        reg = env("AWS_DEFAULT_REGION");
+    if (reg)
+        r->region = stk__strdup(reg);
+    else if (!(r->region = ini_get(conf, section, "region")))
+        r->region = stk__strdup("us-east-1");
+    if (!r->region)
+        return STK_ENOMEM;
+    if (r->key_id) {
+        size_t n = strlen(r->region) + 16;
+        if (!(r->sigv4 = stk__malloc(n)))
+            return STK_ENOMEM;
+        stk__fmt(r->sigv4, n, "aws:amz:%s:s3", r->region);
+    }
+    return STK_OK;
+}
+
+/* ---- URL parsing ----------------------------------------------------------- */
+
+/* Splits "scheme://[user@]host[:port]/path[?query]": *origin gets
+ * "scheme://[user@]host[:port]", *path the rest from '/' (or ""). */
+static void split_url(const char *url, const char **authority_end)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    while (*p && *p != '/' && *p != '?')
+        p++;
+    *authority_end = p;
+}
+
+/* A display form: userinfo removed, query replaced by "?...". */
+static char *display_of(const char *url)
+{
+    const char *sep = strstr(url, "://");
+    const char *host = sep ? sep + 3 : url;
+    const char *aend;
+    split_url(url, &aend);
+    const char *at = NULL;
+    for (const char *p = host; p < aend; p++)
+        if (*p == '@')
+            at = p;
+    const char *q = strchr(aend, '?');
+    size_t head = (size_t)(host - url);
+    const char *rest = at ? at + 1 : host;
+    size_t restlen = q ? (size_t)(q - rest) : strlen(rest);
+    char *d = stk__malloc(head + restlen + 8);
+    if (!d)
+        return NULL;
+    memcpy(d, url, head);
+    memcpy(d + head, rest, restlen);
+    d[head + restlen] = '\0';
+    if (q)
+        memcpy(d + head + restlen, "?...", 5);
+    return d;
+}
+
+static bool looks_like_object(const char *last)
+{
+    return *last && strchr(last, '.') != NULL;
+}
+
+static int parse_http(stk__remote *r, const char *url, char *err, size_t errlen)
+{
+    const char *aend;
+    split_url(url, &aend);
+    const char *q = strchr(aend, '?');
+    size_t plen = q ? (size_t)(q - url) : strlen(url);
+    /* path without query, trailing slashes dropped */
+    while (plen > (size_t)(aend - url) && url[plen - 1] == '/')
+        plen--;
+    const char *last = url + plen;
+    while (last > aend && last[-1] != '/')
+        last--;
+    if (!(r->basename = dupn(last, (size_t)(url + plen - last))))
+        return STK_ENOMEM;
+    r->names_object = looks_like_object(r->basename);
+    if (r->names_object) {
+        if (!(r->self_url = stk__strdup(url)) || !(r->base = dupn(url, (size_t)(last - url))))
+            return STK_ENOMEM;
+    } else {
+        if (q) {
+            stk__fmt(err, errlen,
+                     "%s: a directory URL cannot carry a query string (name one object, or "
+                     "drop the query)",
+                     r->display);
+            return STK_EINVAL;
+        }
+        char *dir = dupn(url, plen);
+        if (!dir)
+            return STK_ENOMEM;
+        r->base = cat3(dir, "/", "");
+        r->self_url = dir;
+        if (!r->base)
+            return STK_ENOMEM;
+    }
+    return STK_OK;
+}
+
+static int parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
+{
+    const char *b = url + 5;
+    const char *slash = strchr(b, '/');
+    size_t blen = slash ? (size_t)(slash - b) : strlen(b);
+    if (!blen) {
+        stk__fmt(err, errlen, "%s: an s3:// URL needs a bucket (s3://BUCKET/PREFIX)", url);
+        return STK_EINVAL;
+    }
+    if (!(r->bucket = dupn(b, blen)))
+        return STK_ENOMEM;
+    const char *key = slash ? slash + 1 : "";
+    size_t klen = strlen(key);
+    while (klen && key[klen - 1] == '/')
+        klen--;
+    const char *last = key + klen;
+    while (last > key && last[-1] != '/')
+        last--;
+    if (!(r->basename = dupn(last, (size_t)(key + klen - last))))
+        return STK_ENOMEM;
+    r->names_object = looks_like_object(r->basename);
+    /* prefix: the "directory" objects are named under. */
+    size_t dirlen = r->names_object ? (size_t)(last - key) : klen;
+    char *dir = dupn(key, dirlen);
+    if (!dir)
+        return STK_ENOMEM;
+    r->prefix = (dirlen && dir[dirlen - 1] != '/') ? cat3(dir, "/", "") : stk__strdup(dir);
+    stk__free(dir);
+    if (!r->prefix)
+        return STK_ENOMEM;
+
+    int rc = s3_credentials(r);
+    if (rc)
+        return rc;
+    const char *ep = r->cfg.endpoint && *r->cfg.endpoint ? r->cfg.endpoint : env("AWS_ENDPOINT_URL_S3");
+    if (!ep)
+        ep = env("AWS_ENDPOINT_URL");
+    char host[1024];
+    bool custom = ep != NULL;
+    if (!ep) {
+        stk__fmt(host, sizeof host, "https://s3.%s.amazonaws.com", r->region);
+        ep = host;
+    }
+    if (strncmp(ep, "http://", 7) && strncmp(ep, "https://", 8)) {
+        stk__fmt(err, errlen, "S3 endpoint '%s' must start with http:// or https://", ep);
+        return STK_EINVAL;
+    }
+    size_t elen = strlen(ep);
+    while (elen && ep[elen - 1] == '/')
+        elen--;
+    char *epc = dupn(ep, elen);
+    if (!epc)
+        return STK_ENOMEM;
+    bool virt = r->cfg.addressing == 2 ||
+                (r->cfg.addressing == 0 && !custom && !strchr(r->bucket, '.'));
+    char enc_bucket[512];
+    stk__pct_encode(r->bucket, false, enc_bucket, sizeof enc_bucket);
+    if (virt) {
+        const char *sep = strstr(epc, "://") + 3;
+        size_t schemelen = (size_t)(sep - epc);
+        char *origin = stk__malloc(elen + blen + 8);
+        if (!origin) {
+            stk__free(epc);
+            return STK_ENOMEM;
+        }
+        memcpy(origin, epc, schemelen);
+        stk__fmt(origin + schemelen, elen + blen + 8 - schemelen, "%s.%s", r->bucket, sep);
+        r->list_url = cat3(origin, "/", "");
+        stk__free(origin);
+    } else {
+        r->list_url = cat3(epc, "/", enc_bucket);
+        if (r->list_url) {
+            char *t = cat3(r->list_url, "/", "");
+            stk__free(r->list_url);
+            r->list_url = t;
+        }
+    }
+    stk__free(epc);
+    if (!r->list_url)
+        return STK_ENOMEM;
+    char enc_prefix[4096];
+    stk__pct_encode(r->prefix, true, enc_prefix, sizeof enc_prefix);
+    if (!(r->base = cat3(r->list_url, enc_prefix, "")))
+        return STK_ENOMEM;
+    char enc_key[4096];
+    stk__pct_encode(r->basename, true, enc_key, sizeof enc_key);
+    if (!(r->self_url = r->names_object ? cat3(r->base, enc_key, "") : stk__strdup(r->base)))
+        return STK_ENOMEM;
+    (void)err;
+    (void)errlen;
+    return STK_OK;
+}
+
+const char *stk__remote_display(const stk__remote *r)
+{
+    return r->display;
+}
+
+bool stk__remote_names_object(const stk__remote *r)
+{
+    return r->names_object;
+}
+
+const char *stk__remote_basename(const stk__remote *r)
+{
+    return r->basename;
+}
+
+void stk__remote_object_display(const stk__remote *r, const char *name, char *buf, size_t n)
+{
+    if (!*name) {
+        stk__fmt(buf, n, "%s", r->display);
+        return;
+    }
+    if (r->scheme == SCHEME_S3) {
+        stk__fmt(buf, n, "s3://%s/%s%s", r->bucket, r->prefix, name);
+        return;
+    }
+    /* The display URL's directory + name. */
+    const char *d = r->display;
+    size_t dl = strlen(d);
+    if (r->names_object) {
+        const char *s = strrchr(d, '/');
+        dl = s ? (size_t)(s - d) : dl;
+    }
+    stk__fmt(buf, n, "%.*s/%s", (int)dl, d, name);
+}
+
+/* The request URL of object name (malloc'd). */
+static char *object_url(const stk__remote *r, const char *name)
+{
+    if (!*name)
+        return stk__strdup(r->self_url);
+    size_t n = strlen(name) * 3 + 1;
+    char *enc = stk__malloc(n);
+    if (!enc)
+        return NULL;
+    stk__pct_encode(name, true, enc, n);
+    char *u = cat3(r->base, enc, "");
+    stk__free(enc);
+    return u;
+}
+
+/* ---- the transfer engine ------------------------------------------------- */
+
+static uint64_t rng_next(stk__remote *r)
+{
+    r->rng = r->rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return stk__mix64(r->rng);
+}
+
+static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
+{
+    stk__req *q = ud;
+    size_t n = sz * nm;
+    long st = 0;
+    curl_easy_getinfo((CURL *)q->easy_, CURLINFO_RESPONSE_CODE, &st);
+    if (st >= 300 || st < 200) {
+        size_t room = sizeof q->ebody_ - 1 - q->ebody_len_;
+        size_t k = n < room ? n : room;
+        memcpy(q->ebody_ + q->ebody_len_, p, k);
+        q->ebody_len_ += k;
+        q->ebody_[q->ebody_len_] = '\0';
+        return n;
+    }
+    if (q->len && st == 200 && q->off != 0) {
+        stk__fmt(q->err, sizeof q->err,
+                 "the server ignored the byte range (HTTP 200 instead of 206); it must support "
+                 "Range requests");
+        q->retry_after_s_ = -2; /* final */
+        return 0;
+    }
+    if (q->len) {
+        uint64_t room = q->len - q->got;
+        if (n > room) {
+            if (st == 200 && q->off == 0 && room) {
+                /* A server that sends the whole object: keep what was asked. */
+                memcpy(q->buf + q->got, p, (size_t)room);
+                q->got += room;
+            }
+            if (st == 200 && q->off == 0) {
+                q->retry_after_s_ = -3; /* complete: stop the transfer */
+                return 0;
+            }
+            stk__fmt(q->err, sizeof q->err, "the server sent more bytes than the range asked for");
+            q->retry_after_s_ = -2;
+            return 0;
+        }
+        memcpy(q->buf + q->got, p, n);
+    } else if (q->fd >= 0 && !q->buf) {
+        size_t done = 0;
+        while (done < n) {
+            ssize_t w = pwrite(q->fd, p + done, n - done, (off_t)(q->got + done));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                stk__fmt(q->err, sizeof q->err, "cannot write the download: %s", strerror(errno));
+                q->retry_after_s_ = -2;
+                return 0;
+            }
+            done += (size_t)w;
+        }
+    } else {
+        if (q->got + n > q->max_bytes) {
+            stk__fmt(q->err, sizeof q->err, "object is larger than the %zu-byte limit",
+                     q->max_bytes);
+            q->retry_after_s_ = -4;
+            return 0;
+        }
+        size_t cap = q->body ? (size_t)q->total : 0;
+        if (q->got + n + 1 > cap) {
+            size_t nc = cap ? cap * 2 : 65536;
+            while (nc < q->got + n + 1)
+                nc *= 2;
+            if (nc > q->max_bytes + 1)
+                nc = q->max_bytes + 1;
+            uint8_t *b = stk__realloc(q->body, nc);
+            if (!b) {
+                q->retry_after_s_ = -5;
+                return 0;
+            }
+            q->body = b;
+            q->total = nc; /* capacity until done */
+        }
+        memcpy(q->body + q->got, p, n);
+    }
+    q->got += n;
+    return n;
+}
+
+static int setup_easy(stk__remote *r, stk__req *q)
+{
+    CURL *e = q->easy_;
+    if (!e) {
+        if (!(e = curl_easy_init()))
+            return STK_ENOMEM;
+        q->easy_ = e;
+    } else {
+        curl_easy_reset(e);
+    }
+    curl_slist_free_all(q->hdrs_);
+    q->hdrs_ = NULL;
+    char range[96];
+    struct curl_slist *h = NULL, *t;
+    if (q->len) {
+        stk__fmt(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)q->off,
+                 (unsigned long long)(q->off + q->len - 1));
+        if (!(t = curl_slist_append(h, range)))
+            goto nomem;
+        h = t;
+    }
+    if (r->sigv4) {
+        if (!(t = curl_slist_append(h, "x-amz-content-sha256: UNSIGNED-PAYLOAD")))
+            goto nomem;
+        h = t;
+        if (r->token) {
+            size_t n = strlen(r->token) + 32;
+            char *line = stk__malloc(n);
+            if (!line)
+                goto nomem;
+            stk__fmt(line, n, "x-amz-security-token: %s", r->token);
+            t = curl_slist_append(h, line);
+            stk__free(line);
+            if (!t)
+                goto nomem;
+            h = t;
+        }
+    }
+    q->hdrs_ = h;
+    curl_easy_setopt(e, CURLOPT_URL, q->url_);
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_PRIVATE, q);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
+    if (h)
+        curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)r->cfg.timeout_s);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
+    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (r->scheme == SCHEME_HTTP) {
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
+        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    }
+    if (r->sigv4) {
+        curl_easy_setopt(e, CURLOPT_AWS_SIGV4, r->sigv4);
+        curl_easy_setopt(e, CURLOPT_USERNAME, r->key_id);
+        curl_easy_setopt(e, CURLOPT_PASSWORD, r->secret);
+    }
+    q->got = 0;
+    q->ebody_len_ = 0;
+    q->ebody_[0] = '\0';
+    q->retry_after_s_ = -1;
+    if (!q->len && !(q->fd >= 0 && !q->buf)) {
+        stk__free(q->body);
+        q->body = NULL;
+        q->total = 0;
+    }
+    return STK_OK;
+nomem:
+    curl_slist_free_all(h);
+    return STK_ENOMEM;
+}
+
+/* Pulls <Code> and <Message> out of an S3 XML error body. */
+static void s3_error_text(const char *body, char *out, size_t n)
+{
+    char code[128] = "", msg[256] = "";
+    const char *a = strstr(body, "<Code>"), *b = a ? strstr(a, "</Code>") : NULL;
+    if (a && b)
+        stk__fmt(code, sizeof code, "%.*s", (int)(b - a - 6), a + 6);
+    a = strstr(body, "<Message>");
+    b = a ? strstr(a, "</Message>") : NULL;
+    if (a && b)
+        stk__fmt(msg, sizeof msg, "%.*s", (int)(b - a - 9), a + 9);
+    if (code[0])
+        stk__fmt(out, n, " %s%s%s", code, msg[0] ? ": " : "", msg);
+    else
+        out[0] = '\0';
+}
+
+static bool retryable_curl(CURLcode c)
+{
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY: return true;
+    default: return false;
+    }
+}
+
+static uint64_t header_u64(CURL *e, const char *name, bool *ok)
+{
+    struct curl_header *h = NULL;
+    *ok = false;
+    if (curl_easy_header(e, name, 0, CURLH_HEADER, -1, &h) != CURLHE_OK || !h || !h->value)
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(h->value, &end, 10);
+    *ok = end != h->value;
+    return v;
+}
+
+/* Evaluates a finished attempt: STK_OK, a final error, or "retry" (1). */
+static int judge(stk__remote *r, stk__req *q, CURLcode res)
+{
+    CURL *e = q->easy_;
+    long st = 0;
+    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &st);
+    q->status = st;
+    char what[256];
+    if (res == CURLE_WRITE_ERROR && q->retry_after_s_ == -3)
+        res = CURLE_OK; /* we stopped a whole-object reply once we had the range */
+    if (res != CURLE_OK) {
+        if (q->retry_after_s_ == -2) {
+            q->rc = STK_EIO;
+            return q->rc;
+        }
+        if (q->retry_after_s_ == -4) {
+            q->rc = STK_ETOOBIG;
+            return q->rc;
+        }
+        if (q->retry_after_s_ == -5) {
+            stk__fmt(q->err, sizeof q->err, "out of memory for the response");
+            q->rc = STK_ENOMEM;
+            return q->rc;
+        }
+        stk__fmt(q->err, sizeof q->err, "%s", curl_easy_strerror(res));
+        return retryable_curl(res) ? 1 : (q->rc = STK_EIO);
+    }
+    if (st == 200 || st == 206) {
+        if (q->len) {
+            if (q->got != q->len) {
+                stk__fmt(q->err, sizeof q->err, "short body: %llu of %llu bytes",
+                         (unsigned long long)q->got, (unsigned long long)q->len);
+                return 1;
+            }
+            if (st == 206) {
+                struct curl_header *h = NULL;
+                if (curl_easy_header(e, "Content-Range", 0, CURLH_HEADER, -1, &h) == CURLHE_OK &&
+                    h && h->value) {
+                    const char *slash = strchr(h->value, '/');
+                    unsigned long long a = 0;
+                    if (sscanf(h->value, "bytes %llu-", &a) != 1 || a != q->off) {
+                        stk__fmt(q->err, sizeof q->err,
+                                 "the server answered a different range (%s) than asked",
+                                 h->value);
+                        q->rc = STK_EIO;
+                        return q->rc;
+                    }
+                    if (slash && slash[1] != '*')
+                        q->total = strtoull(slash + 1, NULL, 10);
+                }
+            } else {
+                bool ok;
+                uint64_t cl = header_u64(e, "Content-Length", &ok);
+                if (ok)
+                    q->total = cl;
+            }
+        } else {
+            bool ok;
+            uint64_t cl = header_u64(e, "Content-Length", &ok);
+            if (ok && cl != q->got) {
+                stk__fmt(q->err, sizeof q->err, "short body: %llu of %llu bytes",
+                         (unsigned long long)q->got, (unsigned long long)cl);
+                return 1;
+            }
+            q->total = q->got;
+            if (q->body)
+                q->body[q->got] = '\0';
+        }
+        q->rc = STK_OK;
+        return STK_OK;
+    }
+    char s3[384];
+    s3_error_text(q->ebody_, s3, sizeof s3);
+    stk__fmt(what, sizeof what, "HTTP %ld%s", st, s3);
+    stk__fmt(q->err, sizeof q->err, "%s", what);
+    bool ok;
+    uint64_t ra = header_u64(e, "Retry-After", &ok);
+    if (ok)
+        q->retry_after_s_ = (long)(ra > 600 ? 600 : ra);
+    if (st == 408 || st == 429 || st >= 500 || strstr(s3, "SlowDown"))
+        return 1;
+    if (st == 404) {
+        q->rc = STK_ENOENT;
+        return q->rc;
+    }
+    if (st == 401 || st == 403)
+        stk__fmt(q->err, sizeof q->err, "%s (access denied: check the credentials%s)", what,
+                 r->sigv4 ? ", region and endpoint" : "; this URL may need S3 credentials");
+    if (st == 416)
+        stk__fmt(q->err, sizeof q->err, "%s (range not satisfiable: the object is shorter than "
+                                        "its index says)", what);
+    q->rc = STK_EIO;
+    return q->rc;
+}
+
+static void finish_locked(stk__remote *r, stk__req *q)
+{
+    q->state_ = Q_DONE;
+    if (q->rc)
+        atomic_fetch_add_explicit(&r->n_failures, 1, memory_order_relaxed);
+}
+
+static void complete(stk__remote *r, stk__req *q)
+{
+    /* done callbacks run without the engine lock; waiters are woken after. */
+    void (*cb)(stk__req *, void *) = q->done;
+    void *ctx = q->ctx;
+    if (q->easy_) {
+        curl_easy_cleanup(q->easy_);
+        q->easy_ = NULL;
+    }
+    curl_slist_free_all(q->hdrs_);
+    q->hdrs_ = NULL;
+    stk__free(q->url_);
+    q->url_ = NULL;
+    pthread_mutex_lock(&r->lock);
+    finish_locked(r, q);
+    pthread_cond_broadcast(&r->cond_done);
+    pthread_mutex_unlock(&r->lock);
+    if (cb)
+        cb(q, ctx);
+}
+
+static void start_one(stk__remote *r, stk__req *q)
+{
+    int rc = setup_easy(r, q);
+    if (rc == STK_OK && curl_multi_add_handle(r->multi, q->easy_) != CURLM_OK)
+        rc = STK_ENOMEM;
+    if (rc) {
+        q->rc = rc;
+        stk__fmt(q->err, sizeof q->err, "cannot start the request: out of memory");
+        pthread_mutex_lock(&r->lock);
+        r->active--;
+        pthread_mutex_unlock(&r->lock);
+        atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+        complete(r, q);
+        return;
+    }
+    q->attempts++;
+    q->anext_ = r->act;
+    r->act = q;
+    atomic_fetch_add_explicit(&r->n_requests, 1, memory_order_relaxed);
+}
+
+/* Unlinks q from the I/O thread's list of requests in the multi handle. */
+static void act_remove(stk__remote *r, stk__req *q)
+{
+    for (stk__req **pp = &r->act; *pp; pp = &(*pp)->anext_)
+        if (*pp == q) {
+            *pp = q->anext_;
+            break;
+        }
+    q->anext_ = NULL;
+}
+
+static void *io_main(void *arg)
+{
+    stk__remote *r = arg;
+    pthread_setname_np(pthread_self(), "stk-io-0");
+    for (;;) {
+        /* Take queued requests and due retries, up to the concurrency. */
+        stk__req *take = NULL, **tail = &take;
+        uint64_t now = stk__now_ns(), next_due = UINT64_MAX;
+        pthread_mutex_lock(&r->lock);
+        if (r->stop) {
+            pthread_mutex_unlock(&r->lock);
+            break;
+        }
+        for (stk__req **pp = &r->retry; *pp;) {
+            stk__req *q = *pp;
+            if (q->not_before_ <= now && r->active < r->cfg.concurrency) {
+                *pp = q->next_;
+                q->next_ = NULL;
+                *tail = q;
+                tail = &q->next_;
+                q->state_ = Q_ACTIVE;
+                r->active++;
+            } else {
+                if (q->not_before_ < next_due)
+                    next_due = q->not_before_;
+                pp = &q->next_;
+            }
+        }
+        while (r->queue_head && r->active < r->cfg.concurrency) {
+            stk__req *q = r->queue_head;
+            r->queue_head = q->next_;
+            if (!r->queue_head)
+                r->queue_tail = NULL;
+            q->next_ = NULL;
+            *tail = q;
+            tail = &q->next_;
+            q->state_ = Q_ACTIVE;
+            r->active++;
+        }
+        pthread_mutex_unlock(&r->lock);
+        for (stk__req *q = take, *n; q; q = n) {
+            n = q->next_;
+            q->next_ = NULL;
+            uint64_t v = atomic_fetch_add_explicit(&r->n_inflight, 1, memory_order_relaxed) + 1;
+            if (v > atomic_load_explicit(&r->n_peak, memory_order_relaxed))
+                atomic_store_explicit(&r->n_peak, v, memory_order_relaxed);
+            start_one(r, q);
+        }
+
+        int running = 0;
+        uint64_t t0 = stk__now_ns();
+        curl_multi_perform(r->multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(r->multi, &left))) {
+            if (m->msg != CURLMSG_DONE)
+                continue;
+            CURL *e = m->easy_handle;
+            CURLcode res = m->data.result;
+            stk__req *q = NULL;
+            curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&q);
+            curl_multi_remove_handle(r->multi, e);
+            act_remove(r, q);
+            atomic_fetch_add_explicit(&r->n_bytes, q->got, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+            int v = judge(r, q, res);
+            if (v == 1 && q->attempts <= r->cfg.retries) {
+                uint64_t cap = 10000ULL, base = r->cfg.backoff_ms;
+                unsigned sh = q->attempts - 1 < 16 ? q->attempts - 1 : 16;
+                uint64_t ms = base << sh;
+                if (ms > cap)
+                    ms = cap;
+                /* "Equal jitter": half fixed, half random, so retries of
+                 * many requests that failed together spread out. */
+                ms = ms / 2 + rng_next(r) % (ms / 2 + 1);
+                if (q->retry_after_s_ > 0 && (uint64_t)q->retry_after_s_ * 1000 > ms)
+                    ms = (uint64_t)q->retry_after_s_ * 1000;
+                atomic_fetch_add_explicit(&r->n_retries, 1, memory_order_relaxed);
+                pthread_mutex_lock(&r->lock);
+                r->active--;
+                q->not_before_ = stk__now_ns() + ms * 1000000ULL;
+                q->state_ = Q_WAITING_RETRY;
+                q->next_ = r->retry;
+                r->retry = q;
+                pthread_mutex_unlock(&r->lock);
+                continue;
+            }
+            if (v == 1) {
+                char last[sizeof q->err];
+                stk__fmt(last, sizeof last, "%s", q->err);
+                stk__fmt(q->err, sizeof q->err, "failed after %u attempts; last: %s", q->attempts,
+                         last);
+                q->rc = STK_EIO;
+            }
+            pthread_mutex_lock(&r->lock);
+            r->active--;
+            pthread_mutex_unlock(&r->lock);
+            complete(r, q);
+        }
+        atomic_fetch_add_explicit(&r->n_busy_ns, stk__now_ns() - t0, memory_order_relaxed);
+        int wait_ms = 100;
+        if (next_due != UINT64_MAX) {
+            uint64_t now2 = stk__now_ns();
+            uint64_t d = next_due > now2 ? (next_due - now2) / 1000000ULL + 1 : 0;
+            if (d < (uint64_t)wait_ms)
+                wait_ms = (int)d;
+        }
+        curl_multi_poll(r->multi, NULL, 0, wait_ms, NULL);
+    }
+    /* Stopping: everything not done fails as cancelled. */
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        stk__req *q = r->queue_head;
+        if (q) {
+            r->queue_head = q->next_;
+            if (!r->queue_head)
+                r->queue_tail = NULL;
+        } else if ((q = r->retry)) {
+            r->retry = q->next_;
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (!q)
+            break;
+        q->rc = STK_EIO;
+        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
+        complete(r, q);
+    }
+    while (r->act) {
+        stk__req *q = r->act;
+        r->act = q->anext_;
+        curl_multi_remove_handle(r->multi, q->easy_);
+        q->rc = STK_EIO;
+        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
+        complete(r, q);
+    }
+    return NULL;
+}
+
+void stk__remote_submit(stk__remote *r, stk__req *q)
+{
+    q->rc = STK_OK;
+    q->err[0] = '\0';
+    q->attempts = 0;
+    q->got = 0;
+    q->status = 0;
+    q->next_ = NULL;
+    q->easy_ = NULL;
+    q->hdrs_ = NULL;
+    if (!q->len && !(q->fd >= 0 && !q->buf))
+        q->body = NULL;
+    if (!q->len)
+        q->total = 0;
+    q->url_ = q->raw_url ? stk__strdup(q->raw_url) : object_url(r, q->name ? q->name : "");
+    if (!q->url_) {
+        q->rc = STK_ENOMEM;
+        stk__fmt(q->err, sizeof q->err, "out of memory");
+        pthread_mutex_lock(&r->lock);
+        q->state_ = Q_DONE;
+        pthread_cond_broadcast(&r->cond_done);
+        pthread_mutex_unlock(&r->lock);
+        if (q->done)
+            q->done(q, q->ctx);
+        return;
+    }
+    pthread_mutex_lock(&r->lock);
+    q->state_ = Q_QUEUED;
+    if (r->queue_tail)
+        r->queue_tail->next_ = q;
+    else
+        r->queue_head = q;
+    r->queue_tail = q;
+    pthread_mutex_unlock(&r->lock);
+    curl_multi_wakeup(r->multi);
+}
+
+int stk__remote_wait(stk__remote *r, stk__req *q)
+{
+    pthread_mutex_lock(&r->lock);
+    while (q->state_ != Q_DONE)
+        pthread_cond_wait(&r->cond_done, &r->lock);
+    pthread_mutex_unlock(&r->lock);
+    return q->rc;
+}
+
+int stk__remote_run(stk__remote *r, stk__req **qs, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        stk__remote_submit(r, qs[k]);
+    int rc = STK_OK;
+    for (size_t k = 0; k < n; k++) {
+        int v = stk__remote_wait(r, qs[k]);
+        if (v && !rc)
+            rc = v;
+    }
+    return rc;
+}
+
+int stk__remote_get_small(stk__remote *r, const char *name, size_t limit, char **out, size_t *len,
+                          char *err, size_t errlen)
+{
+    stk__req q;
+    memset(&q, 0, sizeof q);
+    q.name = name;
+    q.fd = -1;
+    q.max_bytes = limit;
+    stk__remote_submit(r, &q);
+    int rc = stk__remote_wait(r, &q);
+    if (rc == STK_OK) {
+        if (!q.body && !(q.body = stk__calloc(1, 1)))
+            rc = STK_ENOMEM;
+        *out = (char *)q.body;
+        *len = (size_t)q.got;
+        return rc;
+    }
+    stk__free(q.body);
+    if (rc != STK_ENOENT) {
+        char where[1024];
+        stk__remote_object_display(r, name, where, sizeof where);
+        stk__fmt(err, errlen, "%s: %s", where, q.err);
+    }
+    return rc;
+}
+
+void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c)
+{
+    stk__remote *m = (stk__remote *)(uintptr_t)r;
+    c->requests = atomic_load_explicit(&m->n_requests, memory_order_relaxed);
+    c->retries = atomic_load_explicit(&m->n_retries, memory_order_relaxed);
+    c->failures = atomic_load_explicit(&m->n_failures, memory_order_relaxed);
+    c->bytes = atomic_load_explicit(&m->n_bytes, memory_order_relaxed);
+    c->inflight = atomic_load_explicit(&m->n_inflight, memory_order_relaxed);
+    c->inflight_peak = atomic_load_explicit(&m->n_peak, memory_order_relaxed);
+    c->busy_ns = atomic_load_explicit(&m->n_busy_ns, memory_order_relaxed);
+}
+
+/* ---- listing ------------------------------------------------------------- */
+
+static char *xml_field(const char *from, const char *end, const char *tag)
+{
+    char open[64], close[64];
+    stk__fmt(open, sizeof open, "<%s>", tag);
+    stk__fmt(close, sizeof close, "</%s>", tag);
+    const char *a = strstr(from, open);
+    if (!a || a >= end)
+        return NULL;
+    a += strlen(open);
+    const char *b = strstr(a, close);
+    if (!b || b > end)
+        return NULL;
+    char *v = dupn(a, (size_t)(b - a));
+    if (v)
+        stk__xml_unescape(v);
+    return v;
+}
+
+void stk__remote_list_free(char **names, uint64_t *sizes, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        stk__free(names[k]);
+    stk__free(names);
+    stk__free(sizes);
+}
+
+int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, size_t *n_out,
+                     char *err, size_t errlen)
+{
+    if (r->scheme != SCHEME_S3) {
+        stk__fmt(err, errlen,
+                 "%s: plain HTTP servers cannot be listed; the directory needs a "
+                 "stoker.manifest (stoker pack writes one), or name the shards with a brace "
+                 "pattern such as train-{000000..000099}.stk",
+                 r->display);
+        return STK_EUNSUPPORTED;
+    }
+    int rc = STK_OK;
+    char **names = NULL;
+    uint64_t *sizes = NULL;
+    size_t n = 0, cap = 0;
+    char *token = NULL, *url = NULL;
+    stk__req q;
+    memset(&q, 0, sizeof q);
+    size_t enc_cap = 3 * strlen(r->prefix) + 1;
+    char *enc_prefix = stk__malloc(enc_cap);
+    if (!enc_prefix)
+        return STK_ENOMEM;
+    stk__pct_encode(r->prefix, false, enc_prefix, enc_cap);
+    size_t plen = strlen(r->prefix);
+    for (;;) {
+        /* Query parameters sorted by name, values percent-encoded with '/' as
+         * %2F: libcurl 7.88 signs the query as given. */
+        size_t tcap = token ? 3 * strlen(token) + 1 : 1;
+        char *enc_token = stk__malloc(tcap);
+        size_t ucap = strlen(r->list_url) + enc_cap + tcap + 96;
+        url = stk__malloc(ucap);
+        if (!enc_token || !url) {
+            stk__free(enc_token);
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        if (token) {
+            stk__pct_encode(token, false, enc_token, tcap);
+            stk__fmt(url, ucap, "%s?continuation-token=%s&delimiter=%%2F&list-type=2&prefix=%s",
+                     r->list_url, enc_token, enc_prefix);
+        } else {
+            stk__fmt(url, ucap, "%s?delimiter=%%2F&list-type=2&prefix=%s", r->list_url,
+                     enc_prefix);
+        }
+        stk__free(enc_token);
+        memset(&q, 0, sizeof q);
+        q.fd = -1;
+        q.max_bytes = 64u << 20;
+        q.raw_url = url;
+        stk__remote_submit(r, &q);
+        if ((rc = stk__remote_wait(r, &q))) {
+            stk__fmt(err, errlen, "listing s3://%s/%s: %s", r->bucket, r->prefix, q.err);
+            goto out;
+        }
+        stk__free(url);
+        url = NULL;
+        const char *body = q.body ? (const char *)q.body : "";
+        const char *end = body + q.got;
+        for (const char *p = strstr(body, "<Contents>"); p; p = strstr(p, "<Contents>")) {
+            const char *ce = strstr(p, "</Contents>");
+            if (!ce)
+                break;
+            char *key = xml_field(p, ce, "Key");
+            char *size = xml_field(p, ce, "Size");
+            p = ce;
+            if (!key || !size || strncmp(key, r->prefix, plen) || !key[plen]) {
+                stk__free(key);
+                stk__free(size);
+                continue;
+            }
+            if (n == cap) {
+                size_t nc = cap ? cap * 2 : 256;
+                char **nn = stk__realloc(names, nc * sizeof *nn);
+                if (nn)
+                    names = nn;
+                uint64_t *ns = nn ? stk__realloc(sizes, nc * sizeof *ns) : NULL;
+                if (ns)
+                    sizes = ns;
+                if (!nn || !ns) {
+                    stk__free(key);
+                    stk__free(size);
+                    rc = STK_ENOMEM;
+                    goto out;
+                }
+                cap = nc;
+            }
+            names[n] = stk__strdup(key + plen);
+            sizes[n] = strtoull(size, NULL, 10);
+            stk__free(key);
+            stk__free(size);
+            if (!names[n]) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+            n++;
+        }
+        char *trunc = xml_field(body, end, "IsTruncated");
+        bool more = trunc && !strcmp(trunc, "true");
+        stk__free(trunc);
+        stk__free(token);
+        token = more ? xml_field(body, end, "NextContinuationToken") : NULL;
+        stk__free(q.body);
+        q.body = NULL;
+        if (!more)
+            break;
+        if (!token) {
+            stk__fmt(err, errlen,
+                     "listing s3://%s/%s: the server said the list is truncated but gave no "
+                     "continuation token",
+                     r->bucket, r->prefix);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+    }
+out:
+    stk__free(q.body);
+    stk__free(url);
+    stk__free(token);
+    stk__free(enc_prefix);
+    if (rc) {
+        stk__remote_list_free(names, sizes, n);
+        return rc;
+    }
+    *names_out = names;
+    *sizes_out = sizes;
+    *n_out = n;
+    return rc;
+}
+
+/* ---- open / close ---------------------------------------------------------- */
+
+void stk__remote_close(stk__remote *r)
+{
+    if (!r)
+        return;
+    if (r->started) {
+        pthread_mutex_lock(&r->lock);
+        r->stop = true;
+        pthread_mutex_unlock(&r->lock);
+        curl_multi_wakeup(r->multi);
+        pthread_join(r->th, NULL);
+    }
+    if (r->multi)
+        curl_multi_cleanup(r->multi);
+    pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->cond_done);
+    char *strs[] = {r->display, r->base,   r->self_url, r->basename, r->bucket, r->prefix,
+                    r->list_url, r->key_id, r->token,    r->region,   r->sigv4};
+    for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
+        stk__free(strs[k]);
+    if (r->secret) {
+        /* Do not leave the secret in freed memory. */
+        volatile char *s = r->secret;
+        while (*s)
+            *s++ = 0;
+        stk__free(r->secret);
+    }
+    stk__free(r);
+}
+
+int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *cfg, char *err,
+                     size_t errlen)
+{
+    *out = NULL;
+    pthread_once(&g_curl_once, curl_init_once);
+    if (g_curl_init_rc != CURLE_OK) {
+        stk__fmt(err, errlen, "cannot initialise libcurl: %s", curl_easy_strerror(g_curl_init_rc));
+        return STK_EUNSUPPORTED;
+    }
+    stk__remote *r = stk__calloc(1, sizeof *r);
+    if (!r)
+        return STK_ENOMEM;
+    if (pthread_mutex_init(&r->lock, NULL) || pthread_cond_init(&r->cond_done, NULL)) {
+        stk__free(r);
+        return STK_ENOMEM;
+    }
+    int rc = STK_OK;
+    if (cfg)
+        r->cfg = *cfg;
+    r->cfg.endpoint = r->cfg.region = NULL; /* not kept: copied where needed */
+    if (!r->cfg.concurrency)
+        r->cfg.concurrency = 64;
+    if (!r->cfg.timeout_s)
+        r->cfg.timeout_s = 30;
+    if (!r->cfg.backoff_ms)
+        r->cfg.backoff_ms = 200;
+    if (!r->cfg.retries)
+        r->cfg.retries = 6;
+    else if (r->cfg.retries == UINT32_MAX)
+        r->cfg.retries = 0; /* asked for none */
+    r->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
+    if (!(r->display = display_of(url))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    stk__remote_cfg tmp = cfg ? *cfg : (stk__remote_cfg){0};
+    if (!strncmp(url, "s3://", 5)) {
+        r->scheme = SCHEME_S3;
+        r->cfg.endpoint = tmp.endpoint;
+        r->cfg.region = tmp.region;
+        rc = parse_s3(r, url, err, errlen);
+        r->cfg.endpoint = r->cfg.region = NULL;
+    } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
+        r->scheme = SCHEME_HTTP;
+        rc = parse_http(r, url, err, errlen);
+    } else {
+        stk__fmt(err, errlen, "%s: not an http://, https:// or s3:// URL", r->display);
+        rc = STK_EINVAL;
+    }
+    if (rc)
+        goto out;
+    if (!(r->multi = curl_multi_init())) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    curl_multi_setopt(r->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)r->cfg.concurrency);
+    curl_multi_setopt(r->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)r->cfg.concurrency);
+    curl_multi_setopt(r->multi, CURLMOPT_PIPELINING, (long)CURLPIPE_MULTIPLEX);
+    if (pthread_create(&r->th, NULL, io_main, r)) {
+        stk__fmt(err, errlen, "cannot start the I/O thread: %s", strerror(errno));
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    r->started = true;
+out:
+    if (rc) {
+        if (rc == STK_ENOMEM && !err[0])
+            stk__fmt(err, errlen, "out of memory opening %s", r->display ? r->display : "URL");
+        stk__remote_close(r);
+        return rc;
+    }
+    *out = r;
+    return STK_OK;
+}

@@ -1,0 +1,132 @@
+/*
+ * remote.h -- object storage over HTTP(S) and S3: naming objects, signing,
+ * and a transfer engine that runs many ranged GETs at once.
+ *
+ * A stk__remote is opened from a dataset URL (http://, https://, s3://). It
+ * holds the endpoint, the bucket and prefix (S3), the credentials (never
+ * printed: messages use stk__remote_display(), which has none), and one I/O
+ * thread ("stk-io-0") driving a libcurl multi handle: up to `concurrency`
+ * requests in flight over reused connections (HTTP/2 multiplexed where the
+ * server offers it), each retried with exponential backoff and jitter on
+ * 5xx, 429/SlowDown, resets, stalls and short bodies, honouring Retry-After.
+ *
+ * Objects are named relative to the dataset root: "" is the root URL itself
+ * (a single shard), "train-000000.stk" an object beside it.
+ *
+ * Threads: stk__remote_submit/wait/run may be called from any thread. A
+ * request's done callback runs on the I/O thread with no lock of the engine
+ * held; it must not block. Lock order: a caller's lock may be held while
+ * submitting (the engine's lock is innermost).
+ */
+#ifndef STK_IO_REMOTE_H
+#define STK_IO_REMOTE_H
+
+#include "internal.h"
+
+#include <stdbool.h>
+
+/* Settings a caller may give (zero = default). */
+typedef struct stk__remote_cfg {
+    const char *endpoint; /* S3 endpoint URL; else AWS_ENDPOINT_URL(_S3); else AWS */
+    const char *region;   /* else AWS_REGION, AWS_DEFAULT_REGION, profile, us-east-1 */
+    int addressing;       /* 0 default (path-style with a custom endpoint), 1 path, 2 virtual */
+    unsigned concurrency; /* requests in flight (default 64) */
+    unsigned retries;     /* retries after the first attempt (0: 6; UINT32_MAX: none) */
+    unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30) */
+    unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
+} stk__remote_cfg;
+
+typedef struct stk__remote stk__remote;
+
+/* Is path a URL this build reads (http://, https://, s3://)? */
+bool stk__is_url(const char *path);
+
+/* Parses url, finds credentials and region (S3), starts the I/O thread.
+ * STK_EINVAL (bad URL), STK_ENOMEM, STK_EUNSUPPORTED (a scheme this build
+ * lacks), with the reason in err. */
+int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *cfg, char *err,
+                     size_t errlen);
+/* Cancels requests in flight (their rc becomes STK_EIO "cancelled"), stops
+ * the thread, frees r. NULL is harmless. */
+void stk__remote_close(stk__remote *r);
+
+/* The dataset URL as given, without credentials: for messages. */
+const char *stk__remote_display(const stk__remote *r);
+/* Does the URL name one object (ends in a file name with an extension)
+ * rather than a directory/prefix? */
+bool stk__remote_names_object(const stk__remote *r);
+/* The last path element of the URL ("" for a bucket root). */
+const char *stk__remote_basename(const stk__remote *r);
+/* Writes the displayable URL of object name into buf. */
+void stk__remote_object_display(const stk__remote *r, const char *name, char *buf, size_t n);
+
+/* One request. The caller fills the "in" fields and owns the struct (and buf)
+ * until it completes. */
+typedef struct stk__req stk__req;
+struct stk__req {
+    /* in */
+    const char *name;    /* object, relative to the root (copied at submit) */
+    const char *raw_url; /* instead of name: a full request URL (copied) */
+    uint64_t off, len; /* byte range; len 0 = the whole object */
+    uint8_t *buf;      /* memory destination: len bytes (ranged), or NULL: the
+                          engine allocates up to max_bytes (whole object) */
+    size_t max_bytes;  /* limit for a whole object kept in memory */
+    int fd;            /* >= 0 (and buf NULL): write the body to fd from offset 0 */
+    void (*done)(stk__req *q, void *ctx);
+    void *ctx;
+    /* out */
+    int rc;         /* STK_OK, STK_ENOENT (404), STK_EIO, STK_ETOOBIG, STK_ENOMEM */
+    long status;    /* last HTTP status */
+    uint64_t got;   /* body bytes received */
+    uint64_t total; /* object size when the server said (Content-Range/Length) */
+    uint8_t *body;  /* engine-allocated body (whole object in memory); caller frees */
+    unsigned attempts;
+    char err[384];
+    /* engine private */
+    char *url_;
+    void *easy_;
+    uint64_t not_before_;
+    uint64_t attempt_got_;
+    int state_;
+    long retry_after_s_;
+    struct curl_slist *hdrs_;
+    char ebody_[512]; /* start of an error response's body (S3's XML error) */
+    size_t ebody_len_;
+    stk__req *next_, *anext_;
+};
+
+/* Queues q (its rc is undefined until done). Never blocks on the network. */
+void stk__remote_submit(stk__remote *r, stk__req *q);
+/* Blocks until q is done; returns q->rc. Only for requests without a done
+ * callback. */
+int stk__remote_wait(stk__remote *r, stk__req *q);
+/* Submits n requests and waits for all; returns the first failure's rc (in
+ * array order) or STK_OK. */
+int stk__remote_run(stk__remote *r, stk__req **qs, size_t n);
+/* Convenience: GET a whole small object into a NUL-terminated buffer.
+ * STK_ENOENT when it does not exist (err untouched then). */
+int stk__remote_get_small(stk__remote *r, const char *name, size_t limit, char **out, size_t *len,
+                          char *err, size_t errlen);
+
+/* Lists the objects directly under the dataset prefix (S3 ListObjectsV2 with
+ * continuation tokens; names relative to the prefix, sizes in bytes).
+ * STK_EUNSUPPORTED for plain HTTP (no listing). The arrays are the caller's
+ * to free with stk__remote_list_free. */
+int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                     size_t errlen);
+void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
+
+/* Transfer counters (relaxed; for stats). */
+typedef struct stk__remote_counters {
+    uint64_t requests, retries, failures, bytes, inflight, inflight_peak, busy_ns;
+} stk__remote_counters;
+void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
+
+/* ---- Pieces shared with tests -------------------------------------------- */
+/* Percent-encodes s (RFC 3986: unreserved kept; '/' kept when keep_slash). */
+void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n);
+/* Decodes XML character entities in place (&amp; &lt; &gt; &quot; &apos;
+ * &#N; &#xN;). */
+void stk__xml_unescape(char *s);
+
+#endif
