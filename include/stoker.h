@@ -270,6 +270,37 @@ STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
  * thread >= info.threads. */
 STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out);
 
+/* Counters of the fetch stage, which reads remote datasets (http://,
+ * https://, s3://) ahead of the workers (docs/remote.md). Extensible: set
+ * `size` to sizeof(stk_fetch_stats) before the call; the library fills the
+ * fields that fit and never writes past `size`. */
+typedef struct stk_fetch_stats {
+    size_t size;
+    uint64_t requests;        /* HTTP requests made (attempts, retries included) */
+    uint64_t retries;         /* attempts repeated after a retryable failure */
+    uint64_t failures;        /* requests that failed for good */
+    uint64_t bytes;           /* body bytes received */
+    uint64_t inflight;        /* requests in flight now */
+    uint64_t inflight_peak;   /* most requests in flight at once */
+    uint64_t samples;         /* samples handed to the workers */
+    uint64_t sample_bytes;    /* their bytes */
+    uint64_t overfetch_bytes; /* gap bytes fetched to merge neighbouring samples */
+    uint64_t waits;           /* reads that waited for the network */
+    uint64_t wait_ns;         /* time workers waited for the network */
+    uint64_t buffered_bytes;  /* bytes buffered + in flight now */
+    uint64_t buffered_peak;   /* peak of that */
+    uint64_t cache_hits;      /* shards found in the disk cache */
+    uint64_t cache_misses;    /* shards downloaded into it */
+    uint64_t cache_evictions; /* entries this process evicted */
+    uint64_t cache_fallbacks; /* shards read by ranges because the cache was full */
+    uint64_t io_busy_ns;      /* time the I/O thread spent in libcurl */
+} stk_fetch_stats;
+
+/* Fills *st (st->size set by the caller). STK_EUNSUPPORTED when the dataset
+ * is local (no fetch stage); STK_EINVAL for a NULL st or a size too small
+ * for `size` itself. Same threads as stk_loader_stats. */
+STK_API int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st);
+
 /* Peak bytes of every buffer the loader allocates while running (ring, sample
  * metadata, per-thread scratch, index), known before the first batch. The
  * process's peak RSS stays under its baseline + this + a fixed overhead (see

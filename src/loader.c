@@ -695,6 +695,41 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     return STK_OK;
 }
 
+int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st || st->size < sizeof st->size)
+        return STK_EINVAL;
+    if (!l->c->fetch)
+        return STK_EUNSUPPORTED;
+    stk__fetch_stats f;
+    stk__fetch_stats_get(l->c->fetch, &f);
+    stk_fetch_stats full = {.size = st->size,
+                            .requests = f.requests,
+                            .retries = f.retries,
+                            .failures = f.failures,
+                            .bytes = f.bytes,
+                            .inflight = f.inflight,
+                            .inflight_peak = f.inflight_peak,
+                            .samples = f.samples,
+                            .sample_bytes = f.sample_bytes,
+                            .overfetch_bytes = f.overfetch_bytes,
+                            .waits = f.waits,
+                            .wait_ns = f.wait_ns,
+                            .buffered_bytes = f.buffered,
+                            .buffered_peak = f.buffered_peak,
+                            .cache_hits = f.cache_hits,
+                            .cache_misses = f.cache_misses,
+                            .cache_evictions = f.cache_evictions,
+                            .cache_fallbacks = f.cache_fallbacks,
+                            .io_busy_ns = f.io_busy_ns};
+    size_t n = st->size < sizeof full ? st->size : sizeof full;
+    memcpy(st, &full, n);
+    return STK_OK;
+}
+
 uint64_t stk_loader_memory_bound(stk_loader *l)
 {
     return l && l->c ? l->c->memory_bound : 0;
@@ -839,6 +874,7 @@ static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
     fc.buffer_bytes = o->fetch_buffer;
     fc.lookahead = o->fetch_lookahead;
     fc.threads = c->nthreads;
+    fc.concurrency = o->fetch_concurrency ? o->fetch_concurrency : 64;
     fc.cache_dir = o->cache_dir;
     fc.cache_limit = o->cache_limit;
     int rc = stk__fetch_create(&c->fetch, &c->src, &plan, &fc, err, errlen);

@@ -64,7 +64,18 @@ static void usage(FILE *f)
                "  --record-size N     read PATH as records of N bytes\n"
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
-               "  --json              print one JSON object instead of the report\n");
+               "  --json              print one JSON object instead of the report\n"
+               "\n"
+               "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
+               "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
+               "  --cache-limit N     its size limit (default: 90%% of the free space)\n"
+               "  --fetch-concurrency N  requests in flight (64)\n"
+               "  --fetch-retries N   retries per request (6; 0 = none)\n"
+               "  --fetch-timeout S   retry a request that stalls this long (30)\n"
+               "  --fetch-buffer N    bytes buffered ahead of the workers (64M)\n"
+               "  --endpoint URL      S3 endpoint (else AWS_ENDPOINT_URL)\n"
+               "  --region R          S3 region (else AWS_REGION, profile, us-east-1)\n"
+               "  --addressing A      path | virtual (path with a custom endpoint)\n");
 }
 
 /* Peak resident set of this process image. VmHWM belongs to the address
@@ -127,6 +138,59 @@ static int set_opt(stk_options *o, const char *key, const char *val)
         return 2;
     }
     return 0;
+}
+
+/* Remote-dataset options, passed to stk_options_set with '-' as '_'. */
+static bool remote_opt(const char *k)
+{
+    static const char *const names[] = {"--cache-dir",     "--cache-limit",   "--fetch-concurrency",
+                                        "--fetch-retries", "--fetch-timeout", "--fetch-buffer",
+                                        "--fetch-lookahead", "--endpoint",    "--region",
+                                        "--addressing",    "--order",         "--shard-window"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(k, names[i]))
+            return true;
+    return false;
+}
+
+static void stk__opt_key(const char *s, char *out, size_t n)
+{
+    size_t k = 0;
+    for (; s[k] && k + 1 < n; k++)
+        out[k] = s[k] == '-' ? '_' : s[k];
+    out[k] = '\0';
+}
+
+/* The fetch stage's counters (remote datasets): a report line, or a JSON
+ * member ",\"fetch\":{...}". Prints nothing for a local dataset. */
+static void print_fetch(stk_loader *l, bool json, double secs)
+{
+    stk_fetch_stats f = {.size = sizeof f};
+    if (stk_loader_fetch_stats(l, &f) != STK_OK)
+        return;
+    double over = f.sample_bytes ? (double)f.bytes / (double)f.sample_bytes : 0.0;
+    if (json) {
+        printf(",\"fetch\":{\"requests\":%" PRIu64 ",\"retries\":%" PRIu64 ",\"failures\":%" PRIu64
+               ",\"bytes\":%" PRIu64 ",\"sample_bytes\":%" PRIu64 ",\"overfetch_bytes\":%" PRIu64
+               ",\"fetched_per_needed\":%.4f,\"inflight_peak\":%" PRIu64 ",\"waits\":%" PRIu64
+               ",\"wait_s\":%.6f,\"buffered_peak_bytes\":%" PRIu64 ",\"cache_hits\":%" PRIu64
+               ",\"cache_misses\":%" PRIu64 ",\"cache_evictions\":%" PRIu64
+               ",\"cache_fallbacks\":%" PRIu64 ",\"io_busy_s\":%.6f}",
+               f.requests, f.retries, f.failures, f.bytes, f.sample_bytes, f.overfetch_bytes, over,
+               f.inflight_peak, f.waits, (double)f.wait_ns * 1e-9, f.buffered_peak, f.cache_hits,
+               f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
+        return;
+    }
+    char b1[32], b2[32];
+    printf("  fetch        %" PRIu64 " requests (%.0f/s, %" PRIu64 " retries, %" PRIu64
+           " failed), %s received (%.3fx the samples' %s), peak %" PRIu64 " in flight\n",
+           f.requests, secs > 0 ? (double)f.requests / secs : 0.0, f.retries, f.failures,
+           stoker_human_bytes((double)f.bytes, b1, sizeof b1), over,
+           stoker_human_bytes((double)f.sample_bytes, b2, sizeof b2), f.inflight_peak);
+    printf("  fetch wait   %" PRIu64 " reads waited %.3f s for the network; cache %" PRIu64
+           " hits, %" PRIu64 " downloads, %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
+           f.waits, (double)f.wait_ns * 1e-9, f.cache_hits, f.cache_misses, f.cache_evictions,
+           f.cache_fallbacks);
 }
 
 /* Parses bench's arguments into o. Returns 0, or 2 for bad usage. */
@@ -201,6 +265,12 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if ((!strcmp(k, "--size") || !strcmp(k, "--layout") || !strcmp(k, "--dtype")) &&
                    val) {
             if (set_opt(o, k + 2, val))
+                return 2;
+            i++;
+        } else if (remote_opt(k) && val) {
+            char key[64];
+            stk__opt_key(k + 2, key, sizeof key);
+            if (set_opt(o, key, val))
                 return 2;
             i++;
         } else if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
@@ -345,7 +415,9 @@ static int cmd_bench(int argc, char **argv)
                        stk_stage_name(s), ts[s].items, (double)ts[s].busy_ns * 1e-9);
             printf("}");
         }
-        printf("],\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
+        printf("]");
+        print_fetch(l, true, secs);
+        printf(",\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
                st.samples_failed);
         print_errors_json(l, stdout);
         printf(",\"checksum\":\"%016llx\",\"ok\":%s}\n", sum, status ? "false" : "true");
@@ -362,6 +434,7 @@ static int cmd_bench(int argc, char **argv)
                    stk_stage_name(s), st.stages[s].items, busy, info.threads,
                    st.stages[s].items ? busy * 1e6 / (double)st.stages[s].items : 0.0);
         }
+        print_fetch(l, false, secs);
         double starve = (double)st.consumer_wait_ns * 1e-9;
         printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
                secs > 0 ? 100.0 * starve / secs : 0.0);

@@ -1025,6 +1025,33 @@ static PyObject *stage_dict(const stk_stage_stats *s)
     return d;
 }
 
+/* The fetch stage's counters as a dict, or None for a local dataset. */
+static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    stk_fetch_stats f = {.size = sizeof f};
+    int rc = stk_loader_fetch_stats(self->l, &f);
+    if (rc == STK_EUNSUPPORTED)
+        Py_RETURN_NONE;
+    if (rc) {
+        engine_raise(self, rc);
+        return NULL;
+    }
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:d}", "requests",
+        (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
+        (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
+        (unsigned long long)f.sample_bytes, "overfetch_bytes", (unsigned long long)f.overfetch_bytes,
+        "inflight_peak", (unsigned long long)f.inflight_peak, "waits", (unsigned long long)f.waits,
+        "wait_s", (double)f.wait_ns * 1e-9, "buffered_peak_bytes",
+        (unsigned long long)f.buffered_peak, "cache_hits", (unsigned long long)f.cache_hits,
+        "cache_misses", (unsigned long long)f.cache_misses, "cache_evictions",
+        (unsigned long long)f.cache_evictions, "cache_fallbacks",
+        (unsigned long long)f.cache_fallbacks, "io_busy_s", (double)f.io_busy_ns * 1e-9);
+}
+
 static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 {
     (void)unused;
@@ -1133,6 +1160,7 @@ static PyMethodDef Engine_methods[] = {
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(seed, epoch, batch)"},
     {"info", (PyCFunction)Engine_info, METH_NOARGS, "-> dict of static facts"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "-> dict of counters"},
+    {"fetch_stats", (PyCFunction)Engine_fetch_stats, METH_NOARGS, "fetch-stage counters or None"},
     {"close", (PyCFunction)Engine_close, METH_NOARGS,
      "Stops the threads; held batches stay valid."},
     {NULL, NULL, 0, NULL},

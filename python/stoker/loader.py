@@ -338,7 +338,11 @@ class Loader:
         and failed samples, the memory bound, and the list of failed samples
         (path and reason; the first 1024 are kept)."""
         self._check_open()
-        return self._engine.stats()
+        st = self._engine.stats()
+        # Remote datasets: the fetch stage's requests, bytes, retries, cache
+        # hits/misses/evictions and waits (None for a local dataset).
+        st["fetch"] = self._engine.fetch_stats()
+        return st
 
     # ---- lifetime ----------------------------------------------------------------
     def close(self):

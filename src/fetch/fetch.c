@@ -262,8 +262,14 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         f->cfg.coalesce_gap = 16ULL << 10;
     if (!f->cfg.max_request)
         f->cfg.max_request = 8ULL << 20;
-    if (!f->cfg.lookahead)
-        f->cfg.lookahead = 4096;
+    /* Enough samples ahead to keep every request slot busy and two batches
+     * ready; more only buys over-fetch when the run stops. */
+    if (!f->cfg.lookahead) {
+        uint64_t la = 2 * plan->batch_size, conc = 2 * (uint64_t)f->cfg.concurrency;
+        f->cfg.lookahead = la > conc ? la : conc;
+        if (f->cfg.lookahead < 256)
+            f->cfg.lookahead = 256;
+    }
     uint64_t need = f->cfg.lookahead + plan->batch_size + 256;
     f->cap = 1;
     while (f->cap < need)

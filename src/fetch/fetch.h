@@ -43,7 +43,9 @@ typedef struct stk__fetch_cfg {
     uint64_t buffer_bytes;  /* budget for bytes buffered + in flight (default 64 MiB) */
     uint64_t coalesce_gap;  /* merge neighbours up to this gap (default 16 KiB) */
     uint64_t max_request;   /* largest merged request (default 8 MiB) */
-    uint64_t lookahead;     /* most samples planned ahead (default 4096) */
+    uint64_t lookahead;     /* most samples planned ahead (default: max(2 batches,
+                               2 x concurrency, 256)) */
+    unsigned concurrency;   /* the store's requests in flight (for the default) */
     unsigned threads;       /* workers (for the memory bound) */
     const char *cache_dir;  /* disk cache of whole shards, or NULL */
     uint64_t cache_limit;   /* bytes */
