@@ -13,7 +13,11 @@
  */
 #include "fetch/fetch.h"
 #include "io/remote.h"
+#include "cache/cache.h"
 
+#include <unistd.h>
+
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,11 +32,24 @@ typedef struct chunk chunk;
 
 typedef struct entry {
     uint64_t sample;
-    chunk *ch;
-    uint64_t off; /* into ch->buf */
+    chunk *ch;    /* ranged read, or NULL: read from the cached shard */
+    uint64_t off; /* into ch->buf, or into the shard (cached) */
     uint32_t len;
+    uint32_t shard;
     uint8_t state;
 } entry;
+
+/* With a disk cache: each shard's state in this process. */
+enum { SH_NONE = 0, SH_DOWNLOADING, SH_RESIDENT };
+
+typedef struct shardst {
+    int fd;         /* pinned entry (shared lock) or download (exclusive) */
+    uint8_t st;
+    uint32_t users; /* planned entries reading it: pinned while > 0 */
+    uint64_t retry_after_ns; /* admission refused (full or busy): ranged until then */
+    stk__req *dl;
+    char key[160];
+} shardst;
 
 struct chunk {
     stk__req req;
@@ -59,7 +76,12 @@ struct stk__fetch {
     uint64_t cap; /* power of two >= lookahead + batch_size */
     uint64_t lo, plan_seq;
     uint64_t buffered; /* bytes of live chunks */
+    char dl_err[384];  /* why the last shard download failed */
     chunk *chunks;     /* every live chunk */
+
+    stk__cache *cache; /* NULL: no disk cache */
+    shardst *sh;
+    uint64_t fallbacks;
 
     /* stats (under lock) */
     uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
@@ -104,6 +126,108 @@ static void on_chunk_done(stk__req *q, void *ctx)
     if (c->refs == 0)
         chunk_unlink_free(f, c);
     pthread_mutex_unlock(&f->lock);
+}
+
+/* ---- the disk cache ----------------------------------------------------------- */
+
+typedef struct dlreq {
+    stk__req q;
+    stk__fetch *f;
+    uint32_t shard;
+    uint64_t gen;
+} dlreq;
+
+static void unpin(shardst *h)
+{
+    if (h->st == SH_RESIDENT && h->users == 0) {
+        stk__cache_unpin(h->fd);
+        h->fd = -1;
+        h->st = SH_NONE;
+    }
+}
+
+static void on_download_done(stk__req *q, void *ctx)
+{
+    dlreq *d = ctx;
+    stk__fetch *f = d->f;
+    shardst *h = &f->sh[d->shard];
+    char why[STK_ERRMSG_MAX];
+    bool ok = q->rc == STK_OK && q->got == f->src->shard_bytes[d->shard];
+    if (ok && stk__cache_commit(f->cache, h->key, h->fd, why, sizeof why) != STK_OK) {
+        ok = false;
+        h->fd = -1; /* commit closed it */
+    } else if (!ok) {
+        stk__cache_abort(f->cache, h->key, h->fd);
+        h->fd = -1;
+    }
+    pthread_mutex_lock(&f->lock);
+    h->dl = NULL;
+    h->st = ok ? SH_RESIDENT : SH_NONE;
+    for (uint64_t s = f->lo; s < f->plan_seq; s++) {
+        entry *e = &f->ring[s & (f->cap - 1)];
+        if (e->state == E_PLANNED && !e->ch && e->shard == d->shard)
+            e->state = ok ? E_READY : E_FAILED;
+    }
+    if (!ok) {
+        /* Entries waiting for it fail (the download used up its retries);
+         * later ones are read by ranges. */
+        h->users = 0;
+        h->retry_after_ns = stk__now_ns() + 1000000000ULL;
+        stk__fmt(f->dl_err, sizeof f->dl_err, "%s", q->err[0] ? q->err : "download failed");
+    }
+    unpin(h);
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+    stk__free(d);
+}
+
+/* Decides how entry e (sample of shard k, not yet requested) is read: from
+ * the cache (true: e is planned as a cached read) or by range (false). */
+static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
+{
+    shardst *h = &f->sh[k];
+    if (h->st == SH_NONE) {
+        uint64_t now = stk__now_ns();
+        if (h->retry_after_ns > now)
+            return false;
+        if (!h->key[0]) {
+            char where[4096];
+            stk__remote_object_display(f->remote, f->src->shard_objs[k], where, sizeof where);
+            stk__cache_key(where, f->src->shard_bytes[k], h->key, sizeof h->key);
+        }
+        if (stk__cache_pin(f->cache, h->key, &h->fd) == STK_OK) {
+            h->st = SH_RESIDENT;
+        } else {
+            char why[STK_ERRMSG_MAX];
+            dlreq *d = stk__calloc(1, sizeof *d);
+            int rc = d ? stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k], NULL, NULL,
+                                          &h->fd, why, sizeof why)
+                       : STK_ENOMEM;
+            if (rc) {
+                stk__free(d);
+                /* Full of pinned entries, or another process downloads it:
+                 * read by ranges for a while, then ask again. */
+                h->retry_after_ns = now + (rc == STK_EBUSY ? 50000000ULL : 500000000ULL);
+                if (rc != STK_EBUSY)
+                    f->fallbacks++;
+                return false;
+            }
+            d->f = f;
+            d->shard = k;
+            d->q.name = f->src->shard_objs[k];
+            d->q.fd = h->fd;
+            d->q.done = on_download_done;
+            d->q.ctx = d;
+            h->dl = &d->q;
+            h->st = SH_DOWNLOADING;
+            stk__remote_submit(f->remote, &d->q);
+        }
+    }
+    e->ch = NULL;
+    e->shard = k;
+    h->users++;
+    e->state = h->st == SH_RESIDENT ? E_READY : E_PLANNED;
+    return true;
 }
 
 /* ---- planning --------------------------------------------------------------- */
@@ -208,6 +332,11 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
         e->sample = i;
         e->len = (uint32_t)len;
         e->state = E_PLANNED;
+        if (f->cache && plan_cached(f, e, (uint32_t)shard)) {
+            e->off = off;
+            continue;
+        }
+        e->shard = (uint32_t)shard;
         pb[np++] = (pend){s, off, len, shard};
         pbytes += len;
     }
@@ -237,6 +366,23 @@ static void advance_lo(stk__fetch *f)
 {
     while (f->lo < f->plan_seq && f->ring[f->lo & (f->cap - 1)].state == E_FREE)
         f->lo++;
+}
+
+static int stk__pread_all(int fd, uint8_t *buf, size_t n, uint64_t off, char *err, size_t errlen)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            stk__fmt(err, errlen, "reading the cached shard failed at byte %llu: %s",
+                     (unsigned long long)(off + got), r < 0 ? strerror(errno) : "short file");
+            return STK_EIO;
+        }
+        got += (size_t)r;
+    }
+    return STK_OK;
 }
 
 /* ---- API ---------------------------------------------------------------------- */
@@ -290,8 +436,21 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         stk__free(f);
         return STK_ENOMEM;
     }
-    (void)err;
-    (void)errlen;
+    if (cfg->cache_dir && *cfg->cache_dir) {
+        int rc = stk__cache_open(&f->cache, cfg->cache_dir, cfg->cache_limit, err, errlen);
+        if (rc == STK_OK && !(f->sh = stk__calloc(src->nshards, sizeof *f->sh)))
+            rc = STK_ENOMEM;
+        if (rc) {
+            stk__cache_close(f->cache);
+            stk__free(f->ring);
+            pthread_cond_destroy(&f->cond);
+            pthread_mutex_destroy(&f->lock);
+            stk__free(f);
+            return rc;
+        }
+        for (size_t k = 0; k < src->nshards; k++)
+            f->sh[k].fd = -1;
+    }
     *out = f;
     return STK_OK;
 }
@@ -331,6 +490,11 @@ void stk__fetch_destroy(stk__fetch *f)
     }
     while (f->chunks)
         chunk_unlink_free(f, f->chunks);
+    for (size_t k = 0; f->sh && k < f->src->nshards; k++)
+        if (f->sh[k].st == SH_RESIDENT)
+            stk__cache_unpin(f->sh[k].fd);
+    stk__free(f->sh);
+    stk__cache_close(f->cache);
     stk__free(f->ring);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
@@ -344,6 +508,10 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
         entry *e = &f->ring[s & (f->cap - 1)];
         if (e->state != E_FREE && e->ch)
             chunk_put(f, e->ch);
+        else if (e->state != E_FREE && f->cache && f->sh[e->shard].users) {
+            f->sh[e->shard].users--;
+            unpin(&f->sh[e->shard]);
+        }
         memset(e, 0, sizeof *e);
     }
     f->gen++;
@@ -384,13 +552,19 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     }
     int rc = STK_OK;
     chunk *c = e->ch;
+    int cfd = -1;
+    uint32_t shard = e->shard;
+    bool cached = f->cache && !c && e->state != E_FAILED;
     if (e->state == E_PLANNED) {
         stk__fmt(err, errlen, "cancelled: the loader is closing");
         rc = STK_EIO;
     } else if (e->state == E_FAILED) {
-        stk__fmt(err, errlen, "%s", c && c->req.err[0] ? c->req.err : "fetch failed");
+        stk__fmt(err, errlen, "%s",
+                 c && c->req.err[0] ? c->req.err : f->dl_err[0] ? f->dl_err : "fetch failed");
         rc = c && c->req.rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
     }
+    if (cached && rc == STK_OK)
+        cfd = f->sh[shard].fd; /* pinned: stays open while users > 0 */
     uint64_t off = e->off;
     uint32_t n = e->len;
     e->state = E_FREE;
@@ -410,14 +584,21 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
             else
                 stk__fmt(err, errlen, "out of memory for %u bytes", n);
         } else {
-            if (n)
+            if (cfd >= 0)
+                rc = stk__pread_all(cfd, buf, n, off, err, errlen);
+            else if (n)
                 memcpy(buf, c->buf + off, n);
-            rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
+            if (rc == STK_OK)
+                rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
         }
     }
     pthread_mutex_lock(&f->lock);
     if (c)
         chunk_put(f, c);
+    else if (f->cache && f->sh[shard].users && (cached || rc != STK_OK)) {
+        f->sh[shard].users--;
+        unpin(&f->sh[shard]);
+    }
     if (rc == STK_OK) {
         f->samples++;
         f->sample_bytes += n;
@@ -451,7 +632,16 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->wait_ns = f->wait_ns;
     st->buffered = f->buffered;
     st->buffered_peak = f->buffered_peak;
+    st->cache_fallbacks = f->fallbacks;
     pthread_mutex_unlock(&f->lock);
+    if (f->cache) {
+        stk__cache_stats cs;
+        stk__cache_stats_get(f->cache, &cs);
+        st->cache_hits = cs.hits;
+        st->cache_misses = cs.misses;
+        st->cache_evictions = cs.evictions;
+        st->cache_bytes = cs.bytes;
+    }
 }
 
 uint64_t stk__fetch_memory_bound(const stk__fetch *f)
