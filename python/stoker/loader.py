@@ -1,17 +1,73 @@
 """stoker.Loader: the PyTorch-style front end of the C engine."""
 
+import operator
 import os
+import sys
 import threading
 
 import numpy as np
 
 from . import _stoker
-from .transforms import to_spec
+from .transforms import _split_spec, to_spec
 
 __all__ = ["Loader", "Records"]
 
 _DTYPES = ("uint8", "float32", "float16", "bfloat16")
 _STATE_KEYS = ("seed", "epoch", "batch")
+_U64_MAX = 2 ** 64 - 1
+
+#: Keys of Loader(options={...}) and what each accepts. Every key the C
+#: library's stk_options_set() takes is here or is a Loader argument (see
+#: _ARGUMENT_KEYS); tests/py/test_arguments.py checks that against
+#: src/options.c, so a key added there must be added here too.
+OPTION_KEYS = {
+    "max_dim": "longest image side accepted, 1 .. 1048576 (default 16384)",
+    "exif": "0 or 1: apply the EXIF orientation (default 0)",
+    "scratch_bytes": "decode scratch limit per thread, >= 4096, K/M/G suffixes (default 64M)",
+    "max_input_bytes": "largest encoded file accepted, >= 4096, K/M/G suffixes (default 32M)",
+}
+#: Engine options that are Loader arguments: giving them in options= would
+#: make the loader's attributes disagree with what the engine does.
+_ARGUMENT_KEYS = ("layout", "dtype", "size")
+#: Presets whose output size size= sets (docs/transforms.md).
+_SIZED_PRESETS = ("imagenet-train", "imagenet-val", "cifar-train")
+
+
+def _type_name(value):
+    t = type(value)
+    mod = t.__module__
+    return t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+
+
+def _describe(value):
+    """value for a message: its repr, plus its type where the repr hides it
+    (np.int64(8) prints as 8)."""
+    if type(value) in (int, float, str, type(None)):
+        return repr(value)
+    return f"{value!r} ({_type_name(value)})"
+
+
+def _is_bool(value):
+    """Python, NumPy and torch booleans: they have __index__ but as a count
+    or a size they are a mistake."""
+    return isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) == \
+        "torch.bool"
+
+
+def _int(value, name, lo, hi):
+    """value as a Python int in lo .. hi. Takes anything with __index__ (int,
+    NumPy and torch integers) but not booleans; TypeError for other types,
+    ValueError naming the range otherwise."""
+    if _is_bool(value):
+        raise TypeError(f"{name} must be an integer in {lo} .. {hi}, got {_describe(value)}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer in {lo} .. {hi} (int, NumPy or torch "
+                        f"integer), got {_describe(value)}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in {lo} .. {hi}, got {_describe(value)}")
+    return v
 
 
 class Records:
@@ -26,11 +82,9 @@ class Records:
 
     def __init__(self, path, record_bytes, header_bytes=0, label_bytes=0):
         self.path = os.fspath(path)
-        self.record_bytes = int(record_bytes)
-        self.header_bytes = int(header_bytes)
-        self.label_bytes = int(label_bytes)
-        if self.record_bytes < 1 or self.header_bytes < 0:
-            raise ValueError("Records: record_bytes must be >= 1 and header_bytes >= 0")
+        self.record_bytes = _int(record_bytes, "Records: record_bytes", 1, _U64_MAX)
+        self.header_bytes = _int(header_bytes, "Records: header_bytes", 0, _U64_MAX)
+        self.label_bytes = _int(label_bytes, "Records: label_bytes", 0, 8)
         if self.label_bytes not in (0, 1, 2, 4, 8) or self.label_bytes >= self.record_bytes:
             raise ValueError("Records: label_bytes must be 0, 1, 2, 4 or 8 and smaller than "
                              "record_bytes")
@@ -40,25 +94,67 @@ class Records:
                 f"header_bytes={self.header_bytes}, label_bytes={self.label_bytes})")
 
 
+def _env_int(var):
+    """The integer in environment variable var, or None when it is unset."""
+    text = os.environ.get(var)
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={text!r} is not an integer (stoker reads "
+                         f"RANK and WORLD_SIZE for this process's share of each epoch; fix or "
+                         f"unset it, or pass rank= and world_size=)") from None
+
+
 def _default_partition(rank, world_size):
     """rank/world_size: explicit values, else torch.distributed when it is
-    initialised, else the RANK/WORLD_SIZE environment variables, else 0 of 1."""
+    initialised, else the RANK/WORLD_SIZE environment variables, else 0 of 1.
+    Returns (rank, world_size, where): where says which source gave them,
+    for messages."""
+    if rank is not None:
+        rank = _int(rank, "rank", 0, 2 ** 32 - 2)
+    if world_size is not None:
+        world_size = _int(world_size, "world_size", 1, 2 ** 32 - 1)
     if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+        return rank, world_size, ""
     r = w = None
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
-    if w is None and "WORLD_SIZE" in os.environ:
-        w = int(os.environ["WORLD_SIZE"])
-        r = int(os.environ.get("RANK", "0"))
+    where = ""
+    # A process group exists only if the program imported torch.distributed
+    # itself; importing it here would cost a numpy-only loader a second.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+        where = " (from torch.distributed)"
+    if w is None:
+        w = _env_int("WORLD_SIZE")
+        if w is not None:
+            r = _env_int("RANK")
+            r = 0 if r is None else r
+            where = " (from the RANK and WORLD_SIZE environment variables)"
     if w is None:
         r, w = 0, 1
-    return (int(rank) if rank is not None else r), (int(world_size) if world_size is not None
-                                                      else w)
+    return (rank if rank is not None else r), (world_size if world_size is not None else w), \
+        where
+
+
+def _option_value(key, value):
+    """One options={...} entry as the engine's string, or a ValueError that
+    says what is wrong with the key."""
+    if not isinstance(key, str):
+        raise TypeError(f"options: keys are option names (str), got {_describe(key)}")
+    if key in _ARGUMENT_KEYS:
+        raise ValueError(f"options: {key!r} is a Loader argument: pass {key}= instead")
+    if key not in OPTION_KEYS:
+        known = "; ".join(f"{k}: {v}" for k, v in OPTION_KEYS.items())
+        raise ValueError(f"options: unknown key {key!r}; the known keys are {known}")
+    if _is_bool(value):
+        return "1" if value else "0"
+    if isinstance(value, str):
+        return value
+    if hasattr(type(value), "__index__"):
+        return str(operator.index(value))
+    return str(value)
 
 
 def _dtype_name(dtype):
@@ -104,12 +200,17 @@ class Loader:
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
-    layout, dtype, size: image output options (dtype "bfloat16" needs torch).
+    layout, dtype: image output options (dtype "bfloat16" needs torch).
+    size: output size of the presets imagenet-train, imagenet-val and
+        cifar-train (alone or in a spec string); refused with other transforms.
+    max_sample_bytes: per-sample budget of variable-size batches (None: 1 MiB).
+    options: other engine options (OPTION_KEYS); unknown keys are refused.
     on_error: "raise" (a bad sample raises stoker.SampleError; calling next()
         again on the same iterator gives the batch without it) or "skip"
         (left out, counted and listed in stats()["errors"]).
     rank, world_size: this process's share of every epoch; default from
-        torch.distributed when initialised, else RANK/WORLD_SIZE, else 0/1.
+        torch.distributed when the program imported and initialised it, else
+        RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
 
@@ -117,6 +218,8 @@ class Loader:
     continues with the next epoch; an iterator abandoned mid-epoch is
     superseded by the next iter(), which starts the following epoch, unless
     set_epoch() or load_state_dict() chose the position in between.
+    Integer arguments take int or anything with __index__ (NumPy and torch
+    integers), not bool.
     Data is a tensor/array of shape (batch, *sample_shape) for dense batches,
     or a list of per-sample tensors/arrays for variable-size ones; labels are
     int64. A batch's memory returns to the ring once nothing references it
@@ -138,19 +241,20 @@ class Loader:
         if output == "numpy" and dtype == "bfloat16":
             raise ValueError('NumPy has no bfloat16 type: use output="torch" with '
                              'dtype="bfloat16", or dtype="float16"/"float32" with NumPy')
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or not 1 <= threads <= 256):
-            raise ValueError(f"threads must be None (all cores) or 1..256, got {threads!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 63:
-            raise ValueError(f"depth must be 1..63, got {depth!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-        rank, world_size = _default_partition(rank, world_size)
-        if not (world_size >= 1 and 0 <= rank < world_size and world_size < 2 ** 32):
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
-                             f"world_size={world_size}")
+        batch_size = _int(batch_size, "batch_size", 1, 2 ** 24)
+        if threads is not None:
+            threads = _int(threads, "threads (None: all cores)", 1, 256)
+        depth = _int(depth, "depth", 1, 63)
+        seed = _int(seed, "seed", 0, _U64_MAX)
+        rank, world_size, where = _default_partition(rank, world_size)
+        if not (1 <= world_size < 2 ** 32 and 0 <= rank < world_size):
+            raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
+                             f"world_size={world_size}{where}")
+        if size is not None:
+            size = _int(size, "size", 1, 65535)
+        if max_sample_bytes is not None:
+            max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: the "
+                                    "default 1 MiB)", 1, 2 ** 40)
         self._torch = None
         if output == "torch":
             try:
@@ -164,9 +268,9 @@ class Loader:
 
         opts = {"layout": layout, "dtype": dtype}
         if size is not None:
-            opts["size"] = str(int(size))
+            opts["size"] = str(size)
         for k, v in (options or {}).items():
-            opts[str(k)] = str(int(v)) if isinstance(v, bool) else str(v)
+            opts[k] = _option_value(k, v)
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)
@@ -174,6 +278,12 @@ class Loader:
         else:
             path = os.fspath(source)
         spec = to_spec(transform)
+        if size is not None and not any(p.strip() in _SIZED_PRESETS for p in _split_spec(spec or
+                                                                                       "none")):
+            raise ValueError(f"size={size} sets the output size of the presets "
+                             f"{', '.join(_SIZED_PRESETS)}, and transform={spec!r} has none: "
+                             f"it would be ignored. Give the size in the transforms themselves "
+                             f"(e.g. RandomResizedCrop({size})), or drop size=")
 
         self.source = source
         self.batch_size = batch_size
@@ -189,7 +299,7 @@ class Loader:
             # cost the pipeline a prefetched batch (or raise EBUSY).
             transform=spec, threads=threads or 0, depth=depth + 1,
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
-            records=records, options=opts, max_sample_bytes=int(max_sample_bytes or 0))
+            records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
         self._info = self._engine.info()
         self._info["ring_buffers"] = self._info["depth"]
         self._info["depth"] = depth
@@ -250,13 +360,16 @@ class Loader:
         """Makes the next iteration epoch `epoch` from its first batch (the
         epoch keys the shuffle and the random transforms). Supersedes live
         iterators."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        epoch = _int(epoch, "epoch", 0, self._max_epoch())
         with self._lock:
             self._check_open()
             self._engine.set_epoch(epoch)
             self._generation += 1
             self._pinned = True
+
+    def _max_epoch(self):
+        # The engine counts batches from epoch 0 in 64 bits (src/loader.c).
+        return _U64_MAX // (len(self) + 1) - 1
 
     def state_dict(self):
         """The position as a dict: resume exactly with load_state_dict(). It
@@ -284,9 +397,13 @@ class Loader:
         if "rank" in state and state["rank"] != self.rank:
             raise ValueError(f"state was saved by rank {state['rank']}, this loader is rank "
                              f"{self.rank}")
+        seed = _int(state["seed"], "state dict seed", 0, _U64_MAX)
+        epoch = _int(state["epoch"], "state dict epoch", 0, self._max_epoch())
+        batch = _int(state["batch"], f"state dict batch (this loader has {len(self)} batches "
+                     f"per epoch)", 0, len(self))
         with self._lock:
             self._check_open()
-            self._engine.set_state(int(state["seed"]), int(state["epoch"]), int(state["batch"]))
+            self._engine.set_state(seed, epoch, batch)
             self._generation += 1
             self._pinned = True
 
