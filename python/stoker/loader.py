@@ -10,7 +10,7 @@ import numpy as np
 from . import _stoker
 from .transforms import _split_spec, to_spec
 
-__all__ = ["Loader", "Records"]
+__all__ = ["Loader", "Records", "LoaderDataset", "LoaderSampler"]
 
 _DTYPES = ("uint8", "float32", "float16", "bfloat16")
 _STATE_KEYS = ("seed", "epoch", "batch")
@@ -219,7 +219,8 @@ class Loader:
     superseded by the next iter(), which starts the following epoch, unless
     set_epoch() or load_state_dict() chose the position in between.
     Integer arguments take int or anything with __index__ (NumPy and torch
-    integers), not bool.
+    integers), not bool. loader.dataset and loader.sampler answer what
+    DataLoader code asks of them (len, classes, set_epoch).
     Data is a tensor/array of shape (batch, *sample_shape) for dense batches,
     or a list of per-sample tensors/arrays for variable-size ones; labels are
     int64. A batch's memory returns to the ring once nothing references it
@@ -301,6 +302,7 @@ class Loader:
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
             records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
         self._info = self._engine.info()
+        self._classes = None
         self._info["ring_buffers"] = self._info["depth"]
         self._info["depth"] = depth
         self.threads = self._info["threads"]
@@ -330,11 +332,27 @@ class Loader:
 
     @property
     def classes(self):
-        """Class names of a folder source (sorted, as torchvision's ImageFolder)."""
-        if isinstance(self.source, Records):
-            return []
-        root = os.fspath(self.source)
-        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+        """Class names: the subfolders of a folder source (sorted, as
+        torchvision's ImageFolder), the names a .stk dataset's manifest
+        lists; [] for sources that store no names (records, tar, CIFAR),
+        whose labels are still counted by num_classes."""
+        if self._classes is None:
+            self._classes = _class_names(self.source, self._info["source_kind"])
+        return list(self._classes)
+
+    @property
+    def dataset(self):
+        """What DataLoader users reach for as loader.dataset: len() is the
+        number of samples in the whole dataset, plus classes, class_to_idx,
+        num_classes. The samples themselves come only from iterating the
+        loader."""
+        return LoaderDataset(self)
+
+    @property
+    def sampler(self):
+        """What DistributedSampler users reach for as loader.sampler: len() is
+        the samples this rank gets per epoch; set_epoch(e) is the loader's."""
+        return LoaderSampler(self)
 
     @property
     def memory_bound(self):
@@ -480,6 +498,128 @@ class Loader:
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
                 f"output={self.output!r}, dtype={self.dtype!r})")
+
+
+def _class_names(source, kind):
+    """Class names of a source as read at open, cheaply: a folder's class
+    subfolders, a .stk directory's manifest `class INDEX NAME` lines (all
+    of 0 .. C-1, else none), or []."""
+    if isinstance(source, Records):
+        return []
+    root = os.fspath(source)
+    if kind == "folder":
+        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if kind != "stk" or not os.path.isdir(root):
+        return []
+    names = {}
+    try:
+        with open(os.path.join(root, "stoker.manifest"), "rb") as f:
+            for line in f:
+                # Names are file names: any bytes, kept as os.fsdecode would.
+                fields = line.rstrip(b"\n").split(b" ", 2)
+                if len(fields) == 3 and fields[0] == b"class" and fields[1].isdigit():
+                    names[int(fields[1])] = fields[2].decode("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    if sorted(names) != list(range(len(names))):
+        return []
+    return [names[i] for i in range(len(names))]
+
+
+class LoaderDataset:
+    """loader.dataset: the facts a DataLoader user reads from their Dataset.
+    len() is the number of samples in the whole dataset (every rank's);
+    classes, class_to_idx and num_classes as torchvision's ImageFolder; root
+    and source name where it comes from. It holds no samples: indexing it
+    raises TypeError (iterate the loader, or use return_indices=True to see
+    which sample each row is)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return self._loader.num_samples
+
+    @property
+    def source(self):
+        """The source the loader was opened with (a path or a stoker.Records)."""
+        return self._loader.source
+
+    @property
+    def root(self):
+        s = self._loader.source
+        return s.path if isinstance(s, Records) else os.fspath(s)
+
+    @property
+    def kind(self):
+        """"folder", "records", "stk", "tar" or "cifar"."""
+        return self._loader._info["source_kind"]
+
+    @property
+    def classes(self):
+        return self._loader.classes
+
+    @property
+    def class_to_idx(self):
+        return {name: i for i, name in enumerate(self._loader.classes)}
+
+    @property
+    def num_classes(self):
+        return self._loader.num_classes
+
+    def __getitem__(self, index):
+        raise TypeError("loader.dataset has no per-sample access: stoker's engine reads and "
+                        "transforms samples into batches; iterate the loader (with "
+                        "return_indices=True to get each row's dataset index)")
+
+    def __repr__(self):
+        return (f"<stoker dataset {self.root!r}: {len(self)} samples, {self.num_classes} "
+                f"classes, {self.kind}>")
+
+
+class LoaderSampler:
+    """loader.sampler: what a DistributedSampler user reads and calls. len()
+    is the samples this rank gets per epoch (with drop_last off, padded by
+    wrapping around, as DistributedSampler pads); set_epoch(e) is
+    loader.set_epoch(e): the next iteration is epoch e from its first batch.
+    It yields no indices: use return_indices=True on the loader."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return self._loader.samples_per_epoch
+
+    def set_epoch(self, epoch):
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self):
+        return self._loader.epoch
+
+    @property
+    def shuffle(self):
+        return self._loader.shuffle
+
+    @property
+    def seed(self):
+        return self._loader.seed
+
+    @property
+    def drop_last(self):
+        return self._loader.drop_last
+
+    @property
+    def rank(self):
+        return self._loader.rank
+
+    @property
+    def num_replicas(self):
+        return self._loader.world_size
+
+    def __repr__(self):
+        return (f"<stoker sampler: {len(self)} samples per epoch for rank {self.rank} of "
+                f"{self.num_replicas}, shuffle={self.shuffle}, seed={self.seed}>")
 
 
 class _EpochIterator:
