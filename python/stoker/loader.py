@@ -1,17 +1,73 @@
 """stoker.Loader: the PyTorch-style front end of the C engine."""
 
+import operator
 import os
+import sys
 import threading
 
 import numpy as np
 
 from . import _stoker
-from .transforms import to_spec
+from .transforms import _split_spec, to_spec
 
-__all__ = ["Loader", "Records"]
+__all__ = ["Loader", "Records", "LoaderDataset", "LoaderSampler"]
 
 _DTYPES = ("uint8", "float32", "float16", "bfloat16")
 _STATE_KEYS = ("seed", "epoch", "batch")
+_U64_MAX = 2 ** 64 - 1
+
+#: Keys of Loader(options={...}) and what each accepts. Every key the C
+#: library's stk_options_set() takes is here or is a Loader argument (see
+#: _ARGUMENT_KEYS); tests/py/test_arguments.py checks that against
+#: src/options.c, so a key added there must be added here too.
+OPTION_KEYS = {
+    "max_dim": "longest image side accepted, 1 .. 1048576 (default 16384)",
+    "exif": "0 or 1: apply the EXIF orientation (default 0)",
+    "scratch_bytes": "decode scratch limit per thread, >= 4096, K/M/G suffixes (default 64M)",
+    "max_input_bytes": "largest encoded file accepted, >= 4096, K/M/G suffixes (default 32M)",
+}
+#: Engine options that are Loader arguments: giving them in options= would
+#: make the loader's attributes disagree with what the engine does.
+_ARGUMENT_KEYS = ("layout", "dtype", "size")
+#: Presets whose output size size= sets (docs/transforms.md).
+_SIZED_PRESETS = ("imagenet-train", "imagenet-val", "cifar-train")
+
+
+def _type_name(value):
+    t = type(value)
+    mod = t.__module__
+    return t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+
+
+def _describe(value):
+    """value for a message: its repr, plus its type where the repr hides it
+    (np.int64(8) prints as 8)."""
+    if type(value) in (int, float, str, type(None)):
+        return repr(value)
+    return f"{value!r} ({_type_name(value)})"
+
+
+def _is_bool(value):
+    """Python, NumPy and torch booleans: they have __index__ but as a count
+    or a size they are a mistake."""
+    return isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) == \
+        "torch.bool"
+
+
+def _int(value, name, lo, hi):
+    """value as a Python int in lo .. hi. Takes anything with __index__ (int,
+    NumPy and torch integers) but not booleans; TypeError for other types,
+    ValueError naming the range otherwise."""
+    if _is_bool(value):
+        raise TypeError(f"{name} must be an integer in {lo} .. {hi}, got {_describe(value)}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer in {lo} .. {hi} (int, NumPy or torch "
+                        f"integer), got {_describe(value)}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in {lo} .. {hi}, got {_describe(value)}")
+    return v
 
 
 class Records:
@@ -26,11 +82,9 @@ class Records:
 
     def __init__(self, path, record_bytes, header_bytes=0, label_bytes=0):
         self.path = os.fspath(path)
-        self.record_bytes = int(record_bytes)
-        self.header_bytes = int(header_bytes)
-        self.label_bytes = int(label_bytes)
-        if self.record_bytes < 1 or self.header_bytes < 0:
-            raise ValueError("Records: record_bytes must be >= 1 and header_bytes >= 0")
+        self.record_bytes = _int(record_bytes, "Records: record_bytes", 1, _U64_MAX)
+        self.header_bytes = _int(header_bytes, "Records: header_bytes", 0, _U64_MAX)
+        self.label_bytes = _int(label_bytes, "Records: label_bytes", 0, 8)
         if self.label_bytes not in (0, 1, 2, 4, 8) or self.label_bytes >= self.record_bytes:
             raise ValueError("Records: label_bytes must be 0, 1, 2, 4 or 8 and smaller than "
                              "record_bytes")
@@ -40,25 +94,67 @@ class Records:
                 f"header_bytes={self.header_bytes}, label_bytes={self.label_bytes})")
 
 
+def _env_int(var):
+    """The integer in environment variable var, or None when it is unset."""
+    text = os.environ.get(var)
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={text!r} is not an integer (stoker reads "
+                         f"RANK and WORLD_SIZE for this process's share of each epoch; fix or "
+                         f"unset it, or pass rank= and world_size=)") from None
+
+
 def _default_partition(rank, world_size):
     """rank/world_size: explicit values, else torch.distributed when it is
-    initialised, else the RANK/WORLD_SIZE environment variables, else 0 of 1."""
+    initialised, else the RANK/WORLD_SIZE environment variables, else 0 of 1.
+    Returns (rank, world_size, where): where says which source gave them,
+    for messages."""
+    if rank is not None:
+        rank = _int(rank, "rank", 0, 2 ** 32 - 2)
+    if world_size is not None:
+        world_size = _int(world_size, "world_size", 1, 2 ** 32 - 1)
     if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+        return rank, world_size, ""
     r = w = None
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            r, w = dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
-    if w is None and "WORLD_SIZE" in os.environ:
-        w = int(os.environ["WORLD_SIZE"])
-        r = int(os.environ.get("RANK", "0"))
+    where = ""
+    # A process group exists only if the program imported torch.distributed
+    # itself; importing it here would cost a numpy-only loader a second.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+        where = " (from torch.distributed)"
+    if w is None:
+        w = _env_int("WORLD_SIZE")
+        if w is not None:
+            r = _env_int("RANK")
+            r = 0 if r is None else r
+            where = " (from the RANK and WORLD_SIZE environment variables)"
     if w is None:
         r, w = 0, 1
-    return (int(rank) if rank is not None else r), (int(world_size) if world_size is not None
-                                                      else w)
+    return (rank if rank is not None else r), (world_size if world_size is not None else w), \
+        where
+
+
+def _option_value(key, value):
+    """One options={...} entry as the engine's string, or a ValueError that
+    says what is wrong with the key."""
+    if not isinstance(key, str):
+        raise TypeError(f"options: keys are option names (str), got {_describe(key)}")
+    if key in _ARGUMENT_KEYS:
+        raise ValueError(f"options: {key!r} is a Loader argument: pass {key}= instead")
+    if key not in OPTION_KEYS:
+        known = "; ".join(f"{k}: {v}" for k, v in OPTION_KEYS.items())
+        raise ValueError(f"options: unknown key {key!r}; the known keys are {known}")
+    if _is_bool(value):
+        return "1" if value else "0"
+    if isinstance(value, str):
+        return value
+    if hasattr(type(value), "__index__"):
+        return str(operator.index(value))
+    return str(value)
 
 
 def _dtype_name(dtype):
@@ -104,12 +200,17 @@ class Loader:
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
-    layout, dtype, size: image output options (dtype "bfloat16" needs torch).
+    layout, dtype: image output options (dtype "bfloat16" needs torch).
+    size: output size of the presets imagenet-train, imagenet-val and
+        cifar-train (alone or in a spec string); refused with other transforms.
+    max_sample_bytes: per-sample budget of variable-size batches (None: 1 MiB).
+    options: other engine options (OPTION_KEYS); unknown keys are refused.
     on_error: "raise" (a bad sample raises stoker.SampleError; calling next()
         again on the same iterator gives the batch without it) or "skip"
         (left out, counted and listed in stats()["errors"]).
     rank, world_size: this process's share of every epoch; default from
-        torch.distributed when initialised, else RANK/WORLD_SIZE, else 0/1.
+        torch.distributed when the program imported and initialised it, else
+        RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
 
@@ -117,6 +218,9 @@ class Loader:
     continues with the next epoch; an iterator abandoned mid-epoch is
     superseded by the next iter(), which starts the following epoch, unless
     set_epoch() or load_state_dict() chose the position in between.
+    Integer arguments take int or anything with __index__ (NumPy and torch
+    integers), not bool. loader.dataset and loader.sampler answer what
+    DataLoader code asks of them (len, classes, set_epoch).
     Data is a tensor/array of shape (batch, *sample_shape) for dense batches,
     or a list of per-sample tensors/arrays for variable-size ones; labels are
     int64. A batch's memory returns to the ring once nothing references it
@@ -138,19 +242,20 @@ class Loader:
         if output == "numpy" and dtype == "bfloat16":
             raise ValueError('NumPy has no bfloat16 type: use output="torch" with '
                              'dtype="bfloat16", or dtype="float16"/"float32" with NumPy')
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or not 1 <= threads <= 256):
-            raise ValueError(f"threads must be None (all cores) or 1..256, got {threads!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 63:
-            raise ValueError(f"depth must be 1..63, got {depth!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 64:
-            raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
-        rank, world_size = _default_partition(rank, world_size)
-        if not (world_size >= 1 and 0 <= rank < world_size and world_size < 2 ** 32):
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, "
-                             f"world_size={world_size}")
+        batch_size = _int(batch_size, "batch_size", 1, 2 ** 24)
+        if threads is not None:
+            threads = _int(threads, "threads (None: all cores)", 1, 256)
+        depth = _int(depth, "depth", 1, 63)
+        seed = _int(seed, "seed", 0, _U64_MAX)
+        rank, world_size, where = _default_partition(rank, world_size)
+        if not (1 <= world_size < 2 ** 32 and 0 <= rank < world_size):
+            raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
+                             f"world_size={world_size}{where}")
+        if size is not None:
+            size = _int(size, "size", 1, 65535)
+        if max_sample_bytes is not None:
+            max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: the "
+                                    "default 1 MiB)", 1, 2 ** 40)
         self._torch = None
         if output == "torch":
             try:
@@ -164,9 +269,9 @@ class Loader:
 
         opts = {"layout": layout, "dtype": dtype}
         if size is not None:
-            opts["size"] = str(int(size))
+            opts["size"] = str(size)
         for k, v in (options or {}).items():
-            opts[str(k)] = str(int(v)) if isinstance(v, bool) else str(v)
+            opts[k] = _option_value(k, v)
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)
@@ -174,6 +279,12 @@ class Loader:
         else:
             path = os.fspath(source)
         spec = to_spec(transform)
+        if size is not None and not any(p.strip() in _SIZED_PRESETS for p in _split_spec(spec or
+                                                                                       "none")):
+            raise ValueError(f"size={size} sets the output size of the presets "
+                             f"{', '.join(_SIZED_PRESETS)}, and transform={spec!r} has none: "
+                             f"it would be ignored. Give the size in the transforms themselves "
+                             f"(e.g. RandomResizedCrop({size})), or drop size=")
 
         self.source = source
         self.batch_size = batch_size
@@ -189,8 +300,9 @@ class Loader:
             # cost the pipeline a prefetched batch (or raise EBUSY).
             transform=spec, threads=threads or 0, depth=depth + 1,
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
-            records=records, options=opts, max_sample_bytes=int(max_sample_bytes or 0))
+            records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
         self._info = self._engine.info()
+        self._classes = None
         self._info["ring_buffers"] = self._info["depth"]
         self._info["depth"] = depth
         self.threads = self._info["threads"]
@@ -220,11 +332,27 @@ class Loader:
 
     @property
     def classes(self):
-        """Class names of a folder source (sorted, as torchvision's ImageFolder)."""
-        if isinstance(self.source, Records):
-            return []
-        root = os.fspath(self.source)
-        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+        """Class names: the subfolders of a folder source (sorted, as
+        torchvision's ImageFolder), the names a .stk dataset's manifest
+        lists; [] for sources that store no names (records, tar, CIFAR),
+        whose labels are still counted by num_classes."""
+        if self._classes is None:
+            self._classes = _class_names(self.source, self._info["source_kind"])
+        return list(self._classes)
+
+    @property
+    def dataset(self):
+        """What DataLoader users reach for as loader.dataset: len() is the
+        number of samples in the whole dataset, plus classes, class_to_idx,
+        num_classes. The samples themselves come only from iterating the
+        loader."""
+        return LoaderDataset(self)
+
+    @property
+    def sampler(self):
+        """What DistributedSampler users reach for as loader.sampler: len() is
+        the samples this rank gets per epoch; set_epoch(e) is the loader's."""
+        return LoaderSampler(self)
 
     @property
     def memory_bound(self):
@@ -250,13 +378,16 @@ class Loader:
         """Makes the next iteration epoch `epoch` from its first batch (the
         epoch keys the shuffle and the random transforms). Supersedes live
         iterators."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        epoch = _int(epoch, "epoch", 0, self._max_epoch())
         with self._lock:
             self._check_open()
             self._engine.set_epoch(epoch)
             self._generation += 1
             self._pinned = True
+
+    def _max_epoch(self):
+        # The engine counts batches from epoch 0 in 64 bits (src/loader.c).
+        return _U64_MAX // (len(self) + 1) - 1
 
     def state_dict(self):
         """The position as a dict: resume exactly with load_state_dict(). It
@@ -284,9 +415,13 @@ class Loader:
         if "rank" in state and state["rank"] != self.rank:
             raise ValueError(f"state was saved by rank {state['rank']}, this loader is rank "
                              f"{self.rank}")
+        seed = _int(state["seed"], "state dict seed", 0, _U64_MAX)
+        epoch = _int(state["epoch"], "state dict epoch", 0, self._max_epoch())
+        batch = _int(state["batch"], f"state dict batch (this loader has {len(self)} batches "
+                     f"per epoch)", 0, len(self))
         with self._lock:
             self._check_open()
-            self._engine.set_state(int(state["seed"]), int(state["epoch"]), int(state["batch"]))
+            self._engine.set_state(seed, epoch, batch)
             self._generation += 1
             self._pinned = True
 
@@ -367,6 +502,128 @@ class Loader:
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
                 f"output={self.output!r}, dtype={self.dtype!r})")
+
+
+def _class_names(source, kind):
+    """Class names of a source as read at open, cheaply: a folder's class
+    subfolders, a .stk directory's manifest `class INDEX NAME` lines (all
+    of 0 .. C-1, else none), or []."""
+    if isinstance(source, Records):
+        return []
+    root = os.fspath(source)
+    if kind == "folder":
+        return sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if kind != "stk" or not os.path.isdir(root):
+        return []
+    names = {}
+    try:
+        with open(os.path.join(root, "stoker.manifest"), "rb") as f:
+            for line in f:
+                # Names are file names: any bytes, kept as os.fsdecode would.
+                fields = line.rstrip(b"\n").split(b" ", 2)
+                if len(fields) == 3 and fields[0] == b"class" and fields[1].isdigit():
+                    names[int(fields[1])] = fields[2].decode("utf-8", "surrogateescape")
+    except OSError:
+        return []
+    if sorted(names) != list(range(len(names))):
+        return []
+    return [names[i] for i in range(len(names))]
+
+
+class LoaderDataset:
+    """loader.dataset: the facts a DataLoader user reads from their Dataset.
+    len() is the number of samples in the whole dataset (every rank's);
+    classes, class_to_idx and num_classes as torchvision's ImageFolder; root
+    and source name where it comes from. It holds no samples: indexing it
+    raises TypeError (iterate the loader, or use return_indices=True to see
+    which sample each row is)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return self._loader.num_samples
+
+    @property
+    def source(self):
+        """The source the loader was opened with (a path or a stoker.Records)."""
+        return self._loader.source
+
+    @property
+    def root(self):
+        s = self._loader.source
+        return s.path if isinstance(s, Records) else os.fspath(s)
+
+    @property
+    def kind(self):
+        """"folder", "records", "stk", "tar" or "cifar"."""
+        return self._loader._info["source_kind"]
+
+    @property
+    def classes(self):
+        return self._loader.classes
+
+    @property
+    def class_to_idx(self):
+        return {name: i for i, name in enumerate(self._loader.classes)}
+
+    @property
+    def num_classes(self):
+        return self._loader.num_classes
+
+    def __getitem__(self, index):
+        raise TypeError("loader.dataset has no per-sample access: stoker's engine reads and "
+                        "transforms samples into batches; iterate the loader (with "
+                        "return_indices=True to get each row's dataset index)")
+
+    def __repr__(self):
+        return (f"<stoker dataset {self.root!r}: {len(self)} samples, {self.num_classes} "
+                f"classes, {self.kind}>")
+
+
+class LoaderSampler:
+    """loader.sampler: what a DistributedSampler user reads and calls. len()
+    is the samples this rank gets per epoch (with drop_last off, padded by
+    wrapping around, as DistributedSampler pads); set_epoch(e) is
+    loader.set_epoch(e): the next iteration is epoch e from its first batch.
+    It yields no indices: use return_indices=True on the loader."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __len__(self):
+        return self._loader.samples_per_epoch
+
+    def set_epoch(self, epoch):
+        self._loader.set_epoch(epoch)
+
+    @property
+    def epoch(self):
+        return self._loader.epoch
+
+    @property
+    def shuffle(self):
+        return self._loader.shuffle
+
+    @property
+    def seed(self):
+        return self._loader.seed
+
+    @property
+    def drop_last(self):
+        return self._loader.drop_last
+
+    @property
+    def rank(self):
+        return self._loader.rank
+
+    @property
+    def num_replicas(self):
+        return self._loader.world_size
+
+    def __repr__(self):
+        return (f"<stoker sampler: {len(self)} samples per epoch for rank {self.rank} of "
+                f"{self.num_replicas}, shuffle={self.shuffle}, seed={self.seed}>")
 
 
 class _EpochIterator:

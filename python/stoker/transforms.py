@@ -27,6 +27,7 @@ Example::
 
 import math
 import numbers
+import operator
 import re
 
 __all__ = [
@@ -49,12 +50,26 @@ _SUPPORTED_TEXT = (
     "the batch after loading, in your training step.")
 
 
+def _index(x):
+    """x as an int when it is an integer (int, NumPy or torch integer:
+    anything with __index__) other than a boolean; else None."""
+    if isinstance(x, bool) or str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
+        return None
+    if not hasattr(type(x), "__index__"):
+        return None
+    try:
+        return operator.index(x)
+    except TypeError:
+        return None
+
+
 def _num(x, what):
     """Renders one number: ints as ints, floats by repr (shortest exact form)."""
+    i = _index(x)
+    if i is not None:
+        return str(i)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{what}: expected a number, got {x!r}")
-    if isinstance(x, numbers.Integral):
-        return str(int(x))
     f = float(x)
     if not math.isfinite(f):
         raise ValueError(f"{what}: {x!r} is not finite")
@@ -71,10 +86,11 @@ def _seq(xs, what, n=None):
 def _size(size, what, square_as_int=False):
     """An int (square / shorter edge) or a (h, w) pair, as torchvision. For
     crops, whose int size means a square, (s, s) renders as s."""
-    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        if size < 1:
-            raise ValueError(f"{what}: size must be >= 1, got {size}")
-        return str(int(size))
+    i = _index(size)
+    if i is not None:
+        if i < 1:
+            raise ValueError(f"{what}: size must be >= 1, got {size!r}")
+        return str(i)
     try:
         s = tuple(size)
     except TypeError:
@@ -82,7 +98,8 @@ def _size(size, what, square_as_int=False):
             from None
     if len(s) == 1 or (square_as_int and len(s) == 2 and s[0] == s[1]):
         return _size(s[0], what)
-    if len(s) != 2 or not all(isinstance(v, numbers.Integral) and v >= 1 for v in s):
+    s = tuple(_index(v) for v in s) if len(s) == 2 else s
+    if len(s) != 2 or not all(v is not None and v >= 1 for v in s):
         raise ValueError(f"{what}: size must be an int or a (h, w) pair of ints >= 1, "
                          f"got {size!r}")
     return _seq(s, what)
@@ -99,6 +116,8 @@ def _interp(interpolation, antialias, what):
 
 
 def _fill(fill, what):
+    if _index(fill) is not None:
+        fill = _index(fill)
     if isinstance(fill, numbers.Real) and not isinstance(fill, bool):
         if not 0 <= fill <= 255:
             raise ValueError(f"{what}: fill must be within 0..255, got {fill!r}")
@@ -110,13 +129,17 @@ def _fill(fill, what):
 
 
 def _padding(padding, what):
-    if isinstance(padding, numbers.Integral) and not isinstance(padding, bool):
-        if padding < 0:
-            raise ValueError(f"{what}: padding must be >= 0")
-        return str(int(padding))
-    vals = tuple(padding)
-    if len(vals) not in (1, 2, 4) or not all(isinstance(v, numbers.Integral) and v >= 0
-                                             for v in vals):
+    i = _index(padding)
+    if i is not None:
+        if i < 0:
+            raise ValueError(f"{what}: padding must be >= 0, got {padding!r}")
+        return str(i)
+    try:
+        vals = tuple(_index(v) for v in padding)
+    except TypeError:
+        raise TypeError(f"{what}: padding must be an int or 1, 2 or 4 ints >= 0, got "
+                        f"{padding!r}") from None
+    if len(vals) not in (1, 2, 4) or not all(v is not None and v >= 0 for v in vals):
         raise ValueError(f"{what}: padding must be an int or 1, 2 or 4 ints >= 0, "
                          f"got {padding!r}")
     return _seq(vals, what)
@@ -186,16 +209,18 @@ class Resize(Transform):
         self.max_size, self.antialias = max_size, antialias
         _interp(interpolation, antialias, "Resize")
         self._size = _size(size, "Resize")
+        self._max_size = None
         if max_size is not None:
-            if not isinstance(size, numbers.Integral) and len(tuple(size)) != 1:
+            if _index(size) is None and len(tuple(size)) != 1:
                 raise ValueError("Resize: max_size is only allowed when size is an int")
-            if not isinstance(max_size, numbers.Integral) or max_size <= int(self._size):
+            self._max_size = _index(max_size)
+            if self._max_size is None or self._max_size <= int(self._size):
                 raise ValueError(f"Resize: max_size must be an int greater than size, "
                                  f"got {max_size!r}")
 
     def spec(self):
-        if self.max_size is not None:
-            return f"Resize({self._size},max_size={int(self.max_size)})"
+        if self._max_size is not None:
+            return f"Resize({self._size},max_size={self._max_size})"
         return f"Resize({self._size})"
 
 

@@ -1,0 +1,251 @@
+"""Arguments of the Python API (issue 13, items 4, 6 and 7): integers of any
+kind with __index__, messages that name the range, the key, the variable or
+the sample that is wrong, and options that are honoured or refused, never
+ignored."""
+
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import stoker
+from stoker import transforms as T
+import stoker.loader
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---- item 4: integers ------------------------------------------------------------
+
+def test_numpy_and_torch_integers_are_accepted_everywhere(tmp_path, make_records):
+    rec = make_records(12)
+    r2 = stoker.Records(rec.path, np.int64(24), header_bytes=torch.tensor(0),
+                        label_bytes=np.uint8(8))
+    assert (r2.record_bytes, r2.header_bytes, r2.label_bytes) == (24, 0, 8)
+    assert all(type(v) is int for v in (r2.record_bytes, r2.header_bytes, r2.label_bytes))
+    with stoker.Loader(r2, np.int64(4), threads=np.int32(2), depth=torch.tensor(3),
+                       seed=np.uint64(7), rank=np.int64(1), world_size=torch.tensor(2),
+                       max_sample_bytes=np.int64(4096), output="numpy", shuffle=False) as L:
+        assert type(L.batch_size) is int and L.batch_size == 4
+        assert (L.seed, L.depth, L.rank, L.world_size) == (7, 3, 1, 2)
+        assert type(L.seed) is int and type(L.rank) is int and type(L.world_size) is int
+        assert len(L) == 2                       # 6 samples of rank 1, batches of 4
+        L.set_epoch(np.int64(3))
+        assert L.epoch == 3
+        L.set_epoch(torch.tensor(4))
+        assert L.epoch == 4
+        sd = {k: np.int64(v) if isinstance(v, int) and not isinstance(v, bool) else v
+              for k, v in L.state_dict().items()}
+        sd["epoch"], sd["batch"] = np.uint64(5), torch.tensor(1)
+        L.load_state_dict(sd)
+        assert (L.state_dict()["epoch"], L.state_dict()["batch"]) == (5, 1)
+    opts = {"max_dim": torch.tensor(4096), "exif": np.True_, "scratch_bytes": np.int64(1 << 20)}
+    with stoker.Loader(rec, 4, output="numpy", options=opts) as L:
+        assert len(L) == 3
+
+
+def test_transform_integers_accept_torch_and_numpy():
+    assert str(T.RandomCrop(torch.tensor(32), padding=torch.tensor(4), fill=np.uint8(3))) == \
+        "RandomCrop(32,padding=4,fill=3)"
+    assert str(T.RandomCrop((np.int64(32), torch.tensor(30)),
+                            padding=(np.int64(1), torch.tensor(2)))) == \
+        "RandomCrop((32,30),padding=(1,2))"
+    assert str(T.Resize(np.int64(32), max_size=torch.tensor(40))) == "Resize(32,max_size=40)"
+    assert str(T.CenterCrop([np.int32(5), np.int32(5)])) == "CenterCrop(5)"
+    assert str(T.Pad(torch.tensor(2), fill=(1, 2, torch.tensor(3)))) == "Pad(2,fill=(1,2,3))"
+    assert str(T.RandomResizedCrop(torch.tensor(24))).startswith("RandomResizedCrop(24,")
+    for bad in (True, torch.tensor(True), 32.0, torch.tensor(32.0)):
+        with pytest.raises(TypeError, match="size"):
+            T.Resize(bad)
+    with pytest.raises(TypeError, match="padding"):
+        T.Pad(np.True_)
+    with pytest.raises(ValueError, match="size must be >= 1"):
+        T.CenterCrop(torch.tensor(0))
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(batch_size=np.int64(0)), ValueError,
+     r"batch_size must be in 1 \.\. 16777216, got 0 \(numpy\.int64\)"),
+    (dict(batch_size=2 ** 24 + 1), ValueError, r"batch_size must be in 1 \.\. 16777216, got "),
+    (dict(batch_size=8.0), TypeError, r"batch_size must be an integer .*got 8\.0$"),
+    (dict(batch_size=np.float32(8)), TypeError, r"batch_size .*got 8\.0 \(numpy\.float32\)"),
+    (dict(batch_size=True), TypeError, r"batch_size .*got True"),
+    (dict(batch_size="8"), TypeError, r"batch_size .*got '8'"),
+    (dict(threads=np.int64(300)), ValueError, r"threads .*1 \.\. 256, got 300 \(numpy\.int64\)"),
+    (dict(depth=torch.tensor(64)), ValueError, r"depth must be in 1 \.\. 63, got tensor\(64\)"),
+    (dict(seed=2 ** 64), ValueError, r"seed must be in 0 \.\. 18446744073709551615"),
+    (dict(world_size=np.int64(0), rank=0), ValueError, r"world_size must be in 1 \.\. "),
+    (dict(rank=np.int64(-1), world_size=2), ValueError, r"rank must be in 0 \.\. .*got -1"),
+    (dict(rank=2, world_size=np.int64(2)), ValueError, r"need 0 <= rank < world_size"),
+    (dict(max_sample_bytes=np.float64(4096)), TypeError, r"max_sample_bytes"),
+])
+def test_integer_argument_errors_give_range_and_type(make_records, kwargs, exc, match):
+    kw = dict(batch_size=2, output="numpy")
+    kw.update(kwargs)
+    with pytest.raises(exc, match=match):
+        stoker.Loader(make_records(4), **kw)
+
+
+def test_records_integer_errors():
+    with pytest.raises(TypeError, match=r"record_bytes .*got 24\.5"):
+        stoker.Records("x", 24.5)
+    with pytest.raises(ValueError, match=r"record_bytes must be in 1 \.\. .*got 0 \(numpy"):
+        stoker.Records("x", np.int64(0))
+    with pytest.raises(ValueError, match="header_bytes must be in 0"):
+        stoker.Records("x", 4, header_bytes=-1)
+
+
+def test_set_epoch_errors_give_range_and_type(make_records):
+    with stoker.Loader(make_records(8), 4, output="numpy") as L:
+        with pytest.raises(ValueError, match=r"epoch must be in 0 \.\. \d+, got -1 \(numpy"):
+            L.set_epoch(np.int64(-1))
+        with pytest.raises(ValueError, match=r"epoch must be in 0 \.\. 6148914691236517204, "):
+            L.set_epoch(2 ** 63)                 # 2 batches per epoch: 2**64 // 3 - 1 at most
+        with pytest.raises(TypeError, match="epoch"):
+            L.set_epoch(1.0)
+
+
+# ---- item 6: messages ------------------------------------------------------------
+
+def test_unknown_option_key_is_named_with_the_known_ones(make_records):
+    with pytest.raises(ValueError) as e:
+        stoker.Loader(make_records(4), 2, output="numpy", options={"max_dimm": 4096})
+    msg = str(e.value)
+    assert "unknown key 'max_dimm'" in msg and "invalid value" not in msg
+    for k in stoker.loader.OPTION_KEYS:
+        assert k in msg
+    # A value the library refuses is still reported as a bad value of that key.
+    with pytest.raises(ValueError, match="max_dim"):
+        stoker.Loader(make_records(4), 2, output="numpy", options={"max_dim": "huge"})
+
+
+@pytest.mark.parametrize("key", ["dtype", "layout", "size"])
+def test_options_that_are_arguments_point_to_the_argument(make_records, key):
+    with pytest.raises(ValueError, match=f"'{key}' is a Loader argument: pass {key}="):
+        stoker.Loader(make_records(4), 2, output="numpy", options={key: "1"})
+
+
+def test_option_keys_cover_the_librarys():
+    """Every key stk_options_set() takes is known to Python (as an option or
+    a Loader argument): a key added to src/options.c must be added to
+    stoker.loader.OPTION_KEYS too, or Python would call it unknown."""
+    with open(os.path.join(ROOT, "src", "options.c")) as f:
+        src = f.read()
+    body = src[src.index("int stk_options_set(stk_options *o, const char *key"):]
+    body = body[:body.index("\n}\n")]
+    keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', body))
+    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size"}
+
+
+def test_load_state_dict_negative_epoch_names_the_epoch(make_records):
+    with stoker.Loader(make_records(8), 4, output="numpy", seed=1) as L:
+        with pytest.raises(ValueError) as e:
+            L.load_state_dict({"seed": 1, "epoch": -1, "batch": 0})
+        assert "epoch" in str(e.value) and "got -1" in str(e.value)
+        assert "batch" not in str(e.value)
+        with pytest.raises(ValueError, match=r"batch \(this loader has 2 batches per epoch\) "
+                                             r"must be in 0 \.\. 2, got 3"):
+            L.load_state_dict({"seed": 1, "epoch": 0, "batch": 3})
+        with pytest.raises(ValueError, match=r"seed must be in 0 \.\. .*got -5"):
+            L.load_state_dict({"seed": -5, "epoch": 0, "batch": 0})
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"WORLD_SIZE": "2", "RANK": "x"}, r"environment variable RANK='x' is not an integer"),
+    ({"WORLD_SIZE": "two", "RANK": "0"}, r"environment variable WORLD_SIZE='two' is not an"),
+    ({"WORLD_SIZE": "", "RANK": "0"}, r"environment variable WORLD_SIZE='' is not an"),
+    ({"WORLD_SIZE": "2", "RANK": "5"},
+     r"need 0 <= rank < world_size .*got rank=5, world_size=2 \(from the RANK and WORLD_SIZE "
+     r"environment variables\)"),
+])
+def test_garbage_in_rank_environment_names_the_variable(monkeypatch, make_records, env, match):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ValueError, match=match):
+        stoker.Loader(make_records(4), 2, output="numpy")
+    # Explicit arguments win over the environment, garbage or not.
+    with stoker.Loader(make_records(4), 2, output="numpy", rank=0, world_size=1) as L:
+        assert len(L) == 2
+
+
+def test_environment_partition_is_used(monkeypatch, make_records):
+    monkeypatch.setenv("WORLD_SIZE", " 2 ")
+    monkeypatch.setenv("RANK", "1")
+    with stoker.Loader(make_records(8), 2, output="numpy") as L:
+        assert (L.rank, L.world_size, len(L)) == (1, 2, 2)
+
+
+def test_raise_names_the_first_failed_sample_in_batch_order(make_folder):
+    """Two bad files in one batch: the message, .sample, .path and .errors[0]
+    are the failure that comes first in the batch (in the epoch's shuffled
+    order), not the first to fail, nor the lowest dataset index. One thread
+    makes the later sample fail last, so the engine's list has it first."""
+    root = make_folder(classes=1, per_class=8)
+    names = sorted(os.listdir(root / "class00"))
+    with stoker.Loader(root, 8, seed=3, output="numpy", return_indices=True) as L:
+        order = next(iter(L))[2].tolist()
+    # Two positions whose dataset indices are in the opposite order.
+    p, q = next((p, q) for p in range(8) for q in range(p + 1, 8) if order[p] > order[q])
+    for i in (order[p], order[q]):
+        f = root / "class00" / names[i]
+        f.unlink()
+        os.symlink("/nonexistent/target", f)
+    with stoker.Loader(root, 8, seed=3, threads=1, output="numpy", return_indices=True) as L:
+        it = iter(L)
+        with pytest.raises(stoker.SampleError) as e:
+            next(it)
+        first = order[p]
+        assert str(e.value).startswith(f"sample {first} (")
+        assert names[first] in str(e.value) and "and 1 more failed sample" in str(e.value)
+        assert e.value.sample == first and e.value.path.endswith(names[first])
+        assert [d["sample"] for d in e.value.errors] == [first, order[q]]
+        x, y, idx = next(it)                     # the batch, without the two
+        assert idx.tolist() == [i for i in order if i not in (order[p], order[q])]
+
+
+# ---- item 7: honoured or refused ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def png_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pngs")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / f"c{c}").mkdir()
+        for k in range(3):
+            img = rng.integers(0, 256, (40 + k, 50, 3), dtype=np.uint8)
+            Image.fromarray(img).save(root / f"c{c}" / f"i{k}.png")
+    return root
+
+
+@pytest.mark.parametrize("transform", [
+    None, "none", "decode", "RandomCrop(8)", "Resize(20)|CenterCrop(16)",
+    T.Compose([T.RandomResizedCrop(16)]), [T.CenterCrop(16), T.Normalize((0.5,), (0.5,))],
+])
+def test_size_without_a_sized_preset_is_refused(png_folder, transform):
+    with pytest.raises(ValueError, match=r"size=24 sets the output size of the presets .* "
+                                         r"it would be ignored"):
+        stoker.Loader(png_folder, 2, output="numpy", transform=transform, size=24)
+
+
+@pytest.mark.parametrize("transform,shape", [
+    ("imagenet-val", (16, 16)),
+    ("imagenet-train|Normalize(mean=(0.5,),std=(0.5,))", (16, 16)),
+    ("cifar-train", (16, 16)),
+])
+def test_size_with_a_preset_in_a_spec_string_is_honoured(png_folder, transform, shape):
+    with stoker.Loader(png_folder, 3, output="numpy", transform=transform, size=16) as L:
+        x, _ = next(iter(L))
+        assert x.shape[2:] == shape
+
+
+def test_max_sample_bytes_zero_is_refused(make_records, make_folder):
+    with pytest.raises(ValueError, match=r"max_sample_bytes .*must be in 1 \.\. 1099511627776, "
+                                         r"got 0"):
+        stoker.Loader(make_folder(), 2, output="numpy", max_sample_bytes=0)
+    with pytest.raises(ValueError, match="max_sample_bytes"):
+        stoker.Loader(make_folder(name="f2"), 2, output="numpy", max_sample_bytes=-1)
+    with stoker.Loader(make_folder(name="f3"), 2, output="numpy", max_sample_bytes=None) as L:
+        assert len(L) == 8                       # None: the default budget
