@@ -25,6 +25,18 @@ OPTION_KEYS = {
     "exif": "0 or 1: apply the EXIF orientation (default 0)",
     "scratch_bytes": "decode scratch limit per thread, >= 4096, K/M/G suffixes (default 64M)",
     "max_input_bytes": "largest encoded file accepted, >= 4096, K/M/G suffixes (default 32M)",
+    # Remote datasets (docs/remote.md).
+    "endpoint": "S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS)",
+    "region": "S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)",
+    "addressing": "S3 addressing: path, virtual or auto (default auto: path with a custom "
+                  "endpoint)",
+    "fetch_concurrency": "requests in flight, 1 .. 1024 (default 64)",
+    "fetch_retries": "retries per request, 0 .. 100 (default 6)",
+    "fetch_timeout": "seconds a request may stall before it is retried, 1 .. 3600 (default 30)",
+    "fetch_buffer": "bytes buffered ahead of the workers, K/M/G suffixes (default 64M)",
+    "fetch_lookahead": "samples planned ahead (default: 2 batches or 2 x concurrency)",
+    "cache_dir": "disk cache directory (the cache_dir argument)",
+    "cache_limit": "disk cache size limit in bytes, K/M/G suffixes (the cache_limit argument)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
@@ -205,6 +217,10 @@ class Loader:
         cifar-train (alone or in a spec string); refused with other transforms.
     max_sample_bytes: per-sample budget of variable-size batches (None: 1 MiB).
     options: other engine options (OPTION_KEYS); unknown keys are refused.
+    cache_dir, cache_limit: for remote datasets (http://, https://, s3://
+        URLs; docs/remote.md), a disk cache of whole shards shared by the
+        processes of a node, and its size limit in bytes (default: 90 % of
+        the free space).
     on_error: "raise" (a bad sample raises stoker.SampleError; calling next()
         again on the same iterator gives the batch without it) or "skip"
         (left out, counted and listed in stats()["errors"]).
@@ -230,7 +246,8 @@ class Loader:
     def __init__(self, source, batch_size, *, shuffle=True, seed=0, drop_last=False,
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
-                 max_sample_bytes=None, options=None, return_indices=False):
+                 max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
+                 cache_limit=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -272,6 +289,10 @@ class Loader:
             opts["size"] = str(size)
         for k, v in (options or {}).items():
             opts[k] = _option_value(k, v)
+        if cache_dir is not None:
+            opts["cache_dir"] = os.fspath(cache_dir)
+        if cache_limit is not None:
+            opts["cache_limit"] = str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50))
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)
