@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool stoker_parse_size(const char *s, uint64_t *out)
 {
@@ -52,4 +53,23 @@ void stoker_json_str(FILE *f, const char *s)
             fputc(ch, f);
     }
     fputc('"', f);
+}
+
+const char *stoker_display_path(const char *path, char *buf, size_t n)
+{
+    const char *sep = strstr(path, "://");
+    if (!sep || !n)
+        return path;
+    const char *host = sep + 3, *end = host;
+    while (*end && *end != '/' && *end != '?')
+        end++;
+    const char *at = NULL;
+    for (const char *p = host; p < end; p++)
+        if (*p == '@')
+            at = p;
+    const char *from = at ? at + 1 : host;
+    const char *q = strchr(from, '?');
+    size_t head = (size_t)(host - path), rest = q ? (size_t)(q - from) : strlen(from);
+    snprintf(buf, n, "%.*s%.*s%s", (int)head, path, (int)rest, from, q ? "?..." : "");
+    return buf;
 }

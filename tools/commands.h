@@ -12,6 +12,9 @@
 bool stoker_parse_size(const char *s, uint64_t *out);
 /* Formats a byte count as "12.3 MiB" into buf. Returns buf. */
 const char *stoker_human_bytes(double v, char *buf, size_t n);
+/* PATH for messages: a URL loses its user:password@ and query string (which
+ * may carry credentials); anything else is returned as it is. */
+const char *stoker_display_path(const char *path, char *buf, size_t n);
 /* Writes s as a JSON string literal. */
 void stoker_json_str(FILE *f, const char *s);
 

@@ -7,6 +7,7 @@
 
 #include "source/source.h"
 #include "source/stkformat.h"
+#include "io/remote.h"
 
 #include <dirent.h>
 #include <inttypes.h>
@@ -15,6 +16,42 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* Remote-dataset settings of info and verify (docs/remote.md). */
+static stk__remote_cfg g_remote;
+
+/* Parses one remote option (--endpoint URL ...) into prm. 1 when k was one,
+ * 0 when not, 2 for a bad value. */
+static int parse_remote(const char *k, const char *v, stk__source_params *prm)
+{
+    uint64_t n = 0;
+    prm->remote = &g_remote;
+    if (!strcmp(k, "--endpoint"))
+        g_remote.endpoint = v;
+    else if (!strcmp(k, "--region"))
+        g_remote.region = v;
+    else if (!strcmp(k, "--cache-dir"))
+        prm->cache_dir = v;
+    else if (!strcmp(k, "--addressing")) {
+        if (strcmp(v, "path") && strcmp(v, "virtual"))
+            return 2;
+        g_remote.addressing = v[0] == 'p' ? 1 : 2;
+    } else if (!strcmp(k, "--cache-limit") || !strcmp(k, "--fetch-concurrency") ||
+               !strcmp(k, "--fetch-retries") || !strcmp(k, "--fetch-timeout")) {
+        if (!stoker_parse_size(v, &n))
+            return 2;
+        if (k[2] == 'c')
+            prm->cache_limit = n;
+        else if (k[8] == 'c')
+            g_remote.concurrency = n < 1 ? 1 : n > 1024 ? 1024 : (unsigned)n;
+        else if (k[8] == 'r')
+            g_remote.retries = n ? (unsigned)(n > 100 ? 100 : n) : UINT32_MAX;
+        else
+            g_remote.timeout_s = n < 1 ? 1 : n > 3600 ? 3600 : (unsigned)n;
+    } else
+        return 0;
+    return 1;
+}
+
 /* Parses PATH and the record options shared by info and verify. */
 static int parse_path(int argc, char **argv, const char **path, stk__source_params *prm)
 {
@@ -22,6 +59,15 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
     *path = NULL;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
+        int r = i + 1 < argc ? parse_remote(k, argv[i + 1], prm) : 0;
+        if (r == 2) {
+            fprintf(stderr, "stoker: invalid value for %s: %s\n", k, argv[i + 1]);
+            return 2;
+        }
+        if (r == 1) {
+            i++;
+            continue;
+        }
         if ((!strcmp(k, "--record-size") || !strcmp(k, "--header-bytes") ||
              !strcmp(k, "--label-bytes")) &&
             i + 1 < argc) {
@@ -64,7 +110,9 @@ int stoker_cmd_info(int argc, char **argv)
     if (rc)
         return rc;
     if ((rc = stk__source_open(&s, path, &prm, err, sizeof err))) {
-        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n", path, err, stk_strerror(rc));
+        char shown[4096];
+        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
+                stoker_display_path(path, shown, sizeof shown), err, stk_strerror(rc));
         return 1;
     }
     stk__dataset_info di;
@@ -159,7 +207,9 @@ int stoker_cmd_verify(int argc, char **argv)
         if (d)
             closedir(d);
         if (!n) {
-            fprintf(stderr, "stoker: cannot open %s: %s (%s)\n", path, err, stk_strerror(rc));
+            char shown[4096];
+        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
+                stoker_display_path(path, shown, sizeof shown), err, stk_strerror(rc));
             free(names);
             return 1;
         }

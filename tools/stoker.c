@@ -347,7 +347,9 @@ static int cmd_bench(int argc, char **argv)
 
     int rc = stk_loader_open(&l, o);
     if (rc != STK_OK) {
-        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n", a.path,
+        char shown[4096];
+        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
+                stoker_display_path(a.path, shown, sizeof shown),
                 l ? stk_loader_errmsg(l) : "out of memory", stk_strerror(rc));
         status = 1;
         goto out;
@@ -356,7 +358,9 @@ static int cmd_bench(int argc, char **argv)
     stk_loader_info(l, &info);
     uint64_t bound = stk_loader_memory_bound(l);
     if (!a.json) {
-        printf("stoker bench: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", a.path,
+        char shown[4096];
+        printf("stoker bench: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n",
+               stoker_display_path(a.path, shown, sizeof shown),
                info.source_kind, info.num_samples, info.num_classes);
         printf("  transform %s, %s batches\n", a.transform ? a.transform : "none",
                info.kind == STK_BATCH_DENSE ? "dense" : "variable-size");
@@ -391,8 +395,9 @@ static int cmd_bench(int argc, char **argv)
     unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
     double rate = secs > 0 ? (double)samples / secs : 0;
     if (a.json) {
+        char shown[4096];
         printf("{\"path\":");
-        stoker_json_str(stdout, a.path);
+        stoker_json_str(stdout, stoker_display_path(a.path, shown, sizeof shown));
         printf(",\"transform\":");
         stoker_json_str(stdout, a.transform ? a.transform : "none");
         printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
