@@ -283,7 +283,8 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
     }
     closedir(d);
     if (used + size > c->limit) {
-        qsort(v, nv, sizeof *v, cmp_victim);
+        if (nv)
+            qsort(v, nv, sizeof *v, cmp_victim);
         for (size_t k = 0; k < nv && used + size > c->limit; k++) {
             char p[4096];
             stk__fmt(p, sizeof p, "%s/%s", c->dir, v[k].name);
