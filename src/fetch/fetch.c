@@ -81,6 +81,7 @@ struct stk__fetch {
 
     stk__cache *cache; /* NULL: no disk cache */
     shardst *sh;
+    size_t nshards; /* of sh (the source is closed before the stage is freed) */
     uint64_t fallbacks;
 
     /* stats (under lock) */
@@ -448,6 +449,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f);
             return rc;
         }
+        f->nshards = src->nshards;
         for (size_t k = 0; k < src->nshards; k++)
             f->sh[k].fd = -1;
     }
@@ -490,7 +492,7 @@ void stk__fetch_destroy(stk__fetch *f)
     }
     while (f->chunks)
         chunk_unlink_free(f, f->chunks);
-    for (size_t k = 0; f->sh && k < f->src->nshards; k++)
+    for (size_t k = 0; f->sh && k < f->nshards; k++)
         if (f->sh[k].st == SH_RESIDENT)
             stk__cache_unpin(f->sh[k].fd);
     stk__free(f->sh);

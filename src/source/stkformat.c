@@ -362,7 +362,8 @@ static int wput(stk__stk_writer *w, const uint8_t *data, size_t n)
         if (rc)
             return rc;
     }
-    memcpy(w->buf + w->blen, data, n);
+    if (n) /* data may be NULL for an empty key or region */
+        memcpy(w->buf + w->blen, data, n);
     w->blen += n;
     return STK_OK;
 }

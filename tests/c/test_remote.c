@@ -1,0 +1,568 @@
+/*
+ * test_remote.c -- remote .stk datasets through the fetch stage, under the
+ * sanitizers like every C test. The test runs its own small HTTP/1.1 server
+ * on loopback (keep-alive, single byte ranges, and injected faults: 503 with
+ * Retry-After, a reset mid-body, a truncated body, a stall, a permanent 500),
+ * so every path of the transfer engine, the fetch stage and the disk cache
+ * runs in-process where ASan and TSan see it. tests/py/test_remote.py covers
+ * real servers (nginx, an S3 server that checks signatures).
+ */
+#include "testutil.h"
+
+#include "../../src/source/stkformat.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the server ------------------------------------------------------------ */
+
+enum { F_NONE, F_503_FIRST, F_RESET_FIRST, F_TRUNC_FIRST, F_STALL, F_500_PAYLOAD };
+
+#define MAX_CONN 256
+#define MAX_KEYS 4096
+
+static struct {
+    int lfd, port;
+    char root[1024];
+    pthread_t acceptor;
+    pthread_t conns[MAX_CONN];
+    int conn_fds[MAX_CONN];
+    int nconn;
+    pthread_mutex_t mu;
+    atomic_int stop;
+    int fault;
+    char fault_path[256]; /* F_500_PAYLOAD: this object's payload ranges fail */
+    uint64_t payload_end; /* ... below this offset (the index stays readable) */
+    /* Keys (path + range) already answered once, for *_FIRST faults. */
+    char *seen[MAX_KEYS];
+    int nseen;
+    atomic_int requests, whole_gets;
+} srv;
+
+static bool first_time(const char *key)
+{
+    pthread_mutex_lock(&srv.mu);
+    bool first = true;
+    for (int k = 0; k < srv.nseen && first; k++)
+        first = strcmp(srv.seen[k], key) != 0;
+    if (first && srv.nseen < MAX_KEYS)
+        srv.seen[srv.nseen++] = strdup(key);
+    pthread_mutex_unlock(&srv.mu);
+    return first;
+}
+
+static void send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w <= 0)
+            return;
+        c += w;
+        n -= (size_t)w;
+    }
+}
+
+static void reply_status(int fd, int code, const char *extra)
+{
+    char h[512];
+    int n = snprintf(h, sizeof h,
+                     "HTTP/1.1 %d X\r\nContent-Length: 5\r\n%sConnection: keep-alive\r\n\r\nerror",
+                     code, extra);
+    send_all(fd, h, (size_t)n);
+}
+
+static uint64_t g_index_off[8];
+
+/* Is this a ranged read of sample payloads (not a header, footer or index)? */
+static bool is_payload(const char *path, bool ranged, uint64_t a)
+{
+    const char *p = strstr(path, "part-");
+    if (!ranged || !p || a < 64)
+        return false;
+    int s = atoi(p + 5);
+    return s >= 0 && s < 8 && a < g_index_off[s];
+}
+
+/* Serves one request; returns false to close the connection. */
+static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
+{
+    atomic_fetch_add(&srv.requests, 1);
+    char file[2048], key[1200];
+    snprintf(file, sizeof file, "%s%s", srv.root, path);
+    snprintf(key, sizeof key, "%s %d %llu-%llu", path, ranged, (unsigned long long)a,
+             (unsigned long long)b);
+    int f = open(file, O_RDONLY);
+    struct stat st;
+    if (f < 0 || fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (f >= 0)
+            close(f);
+        reply_status(fd, 404, "");
+        return true;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    if (!ranged) {
+        a = 0;
+        b = size - 1;
+        if (strstr(path, ".stk"))
+            atomic_fetch_add(&srv.whole_gets, 1);
+    }
+    if (b >= size)
+        b = size - 1;
+    int fault = srv.fault;
+    if (fault == F_503_FIRST && first_time(key)) {
+        close(f);
+        reply_status(fd, 503, "Retry-After: 0\r\n");
+        return true;
+    }
+    if (fault == F_500_PAYLOAD && strstr(path, srv.fault_path) && ranged && a >= 64 &&
+        a < srv.payload_end) {
+        close(f);
+        reply_status(fd, 500, "");
+        return true;
+    }
+    if (fault == F_STALL && is_payload(path, ranged, a)) {
+        while (!atomic_load(&srv.stop))
+            usleep(10000);
+        close(f);
+        return false;
+    }
+    uint64_t n = b - a + 1;
+    char h[512];
+    int hl = ranged ? snprintf(h, sizeof h,
+                               "HTTP/1.1 206 Partial\r\nContent-Length: %llu\r\nContent-Range: "
+                               "bytes %llu-%llu/%llu\r\nConnection: keep-alive\r\n\r\n",
+                               (unsigned long long)n, (unsigned long long)a,
+                               (unsigned long long)b, (unsigned long long)size)
+                    : snprintf(h, sizeof h,
+                               "HTTP/1.1 200 OK\r\nContent-Length: %llu\r\nConnection: "
+                               "keep-alive\r\n\r\n",
+                               (unsigned long long)n);
+    send_all(fd, h, (size_t)hl);
+    uint8_t *buf = malloc(n ? n : 1);
+    ssize_t got = pread(f, buf, n, (off_t)a);
+    close(f);
+    bool cut = (fault == F_RESET_FIRST || fault == F_TRUNC_FIRST) && n > 1 && first_time(key);
+    size_t send_n = cut ? (size_t)n / 2 : (size_t)(got > 0 ? got : 0);
+    send_all(fd, buf, send_n);
+    free(buf);
+    if (cut && fault == F_RESET_FIRST) {
+        struct linger lg = {1, 0}; /* RST instead of FIN */
+        setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    return !cut;
+}
+
+static void *conn_main(void *arg)
+{
+    int fd = (int)(intptr_t)arg;
+    char buf[8192];
+    size_t have = 0;
+    for (;;) {
+        char *end = NULL;
+        while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
+            if (have == sizeof buf)
+                goto done;
+            ssize_t r = recv(fd, buf + have, sizeof buf - have, 0);
+            if (r <= 0)
+                goto done;
+            have += (size_t)r;
+        }
+        *end = '\0';
+        char method[16], path[1024];
+        if (sscanf(buf, "%15s %1023s", method, path) != 2)
+            goto done;
+        char *q = strchr(path, '?');
+        if (q)
+            *q = '\0';
+        unsigned long long a = 0, b = 0;
+        const char *rg = strcasestr(buf, "\r\nRange: bytes=");
+        bool ranged = rg && sscanf(rg + 15, "%llu-%llu", &a, &b) == 2;
+        size_t used = (size_t)(end + 4 - buf);
+        if (!serve(fd, path, ranged, a, b))
+            goto done;
+        memmove(buf, buf + used, have - used);
+        have -= used;
+    }
+done:
+    close(fd);
+    return NULL;
+}
+
+static void *accept_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        int fd = accept(srv.lfd, NULL, NULL);
+        if (fd < 0) {
+            if (atomic_load(&srv.stop))
+                return NULL;
+            continue;
+        }
+        pthread_mutex_lock(&srv.mu);
+        if (srv.nconn == MAX_CONN || atomic_load(&srv.stop)) {
+            pthread_mutex_unlock(&srv.mu);
+            close(fd);
+            continue;
+        }
+        srv.conn_fds[srv.nconn] = fd;
+        pthread_create(&srv.conns[srv.nconn], NULL, conn_main, (void *)(intptr_t)fd);
+        srv.nconn++;
+        pthread_mutex_unlock(&srv.mu);
+    }
+}
+
+static void server_start(const char *root, int fault)
+{
+    memset(&srv, 0, sizeof srv);
+    pthread_mutex_init(&srv.mu, NULL);
+    snprintf(srv.root, sizeof srv.root, "%s", root);
+    srv.fault = fault;
+    srv.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    REQUIRE(bind(srv.lfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    REQUIRE(listen(srv.lfd, 128) == 0);
+    socklen_t sl = sizeof sa;
+    getsockname(srv.lfd, (struct sockaddr *)&sa, &sl);
+    srv.port = ntohs(sa.sin_port);
+    pthread_create(&srv.acceptor, NULL, accept_main, NULL);
+}
+
+static void server_stop(void)
+{
+    atomic_store(&srv.stop, 1);
+    shutdown(srv.lfd, SHUT_RDWR);
+    pthread_join(srv.acceptor, NULL);
+    close(srv.lfd);
+    pthread_mutex_lock(&srv.mu);
+    for (int k = 0; k < srv.nconn; k++)
+        shutdown(srv.conn_fds[k], SHUT_RDWR);
+    int n = srv.nconn;
+    pthread_mutex_unlock(&srv.mu);
+    for (int k = 0; k < n; k++)
+        pthread_join(srv.conns[k], NULL);
+    for (int k = 0; k < srv.nseen; k++)
+        free(srv.seen[k]);
+    pthread_mutex_destroy(&srv.mu);
+}
+
+/* ---- the dataset ---------------------------------------------------------------- */
+
+#define SHARDS    5
+#define PER_SHARD 23
+
+static char g_www[1024], g_ds[1100];
+
+static void make_dataset(void)
+{
+    snprintf(g_www, sizeof g_www, "%s", tu_path("www"));
+    snprintf(g_ds, sizeof g_ds, "%s/ds", g_www);
+    tu_mkdirs(g_ds);
+    stk__manifest man = {0};
+    man.kind = STK_PAYLOAD_ENCODED;
+    man.classes = 7;
+    man.shards = stk__calloc(SHARDS, sizeof *man.shards);
+    man.nshards = SHARDS;
+    char err[512], path[2048];
+    for (int s = 0; s < SHARDS; s++) {
+        stk__stk_header h = {0};
+        h.kind = STK_PAYLOAD_ENCODED;
+        stk__stk_writer *w;
+        snprintf(path, sizeof path, "%s/part-%06d.stk", g_ds, s);
+        REQUIRE(stk__stkw_open(&w, path, &h, err, sizeof err) == STK_OK);
+        for (int k = 0; k < PER_SHARD; k++) {
+            int i = s * PER_SHARD + k;
+            uint8_t data[3000];
+            size_t n = 100 + (size_t)(i * 37) % 2800;
+            for (size_t j = 0; j < n; j++)
+                data[j] = (uint8_t)(i * 131 + j * 7);
+            char key[32];
+            snprintf(key, sizeof key, "s%d-%d", s, k);
+            REQUIRE(stk__stkw_add(w, data, n, i % 7, key, 0, 0, err, sizeof err) == STK_OK);
+        }
+        uint64_t fsize = 0;
+        REQUIRE(stk__stkw_finish(w, 7, &fsize, err, sizeof err) == STK_OK);
+        char name[32];
+        snprintf(name, sizeof name, "part-%06d.stk", s);
+        man.shards[s].name = stk__strdup(name);
+        man.shards[s].count = PER_SHARD;
+        man.shards[s].bytes = fsize;
+        man.samples += PER_SHARD;
+        size_t n = 0;
+        uint8_t *all = tu_read_file(path, &n);
+        stk__stk_footer f;
+        REQUIRE(stk__stk_footer_decode(all + n - STK_FOOTER_SIZE, n, &f, err, sizeof err) ==
+                STK_OK);
+        g_index_off[s] = f.index_offset;
+        free(all);
+    }
+    REQUIRE(stk__manifest_write(g_ds, &man, err, sizeof err) == STK_OK);
+    stk__manifest_free(&man);
+}
+
+/* Hash of every batch of `epochs` epochs (labels, indices, bytes), plus the
+ * samples delivered and the fetch counters. */
+typedef struct run_out {
+    int open_rc;
+    uint64_t hash, samples;
+    stk_fetch_stats fs;
+    char msg[1024];
+} run_out;
+
+static stk_loader *open_url(const char *path, unsigned threads, const char *cache_dir,
+                            const char *limit, int on_error, int *rc)
+{
+    stk_options *o;
+    stk_loader *l = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    stk_options_set_source(o, path);
+    stk_options_set_batch_size(o, 8);
+    stk_options_set_threads(o, threads);
+    stk_options_set_seed(o, 11);
+    stk_options_set_on_error(o, on_error);
+    REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    if (cache_dir)
+        REQUIRE(stk_options_set(o, "cache_dir", cache_dir) == STK_OK);
+    if (limit)
+        REQUIRE(stk_options_set(o, "cache_limit", limit) == STK_OK);
+    *rc = stk_loader_open(&l, o);
+    stk_options_destroy(o);
+    return l;
+}
+
+static run_out run(const char *path, unsigned threads, const char *cache_dir, const char *limit,
+                   int on_error, int epochs)
+{
+    run_out r;
+    memset(&r, 0, sizeof r);
+    r.hash = 1469598103934665603ULL;
+    stk_loader *l = open_url(path, threads, cache_dir, limit, on_error, &r.open_rc);
+    if (r.open_rc) {
+        snprintf(r.msg, sizeof r.msg, "%s", stk_loader_errmsg(l));
+        stk_loader_close(l);
+        return r;
+    }
+    for (int e = 0; e < epochs; e++) {
+        int rc;
+        stk_batch *b;
+        while ((rc = stk_loader_next(l, &b)) != STK_END) {
+            if (rc == STK_ESAMPLE) {
+                if (!r.msg[0])
+                    snprintf(r.msg, sizeof r.msg, "%s", stk_loader_errmsg(l));
+                continue;
+            }
+            REQUIRE(rc == STK_OK);
+            r.hash = tu_hash(r.hash, b->labels, b->size * sizeof *b->labels);
+            r.hash = tu_hash(r.hash, b->indices, b->size * sizeof *b->indices);
+            for (size_t k = 0; k < b->size; k++)
+                r.hash = tu_hash(r.hash, (uint8_t *)b->data + b->offsets[k], b->lengths[k]);
+            r.samples += b->size;
+            stk_batch_release(b);
+        }
+    }
+    r.fs.size = sizeof r.fs;
+    int frc = stk_loader_fetch_stats(l, &r.fs);
+    if (strstr(path, "://"))
+        CHECK_EQ(frc, STK_OK);
+    else
+        CHECK_EQ(frc, STK_EUNSUPPORTED);
+    stk_loader_close(l);
+    return r;
+}
+
+static const char *url(const char *rel)
+{
+    static char buf[4][1024];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "http://127.0.0.1:%d/%s", srv.port, rel);
+    return buf[k];
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+static void test_same_batches_as_local(void)
+{
+    run_out local = run(g_ds, 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, 2 * SHARDS * PER_SHARD);
+    server_start(g_www, F_NONE);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out r = run(url("ds"), t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK_EQ(r.fs.failures, 0);
+        CHECK(r.fs.requests > 0);
+        CHECK(r.fs.sample_bytes > 0);
+        CHECK(r.fs.bytes >= r.fs.sample_bytes);
+    }
+    /* One shard by its URL, and a brace pattern. */
+    run_out one_l = run(tu_path("www/ds/part-000003.stk"), 2, NULL, NULL, 0, 1);
+    run_out one_r = run(url("ds/part-000003.stk"), 2, NULL, NULL, 0, 1);
+    CHECK(one_l.hash == one_r.hash && one_r.samples == PER_SHARD);
+    run_out pat = run(url("ds/part-{000000..000004}.stk"), 2, NULL, NULL, 0, 1);
+    run_out one_epoch = run(g_ds, 2, NULL, NULL, 0, 1);
+    CHECK(pat.hash == one_epoch.hash);
+    /* Missing things fail at open with the URL and the reason. */
+    run_out miss = run(url("ds/part-000009.stk"), 2, NULL, NULL, 0, 1);
+    CHECK_EQ(miss.open_rc, STK_ENOENT);
+    CHECK(strstr(miss.msg, "part-000009.stk") && strstr(miss.msg, "404"));
+    server_stop();
+}
+
+static void test_cache(void)
+{
+    run_out local = run(g_ds, 2, NULL, NULL, 0, 2);
+    const char *cache = tu_path("cache");
+    server_start(g_www, F_NONE);
+    run_out cold = run(url("ds"), 2, cache, NULL, 0, 2);
+    CHECK(cold.hash == local.hash);
+    CHECK_EQ(cold.fs.cache_misses, SHARDS);
+    CHECK_EQ(atomic_load(&srv.whole_gets), SHARDS);
+    int before = atomic_load(&srv.requests);
+    run_out warm = run(url("ds"), 3, cache, NULL, 0, 2);
+    CHECK(warm.hash == local.hash);
+    CHECK_EQ(warm.fs.cache_misses, 0);
+    CHECK(warm.fs.cache_hits >= SHARDS);
+    /* Warm: the manifest, and per shard a header, a footer and an index. */
+    CHECK(atomic_load(&srv.requests) - before <= 1 + 3 * SHARDS);
+    CHECK_EQ(atomic_load(&srv.whole_gets), SHARDS);
+    /* A limit smaller than the dataset: exact batches, and what did not fit
+     * was read by ranges. */
+    run_out small = run(url("ds"), 2, tu_path("small"), "12K", 0, 2);
+    CHECK(small.hash == local.hash);
+    CHECK(small.fs.cache_fallbacks > 0);
+    uint64_t total = 0;
+    DIR *d = opendir(tu_path("small"));
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        struct stat st;
+        char p[2048];
+        snprintf(p, sizeof p, "%s/%s", tu_path("small"), e->d_name);
+        if (e->d_name[0] != '.' && stat(p, &st) == 0)
+            total += (uint64_t)st.st_size;
+    }
+    if (d)
+        closedir(d);
+    CHECK(total <= 12 * 1024);
+    server_stop();
+}
+
+static void test_faults_are_retried(void)
+{
+    run_out local = run(g_ds, 2, NULL, NULL, 0, 1);
+    int faults[] = {F_503_FIRST, F_RESET_FIRST, F_TRUNC_FIRST};
+    for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
+        server_start(g_www, faults[k]);
+        run_out r = run(url("ds"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK(r.fs.retries > 0);
+        CHECK_EQ(r.fs.failures, 0);
+        server_stop();
+    }
+    /* Downloads into the cache are retried too, and leave no partial file. */
+    server_start(g_www, F_TRUNC_FIRST);
+    run_out c = run(url("ds"), 2, tu_path("cache-faults"), NULL, 0, 1);
+    CHECK(c.hash == local.hash);
+    CHECK(c.fs.retries > 0);
+    server_stop();
+}
+
+static void test_past_the_budget(void)
+{
+    server_start(g_www, F_500_PAYLOAD);
+    snprintf(srv.fault_path, sizeof srv.fault_path, "part-000002.stk");
+    srv.payload_end = g_index_off[2];
+    /* skip: every other sample arrives, the failed ones are listed by URL. */
+    run_out r = run(url("ds"), 2, NULL, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK_EQ(r.samples, (SHARDS - 1) * PER_SHARD);
+    /* raise: next() names the first failed sample of the batch. */
+    run_out x = run(url("ds"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(x.samples, (SHARDS - 1) * PER_SHARD);
+    CHECK(strstr(x.msg, "part-000002.stk") && strstr(x.msg, "HTTP 500"));
+    server_stop();
+}
+
+static void test_close_is_prompt_while_stalled(void)
+{
+    server_start(g_www, F_STALL); /* every sample request hangs */
+    int rc;
+    stk_loader *l = open_url(url("ds"), 2, NULL, NULL, 0, &rc);
+    CHECK_EQ(rc, STK_OK);
+    stk_batch *b;
+    CHECK_EQ(stk_loader_next_timeout(l, &b, 200), STK_TIMEOUT);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stk_loader_close(l);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    CHECK(secs < 1.5);
+    server_stop();
+}
+
+static void test_resume_mid_epoch(void)
+{
+    server_start(g_www, F_NONE);
+    int rc;
+    stk_loader *a = open_url(url("ds"), 2, NULL, NULL, 0, &rc);
+    stk_batch *b;
+    for (int k = 0; k < 5; k++) {
+        REQUIRE(stk_loader_next(a, &b) == STK_OK);
+        stk_batch_release(b);
+    }
+    stk_state st;
+    CHECK_EQ(stk_loader_get_state(a, &st), STK_OK);
+    REQUIRE(stk_loader_next(a, &b) == STK_OK);
+    uint64_t want = tu_hash(1, b->indices, b->size * sizeof *b->indices);
+    stk_batch_release(b);
+    stk_loader_close(a);
+    stk_loader *c = open_url(url("ds"), 3, NULL, NULL, 0, &rc);
+    CHECK_EQ(stk_loader_set_state(c, &st), STK_OK);
+    REQUIRE(stk_loader_next(c, &b) == STK_OK);
+    CHECK(tu_hash(1, b->indices, b->size * sizeof *b->indices) == want);
+    stk_batch_release(b);
+    stk_loader_close(c);
+    server_stop();
+}
+
+int main(void)
+{
+    tu_begin("test_remote", 300);
+    make_dataset();
+    RUN(test_same_batches_as_local);
+    RUN(test_cache);
+    RUN(test_faults_are_retried);
+    RUN(test_past_the_budget);
+    RUN(test_close_is_prompt_while_stalled);
+    RUN(test_resume_mid_epoch);
+    {
+        char lnk[300], tgt[512];
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *e;
+        while (getenv("STK_TEST_FDS") && d && (e = readdir(d))) {
+            snprintf(lnk, sizeof lnk, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(lnk, tgt, sizeof tgt - 1);
+            if (n > 0) {
+                tgt[n] = 0;
+                fprintf(stderr, "fd %s -> %s\n", e->d_name, tgt);
+            }
+        }
+        if (d)
+            closedir(d);
+    }
+    return tu_end();
+}
