@@ -2,16 +2,25 @@
 #include "commands.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-bool stoker_parse_size(const char *s, uint64_t *out)
+/* 0: a number, stored in *out; 1: not a number; 2: a number too large for
+ * uint64 (or negative), so "out of range" is the true complaint. */
+static int parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
-        return false;
+    if (!s || !*s)
+        return 1;
+    bool neg = *s == '-';
+    if (neg || *s == '+')
+        s++;
+    if (*s < '0' || *s > '9')
+        return 1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
+    int overflow = errno == ERANGE;
     uint64_t mul = 1;
     if (*end == 'K' || *end == 'k')
         mul = 1ULL << 10, end++;
@@ -23,9 +32,31 @@ bool stoker_parse_size(const char *s, uint64_t *out)
         end += 2;
     else if (*end == 'B' && mul > 1)
         end++;
-    if (errno || *end || end == s || v > UINT64_MAX / mul)
-        return false;
+    if (*end)
+        return 1;
+    if (overflow || neg || v > UINT64_MAX / mul)
+        return 2;
     *out = (uint64_t)v * mul;
+    return 0;
+}
+
+bool stoker_parse_size(const char *s, uint64_t *out)
+{
+    return parse_size(s, out) == 0;
+}
+
+bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    int rc = parse_size(val, out);
+    if (rc == 1) {
+        fprintf(stderr, "stoker: %s needs a number, got '%s'\n", opt, val ? val : "nothing");
+        return false;
+    }
+    if (rc == 2 || *out < lo || *out > hi) {
+        fprintf(stderr, "stoker: %s %s is out of range (%" PRIu64 "..%" PRIu64 ")\n", opt, val, lo,
+                hi);
+        return false;
+    }
     return true;
 }
 
@@ -39,17 +70,57 @@ const char *stoker_human_bytes(double v, char *buf, size_t n)
     return buf;
 }
 
-void stoker_json_str(FILE *f, const char *s)
+/* Length of the well-formed UTF-8 sequence at s (1..4), or 0 if the bytes
+ * there are not one (RFC 3629: no overlong forms, no surrogates, nothing
+ * above U+10FFFF), exactly the sequences Python's UTF-8 decoder accepts. */
+static size_t utf8_len(const unsigned char *s)
 {
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    if (c < 0xC2 || c > 0xF4)
+        return 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    size_t n = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (c == 0xE0)
+        lo = 0xA0;
+    else if (c == 0xED)
+        hi = 0x9F;
+    else if (c == 0xF0)
+        lo = 0x90;
+    else if (c == 0xF4)
+        hi = 0x8F;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if (s[k] < 0x80 || s[k] > 0xBF)
+            return 0; /* also stops at the terminating NUL */
+    return n;
+}
+
+void stoker_json_str(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
+    while (*s) {
+        size_t n = utf8_len(s);
+        if (n == 0) {
+            /* A byte that is not part of well-formed UTF-8: Python's
+             * surrogateescape code point for it, so the output stays valid
+             * UTF-8 and os.fsencode() gives the original bytes back. */
+            fprintf(f, "\\udc%02x", *s);
+            s++;
+        } else if (*s == '"' || *s == '\\') {
+            fprintf(f, "\\%c", *s);
+            s++;
+        } else if (*s < 0x20) {
+            fprintf(f, "\\u%04x", *s);
+            s++;
+        } else {
+            fwrite(s, 1, n, f);
+            s += n;
+        }
     }
     fputc('"', f);
 }
+

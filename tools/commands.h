@@ -10,11 +10,18 @@
 /* Parses a whole decimal number with an optional K/M/G suffix (binary
  * multiples; "KiB"/"MB" spellings accepted). False on anything else. */
 bool stoker_parse_size(const char *s, uint64_t *out);
+/* Parses val, the value of option opt, as stoker_parse_size does and checks
+ * lo <= value <= hi. On failure prints the reason on stderr ("needs a
+ * number", or "is out of range (lo..hi)", also for numbers too large for 64
+ * bits and negative ones) and returns false. */
+bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Formats a byte count as "12.3 MiB" into buf. Returns buf. */
 const char *stoker_human_bytes(double v, char *buf, size_t n);
-/* Writes s as a JSON string literal. */
+/* Writes s as a JSON string literal that is valid UTF-8 whatever s holds:
+ * well-formed UTF-8 is copied, a byte that is not part of it becomes the
+ * escape \udcXX (XX its value), as Python's surrogateescape decodes it, so
+ * os.fsencode(json.loads(out)) gives the original bytes back (docs/cli.md). */
 void stoker_json_str(FILE *f, const char *s);
-
 /* What `stoker pack` does, parsed from its arguments (tests fill it directly). */
 typedef struct stoker_pack_opts {
     const char *src, *out;

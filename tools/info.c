@@ -18,25 +18,35 @@
 /* Parses PATH and the record options shared by info and verify. */
 static int parse_path(int argc, char **argv, const char **path, stk__source_params *prm)
 {
+    const char *header_opt = NULL;
     memset(prm, 0, sizeof *prm);
     *path = NULL;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
-        if ((!strcmp(k, "--record-size") || !strcmp(k, "--header-bytes") ||
-             !strcmp(k, "--label-bytes")) &&
-            i + 1 < argc) {
-            char *end;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || argv[i][0] == '-') {
-                fprintf(stderr, "stoker: %s needs a number\n", k);
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t v;
+        if (!strcmp(k, "--record-size")) {
+            if (val && !strcmp(val, "0")) {
+                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                                "holds at least 1 byte)\n");
                 return 2;
             }
-            if (k[2] == 'r')
-                prm->record_bytes = (size_t)v;
-            else if (k[2] == 'h')
-                prm->header_bytes = (size_t)v;
-            else
-                prm->label_bytes = (unsigned)v;
+            if (!stoker_parse_opt(k, val, 1, SIZE_MAX, &v))
+                return 2;
+            prm->record_bytes = (size_t)v;
+            i++;
+        } else if (!strcmp(k, "--header-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, SIZE_MAX, &v))
+                return 2;
+            prm->header_bytes = (size_t)v;
+            header_opt = k;
+            i++;
+        } else if (!strcmp(k, "--label-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, 8, &v))
+                return 2;
+            prm->label_bytes = (unsigned)v;
+            header_opt = k;
+            i++;
         } else if (k[0] == '-' && k[1] == '-') {
             fprintf(stderr, "stoker: unknown option '%s'\n", k);
             return 2;
@@ -49,6 +59,10 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
     }
     if (!*path) {
         fprintf(stderr, "stoker: %s needs a dataset PATH\n", argv[1]);
+        return 2;
+    }
+    if (header_opt && !prm->record_bytes) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
         return 2;
     }
     return 0;

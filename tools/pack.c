@@ -982,39 +982,61 @@ int stoker_cmd_pack(int argc, char **argv)
     o.shard_size = 256ull << 20;
     o.quality = 90;
     o.progress = -1;
+    const char *header_opt = NULL;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t v = 0;
-        bool num = val && stoker_parse_size(val, &v);
-        if (!strcmp(k, "--shard-size") || !strcmp(k, "--max-side") || !strcmp(k, "--quality") ||
-            !strcmp(k, "--threads") || !strcmp(k, "--align") || !strcmp(k, "--record-size") ||
-            !strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {
-            if (!num) {
-                fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k, val ? val : "nothing");
+        if (!strcmp(k, "--shard-size")) {
+            if (!stoker_parse_opt(k, val, 1, UINT64_MAX, &v))
                 return 2;
-            }
+            o.shard_size = v;
             i++;
-            if (!strcmp(k, "--shard-size") && v)
-                o.shard_size = v;
-            else if (!strcmp(k, "--max-side") && v && v <= 65535)
-                o.max_side = (unsigned)v;
-            else if (!strcmp(k, "--quality") && v >= 1 && v <= 100)
-                o.quality = (unsigned)v;
-            else if (!strcmp(k, "--threads") && v <= 256)
-                o.threads = (unsigned)v;
-            else if (!strcmp(k, "--align") &&
-                     (v == 0 || (v >= 512 && v <= (1u << 20) && !(v & (v - 1)))))
-                o.align = (unsigned)v;
-            else if (!strcmp(k, "--record-size") && v)
-                o.record_bytes = (size_t)v;
-            else if (!strcmp(k, "--header-bytes"))
-                o.header_bytes = (size_t)v;
-            else if (!strcmp(k, "--label-bytes") && v <= 8)
-                o.label_bytes = (unsigned)v;
-            else {
-                fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val);
+        } else if (!strcmp(k, "--max-side")) {
+            if (!stoker_parse_opt(k, val, 1, 65535, &v))
+                return 2;
+            o.max_side = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--quality")) {
+            if (!stoker_parse_opt(k, val, 1, 100, &v))
+                return 2;
+            o.quality = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--threads")) {
+            if (!stoker_parse_opt(k, val, 0, 256, &v))
+                return 2;
+            o.threads = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--align")) {
+            if (!stoker_parse_opt(k, val, 0, 1u << 20, &v))
+                return 2;
+            if (v && (v < 512 || (v & (v - 1)))) {
+                fprintf(stderr,
+                        "stoker: --align takes 0 or a power of two in 512..1048576, "
+                        "got %s\n",
+                        val);
                 return 2;
             }
+            o.align = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--record-size")) {
+            if (val && !strcmp(val, "0")) {
+                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                                "holds at least 1 byte)\n");
+                return 2;
+            }
+            if (!stoker_parse_opt(k, val, 1, SIZE_MAX, &v))
+                return 2;
+            o.record_bytes = (size_t)v;
+            i++;
+        } else if (!strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, k[2] == 'h' ? SIZE_MAX : 8, &v))
+                return 2;
+            if (k[2] == 'h')
+                o.header_bytes = (size_t)v;
+            else
+                o.label_bytes = (unsigned)v;
+            header_opt = k;
+            i++;
         } else if (!strcmp(k, "--raw")) {
             if (!val || !parse_shape(val, &o.raw_h, &o.raw_w, &o.raw_c)) {
                 fprintf(stderr, "stoker: --raw needs HxWxC, e.g. 32x32x3\n");
@@ -1042,6 +1064,10 @@ int stoker_cmd_pack(int argc, char **argv)
     }
     if (!o.src || !o.out) {
         fprintf(stderr, "stoker: pack needs SRC and OUT\n");
+        return 2;
+    }
+    if (header_opt && !o.record_bytes) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
         return 2;
     }
     char err[1024];
