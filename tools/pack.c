@@ -27,6 +27,7 @@
 #include "source/source.h"
 #include "source/stkformat.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -614,14 +615,129 @@ static void progress(const pack *p, uint64_t done, uint64_t bytes_out, double t0
     fflush(stderr);
 }
 
-static int check_out_dir(const char *out, char *err, size_t errlen)
+/* Does dir show a pack that stopped before its manifest: the marker, or a
+ * shard still being written? (The .stk reader refuses such a directory.) */
+static bool unfinished_pack(const char *dir)
+{
+    bool found = false;
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while (dp && !found && (e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        found = !strcmp(e->d_name, STK_PACK_MARKER) ||
+                (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
+    }
+    if (dp)
+        closedir(dp);
+    return found;
+}
+
+/* Resolves p to an absolute path without symbolic links, for a p that need
+ * not exist yet: its nearest existing ancestor is resolved and the rest of
+ * p appended (with "." and ".." taken lexically). False if nothing resolves. */
+static bool resolve_path(const char *p, char *out, size_t n)
+{
+    char head[4096], rest[4096] = "";
+    stk__fmt(head, sizeof head, "%s", p);
+    for (;;) {
+        char *r = realpath(head[0] ? head : ".", NULL);
+        if (r) {
+            stk__fmt(out, n, "%s", r);
+            free(r);
+            break;
+        }
+        if (errno != ENOENT && errno != ENOTDIR)
+            return false;
+        /* Move head's last component to the front of rest. */
+        size_t l = strlen(head);
+        while (l > 1 && head[l - 1] == '/')
+            head[--l] = '\0';
+        char *slash = strrchr(head, '/');
+        if (!head[0] || (slash == head && !slash[1]))
+            return false;
+        const char *last = slash ? slash + 1 : head;
+        char tmp[4096];
+        stk__fmt(tmp, sizeof tmp, "%s%s%s", last, rest[0] ? "/" : "", rest);
+        stk__fmt(rest, sizeof rest, "%s", tmp);
+        if (slash)
+            slash[slash == head ? 1 : 0] = '\0';
+        else
+            head[0] = '\0';
+    }
+    for (char *c = rest, *next; *c; c = next) {
+        next = strchr(c, '/');
+        if (next)
+            *next++ = '\0';
+        else
+            next = c + strlen(c);
+        if (!*c || !strcmp(c, "."))
+            continue;
+        if (!strcmp(c, "..")) {
+            char *slash = strrchr(out, '/');
+            if (slash)
+                slash[slash == out ? 1 : 0] = '\0';
+        } else {
+            size_t l = strlen(out);
+            stk__fmt(out + l, n - l, "%s%s", l && out[l - 1] == '/' ? "" : "/", c);
+        }
+    }
+    return true;
+}
+
+/* Is path a inside directory b, or b itself? */
+static bool path_within(const char *a, const char *b)
+{
+    size_t n = strlen(b);
+    if (n == 1 && b[0] == '/')
+        return true;
+    return !strncmp(a, b, n) && (a[n] == '\0' || a[n] == '/');
+}
+
+/* Refuses an OUT that is SRC or inside it (the shards would land in the
+ * dataset being read, which then mixes kinds and no longer opens), and a SRC
+ * inside OUT (the shards would land around it). Real paths are compared, so
+ * symbolic links and spellings like "a/../a" do not slip through. */
+static int check_paths(const char *src, const char *out, char *err, size_t errlen)
+{
+    char rs[4096], ro[4096];
+    struct stat st;
+    if (!resolve_path(src, rs, sizeof rs) || !resolve_path(out, ro, sizeof ro))
+        return 0; /* the open or mkdir that follows reports what is wrong */
+    bool src_dir = stat(rs, &st) == 0 && S_ISDIR(st.st_mode);
+    if (!strcmp(rs, ro)) {
+        stk__fmt(err, errlen,
+                 "OUT %s is the source dataset itself (%s); the shards would be written into "
+                 "the dataset being read: choose an OUT outside SRC",
+                 out, rs);
+        return 1;
+    }
+    if (src_dir && path_within(ro, rs)) {
+        stk__fmt(err, errlen,
+                 "OUT %s (%s) is inside the source dataset %s (%s); the shards would be "
+                 "written into the dataset being read: choose an OUT outside SRC",
+                 out, ro, src, rs);
+        return 1;
+    }
+    if (path_within(rs, ro)) {
+        stk__fmt(err, errlen,
+                 "the source dataset %s (%s) is inside OUT %s (%s); the shards would be "
+                 "written around the dataset being read: choose an OUT that does not hold SRC",
+                 src, rs, out, ro);
+        return 1;
+    }
+    return 0;
+}
+
+static int check_out_dir(const char *out, bool *created, char *err, size_t errlen)
 {
     struct stat st;
+    *created = false;
     if (stat(out, &st) != 0) {
         if (mkdir(out, 0755) != 0) {
             stk__fmt(err, errlen, "%s: cannot create: %s", out, strerror(errno));
             return 1;
         }
+        *created = true;
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -630,9 +746,17 @@ static int check_out_dir(const char *out, char *err, size_t errlen)
     }
     char path[4096];
     stk__fmt(path, sizeof path, "%s/%s", out, STK_MANIFEST);
-    bool taken = access(path, F_OK) == 0;
+    bool manifest = access(path, F_OK) == 0;
+    if (!manifest && unfinished_pack(out)) {
+        stk__fmt(err, errlen,
+                 "%s holds an interrupted pack (no manifest, and the marker %s or a *.stk.tmp "
+                 "file is there): its shards are incomplete; remove the directory and run stoker "
+                 "pack again",
+                 out, STK_PACK_MARKER);
+        return 1;
+    }
     stk__fmt(path, sizeof path, "%s/part-000000.stk", out);
-    taken = taken || access(path, F_OK) == 0;
+    bool taken = manifest || access(path, F_OK) == 0;
     if (taken) {
         stk__fmt(err, errlen,
                  "%s already holds a packed dataset; remove it or choose another "
@@ -732,17 +856,19 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     memset(&man, 0, sizeof man);
     size_t shard_cap = 0;
     char why[STK_ERRMSG_MAX], path[4096], key[4096];
-    bool locks = false, marker = false;
+    bool locks = false, marker = false, created = false;
     uint64_t skipped = 0, bytes_out = 0;
     double t0 = now_s(), last = 0;
     bool tty = o->progress < 0 ? isatty(2) : o->progress > 0;
 
+    if (check_paths(o->src, o->out, err, errlen))
+        goto out;
     stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
     if ((rc = stk__source_open(&p.src, o->src, &sp, why, sizeof why))) {
         stk__fmt(err, errlen, "cannot open %s: %s (%s)", o->src, why, stk_strerror(rc));
         goto out;
     }
-    if (plan(&p, err, errlen) || check_out_dir(o->out, err, errlen))
+    if (plan(&p, err, errlen) || check_out_dir(o->out, &created, err, errlen))
         goto out;
     if (set_marker(o->out, true)) {
         stk__fmt(err, errlen, "%s: cannot write: %s", o->out, strerror(errno));
@@ -934,6 +1060,17 @@ out:
     stk__stkw_abort(w);
     if (status && marker && tty)
         fprintf(stderr, "\n");
+    if (status && marker) {
+        /* A pack that failed (not one that was killed) takes back what it
+         * wrote, so running it again, say with --skip-bad, just works. */
+        for (size_t k = 0; k < man.nshards; k++) {
+            stk__fmt(path, sizeof path, "%s/%s", o->out, man.shards[k].name);
+            unlink(path);
+        }
+        set_marker(o->out, false);
+        if (created)
+            rmdir(o->out);
+    }
     for (uint64_t k = 0; p.slots && k < p.window; k++)
         free(p.slots[k].out.p);
     free(p.slots);

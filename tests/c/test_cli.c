@@ -498,6 +498,21 @@ static void test_usage_messages(void)
     result_free(&r);
 }
 
+/* pack refuses an OUT inside SRC (and the reverse) from the command line. */
+static void test_pack_into_source(void)
+{
+    const char *root = folder();
+    char out[1024];
+    snprintf(out, sizeof out, "%s/c0/../packed", root);
+    const char *args[] = {"pack", root, out, "--quiet", NULL};
+    result r = run_cli(args);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "is inside the source dataset") != NULL);
+    result_free(&r);
+    snprintf(out, sizeof out, "%s/packed", root);
+    CHECK(access(out, F_OK) != 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -523,5 +538,6 @@ int main(int argc, char **argv)
     RUN(test_bench_times_from_open);
     RUN(test_json_non_utf8_names);
     RUN(test_usage_messages);
+    RUN(test_pack_into_source);
     return tu_end();
 }

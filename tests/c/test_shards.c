@@ -900,6 +900,96 @@ static void test_info_cmd(void)
     CHECK_EQ(stoker_cmd_info(3, argv3), 1);
 }
 
+/* ---- Issue 13: pack's paths and inputs -------------------------------------- */
+
+/* OUT equal to SRC, inside it (given through a symbolic link, "..", or not
+ * existing yet), and SRC inside OUT: each refused before anything is
+ * written, so the source still opens. */
+static void test_pack_refuses_overlap(void)
+{
+    char src[512], p[700], err[1024];
+    snprintf(src, sizeof src, "%s", make_folder("ov/src", 2, 2, true));
+    snprintf(p, sizeof p, "%s/ov/link", tu_tmpdir());
+    REQUIRE(symlink("src", p) == 0);
+    static const struct {
+        const char *out; /* relative to the temporary directory */
+        const char *why;
+    } cases[] = {
+        {"ov/src", "is the source dataset itself"},
+        {"ov/src/", "is the source dataset itself"},
+        {"ov/link", "is the source dataset itself"},
+        {"ov/src/packed", "is inside the source dataset"},
+        {"ov/link/class00/../packed", "is inside the source dataset"},
+        {"ov/src/class01", "is inside the source dataset"},
+        {"ov", "is inside OUT"},
+        {".", "is inside OUT"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s", tu_tmpdir(), cases[k].out);
+        stoker_pack_opts o = pack_opts(src, out);
+        err[0] = '\0';
+        CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+        if (!strstr(err, cases[k].why))
+            fprintf(stderr, "  OUT %s: '%s' lacks '%s'\n", cases[k].out, err, cases[k].why);
+        CHECK(strstr(err, cases[k].why) != NULL);
+    }
+    /* SRC given through the link, OUT inside the real directory. */
+    snprintf(p, sizeof p, "%s/ov/link", tu_tmpdir());
+    char out[700];
+    snprintf(out, sizeof out, "%s/ov/src/packed2", tu_tmpdir());
+    stoker_pack_opts o = pack_opts(p, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "is inside the source dataset") != NULL);
+    /* Nothing was written, and the source still opens as it did. */
+    snprintf(p, sizeof p, "%s/%s", src, STK_MANIFEST);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/part-000000.stk", src);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/packed", src);
+    CHECK(access(p, F_OK) != 0);
+    stk__source s;
+    REQUIRE(open_src(&s, src, err, sizeof err) == STK_OK);
+    CHECK_EQ(s.count, 4);
+    stk__source_close(&s);
+    /* A sibling OUT is fine. */
+    snprintf(out, sizeof out, "%s/ov/src-packed", tu_tmpdir());
+    o = pack_opts(src, out);
+    CHECK_EQ(do_pack(&o), 0);
+}
+
+/* Packing into the output of a pack that was killed says so, and what to do;
+ * a complete dataset there is "already" one. */
+static void test_pack_into_interrupted(void)
+{
+    char src[512], out[512], p[700], err[1024];
+    snprintf(src, sizeof src, "%s", make_folder("ip/src", 2, 2, true));
+    snprintf(out, sizeof out, "%s", tu_path("ip/out"));
+    tu_mkdirs(out);
+    snprintf(p, sizeof p, "%s/%s", out, STK_PACK_MARKER);
+    tu_write_file(p, "", 0);
+    snprintf(p, sizeof p, "%s/part-000000.stk", out);
+    tu_write_file(p, "partial", 7);
+    stoker_pack_opts o = pack_opts(src, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "interrupted pack") != NULL);
+    CHECK(strstr(err, "remove the directory and run stoker pack again") != NULL);
+    CHECK(strstr(err, "already holds") == NULL);
+    /* A shard still being written (*.stk.tmp) shows an unfinished pack too,
+     * as the reader sees it. */
+    snprintf(p, sizeof p, "%s/%s", out, STK_PACK_MARKER);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/part-000000.stk", out);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/part-000000.stk.tmp", out);
+    tu_write_file(p, "partial", 7);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "interrupted pack") != NULL);
+    /* Removed as told, the pack runs. */
+    unlink(p);
+    CHECK_EQ(do_pack(&o), 0);
+}
+
 int main(void)
 {
     tu_begin("test_shards", 300);
@@ -912,5 +1002,7 @@ int main(void)
     RUN(test_tar);
     RUN(test_naming);
     RUN(test_info_cmd);
+    RUN(test_pack_refuses_overlap);
+    RUN(test_pack_into_interrupted);
     return tu_end();
 }
