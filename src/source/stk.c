@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,8 @@ typedef struct shard {
     uint8_t *region; /* entries, meta, keys */
     uint64_t first;  /* dataset index of its first sample */
     uint64_t bytes;
+    dev_t dev; /* identify the file, so one listed twice is found */
+    ino_t ino;
     stk__stk_header h;
     stk__stk_footer f;
 } shard;
@@ -203,6 +206,8 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
         goto out;
     }
     s->bytes = (uint64_t)st.st_size;
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
     if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE) {
         stk__fmt(err, errlen, "%s: %llu bytes is too short for a shard (truncated)", s->path,
                  (unsigned long long)s->bytes);
@@ -239,6 +244,50 @@ fail:
 out:
     if (fd >= 0)
         close(fd);
+    return rc;
+}
+
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    size_t k;
+} file_id;
+
+static int cmp_file_id(const void *pa, const void *pb)
+{
+    const file_id *a = pa, *b = pb;
+    if (a->dev != b->dev)
+        return a->dev < b->dev ? -1 : 1;
+    if (a->ino != b->ino)
+        return a->ino < b->ino ? -1 : 1;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+/* A shard listed twice (a manifest naming it twice, or two names of one
+ * file) would deliver its samples twice per epoch: refuse it. Sorting by
+ * file identity keeps this O(n log n) for datasets of many shards. */
+static int check_distinct(const stkset *d, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    if (d->n < 2)
+        return STK_OK;
+    file_id *ids = stk__malloc(d->n * sizeof *ids);
+    if (!ids)
+        return STK_ENOMEM;
+    for (size_t k = 0; k < d->n; k++)
+        ids[k] = (file_id){d->shards[k].dev, d->shards[k].ino, k};
+    qsort(ids, d->n, sizeof *ids, cmp_file_id);
+    for (size_t k = 1; k < d->n; k++) {
+        if (ids[k].dev == ids[k - 1].dev && ids[k].ino == ids[k - 1].ino) {
+            stk__fmt(err, errlen,
+                     "%s: listed twice (shards %zu and %zu of the dataset are the same file); "
+                     "each shard must appear once, or its samples would be delivered twice",
+                     d->shards[ids[k - 1].k].path, ids[k - 1].k, ids[k].k);
+            rc = STK_EFORMAT;
+            break;
+        }
+    }
+    stk__free(ids);
     return rc;
 }
 
@@ -343,6 +392,8 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
         src->index_bytes +=
             s->bytes - STK_FOOTER_SIZE - s->f.index_offset + sizeof *s + strlen(s->path) + 1;
     }
+    if ((rc = check_distinct(d, err, errlen)))
+        goto out;
     if (!total) {
         stk__fmt(err, errlen, "%s: the shards hold no samples", dir ? dir : d->shards[0].path);
         rc = STK_EEMPTY;

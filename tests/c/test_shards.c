@@ -7,6 +7,8 @@
 #include "../../tools/pack.c"
 #include "../../tools/cliutil.c"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -900,7 +902,29 @@ static void test_info_cmd(void)
     CHECK_EQ(stoker_cmd_info(3, argv3), 1);
 }
 
-/* ---- Issue 13: pack's paths and inputs -------------------------------------- */
+/* ---- Issue 13: pack's paths and inputs, verify's counts and manifest ------- */
+
+/* Runs fn(argc, argv) with stdout captured. Returns its status; *out gets
+ * what it printed (caller frees). */
+static int capture(int (*fn)(int, char **), int argc, char **argv, char **out)
+{
+    const char *path = tu_path("captured.txt");
+    fflush(stdout);
+    int saved = dup(1);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    size_t n;
+    char *t = tu_read_file(path, &n);
+    *out = realloc(t, n + 1);
+    (*out)[n] = '\0';
+    return rc;
+}
 
 /* OUT equal to SRC, inside it (given through a symbolic link, "..", or not
  * existing yet), and SRC inside OUT: each refused before anything is
@@ -990,6 +1014,147 @@ static void test_pack_into_interrupted(void)
     CHECK_EQ(do_pack(&o), 0);
 }
 
+/* One shard that does not open: verify checks the others and counts the
+ * samples it could not check (by the manifest, else the shard's footer). */
+static void test_verify_counts_unreadable(void)
+{
+    char src[512], out[512], p[700], *text;
+    snprintf(src, sizeof src, "%s", make_folder("vu/src", 2, 10, false));
+    snprintf(out, sizeof out, "%s", tu_path("vu/out"));
+    stoker_pack_opts o = pack_opts(src, out);
+    o.shard_size = 9000;
+    REQUIRE(do_pack(&o) == 0);
+    stk__manifest m;
+    char err[512];
+    REQUIRE(stk__manifest_read(out, &m, err, sizeof err) == STK_OK);
+    REQUIRE(m.nshards >= 3);
+    uint64_t lost = m.shards[1].count;
+    stk__manifest_free(&m);
+    snprintf(p, sizeof p, "%s/part-000001.stk", out);
+    size_t n;
+    uint8_t *b = tu_read_file(p, &n);
+    b[20] ^= 1; /* header checksum */
+    tu_write_file(p, b, n);
+    char want[160];
+    snprintf(want, sizeof want,
+             "verify    %llu samples checked, 0 corrupt, %llu unreadable in 1 shard; the "
+             "dataset does not open as a whole",
+             (unsigned long long)(20 - lost), (unsigned long long)lost);
+    char *argv[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    if (!strstr(text, want))
+        fprintf(stderr, "  verify said:\n%s  want: %s\n", text, want);
+    CHECK(strstr(text, want) != NULL);
+    CHECK(strstr(text, "part-000001.stk: the whole shard") != NULL);
+    free(text);
+    /* Without the manifest the footer still gives the count. */
+    char man[700];
+    snprintf(man, sizeof man, "%s/%s", out, STK_MANIFEST);
+    size_t mn;
+    char *mt = tu_read_file(man, &mn);
+    unlink(man);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, want) != NULL);
+    free(text);
+    /* With neither, the shard is counted as one whose samples are unknown. */
+    tu_write_file(p, b, 100);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "0 unreadable in 1 shard (1 of them too damaged to count") != NULL);
+    free(text);
+    tu_write_file(man, mt, mn);
+    free(mt);
+    free(b);
+}
+
+/* The manifest's byte counts, kind and classes are checked against the
+ * shards, and a shard listed twice is an error for verify and for the
+ * reader (which would otherwise deliver its samples twice). */
+static void test_verify_manifest(void)
+{
+    char out[512], man[700], *text, err[512];
+    pack_small("vm", out, sizeof out);
+    snprintf(man, sizeof man, "%s/%s", out, STK_MANIFEST);
+    size_t mn;
+    char *orig = tu_read_file(man, &mn);
+    orig = realloc(orig, mn + 1);
+    orig[mn] = '\0';
+    char *argv[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 0);
+    free(text);
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/part-000000.stk", out);
+    struct stat st;
+    REQUIRE(stat(shard, &st) == 0);
+    static const struct {
+        const char *from, *to, *says;
+    } cases[] = {
+        {"kind encoded", "kind raw", "payload kind encoded, the manifest says raw"},
+        {"classes 2", "classes 1", "written for 2 classes, the manifest says 1"},
+        {"classes 2", "classes 5", "written for 2 classes, the manifest says 5"},
+        {" 6 ", " 6 1", "bytes, the manifest says 1"}, /* the shard line's byte count */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char edited[4096];
+        const char *at = strstr(orig, cases[k].from);
+        REQUIRE(at && mn < sizeof edited - 8);
+        size_t pre = (size_t)(at - orig);
+        snprintf(edited, sizeof edited, "%.*s%s%s", (int)pre, orig, cases[k].to,
+                 at + strlen(cases[k].from));
+        tu_write_file(man, edited, strlen(edited));
+        CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+        if (!strstr(text, cases[k].says))
+            fprintf(stderr, "  case %zu: verify said:\n%s", k, text);
+        CHECK(strstr(text, cases[k].says) != NULL);
+        CHECK(strstr(text, "1 manifest problem") != NULL || strstr(text, "2 manifest problems"));
+        free(text);
+    }
+    /* Fewer classes than the labels need. */
+    {
+        char edited[4096];
+        const char *at = strstr(orig, "classes 2");
+        snprintf(edited, sizeof edited, "%.*sclasses 1%s", (int)(at - orig), orig, at + 9);
+        tu_write_file(man, edited, strlen(edited));
+        CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+        CHECK(strstr(text, "labels go up to 1, the manifest says 1 classes") != NULL);
+        free(text);
+    }
+    /* The shard listed twice, with the totals made to agree. */
+    char edited[4096];
+    const char *sl = strstr(orig, "shard part-000000.stk");
+    REQUIRE(sl);
+    const char *eol = strchr(sl, '\n');
+    REQUIRE(eol);
+    const char *smp = strstr(orig, "samples 6");
+    REQUIRE(smp && smp < sl);
+    snprintf(edited, sizeof edited, "%.*ssamples 12%.*s\n%.*s%s", (int)(smp - orig), orig,
+             (int)(eol - (smp + 9)), smp + 9, (int)(eol - sl), sl, eol);
+    tu_write_file(man, edited, strlen(edited));
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "shard part-000000.stk is listed twice (entries 0 and 1)") != NULL);
+    CHECK(strstr(text, "6 samples checked") != NULL); /* each shard once */
+    free(text);
+    expect_open_fail(out, STK_EFORMAT, "listed twice");
+    stk_options *op;
+    stk_loader *ld = NULL;
+    REQUIRE(stk_options_create(&op) == 0);
+    stk_options_set_source(op, out);
+    CHECK_EQ(stk_loader_open(&ld, op), STK_EFORMAT);
+    CHECK(ld && strstr(stk_loader_errmsg(ld), "listed twice"));
+    stk_loader_close(ld);
+    stk_options_destroy(op);
+    /* The same file through a second name (a hard link) is the same shard. */
+    tu_write_file(man, orig, mn);
+    char alias[700];
+    snprintf(alias, sizeof alias, "%s/part-000000-again.stk", out);
+    REQUIRE(link(shard, alias) == 0);
+    const char *both[2] = {shard, alias};
+    stk__source s;
+    CHECK_EQ(stk__source_stk_open(&s, both, 2, NULL, err, sizeof err), STK_EFORMAT);
+    CHECK(strstr(err, "listed twice") != NULL);
+    unlink(alias);
+    free(orig);
+}
+
 int main(void)
 {
     tu_begin("test_shards", 300);
@@ -1004,5 +1169,7 @@ int main(void)
     RUN(test_info_cmd);
     RUN(test_pack_refuses_overlap);
     RUN(test_pack_into_interrupted);
+    RUN(test_verify_counts_unreadable);
+    RUN(test_verify_manifest);
     return tu_end();
 }
