@@ -1,10 +1,15 @@
 /* cliutil.c -- small helpers shared by the `stoker` subcommands. */
 #include "commands.h"
 
+#include "codec/codec.h"
+#include "source/stkformat.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 
 /* 0: a number, stored in *out; 1: not a number; 2: a number too large for
  * uint64 (or negative), so "out of range" is the true complaint. */
@@ -124,3 +129,99 @@ void stoker_json_str(FILE *f, const char *str)
     fputc('"', f);
 }
 
+bool stoker_image_name(const char *name)
+{
+    /* The folder reader's list (torchvision's IMG_EXTENSIONS). */
+    static const char *const exts[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                       ".pgm", ".tif",  ".tiff", ".webp"};
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof exts / sizeof exts[0]; k++) {
+        size_t e = strlen(exts[k]);
+        if (n >= e && !strcasecmp(name + n - e, exts[k]))
+            return true;
+    }
+    return false;
+}
+
+int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *err, size_t errlen)
+{
+    static const stk__codec *const codecs[] = {&stk__codec_jpeg, &stk__codec_png};
+    static const struct {
+        const char *magic;
+        size_t len, off;
+        const char *name;
+    } others[] = {
+        {"GIF87a", 6, 0, "GIF"},
+        {"GIF89a", 6, 0, "GIF"},
+        {"BM", 2, 0, "BMP"},
+        {"II*\0", 4, 0, "TIFF"},
+        {"MM\0*", 4, 0, "TIFF"},
+        {"WEBP", 4, 8, "WebP"},
+        {"ftypavif", 8, 4, "AVIF"},
+        {"ftypheic", 8, 4, "HEIC"},
+        {"ftypmif1", 8, 4, "HEIF"},
+        {"\xff\x4f\xff\x51", 4, 0, "JPEG 2000"},
+        {"\0\0\0\x0cjP  ", 8, 0, "JPEG 2000"},
+        {"\xff\x0a", 2, 0, "JPEG XL"},
+        {"qoif", 4, 0, "QOI"},
+    };
+    const char *dummy;
+    if (!format)
+        format = &dummy;
+    *format = NULL;
+    if (n == 0) {
+        snprintf(err, errlen, "not an image: empty file (0 bytes)");
+        return -1;
+    }
+    for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++) {
+        if (!codecs[k]->sniff(b, n))
+            continue;
+        /* A format stoker decodes: its header must parse too, which catches
+         * files cut short or damaged near the start. */
+        void *st = NULL;
+        stk__imginfo info;
+        int rc = codecs[k]->open(&st, b, n, 0, &info, err, errlen);
+        codecs[k]->close(st);
+        if (rc == STK_OK && (info.width == 0 || info.height == 0)) {
+            snprintf(err, errlen, "%s: image has zero size (%ux%u)", codecs[k]->name, info.width,
+                     info.height);
+            rc = STK_EFORMAT;
+        }
+        *format = codecs[k]->name;
+        return rc == STK_OK ? 0 : -1;
+    }
+    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
+        if (n >= others[k].off + others[k].len &&
+            !memcmp(b + others[k].off, others[k].magic, others[k].len)) {
+            *format = others[k].name;
+            return 0;
+        }
+    }
+    if (n >= 3 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6' &&
+        (b[2] == ' ' || b[2] == '\t' || b[2] == '\n' || b[2] == '\r')) {
+        *format = "PNM";
+        return 0;
+    }
+    snprintf(err, errlen, "not an image: unknown signature %02x %02x %02x %02x (%zu bytes)", b[0],
+             n > 1 ? b[1] : 0, n > 2 ? b[2] : 0, n > 3 ? b[3] : 0, n);
+    return -1;
+}
+
+int stoker_images_of(const stk__source *s)
+{
+    stk__dataset_info di;
+    stk__source_describe(s, &di);
+    const char *kind = s->ops->kind;
+    /* A folder takes only image files; a resized .stk holds JPEGs; an
+     * encoded .stk holds the files of whatever it was packed from, which its
+     * keys name. A tar sample's bytes may be any member, so only the decoder
+     * checks those. */
+    if (!strcmp(kind, "folder") ||
+        (!strcmp(kind, "stk") && di.payload &&
+         !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_RESIZED))))
+        return 1;
+    if (!strcmp(kind, "stk") && di.payload &&
+        !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_ENCODED)))
+        return 2;
+    return 0;
+}

@@ -116,21 +116,34 @@ typedef struct vstate {
     uint64_t bad_shards;       /* shards that do not open */
     uint64_t uncounted_shards; /* of those, ones whose sample count is unknown */
     uint64_t manifest;         /* manifest disagreements (each listed) */
+    uint64_t foreign;          /* images in formats stoker does not decode */
+    const char *foreign_format;
 } vstate;
 
-/* Reads every sample of s, printing each failure. root: the path s was
- * opened from. */
+/* Reads every sample of s, printing each failure; samples that claim to be
+ * images (stoker_images_of) must also be images. root: the path s was
+ * opened from (for keys). */
 static void verify_source(stk__source *s, const char *root, vstate *v)
 {
     stk__scratch sc = {NULL, 0, 1u << 30};
-    char err[STK_ERRMSG_MAX], name[4096];
-    (void)root;
+    char err[STK_ERRMSG_MAX], name[4096], key[4096];
+    int images = stoker_images_of(s);
     for (uint64_t i = 0; i < s->count; i++) {
         stk__sink sink = {NULL, 0, &sc};
         uint8_t *data;
         size_t len;
         int64_t label;
+        const char *format = NULL;
         int rc = s->ops->read(s, i, &sink, &data, &len, &label, err, sizeof err);
+        if (rc == STK_OK && images) {
+            if (images == 2)
+                stk__source_key(s, root, i, key, sizeof key);
+            if ((images == 1 || stoker_image_name(key)) &&
+                stoker_check_image(data, len, &format, err, sizeof err))
+                rc = STK_EFORMAT;
+            else if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") && !v->foreign++)
+                v->foreign_format = format;
+        }
         if (rc) {
             s->ops->name(s, i, name, sizeof name);
             printf("corrupt   %s: %s\n", name, err);
@@ -388,5 +401,9 @@ int stoker_cmd_verify(int argc, char **argv)
     if (!whole)
         printf("; the dataset does not open as a whole");
     printf("\n");
+    if (v.foreign)
+        printf("note      %" PRIu64 " image%s not JPEG or PNG (the first: %s): such images load "
+               "with --transform none, but stoker's transforms decode only JPEG and PNG\n",
+               v.foreign, v.foreign == 1 ? " is" : "s are", v.foreign_format);
     return v.corrupt || v.bad_shards || v.manifest || !whole ? 1 : 0;
 }

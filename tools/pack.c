@@ -422,6 +422,7 @@ typedef struct pack {
     int in_kind;
     uint32_t kind;             /* payload kind written */
     uint32_t in_h, in_w, in_c; /* IN_RAW_STK / IN_CIFAR sample shape */
+    int images;                /* check as images: 0 none, 1 all, 2 keys with image names */
     slot *slots;
     uint64_t window;
     pthread_mutex_t lock;
@@ -451,8 +452,17 @@ static int make_sample(worker *wk, uint64_t i, slot *s)
     s->w = s->h = 0;
     image *im = &wk->im;
     if (p->in_kind == IN_BYTES || (p->in_kind == IN_IMAGES && p->kind == STK_PAYLOAD_ENCODED)) {
-        if (p->in_kind == IN_IMAGES)
+        if (p->in_kind == IN_IMAGES) {
+            char key[4096];
+            if (p->images == 2)
+                stk__source_key(&p->src, o->src, i, key, sizeof key);
+            /* Stored as they are, images are still checked to be images: a
+             * text file named .jpg must not reach the shards unnoticed. */
+            if ((p->images == 1 || (p->images == 2 && stoker_image_name(key))) &&
+                stoker_check_image(data, len, NULL, s->err, sizeof s->err))
+                return STK_EFORMAT;
             sniff_size(data, len, &s->w, &s->h);
+        }
         if (bytes_reserve(&s->out, len ? len : 1))
             return STK_ENOMEM;
         memcpy(s->out.p, data, len);
@@ -812,6 +822,7 @@ static int plan(pack *p, char *err, size_t errlen)
     } else if (!strcmp(kind, "records")) {
         p->in_kind = IN_BYTES;
     }
+    p->images = stoker_images_of(&p->src);
     if (o->raw_c && o->max_side) {
         stk__fmt(err, errlen, "--raw and --max-side exclude each other");
         return 1;

@@ -40,16 +40,29 @@ static uint8_t *make_jpeg(uint32_t w, uint32_t h, size_t *n)
     return out.p;
 }
 
-static void write_bytes_file(const char *path, size_t n)
+/* A file that passes as a JPEG up to its image data (the headers of a real
+ * 8x8 JPEG, through the start-of-scan segment) followed by tail random bytes:
+ * pack and verify check that a .jpg is a JPEG by its headers, and tests
+ * want arbitrary payloads of many sizes. */
+static void write_jpeg_like(const char *path, size_t tail)
 {
-    uint8_t *b = malloc(n);
-    for (size_t k = 0; k < n; k++)
-        b[k] = rnd8();
-    tu_write_file(path, b, n);
+    size_t n, k = 2;
+    uint8_t *j = make_jpeg(8, 8, &n);
+    while (k + 4 <= n && !(j[k] == 0xFF && j[k + 1] == 0xDA))
+        k += 2 + ((size_t)j[k + 2] << 8 | j[k + 3]);
+    REQUIRE(k + 4 <= n);
+    size_t head = k + 2 + ((size_t)j[k + 2] << 8 | j[k + 3]);
+    uint8_t *b = malloc(head + tail);
+    memcpy(b, j, head);
+    for (size_t i = 0; i < tail; i++)
+        b[head + i] = rnd8();
+    tu_write_file(path, b, head + tail);
     free(b);
+    free(j);
 }
 
-/* ImageFolder tree: classes x per files of random bytes named *.jpg. */
+/* ImageFolder tree: classes x per files named *.jpg, real JPEGs or JPEG
+ * headers followed by random bytes. */
 static const char *make_folder(const char *rel, int classes, int per, bool real_jpeg)
 {
     static char root[512];
@@ -67,7 +80,7 @@ static const char *make_folder(const char *rel, int classes, int per, bool real_
                 tu_write_file(p, j, n);
                 free(j);
             } else {
-                write_bytes_file(p, 100 + (size_t)(rnd8()) * 20);
+                write_jpeg_like(p, 100 + (size_t)(rnd8()) * 20);
             }
         }
     }
@@ -926,6 +939,19 @@ static int capture(int (*fn)(int, char **), int argc, char **argv, char **out)
     return rc;
 }
 
+static bool dir_is_empty_or_gone(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return true;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
+}
+
 /* OUT equal to SRC, inside it (given through a symbolic link, "..", or not
  * existing yet), and SRC inside OUT: each refused before anything is
  * written, so the source still opens. */
@@ -1012,6 +1038,66 @@ static void test_pack_into_interrupted(void)
     /* Removed as told, the pack runs. */
     unlink(p);
     CHECK_EQ(do_pack(&o), 0);
+}
+
+/* Files named .jpg that are not images: verify reports each and fails,
+ * pack refuses them unless --skip-bad (then skips and lists them); a
+ * re-pack of the .stk checks its payloads by their keys too. */
+static void test_not_images(void)
+{
+    char src[512], out[512], p[700], err[1024], *text;
+    snprintf(src, sizeof src, "%s", make_folder("ni/src", 2, 3, true));
+    snprintf(p, sizeof p, "%s/class01/notes.jpg", src);
+    tu_write_file(p, "just some text\n", 15);
+    snprintf(p, sizeof p, "%s/class00/cut.jpg", src);
+    tu_write_file(p, "\xff\xd8\xff\xe0\x00\x10JFIF", 10); /* a JPEG cut in its header */
+    snprintf(p, sizeof p, "%s/class01/icon.bmp", src);
+    tu_write_file(p, "BM\x3a\0\0\0\0\0\0\0\x36\0\0\0", 14); /* an image, not decoded */
+
+    char *argv[] = {"stoker", "verify", src, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "class01/notes.jpg: not an image: unknown signature 6a 75 73 74") != NULL);
+    CHECK(strstr(text, "class00/cut.jpg: JPEG") != NULL);
+    CHECK(strstr(text, "9 samples checked, 2 corrupt") != NULL);
+    CHECK(strstr(text, "note      1 image is not JPEG or PNG (the first: BMP)") != NULL);
+    CHECK(strstr(text, "icon.bmp") == NULL);
+    free(text);
+
+    snprintf(out, sizeof out, "%s", tu_path("ni/out"));
+    stoker_pack_opts o = pack_opts(src, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "cut.jpg") != NULL);
+    CHECK(dir_is_empty_or_gone(out));
+    o.skip_bad = 1;
+    CHECK_EQ(do_pack(&o), 0);
+    stk__source s;
+    REQUIRE(open_src(&s, out, err, sizeof err) == STK_OK);
+    CHECK_EQ(s.count, 7);
+    stk__source_close(&s);
+    char *argv2[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv2, &text), 0);
+    free(text);
+
+    /* An encoded .stk whose payload under a .jpg key is not an image (as an
+     * older pack stored it): verify and re-pack catch it by the key. */
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/part-000000.stk", out);
+    size_t n;
+    uint8_t *b = tu_read_file(shard, &n);
+    stk__stk_entry e;
+    stk__stk_entry_decode(b + stk__get64(b + n - 64) + 2 * STK_ENTRY_SIZE, &e);
+    memcpy(b + e.offset, "text", 4);
+    uint64_t sum = stk__xxh3(b + e.offset, e.length);
+    stk__put64(b + stk__get64(b + n - 64) + 2 * STK_ENTRY_SIZE + 32, sum);
+    reseal(b, n);
+    tu_write_file(shard, b, n);
+    free(b);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv2, &text), 1);
+    CHECK(strstr(text, "#2 key 'class00/img002.jpg': not an image") != NULL);
+    free(text);
+    stoker_pack_opts o2 = pack_opts(out, tu_path("ni/out2"));
+    CHECK_EQ(stoker_pack(&o2, err, sizeof err), 1);
+    CHECK(strstr(err, "class00/img002.jpg") && strstr(err, "not an image"));
 }
 
 /* One shard that does not open: verify checks the others and counts the
@@ -1169,6 +1255,7 @@ int main(void)
     RUN(test_info_cmd);
     RUN(test_pack_refuses_overlap);
     RUN(test_pack_into_interrupted);
+    RUN(test_not_images);
     RUN(test_verify_counts_unreadable);
     RUN(test_verify_manifest);
     return tu_end();
