@@ -7,9 +7,11 @@ For each dataset kind (web: ~400x350 q85-90 4:2:0; q96: q96 4:4:4; 2mp:
     output (PILToTensor), DataLoader(batch_size, shuffle, num_workers=cores,
     persistent_workers=True), one warm-up epoch, then timed epochs; peak PSS of
     parent + workers sampled from /proc/*/smaps_rollup.
-  - stoker: `stoker bench --transform T --threads cores --epochs 1+E --json`
-    (the first epoch is the warm-up: the figure is taken over the run, which
-    includes it, so stoker is if anything under-reported), peak RSS.
+  - stoker: `stoker bench --transform T --threads cores --epochs 1 --json`
+    to warm the page cache, then the same with `--epochs E`; its samples/s
+    covers the whole run from before the loader opens (open and first batch
+    included, while the DataLoader's timed epochs start with its workers
+    running, so stoker is if anything under-reported), peak RSS.
   - decode limit: cores x single-core libjpeg-turbo full-decode images/s on the
     same files, in memory.
 Prints images/s, the ratios, and memory.

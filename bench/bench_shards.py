@@ -3,9 +3,10 @@
 
 Measures, with the imagenet-train pipeline through `stoker bench --json`:
   images/s  folder (ImageFolder tree)  vs  .stk (same JPEGs)  vs  .stk --max-side 256
-and prints the ratios to the folder; pack throughput for both packs; and the
-time to open a 1,000,000-sample .stk index (`stoker info`, best of 5, which
-includes process start).
+and prints the ratios to the folder (images/s over the whole run, the open
+included: listing a folder or reading an index is part of what is compared);
+pack throughput for both packs; and the time to open a 1,000,000-sample .stk
+index (`stoker info`, best of 5, which includes process start).
 
 Targets (issue 5): .stk >= folder on a warm cache; --max-side 256 >= 2x folder.
 

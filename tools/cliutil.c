@@ -1,18 +1,31 @@
 /* cliutil.c -- small helpers shared by the `stoker` subcommands. */
 #include "commands.h"
 
+#include "codec/codec.h"
+#include "source/stkformat.h"
+
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
-bool stoker_parse_size(const char *s, uint64_t *out)
+/* 0: a number, stored in *out; 1: not a number; 2: a number too large for
+ * uint64 (or negative), so "out of range" is the true complaint. */
+static int parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
-        return false;
+    if (!s || !*s)
+        return 1;
+    bool neg = *s == '-';
+    if (neg || *s == '+')
+        s++;
+    if (*s < '0' || *s > '9')
+        return 1;
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
+    int overflow = errno == ERANGE;
     uint64_t mul = 1;
     if (*end == 'K' || *end == 'k')
         mul = 1ULL << 10, end++;
@@ -24,9 +37,31 @@ bool stoker_parse_size(const char *s, uint64_t *out)
         end += 2;
     else if (*end == 'B' && mul > 1)
         end++;
-    if (errno || *end || end == s || v > UINT64_MAX / mul)
-        return false;
+    if (*end)
+        return 1;
+    if (overflow || neg || v > UINT64_MAX / mul)
+        return 2;
     *out = (uint64_t)v * mul;
+    return 0;
+}
+
+bool stoker_parse_size(const char *s, uint64_t *out)
+{
+    return parse_size(s, out) == 0;
+}
+
+bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    int rc = parse_size(val, out);
+    if (rc == 1) {
+        fprintf(stderr, "stoker: %s needs a number, got '%s'\n", opt, val ? val : "nothing");
+        return false;
+    }
+    if (rc == 2 || *out < lo || *out > hi) {
+        fprintf(stderr, "stoker: %s %s is out of range (%" PRIu64 "..%" PRIu64 ")\n", opt, val, lo,
+                hi);
+        return false;
+    }
     return true;
 }
 
@@ -40,17 +75,56 @@ const char *stoker_human_bytes(double v, char *buf, size_t n)
     return buf;
 }
 
-void stoker_json_str(FILE *f, const char *s)
+/* Length of the well-formed UTF-8 sequence at s (1..4), or 0 if the bytes
+ * there are not one (RFC 3629: no overlong forms, no surrogates, nothing
+ * above U+10FFFF), exactly the sequences Python's UTF-8 decoder accepts. */
+static size_t utf8_len(const unsigned char *s)
 {
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    if (c < 0xC2 || c > 0xF4)
+        return 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    size_t n = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (c == 0xE0)
+        lo = 0xA0;
+    else if (c == 0xED)
+        hi = 0x9F;
+    else if (c == 0xF0)
+        lo = 0x90;
+    else if (c == 0xF4)
+        hi = 0x8F;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if (s[k] < 0x80 || s[k] > 0xBF)
+            return 0; /* also stops at the terminating NUL */
+    return n;
+}
+
+void stoker_json_str(FILE *f, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
     fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
+    while (*s) {
+        size_t n = utf8_len(s);
+        if (n == 0) {
+            /* A byte that is not part of well-formed UTF-8: Python's
+             * surrogateescape code point for it, so the output stays valid
+             * UTF-8 and os.fsencode() gives the original bytes back. */
+            fprintf(f, "\\udc%02x", *s);
+            s++;
+        } else if (*s == '"' || *s == '\\') {
+            fprintf(f, "\\%c", *s);
+            s++;
+        } else if (*s < 0x20) {
+            fprintf(f, "\\u%04x", *s);
+            s++;
+        } else {
+            fwrite(s, 1, n, f);
+            s += n;
+        }
     }
     fputc('"', f);
 }
@@ -72,4 +146,101 @@ const char *stoker_display_path(const char *path, char *buf, size_t n)
     size_t head = (size_t)(host - path), rest = q ? (size_t)(q - from) : strlen(from);
     snprintf(buf, n, "%.*s%.*s%s", (int)head, path, (int)rest, from, q ? "?..." : "");
     return buf;
+}
+
+bool stoker_image_name(const char *name)
+{
+    /* The folder reader's list (torchvision's IMG_EXTENSIONS). */
+    static const char *const exts[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                       ".pgm", ".tif",  ".tiff", ".webp"};
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof exts / sizeof exts[0]; k++) {
+        size_t e = strlen(exts[k]);
+        if (n >= e && !strcasecmp(name + n - e, exts[k]))
+            return true;
+    }
+    return false;
+}
+
+int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *err, size_t errlen)
+{
+    static const stk__codec *const codecs[] = {&stk__codec_jpeg, &stk__codec_png};
+    static const struct {
+        const char *magic;
+        size_t len, off;
+        const char *name;
+    } others[] = {
+        {"GIF87a", 6, 0, "GIF"},
+        {"GIF89a", 6, 0, "GIF"},
+        {"BM", 2, 0, "BMP"},
+        {"II*\0", 4, 0, "TIFF"},
+        {"MM\0*", 4, 0, "TIFF"},
+        {"WEBP", 4, 8, "WebP"},
+        {"ftypavif", 8, 4, "AVIF"},
+        {"ftypheic", 8, 4, "HEIC"},
+        {"ftypmif1", 8, 4, "HEIF"},
+        {"\xff\x4f\xff\x51", 4, 0, "JPEG 2000"},
+        {"\0\0\0\x0cjP  ", 8, 0, "JPEG 2000"},
+        {"\xff\x0a", 2, 0, "JPEG XL"},
+        {"qoif", 4, 0, "QOI"},
+    };
+    const char *dummy;
+    if (!format)
+        format = &dummy;
+    *format = NULL;
+    if (n == 0) {
+        snprintf(err, errlen, "not an image: empty file (0 bytes)");
+        return -1;
+    }
+    for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++) {
+        if (!codecs[k]->sniff(b, n))
+            continue;
+        /* A format stoker decodes: its header must parse too, which catches
+         * files cut short or damaged near the start. */
+        void *st = NULL;
+        stk__imginfo info;
+        int rc = codecs[k]->open(&st, b, n, 0, &info, err, errlen);
+        codecs[k]->close(st);
+        if (rc == STK_OK && (info.width == 0 || info.height == 0)) {
+            snprintf(err, errlen, "%s: image has zero size (%ux%u)", codecs[k]->name, info.width,
+                     info.height);
+            rc = STK_EFORMAT;
+        }
+        *format = codecs[k]->name;
+        return rc == STK_OK ? 0 : -1;
+    }
+    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
+        if (n >= others[k].off + others[k].len &&
+            !memcmp(b + others[k].off, others[k].magic, others[k].len)) {
+            *format = others[k].name;
+            return 0;
+        }
+    }
+    if (n >= 3 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6' &&
+        (b[2] == ' ' || b[2] == '\t' || b[2] == '\n' || b[2] == '\r')) {
+        *format = "PNM";
+        return 0;
+    }
+    snprintf(err, errlen, "not an image: unknown signature %02x %02x %02x %02x (%zu bytes)", b[0],
+             n > 1 ? b[1] : 0, n > 2 ? b[2] : 0, n > 3 ? b[3] : 0, n);
+    return -1;
+}
+
+int stoker_images_of(const stk__source *s)
+{
+    stk__dataset_info di;
+    stk__source_describe(s, &di);
+    const char *kind = s->ops->kind;
+    /* A folder takes only image files; a resized .stk holds JPEGs; an
+     * encoded .stk holds the files of whatever it was packed from, which its
+     * keys name. A tar sample's bytes may be any member, so only the decoder
+     * checks those. */
+    if (!strcmp(kind, "folder") ||
+        (!strcmp(kind, "stk") && di.payload &&
+         !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_RESIZED))))
+        return 1;
+    if (!strcmp(kind, "stk") && di.payload &&
+        !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_ENCODED)))
+        return 2;
+    return 0;
 }

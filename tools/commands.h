@@ -10,13 +10,36 @@
 /* Parses a whole decimal number with an optional K/M/G suffix (binary
  * multiples; "KiB"/"MB" spellings accepted). False on anything else. */
 bool stoker_parse_size(const char *s, uint64_t *out);
+/* Parses val, the value of option opt, as stoker_parse_size does and checks
+ * lo <= value <= hi. On failure prints the reason on stderr ("needs a
+ * number", or "is out of range (lo..hi)", also for numbers too large for 64
+ * bits and negative ones) and returns false. */
+bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Formats a byte count as "12.3 MiB" into buf. Returns buf. */
 const char *stoker_human_bytes(double v, char *buf, size_t n);
 /* PATH for messages: a URL loses its user:password@ and query string (which
  * may carry credentials); anything else is returned as it is. */
 const char *stoker_display_path(const char *path, char *buf, size_t n);
-/* Writes s as a JSON string literal. */
+/* Writes s as a JSON string literal that is valid UTF-8 whatever s holds:
+ * well-formed UTF-8 is copied, a byte that is not part of it becomes the
+ * escape \udcXX (XX its value), as Python's surrogateescape decodes it, so
+ * os.fsencode(json.loads(out)) gives the original bytes back (docs/cli.md). */
 void stoker_json_str(FILE *f, const char *s);
+/* True if name ends with one of the image extensions the folder reader
+ * takes (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). */
+bool stoker_image_name(const char *name);
+/* Checks that the n bytes at b are an image: JPEG or PNG (the formats
+ * stoker decodes) whose header parses, or another known image format by its
+ * signature (GIF, BMP, TIFF, WebP, PNM, ...). Returns 0 with *format (may be
+ * NULL) set to the format's name, or -1 with the reason in err ("not an
+ * image: unknown signature ..." for text and other non-images). */
+int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *err, size_t errlen);
+/* Which samples of an open source claim to be images, to be checked with
+ * stoker_check_image before they are packed or passed by verify: 0 none, 1
+ * all (a folder, a resized .stk), 2 those whose key is an image's file name
+ * (stoker_image_name; an encoded .stk). */
+typedef struct stk__source stk__source;
+int stoker_images_of(const stk__source *s);
 
 /* What `stoker pack` does, parsed from its arguments (tests fill it directly). */
 typedef struct stoker_pack_opts {

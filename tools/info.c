@@ -10,11 +10,14 @@
 #include "io/remote.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Remote-dataset settings of info and verify (docs/remote.md). */
 static stk__remote_cfg g_remote;
@@ -55,6 +58,7 @@ static int parse_remote(const char *k, const char *v, stk__source_params *prm)
 /* Parses PATH and the record options shared by info and verify. */
 static int parse_path(int argc, char **argv, const char **path, stk__source_params *prm)
 {
+    const char *header_opt = NULL;
     memset(prm, 0, sizeof *prm);
     *path = NULL;
     for (int i = 2; i < argc; i++) {
@@ -68,21 +72,30 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
             i++;
             continue;
         }
-        if ((!strcmp(k, "--record-size") || !strcmp(k, "--header-bytes") ||
-             !strcmp(k, "--label-bytes")) &&
-            i + 1 < argc) {
-            char *end;
-            unsigned long long v = strtoull(argv[++i], &end, 10);
-            if (*end || argv[i][0] == '-') {
-                fprintf(stderr, "stoker: %s needs a number\n", k);
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t v;
+        if (!strcmp(k, "--record-size")) {
+            if (val && !strcmp(val, "0")) {
+                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                                "holds at least 1 byte)\n");
                 return 2;
             }
-            if (k[2] == 'r')
-                prm->record_bytes = (size_t)v;
-            else if (k[2] == 'h')
-                prm->header_bytes = (size_t)v;
-            else
-                prm->label_bytes = (unsigned)v;
+            if (!stoker_parse_opt(k, val, 1, SIZE_MAX, &v))
+                return 2;
+            prm->record_bytes = (size_t)v;
+            i++;
+        } else if (!strcmp(k, "--header-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, SIZE_MAX, &v))
+                return 2;
+            prm->header_bytes = (size_t)v;
+            header_opt = k;
+            i++;
+        } else if (!strcmp(k, "--label-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, 8, &v))
+                return 2;
+            prm->label_bytes = (unsigned)v;
+            header_opt = k;
+            i++;
         } else if (k[0] == '-' && k[1] == '-') {
             fprintf(stderr, "stoker: unknown option '%s'\n", k);
             return 2;
@@ -95,6 +108,10 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
     }
     if (!*path) {
         fprintf(stderr, "stoker: %s needs a dataset PATH\n", argv[1]);
+        return 2;
+    }
+    if (header_opt && !prm->record_bytes) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
         return 2;
     }
     return 0;
@@ -139,27 +156,50 @@ int stoker_cmd_info(int argc, char **argv)
     return 0;
 }
 
-/* Reads every sample of s, printing each failure. Returns the failures. */
-static uint64_t verify_source(stk__source *s, uint64_t *checked)
+/* What verify found, over the whole dataset or shard by shard. */
+typedef struct vstate {
+    uint64_t checked;          /* samples read */
+    uint64_t corrupt;          /* of those, failed (each listed) */
+    uint64_t unreadable;       /* samples in shards that do not open */
+    uint64_t bad_shards;       /* shards that do not open */
+    uint64_t uncounted_shards; /* of those, ones whose sample count is unknown */
+    uint64_t manifest;         /* manifest disagreements (each listed) */
+    uint64_t foreign;          /* images in formats stoker does not decode */
+    const char *foreign_format;
+} vstate;
+
+/* Reads every sample of s, printing each failure; samples that claim to be
+ * images (stoker_images_of) must also be images. root: the path s was
+ * opened from (for keys). */
+static void verify_source(stk__source *s, const char *root, vstate *v)
 {
     stk__scratch sc = {NULL, 0, 1u << 30};
-    uint64_t bad = 0;
-    char err[STK_ERRMSG_MAX], name[4096];
+    char err[STK_ERRMSG_MAX], name[4096], key[4096];
+    int images = stoker_images_of(s);
     for (uint64_t i = 0; i < s->count; i++) {
         stk__sink sink = {NULL, 0, &sc};
         uint8_t *data;
         size_t len;
         int64_t label;
+        const char *format = NULL;
         int rc = s->ops->read(s, i, &sink, &data, &len, &label, err, sizeof err);
+        if (rc == STK_OK && images) {
+            if (images == 2)
+                stk__source_key(s, root, i, key, sizeof key);
+            if ((images == 1 || stoker_image_name(key)) &&
+                stoker_check_image(data, len, &format, err, sizeof err))
+                rc = STK_EFORMAT;
+            else if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") && !v->foreign++)
+                v->foreign_format = format;
+        }
         if (rc) {
             s->ops->name(s, i, name, sizeof name);
             printf("corrupt   %s: %s\n", name, err);
-            bad++;
+            v->corrupt++;
         }
     }
-    *checked += s->count;
+    v->checked += s->count;
     stk__scratch_free(&sc);
-    return bad;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -167,27 +207,127 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int stoker_cmd_verify(int argc, char **argv)
+/* Reads the header and footer of the .stk file at path, without trusting
+ * the rest. Returns a mask: 1 the header decoded, 2 the footer did. */
+static int read_ends(const char *path, stk__stk_header *h, stk__stk_footer *f)
 {
-    const char *path;
-    stk__source_params prm;
-    stk__source s;
-    char err[STK_ERRMSG_MAX];
-    uint64_t bad = 0, checked = 0, bad_shards = 0;
-    int rc = parse_path(argc, argv, &path, &prm);
-    if (rc)
-        return rc;
-    rc = stk__source_open(&s, path, &prm, err, sizeof err);
-    if (rc == STK_OK) {
-        bad = verify_source(&s, &checked);
-        stk__source_close(&s);
-    } else {
-        /* The dataset as a whole does not open: check shard by shard, so one
-         * broken shard does not hide the state of the others. */
+    char why[STK_ERRMSG_MAX];
+    uint8_t hdr[STK_HEADER_SIZE], foot[STK_FOOTER_SIZE];
+    int fd = open(path, O_RDONLY | O_CLOEXEC), ok = 0;
+    struct stat st;
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size >= STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+        if (!stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why) &&
+            !stk__stk_header_decode(hdr, h, why, sizeof why))
+            ok |= 1;
+        if (!stk__pread_full(fd, foot, sizeof foot, (uint64_t)st.st_size - STK_FOOTER_SIZE, why,
+                             sizeof why) &&
+            !stk__stk_footer_decode(foot, (uint64_t)st.st_size, f, why, sizeof why))
+            ok |= 2;
+    }
+    close(fd);
+    return ok;
+}
+
+static int cmp_shard_name(const void *a, const void *b)
+{
+    const stk__manifest_shard *x = *(const stk__manifest_shard *const *)a;
+    const stk__manifest_shard *y = *(const stk__manifest_shard *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x < y ? -1 : x > y);
+}
+
+/* Checks what the manifest of directory dir says against its shards: each
+ * shard listed once and present, its size, payload kind, sample count and
+ * class count; the total of samples. Prints each disagreement. */
+static void check_manifest(const char *dir, const stk__manifest *m, vstate *v)
+{
+    uint64_t total = 0;
+    const stk__manifest_shard **byname = NULL;
+    if (m->nshards && (byname = malloc(m->nshards * sizeof *byname))) {
+        for (size_t k = 0; k < m->nshards; k++)
+            byname[k] = &m->shards[k];
+        qsort(byname, m->nshards, sizeof *byname, cmp_shard_name);
+        for (size_t k = 1; k < m->nshards; k++)
+            if (!strcmp(byname[k]->name, byname[k - 1]->name)) {
+                printf("manifest  %s: shard %s is listed twice (entries %zu and %zu): its "
+                       "samples would be read twice\n",
+                       dir, byname[k]->name, (size_t)(byname[k - 1] - m->shards),
+                       (size_t)(byname[k] - m->shards));
+                v->manifest++;
+            }
+        free(byname);
+    }
+    for (size_t k = 0; k < m->nshards; k++) {
+        const stk__manifest_shard *ms = &m->shards[k];
+        char path[4096];
+        stk__stk_header h;
+        stk__stk_footer f;
         struct stat st;
-        DIR *d = stat(path, &st) == 0 && S_ISDIR(st.st_mode) ? opendir(path) : NULL;
-        char **names = NULL;
-        size_t n = 0, cap = 0;
+        total += ms->count;
+        snprintf(path, sizeof path, "%s/%s", dir, ms->name);
+        if (stat(path, &st) != 0) {
+            printf("manifest  %s: listed in the manifest, but %s\n", path, strerror(errno));
+            v->manifest++;
+            continue;
+        }
+        if ((uint64_t)st.st_size != ms->bytes) {
+            printf("manifest  %s: %" PRIu64 " bytes, the manifest says %" PRIu64 "\n", path,
+                   (uint64_t)st.st_size, ms->bytes);
+            v->manifest++;
+        }
+        /* What does not decode, the shard checks below report. */
+        int ends = read_ends(path, &h, &f);
+        if ((ends & 1) && h.kind != m->kind) {
+            printf("manifest  %s: payload kind %s, the manifest says %s\n", path,
+                   stk__payload_kind_name(h.kind), stk__payload_kind_name(m->kind));
+            v->manifest++;
+        }
+        if (!(ends & 2))
+            continue;
+        if (f.count != ms->count) {
+            printf("manifest  %s: %" PRIu64 " samples, the manifest says %" PRIu64 "\n", path,
+                   f.count, ms->count);
+            v->manifest++;
+        }
+        if (f.num_classes != m->classes) {
+            printf("manifest  %s: written for %" PRIu64 " classes, the manifest says %" PRIu64 "\n",
+                   path, f.num_classes, m->classes);
+            v->manifest++;
+        }
+    }
+    if (total != m->samples) {
+        printf("manifest  %s: the shards listed hold %" PRIu64 " samples, the manifest says "
+               "%" PRIu64 "\n",
+               dir, total, m->samples);
+        v->manifest++;
+    }
+}
+
+/* The shard files of directory dir: the manifest's (each once, in its
+ * order) if it has one, else every .stk and .tar file by name. *counts
+ * gets each one's sample count by the manifest, or UINT64_MAX. */
+static size_t list_shards(const char *dir, const stk__manifest *m, char ***out, uint64_t **counts)
+{
+    char **names = NULL;
+    uint64_t *cnt = NULL;
+    size_t n = 0, cap = 0;
+    if (m && m->nshards) {
+        names = calloc(m->nshards, sizeof *names);
+        cnt = calloc(m->nshards, sizeof *cnt);
+        for (size_t k = 0; names && cnt && k < m->nshards; k++) {
+            bool seen = false;
+            for (size_t j = 0; j < n && !seen; j++)
+                seen = !strcmp(names[j], m->shards[k].name);
+            if (seen || !(names[n] = strdup(m->shards[k].name)))
+                continue;
+            cnt[n++] = m->shards[k].count;
+        }
+    } else {
+        struct stat st;
+        DIR *d = stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? opendir(dir) : NULL;
         struct dirent *e;
         while (d && (e = readdir(d))) {
             size_t l = strlen(e->d_name);
@@ -196,43 +336,124 @@ int stoker_cmd_verify(int argc, char **argv)
             if (n == cap) {
                 cap = cap ? 2 * cap : 64;
                 char **q = realloc(names, cap * sizeof *q);
-                if (!q)
+                uint64_t *c = q ? realloc(cnt, cap * sizeof *c) : NULL;
+                if (q)
+                    names = q;
+                if (!c)
                     break;
-                names = q;
+                cnt = c;
             }
             if (!(names[n] = strdup(e->d_name)))
                 break;
-            n++;
+            cnt[n++] = UINT64_MAX;
         }
         if (d)
             closedir(d);
+        qsort(names, n, sizeof *names, cmp_str);
+    }
+    *out = names;
+    *counts = cnt;
+    return n;
+}
+
+int stoker_cmd_verify(int argc, char **argv)
+{
+    const char *path;
+    stk__source_params prm;
+    stk__source s;
+    stk__manifest man;
+    char err[STK_ERRMSG_MAX];
+    vstate v = {0};
+    bool have_man = false, whole = true;
+    struct stat st;
+    int rc = parse_path(argc, argv, &path, &prm);
+    if (rc)
+        return rc;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = stk__manifest_read(path, &man, err, sizeof err);
+        if (rc == STK_OK) {
+            have_man = true;
+            check_manifest(path, &man, &v);
+        } else if (rc != STK_ENOENT) {
+            printf("manifest  %s\n", err);
+            v.manifest++;
+        }
+    }
+    rc = stk__source_open(&s, path, &prm, err, sizeof err);
+    if (rc == STK_OK) {
+        if (have_man && s.num_classes > man.classes) {
+            printf("manifest  %s: labels go up to %" PRIu64 ", the manifest says %" PRIu64
+                   " classes\n",
+                   path, s.num_classes - 1, man.classes);
+            v.manifest++;
+        }
+        verify_source(&s, path, &v);
+        stk__source_close(&s);
+    } else {
+        /* The dataset as a whole does not open: check shard by shard, so one
+         * broken shard does not hide the state of the others, and count
+         * what could not be checked. */
+        whole = false;
+        char **names = NULL;
+        uint64_t *counts = NULL;
+        size_t n = list_shards(path, have_man ? &man : NULL, &names, &counts);
         if (!n) {
             char shown[4096];
         fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
                 stoker_display_path(path, shown, sizeof shown), err, stk_strerror(rc));
             free(names);
+            free(counts);
+            if (have_man)
+                stk__manifest_free(&man);
             return 1;
         }
         printf("dataset   %s: %s\n", path, err);
-        qsort(names, n, sizeof *names, cmp_str);
         for (size_t k = 0; k < n; k++) {
             char one[4096], why[STK_ERRMSG_MAX];
             snprintf(one, sizeof one, "%s/%s", path, names[k]);
             stk__source_params none = {0};
             int r = stk__source_open(&s, one, &none, why, sizeof why);
             if (r == STK_OK) {
-                bad += verify_source(&s, &checked);
+                verify_source(&s, one, &v);
                 stk__source_close(&s);
             } else {
-                printf("corrupt   %s: the whole shard: %s\n", one, why);
-                bad_shards++;
+                stk__stk_header h;
+                stk__stk_footer f;
+                uint64_t c = counts[k];
+                if (c == UINT64_MAX && (read_ends(one, &h, &f) & 2))
+                    c = f.count; /* the footer is intact: it knows the count */
+                printf("corrupt   %s: the whole shard", one);
+                if (c != UINT64_MAX)
+                    printf(" (%" PRIu64 " samples)", c);
+                printf(": %s\n", why);
+                v.bad_shards++;
+                if (c == UINT64_MAX)
+                    v.uncounted_shards++;
+                else
+                    v.unreadable += c;
             }
             free(names[k]);
         }
         free(names);
-        bad_shards += bad_shards == 0; /* the dataset itself failed to open */
+        free(counts);
     }
-    printf("verify    %" PRIu64 " samples checked, %" PRIu64 " corrupt%s\n", checked, bad,
-           bad_shards ? ", and the dataset does not open as a whole" : "");
-    return bad || bad_shards ? 1 : 0;
+    if (have_man)
+        stk__manifest_free(&man);
+    printf("verify    %" PRIu64 " samples checked, %" PRIu64 " corrupt", v.checked, v.corrupt);
+    if (v.bad_shards) {
+        printf(", %" PRIu64 " unreadable in %" PRIu64 " shard%s", v.unreadable, v.bad_shards,
+               v.bad_shards == 1 ? "" : "s");
+        if (v.uncounted_shards)
+            printf(" (%" PRIu64 " of them too damaged to count their samples)", v.uncounted_shards);
+    }
+    if (v.manifest)
+        printf(", %" PRIu64 " manifest problem%s", v.manifest, v.manifest == 1 ? "" : "s");
+    if (!whole)
+        printf("; the dataset does not open as a whole");
+    printf("\n");
+    if (v.foreign)
+        printf("note      %" PRIu64 " image%s not JPEG or PNG (the first: %s): such images load "
+               "with --transform none, but stoker's transforms decode only JPEG and PNG\n",
+               v.foreign, v.foreign == 1 ? " is" : "s are", v.foreign_format);
+    return v.corrupt || v.bad_shards || v.manifest || !whole ? 1 : 0;
 }

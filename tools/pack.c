@@ -27,6 +27,7 @@
 #include "source/source.h"
 #include "source/stkformat.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -421,6 +422,7 @@ typedef struct pack {
     int in_kind;
     uint32_t kind;             /* payload kind written */
     uint32_t in_h, in_w, in_c; /* IN_RAW_STK / IN_CIFAR sample shape */
+    int images;                /* check as images: 0 none, 1 all, 2 keys with image names */
     slot *slots;
     uint64_t window;
     pthread_mutex_t lock;
@@ -450,8 +452,17 @@ static int make_sample(worker *wk, uint64_t i, slot *s)
     s->w = s->h = 0;
     image *im = &wk->im;
     if (p->in_kind == IN_BYTES || (p->in_kind == IN_IMAGES && p->kind == STK_PAYLOAD_ENCODED)) {
-        if (p->in_kind == IN_IMAGES)
+        if (p->in_kind == IN_IMAGES) {
+            char key[4096];
+            if (p->images == 2)
+                stk__source_key(&p->src, o->src, i, key, sizeof key);
+            /* Stored as they are, images are still checked to be images: a
+             * text file named .jpg must not reach the shards unnoticed. */
+            if ((p->images == 1 || (p->images == 2 && stoker_image_name(key))) &&
+                stoker_check_image(data, len, NULL, s->err, sizeof s->err))
+                return STK_EFORMAT;
             sniff_size(data, len, &s->w, &s->h);
+        }
         if (bytes_reserve(&s->out, len ? len : 1))
             return STK_ENOMEM;
         memcpy(s->out.p, data, len);
@@ -614,14 +625,129 @@ static void progress(const pack *p, uint64_t done, uint64_t bytes_out, double t0
     fflush(stderr);
 }
 
-static int check_out_dir(const char *out, char *err, size_t errlen)
+/* Does dir show a pack that stopped before its manifest: the marker, or a
+ * shard still being written? (The .stk reader refuses such a directory.) */
+static bool unfinished_pack(const char *dir)
+{
+    bool found = false;
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while (dp && !found && (e = readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        found = !strcmp(e->d_name, STK_PACK_MARKER) ||
+                (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
+    }
+    if (dp)
+        closedir(dp);
+    return found;
+}
+
+/* Resolves p to an absolute path without symbolic links, for a p that need
+ * not exist yet: its nearest existing ancestor is resolved and the rest of
+ * p appended (with "." and ".." taken lexically). False if nothing resolves. */
+static bool resolve_path(const char *p, char *out, size_t n)
+{
+    char head[4096], rest[4096] = "";
+    stk__fmt(head, sizeof head, "%s", p);
+    for (;;) {
+        char *r = realpath(head[0] ? head : ".", NULL);
+        if (r) {
+            stk__fmt(out, n, "%s", r);
+            free(r);
+            break;
+        }
+        if (errno != ENOENT && errno != ENOTDIR)
+            return false;
+        /* Move head's last component to the front of rest. */
+        size_t l = strlen(head);
+        while (l > 1 && head[l - 1] == '/')
+            head[--l] = '\0';
+        char *slash = strrchr(head, '/');
+        if (!head[0] || (slash == head && !slash[1]))
+            return false;
+        const char *last = slash ? slash + 1 : head;
+        char tmp[4096];
+        stk__fmt(tmp, sizeof tmp, "%s%s%s", last, rest[0] ? "/" : "", rest);
+        stk__fmt(rest, sizeof rest, "%s", tmp);
+        if (slash)
+            slash[slash == head ? 1 : 0] = '\0';
+        else
+            head[0] = '\0';
+    }
+    for (char *c = rest, *next; *c; c = next) {
+        next = strchr(c, '/');
+        if (next)
+            *next++ = '\0';
+        else
+            next = c + strlen(c);
+        if (!*c || !strcmp(c, "."))
+            continue;
+        if (!strcmp(c, "..")) {
+            char *slash = strrchr(out, '/');
+            if (slash)
+                slash[slash == out ? 1 : 0] = '\0';
+        } else {
+            size_t l = strlen(out);
+            stk__fmt(out + l, n - l, "%s%s", l && out[l - 1] == '/' ? "" : "/", c);
+        }
+    }
+    return true;
+}
+
+/* Is path a inside directory b, or b itself? */
+static bool path_within(const char *a, const char *b)
+{
+    size_t n = strlen(b);
+    if (n == 1 && b[0] == '/')
+        return true;
+    return !strncmp(a, b, n) && (a[n] == '\0' || a[n] == '/');
+}
+
+/* Refuses an OUT that is SRC or inside it (the shards would land in the
+ * dataset being read, which then mixes kinds and no longer opens), and a SRC
+ * inside OUT (the shards would land around it). Real paths are compared, so
+ * symbolic links and spellings like "a/../a" do not slip through. */
+static int check_paths(const char *src, const char *out, char *err, size_t errlen)
+{
+    char rs[4096], ro[4096];
+    struct stat st;
+    if (!resolve_path(src, rs, sizeof rs) || !resolve_path(out, ro, sizeof ro))
+        return 0; /* the open or mkdir that follows reports what is wrong */
+    bool src_dir = stat(rs, &st) == 0 && S_ISDIR(st.st_mode);
+    if (!strcmp(rs, ro)) {
+        stk__fmt(err, errlen,
+                 "OUT %s is the source dataset itself (%s); the shards would be written into "
+                 "the dataset being read: choose an OUT outside SRC",
+                 out, rs);
+        return 1;
+    }
+    if (src_dir && path_within(ro, rs)) {
+        stk__fmt(err, errlen,
+                 "OUT %s (%s) is inside the source dataset %s (%s); the shards would be "
+                 "written into the dataset being read: choose an OUT outside SRC",
+                 out, ro, src, rs);
+        return 1;
+    }
+    if (path_within(rs, ro)) {
+        stk__fmt(err, errlen,
+                 "the source dataset %s (%s) is inside OUT %s (%s); the shards would be "
+                 "written around the dataset being read: choose an OUT that does not hold SRC",
+                 src, rs, out, ro);
+        return 1;
+    }
+    return 0;
+}
+
+static int check_out_dir(const char *out, bool *created, char *err, size_t errlen)
 {
     struct stat st;
+    *created = false;
     if (stat(out, &st) != 0) {
         if (mkdir(out, 0755) != 0) {
             stk__fmt(err, errlen, "%s: cannot create: %s", out, strerror(errno));
             return 1;
         }
+        *created = true;
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -630,9 +756,17 @@ static int check_out_dir(const char *out, char *err, size_t errlen)
     }
     char path[4096];
     stk__fmt(path, sizeof path, "%s/%s", out, STK_MANIFEST);
-    bool taken = access(path, F_OK) == 0;
+    bool manifest = access(path, F_OK) == 0;
+    if (!manifest && unfinished_pack(out)) {
+        stk__fmt(err, errlen,
+                 "%s holds an interrupted pack (no manifest, and the marker %s or a *.stk.tmp "
+                 "file is there): its shards are incomplete; remove the directory and run stoker "
+                 "pack again",
+                 out, STK_PACK_MARKER);
+        return 1;
+    }
     stk__fmt(path, sizeof path, "%s/part-000000.stk", out);
-    taken = taken || access(path, F_OK) == 0;
+    bool taken = manifest || access(path, F_OK) == 0;
     if (taken) {
         stk__fmt(err, errlen,
                  "%s already holds a packed dataset; remove it or choose another "
@@ -688,6 +822,7 @@ static int plan(pack *p, char *err, size_t errlen)
     } else if (!strcmp(kind, "records")) {
         p->in_kind = IN_BYTES;
     }
+    p->images = stoker_images_of(&p->src);
     if (o->raw_c && o->max_side) {
         stk__fmt(err, errlen, "--raw and --max-side exclude each other");
         return 1;
@@ -732,18 +867,20 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     memset(&man, 0, sizeof man);
     size_t shard_cap = 0;
     char why[STK_ERRMSG_MAX], path[4096], key[4096];
-    bool locks = false, marker = false;
+    bool locks = false, marker = false, created = false;
     uint64_t skipped = 0, bytes_out = 0;
     double t0 = now_s(), last = 0;
     bool tty = o->progress < 0 ? isatty(2) : o->progress > 0;
 
+    if (check_paths(o->src, o->out, err, errlen))
+        goto out;
     stk__source_params sp = {
         .record_bytes = o->record_bytes, .header_bytes = o->header_bytes, .label_bytes = o->label_bytes};
     if ((rc = stk__source_open(&p.src, o->src, &sp, why, sizeof why))) {
         stk__fmt(err, errlen, "cannot open %s: %s (%s)", o->src, why, stk_strerror(rc));
         goto out;
     }
-    if (plan(&p, err, errlen) || check_out_dir(o->out, err, errlen))
+    if (plan(&p, err, errlen) || check_out_dir(o->out, &created, err, errlen))
         goto out;
     if (set_marker(o->out, true)) {
         stk__fmt(err, errlen, "%s: cannot write: %s", o->out, strerror(errno));
@@ -935,6 +1072,17 @@ out:
     stk__stkw_abort(w);
     if (status && marker && tty)
         fprintf(stderr, "\n");
+    if (status && marker) {
+        /* A pack that failed (not one that was killed) takes back what it
+         * wrote, so running it again, say with --skip-bad, just works. */
+        for (size_t k = 0; k < man.nshards; k++) {
+            stk__fmt(path, sizeof path, "%s/%s", o->out, man.shards[k].name);
+            unlink(path);
+        }
+        set_marker(o->out, false);
+        if (created)
+            rmdir(o->out);
+    }
     for (uint64_t k = 0; p.slots && k < p.window; k++)
         free(p.slots[k].out.p);
     free(p.slots);
@@ -983,39 +1131,61 @@ int stoker_cmd_pack(int argc, char **argv)
     o.shard_size = 256ull << 20;
     o.quality = 90;
     o.progress = -1;
+    const char *header_opt = NULL;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t v = 0;
-        bool num = val && stoker_parse_size(val, &v);
-        if (!strcmp(k, "--shard-size") || !strcmp(k, "--max-side") || !strcmp(k, "--quality") ||
-            !strcmp(k, "--threads") || !strcmp(k, "--align") || !strcmp(k, "--record-size") ||
-            !strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {
-            if (!num) {
-                fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k, val ? val : "nothing");
+        if (!strcmp(k, "--shard-size")) {
+            if (!stoker_parse_opt(k, val, 1, UINT64_MAX, &v))
                 return 2;
-            }
+            o.shard_size = v;
             i++;
-            if (!strcmp(k, "--shard-size") && v)
-                o.shard_size = v;
-            else if (!strcmp(k, "--max-side") && v && v <= 65535)
-                o.max_side = (unsigned)v;
-            else if (!strcmp(k, "--quality") && v >= 1 && v <= 100)
-                o.quality = (unsigned)v;
-            else if (!strcmp(k, "--threads") && v <= 256)
-                o.threads = (unsigned)v;
-            else if (!strcmp(k, "--align") &&
-                     (v == 0 || (v >= 512 && v <= (1u << 20) && !(v & (v - 1)))))
-                o.align = (unsigned)v;
-            else if (!strcmp(k, "--record-size") && v)
-                o.record_bytes = (size_t)v;
-            else if (!strcmp(k, "--header-bytes"))
-                o.header_bytes = (size_t)v;
-            else if (!strcmp(k, "--label-bytes") && v <= 8)
-                o.label_bytes = (unsigned)v;
-            else {
-                fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val);
+        } else if (!strcmp(k, "--max-side")) {
+            if (!stoker_parse_opt(k, val, 1, 65535, &v))
+                return 2;
+            o.max_side = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--quality")) {
+            if (!stoker_parse_opt(k, val, 1, 100, &v))
+                return 2;
+            o.quality = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--threads")) {
+            if (!stoker_parse_opt(k, val, 0, 256, &v))
+                return 2;
+            o.threads = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--align")) {
+            if (!stoker_parse_opt(k, val, 0, 1u << 20, &v))
+                return 2;
+            if (v && (v < 512 || (v & (v - 1)))) {
+                fprintf(stderr,
+                        "stoker: --align takes 0 or a power of two in 512..1048576, "
+                        "got %s\n",
+                        val);
                 return 2;
             }
+            o.align = (unsigned)v;
+            i++;
+        } else if (!strcmp(k, "--record-size")) {
+            if (val && !strcmp(val, "0")) {
+                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                                "holds at least 1 byte)\n");
+                return 2;
+            }
+            if (!stoker_parse_opt(k, val, 1, SIZE_MAX, &v))
+                return 2;
+            o.record_bytes = (size_t)v;
+            i++;
+        } else if (!strcmp(k, "--header-bytes") || !strcmp(k, "--label-bytes")) {
+            if (!stoker_parse_opt(k, val, 0, k[2] == 'h' ? SIZE_MAX : 8, &v))
+                return 2;
+            if (k[2] == 'h')
+                o.header_bytes = (size_t)v;
+            else
+                o.label_bytes = (unsigned)v;
+            header_opt = k;
+            i++;
         } else if (!strcmp(k, "--raw")) {
             if (!val || !parse_shape(val, &o.raw_h, &o.raw_w, &o.raw_c)) {
                 fprintf(stderr, "stoker: --raw needs HxWxC, e.g. 32x32x3\n");
@@ -1043,6 +1213,10 @@ int stoker_cmd_pack(int argc, char **argv)
     }
     if (!o.src || !o.out) {
         fprintf(stderr, "stoker: pack needs SRC and OUT\n");
+        return 2;
+    }
+    if (header_opt && !o.record_bytes) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
         return 2;
     }
     char err[1024];

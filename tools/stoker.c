@@ -131,10 +131,10 @@ typedef struct bench_args {
     bool json;
 } bench_args;
 
-static int set_opt(stk_options *o, const char *key, const char *val)
+static int set_opt(stk_options *o, const char *key, const char *val, const char *choices)
 {
     if (stk_options_set(o, key, val) != STK_OK) {
-        fprintf(stderr, "stoker: invalid --%s '%s'\n", key, val);
+        fprintf(stderr, "stoker: --%s takes %s, got '%s'\n", key, choices, val);
         return 2;
     }
     return 0;
@@ -193,57 +193,82 @@ static void print_fetch(stk_loader *l, bool json, double secs)
            f.cache_fallbacks);
 }
 
-/* Parses bench's arguments into o. Returns 0, or 2 for bad usage. */
+/* Does the transform spec use a preset (the only transforms --size sets)? */
+static bool has_preset(const char *spec)
+{
+    static const char *const presets[] = {"imagenet-train", "imagenet-val", "cifar-train"};
+    for (const char *p = spec; p && *p;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        size_t n = strcspn(p, "|");
+        size_t m = n;
+        while (m && (p[m - 1] == ' ' || p[m - 1] == '\t'))
+            m--;
+        for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++)
+            if (m == strlen(presets[k]) && !strncmp(p, presets[k], m))
+                return true;
+        p += n + (p[n] == '|');
+    }
+    return false;
+}
+
+/* Parses bench's arguments into o. Returns 0, or 2 for bad usage (with the
+ * message printed). */
 static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 {
     uint64_t v = 0, rank = 0, world = 1, record = 0, header = 0, label = 0;
+    const char *size = NULL, *header_opt = NULL;
     a->epochs = 1;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        bool num = val && stoker_parse_size(val, &v);
         int rc = STK_OK;
-#define NEED_NUM                                                                                   \
+#define NUM(lo, hi)                                                                                \
     do {                                                                                           \
-        if (!num) {                                                                                \
-            fprintf(stderr, "stoker: %s needs a number, got '%s'\n", k, val ? val : "nothing");    \
+        if (!stoker_parse_opt(k, val, (lo), (hi), &v))                                             \
             return 2;                                                                              \
-        }                                                                                          \
         i++;                                                                                       \
     } while (0)
         if (!strcmp(k, "--batch-size")) {
-            NEED_NUM;
+            NUM(1, 1u << 24);
             rc = stk_options_set_batch_size(o, (size_t)v);
         } else if (!strcmp(k, "--threads")) {
-            NEED_NUM;
-            rc = v > 256 ? STK_EINVAL : stk_options_set_threads(o, (unsigned)v);
+            NUM(0, 256);
+            rc = stk_options_set_threads(o, (unsigned)v);
         } else if (!strcmp(k, "--depth")) {
-            NEED_NUM;
-            rc = v > 64 ? STK_EINVAL : stk_options_set_depth(o, (unsigned)v);
+            NUM(1, 64);
+            rc = stk_options_set_depth(o, (unsigned)v);
         } else if (!strcmp(k, "--epochs")) {
-            NEED_NUM;
+            NUM(0, UINT64_MAX);
             a->epochs = v;
         } else if (!strcmp(k, "--seed")) {
-            NEED_NUM;
+            NUM(0, UINT64_MAX);
             rc = stk_options_set_seed(o, v);
         } else if (!strcmp(k, "--rank")) {
-            NEED_NUM;
+            NUM(0, UINT32_MAX - 1);
             rank = v;
         } else if (!strcmp(k, "--world-size")) {
-            NEED_NUM;
+            NUM(1, UINT32_MAX);
             world = v;
         } else if (!strcmp(k, "--max-sample-bytes")) {
-            NEED_NUM;
+            NUM(1, (uint64_t)1 << 40);
             rc = stk_options_set_max_sample_bytes(o, (size_t)v);
         } else if (!strcmp(k, "--record-size")) {
-            NEED_NUM;
+            if (val && !strcmp(val, "0")) {
+                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                                "holds at least 1 byte)\n");
+                return 2;
+            }
+            NUM(1, SIZE_MAX);
             record = v;
         } else if (!strcmp(k, "--header-bytes")) {
-            NEED_NUM;
+            NUM(0, SIZE_MAX);
             header = v;
+            header_opt = k;
         } else if (!strcmp(k, "--label-bytes")) {
-            NEED_NUM;
+            NUM(0, 8);
             label = v;
+            header_opt = k;
         } else if (!strcmp(k, "--no-shuffle")) {
             rc = stk_options_set_shuffle(o, 0);
         } else if (!strcmp(k, "--drop-last")) {
@@ -251,6 +276,11 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--json")) {
             a->json = true;
         } else if (!strcmp(k, "--transform") && val) {
+            if (!*val) {
+                fprintf(stderr, "stoker: --transform needs a transform (--transform none for "
+                                "the bytes as stored)\n");
+                return 2;
+            }
             rc = stk_options_set_transform(o, val);
             a->transform = val;
             i++;
@@ -262,15 +292,23 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc =
                 stk_options_set_on_error(o, val[0] == 's' ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE);
             i++;
-        } else if ((!strcmp(k, "--size") || !strcmp(k, "--layout") || !strcmp(k, "--dtype")) &&
-                   val) {
-            if (set_opt(o, k + 2, val))
+        } else if (!strcmp(k, "--size")) {
+            NUM(1, 65535);
+            size = val;
+            if (set_opt(o, "size", val, "1..65535"))
+                return 2;
+        } else if (!strcmp(k, "--layout") && val) {
+            if (set_opt(o, "layout", val, "nchw or nhwc"))
+                return 2;
+            i++;
+        } else if (!strcmp(k, "--dtype") && val) {
+            if (set_opt(o, "dtype", val, "uint8, float32, float16 or bfloat16"))
                 return 2;
             i++;
         } else if (remote_opt(k) && val) {
             char key[64];
             stk__opt_key(k + 2, key, sizeof key);
-            if (set_opt(o, key, val))
+            if (set_opt(o, key, val, "a value (see docs/remote.md)"))
                 return 2;
             i++;
         } else if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
@@ -285,7 +323,7 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             fprintf(stderr, "stoker: unexpected argument '%s'\n", k);
             return 2;
         }
-#undef NEED_NUM
+#undef NUM
         if (rc != STK_OK) {
             fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val ? val : "");
             return 2;
@@ -295,8 +333,25 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         fprintf(stderr, "stoker: bench needs a dataset PATH\n");
         return 2;
     }
-    if (world < 1 || world > UINT32_MAX || rank >= world) {
-        fprintf(stderr, "stoker: need 0 <= --rank < --world-size\n");
+    if (rank >= world) {
+        fprintf(stderr,
+                "stoker: --rank %" PRIu64 " is out of range for --world-size %" PRIu64
+                " (0..%" PRIu64 ")\n",
+                rank, world, world - 1);
+        return 2;
+    }
+    /* Options that would otherwise change nothing are refused, so a run never
+     * silently measures something other than what was asked for. */
+    if (size && !has_preset(a->transform)) {
+        fprintf(stderr,
+                "stoker: --size sets the output size of the presets (imagenet-train, "
+                "imagenet-val, cifar-train); --transform %s has none (give sizes in "
+                "the spec instead)\n",
+                a->transform ? a->transform : "none");
+        return 2;
+    }
+    if (header_opt && !record) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
         return 2;
     }
     if (stk_options_set_partition(o, (unsigned)rank, (unsigned)world) ||
@@ -345,7 +400,12 @@ static int cmd_bench(int argc, char **argv)
     if ((status = parse_bench(argc, argv, o, &a)))
         goto out;
 
+    /* The clock starts before the open: workers start filling the ring while
+     * the open is still under way, so a clock started after it would count
+     * their work and not its time (and overstate samples/s on short runs). */
+    double t0 = now_s();
     int rc = stk_loader_open(&l, o);
+    double open_s = now_s() - t0, first_s = -1;
     if (rc != STK_OK) {
         char shown[4096];
         fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
@@ -370,7 +430,6 @@ static int cmd_bench(int argc, char **argv)
         fflush(stdout);
     }
     uint64_t samples = 0, batches = 0;
-    double t0 = now_s();
     for (uint64_t e = 0; e < a.epochs && !status; e++) {
         for (;;) {
             stk_batch *b;
@@ -382,6 +441,8 @@ static int cmd_bench(int argc, char **argv)
                 status = 1;
                 break;
             }
+            if (first_s < 0)
+                first_s = now_s() - t0;
             hash_batch(h, b);
             samples += b->size;
             batches++;
@@ -402,10 +463,16 @@ static int cmd_bench(int argc, char **argv)
         stoker_json_str(stdout, a.transform ? a.transform : "none");
         printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
                "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
-               ",\"seconds\":%.6f,\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,"
-               "\"memory_bound_bytes\":%" PRIu64 ",\"starvation_s\":%.6f,\"stages\":{",
+               ",\"seconds\":%.6f,\"open_s\":%.6f,\"first_batch_s\":",
                info.source_kind, info.threads, info.batch_size, info.depth, a.epochs, samples,
-               batches, secs, rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
+               batches, secs, open_s);
+        if (first_s < 0)
+            printf("null");
+        else
+            printf("%.6f", first_s);
+        printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
+               ",\"starvation_s\":%.6f,\"stages\":{",
+               rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
         for (int s = 0; s < STK_STAGE_COUNT; s++)
             printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
                    stk_stage_name(s), st.stages[s].items, (double)st.stages[s].busy_ns * 1e-9);
@@ -430,6 +497,8 @@ static int cmd_bench(int argc, char **argv)
         char b1[32], b2[32];
         printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
                samples, batches, secs, rate);
+        printf("  startup      open %.3f s, first batch after %.3f s (both within the %.3f s)\n",
+               open_s, first_s < 0 ? 0.0 : first_s, secs);
         printf("  peak RSS     %s (memory bound %s)\n",
                stoker_human_bytes((double)rss, b1, sizeof b1),
                stoker_human_bytes((double)bound, b2, sizeof b2));

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,8 @@ typedef struct shard {
     uint64_t first;  /* dataset index of its first sample */
     int64_t maxl;    /* largest label, -1 if none */
     uint64_t bytes;
+    dev_t dev; /* identify the file, so one listed twice is found */
+    ino_t ino;
     stk__stk_header h;
     stk__stk_footer f;
 } shard;
@@ -290,6 +293,8 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
         goto out;
     }
     s->bytes = (uint64_t)st.st_size;
+    s->dev = st.st_dev;
+    s->ino = st.st_ino;
     if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE &&
         ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
          (rc = stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why,
@@ -315,6 +320,50 @@ fail:
 out:
     if (fd >= 0)
         close(fd);
+    return rc;
+}
+
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    size_t k;
+} file_id;
+
+static int cmp_file_id(const void *pa, const void *pb)
+{
+    const file_id *a = pa, *b = pb;
+    if (a->dev != b->dev)
+        return a->dev < b->dev ? -1 : 1;
+    if (a->ino != b->ino)
+        return a->ino < b->ino ? -1 : 1;
+    return a->k < b->k ? -1 : a->k > b->k;
+}
+
+/* A shard listed twice (a manifest naming it twice, or two names of one
+ * file) would deliver its samples twice per epoch: refuse it. Sorting by
+ * file identity keeps this O(n log n) for datasets of many shards. */
+static int check_distinct(const stkset *d, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    if (d->n < 2)
+        return STK_OK;
+    file_id *ids = stk__malloc(d->n * sizeof *ids);
+    if (!ids)
+        return STK_ENOMEM;
+    for (size_t k = 0; k < d->n; k++)
+        ids[k] = (file_id){d->shards[k].dev, d->shards[k].ino, k};
+    qsort(ids, d->n, sizeof *ids, cmp_file_id);
+    for (size_t k = 1; k < d->n; k++) {
+        if (ids[k].dev == ids[k - 1].dev && ids[k].ino == ids[k - 1].ino) {
+            stk__fmt(err, errlen,
+                     "%s: listed twice (shards %zu and %zu of the dataset are the same file); "
+                     "each shard must appear once, or its samples would be delivered twice",
+                     d->shards[ids[k - 1].k].path, ids[k - 1].k, ids[k].k);
+            rc = STK_EFORMAT;
+            break;
+        }
+    }
+    stk__free(ids);
     return rc;
 }
 
@@ -344,6 +393,8 @@ static int finish_set(stk__source *src, stkset *d, bool man, const char *where, 
     int rc = STK_OK;
     int64_t maxl = -1;
     uint64_t total = 0;
+    if ((rc = check_distinct(d, err, errlen)))
+        goto out;
     if (!(src->shard_first = stk__calloc(d->n + 1, sizeof *src->shard_first))) {
         rc = STK_ENOMEM;
         goto out;
@@ -648,6 +699,9 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
             goto out;
         }
         s->bytes = d->man.shards ? d->man.shards[k].bytes : sizes ? sizes[k] : 0;
+        /* Remote objects are the same shard when their names are. */
+        s->dev = (dev_t)-1;
+        s->ino = (ino_t)stk__xxh3(name, strlen(name));
     }
     for (size_t a = 0; a < n; a += REMOTE_OPEN_CHUNK) {
         size_t b = a + REMOTE_OPEN_CHUNK < n ? a + REMOTE_OPEN_CHUNK : n;

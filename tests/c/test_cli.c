@@ -11,6 +11,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -26,23 +27,26 @@ typedef struct result {
     char *out, *err;
 } result;
 
-/* Runs the CLI with args (NULL-terminated), capturing stdout and stderr. */
-static result run_cli(const char *const *args)
+/* Runs bin with args (NULL-terminated), stdin from in_path (NULL: inherit),
+ * capturing stdout and stderr. */
+static result run_prog(const char *bin, const char *const *args, const char *in_path)
 {
     result r = {-1, NULL, NULL};
     const char *outp = tu_path("cli.out"), *errp = tu_path("cli.err");
-    char *argv[32];
+    char *argv[40];
     int n = 0;
-    argv[n++] = g_bin;
-    for (; args[n - 1] && n < 31; n++)
+    argv[n++] = (char *)(uintptr_t)bin;
+    for (; args[n - 1] && n < 39; n++)
         argv[n] = (char *)(uintptr_t)args[n - 1];
     argv[n] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
+    if (in_path)
+        posix_spawn_file_actions_addopen(&fa, 0, in_path, O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, outp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     pid_t pid;
-    int rc = posix_spawn(&pid, g_bin, &fa, NULL, argv, environ);
+    int rc = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     REQUIRE(rc == 0);
     int st = 0;
@@ -56,6 +60,12 @@ static result run_cli(const char *const *args)
     r.err = realloc(r.err, len + 1);
     r.err[len] = 0;
     return r;
+}
+
+/* Runs the CLI with args (NULL-terminated), capturing stdout and stderr. */
+static result run_cli(const char *const *args)
+{
+    return run_prog(g_bin, args, NULL);
 }
 
 static void result_free(result *r)
@@ -320,6 +330,189 @@ static void test_bad_sample_policies(void)
     result_free(&r);
 }
 
+static double json_num(const char *out, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(out, k);
+    return p ? strtod(p + strlen(k), NULL) : -1.0;
+}
+
+/* The clock starts before the loader opens (workers fill the ring during
+ * the open): the open and the first batch are reported, inside the run's
+ * seconds, and samples/s is samples over those seconds. */
+static void test_bench_times_from_open(void)
+{
+    const char *path = records_file();
+    const char *args[] = {"bench",        path, "--record-size", "24",
+                          "--batch-size", "5",  "--json",        NULL};
+    result r = run_cli(args);
+    CHECK_EQ(r.status, 0);
+    double open_s = json_num(r.out, "open_s"), first = json_num(r.out, "first_batch_s");
+    double secs = json_num(r.out, "seconds"), rate = json_num(r.out, "samples_per_s");
+    CHECK(strstr(r.out, "\"open_s\":") && strstr(r.out, "\"first_batch_s\":"));
+    CHECK(open_s >= 0 && first >= open_s && secs >= first);
+    CHECK(secs > 0 && rate > 0);
+    if (secs > 0)
+        CHECK(rate > 0.999 * N / secs && rate < 1.001 * N / secs);
+    result_free(&r);
+    const char *text[] = {"bench", path, "--record-size", "24", NULL};
+    r = run_cli(text);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.out, "startup      open ") != NULL);
+    CHECK(strstr(r.out, ", first batch after ") != NULL);
+    result_free(&r);
+}
+
+/* Is s (n bytes) well-formed UTF-8? */
+static bool valid_utf8(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        size_t len = c < 0x80                ? 1
+                     : c >= 0xC2 && c < 0xE0 ? 2
+                     : c >= 0xE0 && c < 0xF0 ? 3
+                     : c >= 0xF0 && c < 0xF5 ? 4
+                                             : 0;
+        if (!len || i + len > n)
+            return false;
+        for (size_t k = 1; k < len; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return false;
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] > 0x9F) ||
+            (c == 0xF0 && s[i + 1] < 0x90) || (c == 0xF4 && s[i + 1] > 0x8F))
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+/* --json stays valid UTF-8 when file names are not: a byte outside
+ * well-formed UTF-8 is written \udcXX, so a strict JSON parser reads it and
+ * os.fsencode gives the original bytes back. */
+static void test_json_non_utf8_names(void)
+{
+    char root[900], p[1024], bad[1024];
+    snprintf(root, sizeof root, "%s", tu_path("utf\xff-tree")); /* 0xff: never UTF-8 */
+    snprintf(p, sizeof p, "%s/caf\xc3\xa9", root);              /* é: valid UTF-8, kept */
+    tu_mkdirs(p);
+    snprintf(p, sizeof p, "%s/caf\xc3\xa9/ok.jpg", root);
+    tu_write_file(p, "x", 1);
+    snprintf(bad, sizeof bad, "%s/caf\xc3\xa9/gone\xe9\x80.jpg", root); /* cut sequence */
+    REQUIRE(symlink("nowhere", bad) == 0);
+    const char *args[] = {"bench", root, "--on-error", "skip", "--json", NULL};
+    result r = run_cli(args);
+    CHECK_EQ(r.status, 0);
+    CHECK(valid_utf8((const unsigned char *)r.out, strlen(r.out)));
+    CHECK(strstr(r.out, "utf\\udcff-tree") != NULL);
+    CHECK(strstr(r.out, "caf\xc3\xa9/gone\\udce9\\udc80.jpg") != NULL);
+    CHECK_EQ(json_int(r.out, "skipped"), 1);
+    /* A strict parser, and the round trip back to the bytes. */
+    if (access("/usr/bin/python3", X_OK) == 0) {
+        char json[1024];
+        snprintf(json, sizeof json, "%s", tu_path("bench.json"));
+        tu_write_file(json, r.out, strlen(r.out));
+        const char *py[] = {
+            "-c",
+            "import json, os, sys\n"
+            "d = json.loads(sys.stdin.buffer.read().decode('utf-8', 'strict'))\n"
+            "assert os.fsencode(d['path']) == os.fsencode(sys.argv[1]), d['path']\n"
+            "assert os.fsencode(d['errors'][0]['path']) == os.fsencode(sys.argv[2]), d['errors']\n"
+            "print('round trip ok')\n",
+            root, bad, NULL};
+        result q = run_prog("/usr/bin/python3", py, json);
+        CHECK_EQ(q.status, 0);
+        CHECK(strstr(q.out, "round trip ok") != NULL);
+        if (q.status)
+            fprintf(stderr, "    python: %s\n", q.err);
+        result_free(&q);
+    } else {
+        printf("  (no /usr/bin/python3: strict-parser round trip not run)\n");
+    }
+    result_free(&r);
+}
+
+/* Usage errors say what is wrong: out-of-range numbers give the range,
+ * options that would do nothing are refused, never ignored. */
+static void test_usage_messages(void)
+{
+    const char *rec = records_file();
+    static char recp[1024];
+    snprintf(recp, sizeof recp, "%s", rec);
+    static const struct {
+        const char *args[10];
+        const char *says;
+    } cases[] = {
+        {{"bench", "x", "--world-size", "4294967297", NULL},
+         "--world-size 4294967297 is out of range (1..4294967295)"},
+        {{"bench", "x", "--rank", "99999999999999999999999", NULL},
+         "--rank 99999999999999999999999 is out of range (0..4294967294)"},
+        {{"bench", "x", "--rank", "2", "--world-size", "2", NULL},
+         "--rank 2 is out of range for --world-size 2 (0..1)"},
+        {{"bench", "x", "--threads", "257", NULL}, "--threads 257 is out of range (0..256)"},
+        {{"bench", "x", "--batch-size", "0", NULL}, "--batch-size 0 is out of range (1..16777216)"},
+        {{"bench", "x", "--depth", "65", NULL}, "--depth 65 is out of range (1..64)"},
+        {{"bench", "x", "--threads", "-1", NULL}, "--threads -1 is out of range (0..256)"},
+        {{"bench", "x", "--depth", "two", NULL}, "--depth needs a number, got 'two'"},
+        {{"bench", "x", "--record-size", "0", NULL}, "--record-size 0 is not a valid record size"},
+        {{"bench", "x", "--header-bytes", "16", NULL},
+         "--header-bytes applies to record files; give --record-size too"},
+        {{"bench", "x", "--label-bytes", "1", NULL},
+         "--label-bytes applies to record files; give --record-size too"},
+        {{"bench", "x", "--size", "64", NULL}, "--size sets the output size of the presets"},
+        {{"bench", "x", "--size", "64", "--transform", "CenterCrop(8)", NULL},
+         "--transform CenterCrop(8) has none"},
+        {{"bench", "x", "--transform", "", NULL}, "--transform needs a transform"},
+        {{"bench", "x", "--layout", "chw", NULL}, "--layout takes nchw or nhwc, got 'chw'"},
+        {{"info", "x", "--record-size", "0", NULL}, "--record-size 0 is not a valid record size"},
+        {{"verify", "x", "--header-bytes", "4", NULL}, "--header-bytes applies to record files"},
+        {{"pack", "x", "y", "--record-size", "0", NULL},
+         "--record-size 0 is not a valid record size"},
+        {{"pack", "x", "y", "--label-bytes", "1", NULL}, "--label-bytes applies to record files"},
+        {{"pack", "x", "y", "--quality", "101", NULL}, "--quality 101 is out of range (1..100)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        result r = run_cli(cases[k].args);
+        CHECK_EQ(r.status, 2);
+        if (!strstr(r.err, cases[k].says))
+            fprintf(stderr, "    case %zu: stderr '%s' lacks '%s'\n", k, r.err, cases[k].says);
+        CHECK(strstr(r.err, cases[k].says) != NULL);
+        result_free(&r);
+    }
+    /* --size with a preset, even inside a longer spec, is taken (the run
+     * gets past parsing; the records are not images, so they are skipped). */
+    const char *ok[] = {"bench",  recp,          "--record-size",
+                        "24",     "--transform", "imagenet-val | RandomHorizontalFlip(p=0.5)",
+                        "--size", "64",          "--on-error",
+                        "skip",   NULL};
+    result r = run_cli(ok);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.err, "--size") == NULL);
+    result_free(&r);
+    /* The header is honoured with a record size. */
+    const char *hdr[] = {"bench",         recp, "--record-size", "24", "--header-bytes", "24",
+                         "--label-bytes", "1",  "--json",        NULL};
+    r = run_cli(hdr);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(json_int(r.out, "samples"), N - 1);
+    result_free(&r);
+}
+
+/* pack refuses an OUT inside SRC (and the reverse) from the command line. */
+static void test_pack_into_source(void)
+{
+    const char *root = folder();
+    char out[1024];
+    snprintf(out, sizeof out, "%s/c0/../packed", root);
+    const char *args[] = {"pack", root, out, "--quiet", NULL};
+    result r = run_cli(args);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "is inside the source dataset") != NULL);
+    result_free(&r);
+    snprintf(out, sizeof out, "%s/packed", root);
+    CHECK(access(out, F_OK) != 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -342,5 +535,9 @@ int main(int argc, char **argv)
     RUN(test_bench_folder_checksum);
     RUN(test_bad_input_exit_codes);
     RUN(test_bad_sample_policies);
+    RUN(test_bench_times_from_open);
+    RUN(test_json_non_utf8_names);
+    RUN(test_usage_messages);
+    RUN(test_pack_into_source);
     return tu_end();
 }

@@ -7,6 +7,8 @@
 #include "../../tools/pack.c"
 #include "../../tools/cliutil.c"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -38,16 +40,29 @@ static uint8_t *make_jpeg(uint32_t w, uint32_t h, size_t *n)
     return out.p;
 }
 
-static void write_bytes_file(const char *path, size_t n)
+/* A file that passes as a JPEG up to its image data (the headers of a real
+ * 8x8 JPEG, through the start-of-scan segment) followed by tail random bytes:
+ * pack and verify check that a .jpg is a JPEG by its headers, and tests
+ * want arbitrary payloads of many sizes. */
+static void write_jpeg_like(const char *path, size_t tail)
 {
-    uint8_t *b = malloc(n);
-    for (size_t k = 0; k < n; k++)
-        b[k] = rnd8();
-    tu_write_file(path, b, n);
+    size_t n, k = 2;
+    uint8_t *j = make_jpeg(8, 8, &n);
+    while (k + 4 <= n && !(j[k] == 0xFF && j[k + 1] == 0xDA))
+        k += 2 + ((size_t)j[k + 2] << 8 | j[k + 3]);
+    REQUIRE(k + 4 <= n);
+    size_t head = k + 2 + ((size_t)j[k + 2] << 8 | j[k + 3]);
+    uint8_t *b = malloc(head + tail);
+    memcpy(b, j, head);
+    for (size_t i = 0; i < tail; i++)
+        b[head + i] = rnd8();
+    tu_write_file(path, b, head + tail);
     free(b);
+    free(j);
 }
 
-/* ImageFolder tree: classes x per files of random bytes named *.jpg. */
+/* ImageFolder tree: classes x per files named *.jpg, real JPEGs or JPEG
+ * headers followed by random bytes. */
 static const char *make_folder(const char *rel, int classes, int per, bool real_jpeg)
 {
     static char root[512];
@@ -65,7 +80,7 @@ static const char *make_folder(const char *rel, int classes, int per, bool real_
                 tu_write_file(p, j, n);
                 free(j);
             } else {
-                write_bytes_file(p, 100 + (size_t)(rnd8()) * 20);
+                write_jpeg_like(p, 100 + (size_t)(rnd8()) * 20);
             }
         }
     }
@@ -900,6 +915,332 @@ static void test_info_cmd(void)
     CHECK_EQ(stoker_cmd_info(3, argv3), 1);
 }
 
+/* ---- Issue 13: pack's paths and inputs, verify's counts and manifest ------- */
+
+/* Runs fn(argc, argv) with stdout captured. Returns its status; *out gets
+ * what it printed (caller frees). */
+static int capture(int (*fn)(int, char **), int argc, char **argv, char **out)
+{
+    const char *path = tu_path("captured.txt");
+    fflush(stdout);
+    int saved = dup(1);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    size_t n;
+    char *t = tu_read_file(path, &n);
+    *out = realloc(t, n + 1);
+    (*out)[n] = '\0';
+    return rc;
+}
+
+static bool dir_is_empty_or_gone(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return true;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
+}
+
+/* OUT equal to SRC, inside it (given through a symbolic link, "..", or not
+ * existing yet), and SRC inside OUT: each refused before anything is
+ * written, so the source still opens. */
+static void test_pack_refuses_overlap(void)
+{
+    char src[512], p[700], err[1024];
+    snprintf(src, sizeof src, "%s", make_folder("ov/src", 2, 2, true));
+    snprintf(p, sizeof p, "%s/ov/link", tu_tmpdir());
+    REQUIRE(symlink("src", p) == 0);
+    static const struct {
+        const char *out; /* relative to the temporary directory */
+        const char *why;
+    } cases[] = {
+        {"ov/src", "is the source dataset itself"},
+        {"ov/src/", "is the source dataset itself"},
+        {"ov/link", "is the source dataset itself"},
+        {"ov/src/packed", "is inside the source dataset"},
+        {"ov/link/class00/../packed", "is inside the source dataset"},
+        {"ov/src/class01", "is inside the source dataset"},
+        {"ov", "is inside OUT"},
+        {".", "is inside OUT"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char out[700];
+        snprintf(out, sizeof out, "%s/%s", tu_tmpdir(), cases[k].out);
+        stoker_pack_opts o = pack_opts(src, out);
+        err[0] = '\0';
+        CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+        if (!strstr(err, cases[k].why))
+            fprintf(stderr, "  OUT %s: '%s' lacks '%s'\n", cases[k].out, err, cases[k].why);
+        CHECK(strstr(err, cases[k].why) != NULL);
+    }
+    /* SRC given through the link, OUT inside the real directory. */
+    snprintf(p, sizeof p, "%s/ov/link", tu_tmpdir());
+    char out[700];
+    snprintf(out, sizeof out, "%s/ov/src/packed2", tu_tmpdir());
+    stoker_pack_opts o = pack_opts(p, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "is inside the source dataset") != NULL);
+    /* Nothing was written, and the source still opens as it did. */
+    snprintf(p, sizeof p, "%s/%s", src, STK_MANIFEST);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/part-000000.stk", src);
+    CHECK(access(p, F_OK) != 0);
+    snprintf(p, sizeof p, "%s/packed", src);
+    CHECK(access(p, F_OK) != 0);
+    stk__source s;
+    REQUIRE(open_src(&s, src, err, sizeof err) == STK_OK);
+    CHECK_EQ(s.count, 4);
+    stk__source_close(&s);
+    /* A sibling OUT is fine. */
+    snprintf(out, sizeof out, "%s/ov/src-packed", tu_tmpdir());
+    o = pack_opts(src, out);
+    CHECK_EQ(do_pack(&o), 0);
+}
+
+/* Packing into the output of a pack that was killed says so, and what to do;
+ * a complete dataset there is "already" one. */
+static void test_pack_into_interrupted(void)
+{
+    char src[512], out[512], p[700], err[1024];
+    snprintf(src, sizeof src, "%s", make_folder("ip/src", 2, 2, true));
+    snprintf(out, sizeof out, "%s", tu_path("ip/out"));
+    tu_mkdirs(out);
+    snprintf(p, sizeof p, "%s/%s", out, STK_PACK_MARKER);
+    tu_write_file(p, "", 0);
+    snprintf(p, sizeof p, "%s/part-000000.stk", out);
+    tu_write_file(p, "partial", 7);
+    stoker_pack_opts o = pack_opts(src, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "interrupted pack") != NULL);
+    CHECK(strstr(err, "remove the directory and run stoker pack again") != NULL);
+    CHECK(strstr(err, "already holds") == NULL);
+    /* A shard still being written (*.stk.tmp) shows an unfinished pack too,
+     * as the reader sees it. */
+    snprintf(p, sizeof p, "%s/%s", out, STK_PACK_MARKER);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/part-000000.stk", out);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/part-000000.stk.tmp", out);
+    tu_write_file(p, "partial", 7);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "interrupted pack") != NULL);
+    /* Removed as told, the pack runs. */
+    unlink(p);
+    CHECK_EQ(do_pack(&o), 0);
+}
+
+/* Files named .jpg that are not images: verify reports each and fails,
+ * pack refuses them unless --skip-bad (then skips and lists them); a
+ * re-pack of the .stk checks its payloads by their keys too. */
+static void test_not_images(void)
+{
+    char src[512], out[512], p[700], err[1024], *text;
+    snprintf(src, sizeof src, "%s", make_folder("ni/src", 2, 3, true));
+    snprintf(p, sizeof p, "%s/class01/notes.jpg", src);
+    tu_write_file(p, "just some text\n", 15);
+    snprintf(p, sizeof p, "%s/class00/cut.jpg", src);
+    tu_write_file(p, "\xff\xd8\xff\xe0\x00\x10JFIF", 10); /* a JPEG cut in its header */
+    snprintf(p, sizeof p, "%s/class01/icon.bmp", src);
+    tu_write_file(p, "BM\x3a\0\0\0\0\0\0\0\x36\0\0\0", 14); /* an image, not decoded */
+
+    char *argv[] = {"stoker", "verify", src, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "class01/notes.jpg: not an image: unknown signature 6a 75 73 74") != NULL);
+    CHECK(strstr(text, "class00/cut.jpg: JPEG") != NULL);
+    CHECK(strstr(text, "9 samples checked, 2 corrupt") != NULL);
+    CHECK(strstr(text, "note      1 image is not JPEG or PNG (the first: BMP)") != NULL);
+    CHECK(strstr(text, "icon.bmp") == NULL);
+    free(text);
+
+    snprintf(out, sizeof out, "%s", tu_path("ni/out"));
+    stoker_pack_opts o = pack_opts(src, out);
+    CHECK_EQ(stoker_pack(&o, err, sizeof err), 1);
+    CHECK(strstr(err, "cut.jpg") != NULL);
+    CHECK(dir_is_empty_or_gone(out));
+    o.skip_bad = 1;
+    CHECK_EQ(do_pack(&o), 0);
+    stk__source s;
+    REQUIRE(open_src(&s, out, err, sizeof err) == STK_OK);
+    CHECK_EQ(s.count, 7);
+    stk__source_close(&s);
+    char *argv2[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv2, &text), 0);
+    free(text);
+
+    /* An encoded .stk whose payload under a .jpg key is not an image (as an
+     * older pack stored it): verify and re-pack catch it by the key. */
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/part-000000.stk", out);
+    size_t n;
+    uint8_t *b = tu_read_file(shard, &n);
+    stk__stk_entry e;
+    stk__stk_entry_decode(b + stk__get64(b + n - 64) + 2 * STK_ENTRY_SIZE, &e);
+    memcpy(b + e.offset, "text", 4);
+    uint64_t sum = stk__xxh3(b + e.offset, e.length);
+    stk__put64(b + stk__get64(b + n - 64) + 2 * STK_ENTRY_SIZE + 32, sum);
+    reseal(b, n);
+    tu_write_file(shard, b, n);
+    free(b);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv2, &text), 1);
+    CHECK(strstr(text, "#2 key 'class00/img002.jpg': not an image") != NULL);
+    free(text);
+    stoker_pack_opts o2 = pack_opts(out, tu_path("ni/out2"));
+    CHECK_EQ(stoker_pack(&o2, err, sizeof err), 1);
+    CHECK(strstr(err, "class00/img002.jpg") && strstr(err, "not an image"));
+}
+
+/* One shard that does not open: verify checks the others and counts the
+ * samples it could not check (by the manifest, else the shard's footer). */
+static void test_verify_counts_unreadable(void)
+{
+    char src[512], out[512], p[700], *text;
+    snprintf(src, sizeof src, "%s", make_folder("vu/src", 2, 10, false));
+    snprintf(out, sizeof out, "%s", tu_path("vu/out"));
+    stoker_pack_opts o = pack_opts(src, out);
+    o.shard_size = 9000;
+    REQUIRE(do_pack(&o) == 0);
+    stk__manifest m;
+    char err[512];
+    REQUIRE(stk__manifest_read(out, &m, err, sizeof err) == STK_OK);
+    REQUIRE(m.nshards >= 3);
+    uint64_t lost = m.shards[1].count;
+    stk__manifest_free(&m);
+    snprintf(p, sizeof p, "%s/part-000001.stk", out);
+    size_t n;
+    uint8_t *b = tu_read_file(p, &n);
+    b[20] ^= 1; /* header checksum */
+    tu_write_file(p, b, n);
+    char want[160];
+    snprintf(want, sizeof want,
+             "verify    %llu samples checked, 0 corrupt, %llu unreadable in 1 shard; the "
+             "dataset does not open as a whole",
+             (unsigned long long)(20 - lost), (unsigned long long)lost);
+    char *argv[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    if (!strstr(text, want))
+        fprintf(stderr, "  verify said:\n%s  want: %s\n", text, want);
+    CHECK(strstr(text, want) != NULL);
+    CHECK(strstr(text, "part-000001.stk: the whole shard") != NULL);
+    free(text);
+    /* Without the manifest the footer still gives the count. */
+    char man[700];
+    snprintf(man, sizeof man, "%s/%s", out, STK_MANIFEST);
+    size_t mn;
+    char *mt = tu_read_file(man, &mn);
+    unlink(man);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, want) != NULL);
+    free(text);
+    /* With neither, the shard is counted as one whose samples are unknown. */
+    tu_write_file(p, b, 100);
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "0 unreadable in 1 shard (1 of them too damaged to count") != NULL);
+    free(text);
+    tu_write_file(man, mt, mn);
+    free(mt);
+    free(b);
+}
+
+/* The manifest's byte counts, kind and classes are checked against the
+ * shards, and a shard listed twice is an error for verify and for the
+ * reader (which would otherwise deliver its samples twice). */
+static void test_verify_manifest(void)
+{
+    char out[512], man[700], *text, err[512];
+    pack_small("vm", out, sizeof out);
+    snprintf(man, sizeof man, "%s/%s", out, STK_MANIFEST);
+    size_t mn;
+    char *orig = tu_read_file(man, &mn);
+    orig = realloc(orig, mn + 1);
+    orig[mn] = '\0';
+    char *argv[] = {"stoker", "verify", out, NULL};
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 0);
+    free(text);
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/part-000000.stk", out);
+    struct stat st;
+    REQUIRE(stat(shard, &st) == 0);
+    static const struct {
+        const char *from, *to, *says;
+    } cases[] = {
+        {"kind encoded", "kind raw", "payload kind encoded, the manifest says raw"},
+        {"classes 2", "classes 1", "written for 2 classes, the manifest says 1"},
+        {"classes 2", "classes 5", "written for 2 classes, the manifest says 5"},
+        {" 6 ", " 6 1", "bytes, the manifest says 1"}, /* the shard line's byte count */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char edited[4096];
+        const char *at = strstr(orig, cases[k].from);
+        REQUIRE(at && mn < sizeof edited - 8);
+        size_t pre = (size_t)(at - orig);
+        snprintf(edited, sizeof edited, "%.*s%s%s", (int)pre, orig, cases[k].to,
+                 at + strlen(cases[k].from));
+        tu_write_file(man, edited, strlen(edited));
+        CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+        if (!strstr(text, cases[k].says))
+            fprintf(stderr, "  case %zu: verify said:\n%s", k, text);
+        CHECK(strstr(text, cases[k].says) != NULL);
+        CHECK(strstr(text, "1 manifest problem") != NULL || strstr(text, "2 manifest problems"));
+        free(text);
+    }
+    /* Fewer classes than the labels need. */
+    {
+        char edited[4096];
+        const char *at = strstr(orig, "classes 2");
+        snprintf(edited, sizeof edited, "%.*sclasses 1%s", (int)(at - orig), orig, at + 9);
+        tu_write_file(man, edited, strlen(edited));
+        CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+        CHECK(strstr(text, "labels go up to 1, the manifest says 1 classes") != NULL);
+        free(text);
+    }
+    /* The shard listed twice, with the totals made to agree. */
+    char edited[4096];
+    const char *sl = strstr(orig, "shard part-000000.stk");
+    REQUIRE(sl);
+    const char *eol = strchr(sl, '\n');
+    REQUIRE(eol);
+    const char *smp = strstr(orig, "samples 6");
+    REQUIRE(smp && smp < sl);
+    snprintf(edited, sizeof edited, "%.*ssamples 12%.*s\n%.*s%s", (int)(smp - orig), orig,
+             (int)(eol - (smp + 9)), smp + 9, (int)(eol - sl), sl, eol);
+    tu_write_file(man, edited, strlen(edited));
+    CHECK_EQ(capture(stoker_cmd_verify, 3, argv, &text), 1);
+    CHECK(strstr(text, "shard part-000000.stk is listed twice (entries 0 and 1)") != NULL);
+    CHECK(strstr(text, "6 samples checked") != NULL); /* each shard once */
+    free(text);
+    expect_open_fail(out, STK_EFORMAT, "listed twice");
+    stk_options *op;
+    stk_loader *ld = NULL;
+    REQUIRE(stk_options_create(&op) == 0);
+    stk_options_set_source(op, out);
+    CHECK_EQ(stk_loader_open(&ld, op), STK_EFORMAT);
+    CHECK(ld && strstr(stk_loader_errmsg(ld), "listed twice"));
+    stk_loader_close(ld);
+    stk_options_destroy(op);
+    /* The same file through a second name (a hard link) is the same shard. */
+    tu_write_file(man, orig, mn);
+    char alias[700];
+    snprintf(alias, sizeof alias, "%s/part-000000-again.stk", out);
+    REQUIRE(link(shard, alias) == 0);
+    const char *both[2] = {shard, alias};
+    stk__source s;
+    CHECK_EQ(stk__source_stk_open(&s, both, 2, NULL, err, sizeof err), STK_EFORMAT);
+    CHECK(strstr(err, "listed twice") != NULL);
+    unlink(alias);
+    free(orig);
+}
+
 int main(void)
 {
     tu_begin("test_shards", 300);
@@ -912,5 +1253,10 @@ int main(void)
     RUN(test_tar);
     RUN(test_naming);
     RUN(test_info_cmd);
+    RUN(test_pack_refuses_overlap);
+    RUN(test_pack_into_interrupted);
+    RUN(test_not_images);
+    RUN(test_verify_counts_unreadable);
+    RUN(test_verify_manifest);
     return tu_end();
 }
