@@ -1,6 +1,9 @@
 /* order.c -- seeded bijective permutation and rank partition; see order.h. */
 #include "order.h"
 
+#include <pthread.h>
+#include <string.h>
+
 void stk__order_init(stk__order *o, uint64_t n, uint64_t seed, uint64_t epoch, bool shuffle)
 {
     o->n = n;
@@ -62,4 +65,222 @@ int stk__partition_init(stk__partition *p, uint64_t n, unsigned rank, unsigned w
     if (drop_last)
         p->per_rank = p->batches * batch_size;
     return p->batches ? STK_OK : STK_EEMPTY;
+}
+
+/* ---- Shard-aware order ---------------------------------------------------- */
+
+/* Distinct tags keep the shard and window levels, and the global sample
+ * order, from sharing a key for the same (seed, epoch). */
+#define SHARD_TAG  0x5348415244ULL /* "SHARD" */
+#define WINDOW_TAG 0x57494e444fULL /* "WINDO" */
+
+/* Largest j in [lo, hi) with prefix[j] <= x, given prefix[lo] <= x <
+ * prefix[hi]. That slot's shard is not empty (prefix[j + 1] > x), so empty
+ * shards are skipped without special cases. */
+static size_t slot_of(const uint64_t *prefix, size_t lo, size_t hi, uint64_t x)
+{
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (prefix[mid] <= x)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Fills o (with o->first set) for epoch `epoch`. */
+static int shard_order_build(stk__shard_order *o, const uint64_t *first, size_t nshards,
+                             unsigned window, uint64_t seed, uint64_t epoch, bool shuffle)
+{
+    o->first = first;
+    o->nshards = nshards;
+    o->window = window;
+    o->shuffle = shuffle;
+    o->epoch = epoch;
+    o->n = first[nshards] - first[0];
+    o->wkey = stk__mix64(stk__mix64(seed ^ WINDOW_TAG) + epoch);
+    stk__order_init(&o->shards, nshards, stk__mix64(seed ^ SHARD_TAG), epoch, shuffle);
+    o->prefix = stk__malloc((nshards + 1) * sizeof *o->prefix);
+    if (!o->prefix)
+        return STK_ENOMEM;
+    o->prefix[0] = 0;
+    for (size_t j = 0; j < nshards; j++) {
+        size_t k = (size_t)stk__order_at(&o->shards, j);
+        o->prefix[j + 1] = o->prefix[j] + (first[k + 1] - first[k]);
+    }
+    return STK_OK;
+}
+
+static bool shard_first_valid(const uint64_t *first, size_t nshards, unsigned window)
+{
+    if (!first || window == 0 || nshards > SIZE_MAX / sizeof(uint64_t) - 1)
+        return false;
+    for (size_t k = 0; k < nshards; k++)
+        if (first[k + 1] < first[k])
+            return false;
+    return true;
+}
+
+int stk__shard_order_create(stk__shard_order **out, const uint64_t *shard_first, size_t nshards,
+                            unsigned window, uint64_t seed, uint64_t epoch, bool shuffle)
+{
+    int rc = STK_OK;
+    stk__shard_order *o = NULL;
+    *out = NULL;
+    if (!shard_first_valid(shard_first, nshards, window)) {
+        rc = STK_EINVAL;
+        goto out;
+    }
+    o = stk__calloc(1, sizeof *o);
+    if (!o) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    o->owned_first = stk__malloc((nshards + 1) * sizeof *o->owned_first);
+    if (!o->owned_first) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    memcpy(o->owned_first, shard_first, (nshards + 1) * sizeof *o->owned_first);
+    rc = shard_order_build(o, o->owned_first, nshards, window, seed, epoch, shuffle);
+out:
+    if (rc != STK_OK)
+        stk__shard_order_destroy(o);
+    else
+        *out = o;
+    return rc;
+}
+
+void stk__shard_order_destroy(stk__shard_order *o)
+{
+    if (!o)
+        return;
+    stk__free(o->prefix);
+    stk__free(o->owned_first);
+    stk__free(o);
+}
+
+void stk__shard_order_window(const stk__shard_order *o, size_t w, size_t *slot_begin,
+                             size_t *slot_end, uint64_t *pos_begin, uint64_t *pos_end)
+{
+    size_t b = w * o->window;
+    size_t e = o->nshards - b > o->window ? b + o->window : o->nshards;
+    *slot_begin = b;
+    *slot_end = e;
+    *pos_begin = o->prefix[b];
+    *pos_end = o->prefix[e];
+}
+
+size_t stk__shard_order_window_of(const stk__shard_order *o, uint64_t pos)
+{
+    return slot_of(o->prefix, 0, o->nshards, pos) / o->window;
+}
+
+uint64_t stk__shard_order_at(const stk__shard_order *o, uint64_t pos)
+{
+    if (!o->shuffle)
+        return o->first[0] + pos;
+    size_t sb, se;
+    uint64_t pb, pe;
+    stk__shard_order_window(o, stk__shard_order_window_of(o, pos), &sb, &se, &pb, &pe);
+    /* The window's own permutation, keyed by (seed, epoch, w): setting it up
+     * is a handful of mixes, cheaper than keeping one per window. */
+    stk__order q;
+    stk__order_init(&q, pe - pb, o->wkey, sb / o->window, true);
+    uint64_t x = pb + stk__order_at(&q, pos - pb);
+    size_t j = slot_of(o->prefix, sb, se, x);
+    return o->first[stk__shard_order_shard(o, j)] + (x - o->prefix[j]);
+}
+
+/* ---- The two-epoch cache ----------------------------------------------------- */
+
+struct stk__shard_orders {
+    pthread_mutex_t lock; /* guards slot[] and tick */
+    uint64_t *first;      /* the copy of shard_first, borrowed by the tables */
+    size_t nshards;
+    unsigned window;
+    uint64_t seed;
+    bool shuffle;
+    uint64_t tick; /* lookups so far, for least-recently-used replacement */
+    struct {
+        stk__shard_order *t; /* NULL: empty slot */
+        uint64_t used;       /* tick of the last lookup */
+    } slot[2];
+};
+
+int stk__shard_orders_init(stk__shard_orders **out, const uint64_t *shard_first, size_t nshards,
+                           unsigned window, uint64_t seed, bool shuffle)
+{
+    int rc = STK_OK;
+    stk__shard_orders *c = NULL;
+    *out = NULL;
+    if (!shard_first_valid(shard_first, nshards, window)) {
+        rc = STK_EINVAL;
+        goto out;
+    }
+    c = stk__calloc(1, sizeof *c);
+    if (!c) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    c->first = stk__malloc((nshards + 1) * sizeof *c->first);
+    if (!c->first) {
+        stk__free(c);
+        c = NULL;
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    memcpy(c->first, shard_first, (nshards + 1) * sizeof *c->first);
+    c->nshards = nshards;
+    c->window = window;
+    c->seed = seed;
+    c->shuffle = shuffle;
+    pthread_mutex_init(&c->lock, NULL);
+out:
+    *out = c;
+    return rc;
+}
+
+void stk__shard_orders_destroy(stk__shard_orders *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < 2; i++)
+        stk__shard_order_destroy(c->slot[i].t);
+    pthread_mutex_destroy(&c->lock);
+    stk__free(c->first);
+    stk__free(c);
+}
+
+int stk__shard_orders_at(stk__shard_orders *c, uint64_t epoch, uint64_t pos, uint64_t *sample)
+{
+    int rc = STK_OK;
+    pthread_mutex_lock(&c->lock);
+    int i = 0;
+    while (i < 2 && !(c->slot[i].t && c->slot[i].t->epoch == epoch))
+        i++;
+    if (i == 2) {
+        /* Build before evicting, so a failed build leaves both tables. The
+         * lookup and the build stay under the lock: a table is freed only
+         * here, so no reader can be using one that is replaced. */
+        stk__shard_order *t = stk__calloc(1, sizeof *t);
+        if (!t) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        rc = shard_order_build(t, c->first, c->nshards, c->window, c->seed, epoch, c->shuffle);
+        if (rc != STK_OK) {
+            stk__shard_order_destroy(t);
+            goto out;
+        }
+        i = !c->slot[0].t ? 0 : !c->slot[1].t ? 1 : c->slot[0].used <= c->slot[1].used ? 0 : 1;
+        stk__shard_order_destroy(c->slot[i].t);
+        c->slot[i].t = t;
+    }
+    c->slot[i].used = ++c->tick;
+    *sample = stk__shard_order_at(c->slot[i].t, pos);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }

@@ -1,11 +1,14 @@
 /* test_order.c -- the epoch order (seeded bijective permutation) and the rank
  * partition, tested directly on src/order.h: bijection for many sizes and
  * seeds, shuffle quality, determinism, and torch DistributedSampler-style
- * partitioning with drop_last and pad-by-wrapping. */
+ * partitioning with drop_last and pad-by-wrapping; then the shard-aware
+ * order (bijection, window locality, determinism, mixing) and its two-epoch
+ * cache from several threads. */
 #include "order.h"
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,6 +402,429 @@ static void test_partition_padding(void)
     CHECK_EQ(stk__partition_batch_len(&p, 0), 5);
 }
 
+/* ---- shard-aware order ------------------------------------------------------ */
+
+/* A shard layout: nshards sizes drawn by `kind`, first[0] = base. */
+enum { SIZES_EQUAL, SIZES_RANDOM, SIZES_SOME_EMPTY, SIZES_ALL_EMPTY, SIZES_ONE_BIG };
+
+static uint64_t *make_layout(size_t nshards, int kind, uint64_t base, uint64_t salt)
+{
+    uint64_t *first = malloc((nshards + 1) * sizeof *first);
+    REQUIRE(first);
+    stk__rng r = stk__rng_for(salt, (uint64_t)kind, nshards);
+    first[0] = base;
+    for (size_t k = 0; k < nshards; k++) {
+        uint64_t size = 0;
+        switch (kind) {
+        case SIZES_EQUAL: size = 37; break;
+        case SIZES_RANDOM: size = 1 + stk__rng_below(&r, 120); break;
+        case SIZES_SOME_EMPTY:
+            size = stk__rng_below(&r, 3) == 0 ? 0 : stk__rng_below(&r, 60);
+            break;
+        case SIZES_ALL_EMPTY: size = 0; break;
+        case SIZES_ONE_BIG: size = k == nshards / 2 ? 3000 : 1 + k % 3; break;
+        }
+        first[k + 1] = first[k] + size;
+    }
+    return first;
+}
+
+/* The shard holding sample v (a non-empty one). */
+static size_t shard_of(const uint64_t *first, size_t nshards, uint64_t v)
+{
+    size_t lo = 0, hi = nshards;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (first[mid] <= v)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Checks one order against the contract: a bijection of the epoch's samples,
+ * windows of W consecutive slots of a shard permutation that tile the
+ * positions, and each window's positions touching exactly its non-empty
+ * shards. Returns 1 when all holds (and reports the first failure). */
+static int check_shard_order(const stk__shard_order *o, const uint64_t *first, size_t nshards,
+                             unsigned window)
+{
+    uint64_t base = first[0], n = first[nshards] - first[0];
+    int ok = stk__shard_order_len(o) == n;
+    uint8_t *seen = calloc(n + 1, 1);
+    uint8_t *slot_seen = calloc(nshards + 1, 1);
+    uint8_t *in_window = calloc(nshards + 1, 1);
+    uint8_t *touched = calloc(nshards + 1, 1);
+    REQUIRE(seen && slot_seen && in_window && touched);
+    /* The shard order is a permutation of the shards. */
+    for (size_t j = 0; j < nshards && ok; j++) {
+        size_t k = stk__shard_order_shard(o, j);
+        ok = k < nshards && !slot_seen[k];
+        if (ok)
+            slot_seen[k] = 1;
+    }
+    size_t nw = stk__shard_order_windows(o);
+    ok = ok && nw == (nshards + window - 1) / window;
+    size_t prev_slot = 0;
+    uint64_t prev_pos = 0;
+    for (size_t w = 0; w < nw && ok; w++) {
+        size_t sb, se;
+        uint64_t pb, pe, sum = 0;
+        stk__shard_order_window(o, w, &sb, &se, &pb, &pe);
+        /* Windows tile the slots W at a time and the positions in order. */
+        ok = sb == prev_slot && se - sb == (w + 1 < nw ? window : nshards - sb) && pb == prev_pos &&
+             pe >= pb;
+        prev_slot = se;
+        prev_pos = pe;
+        memset(in_window, 0, nshards + 1);
+        memset(touched, 0, nshards + 1);
+        for (size_t j = sb; j < se && ok; j++) {
+            size_t k = stk__shard_order_shard(o, j);
+            in_window[k] = 1;
+            sum += first[k + 1] - first[k];
+        }
+        ok = ok && pe - pb == sum;
+        for (uint64_t pos = pb; pos < pe && ok; pos++) {
+            uint64_t v = stk__shard_order_at(o, pos);
+            ok = v >= base && v - base < n && !seen[v - base] &&
+                 stk__shard_order_window_of(o, pos) == w;
+            if (!ok)
+                break;
+            seen[v - base] = 1;
+            size_t k = shard_of(first, nshards, v);
+            ok = in_window[k];
+            touched[k] = 1;
+        }
+        /* Exactly the window's shards: each of them with a sample is touched. */
+        for (size_t k = 0; k < nshards && ok; k++)
+            ok = touched[k] == (in_window[k] && first[k + 1] > first[k]);
+    }
+    ok = ok && prev_slot == nshards && prev_pos == n;
+    for (uint64_t i = 0; i < n && ok; i++)
+        ok = seen[i];
+    free(touched);
+    free(in_window);
+    free(slot_seen);
+    free(seen);
+    return ok;
+}
+
+static void test_shard_bijection_and_locality(void)
+{
+    static const size_t counts[] = {0, 1, 2, 3, 5, 8, 17, 64, 200};
+    static const unsigned windows[] = {1, 2, 3, 4, 8, 64, 1000};
+    static const int kinds[] = {SIZES_EQUAL, SIZES_RANDOM, SIZES_SOME_EMPTY, SIZES_ALL_EMPTY,
+                                SIZES_ONE_BIG};
+    int cases = 0;
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+        for (size_t kd = 0; kd < sizeof kinds / sizeof kinds[0]; kd++) {
+            uint64_t base = kd % 2 ? 1000 : 0; /* samples need not start at 0 */
+            uint64_t *first = make_layout(counts[c], kinds[kd], base, c);
+            for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++)
+                for (size_t s = 0; s < NSEEDS; s += 2)
+                    for (uint64_t e = 0; e < 2; e++)
+                        for (int sh = 0; sh <= 1; sh++) {
+                            stk__shard_order *o;
+                            int rc = stk__shard_order_create(&o, first, counts[c], windows[wi],
+                                                             k_seeds[s], e * 5, sh != 0);
+                            REQUIRE(rc == STK_OK);
+                            int ok = check_shard_order(o, first, counts[c], windows[wi]);
+                            if (!ok)
+                                fprintf(stderr,
+                                        "shard order wrong: nshards=%zu kind=%d window=%u "
+                                        "seed=%llu epoch=%llu shuffle=%d\n",
+                                        counts[c], kinds[kd], windows[wi],
+                                        (unsigned long long)k_seeds[s], (unsigned long long)e * 5,
+                                        sh);
+                            CHECK(ok);
+                            cases++;
+                            stk__shard_order_destroy(o);
+                        }
+            free(first);
+        }
+    printf("    %d orders checked\n", cases);
+}
+
+/* Large: 2000 shards of random sizes (about 120k samples), windows of 16. */
+static void test_shard_large(void)
+{
+    uint64_t *first = make_layout(2000, SIZES_RANDOM, 0, 99);
+    stk__shard_order *o;
+    REQUIRE(stk__shard_order_create(&o, first, 2000, 16, 7, 3, true) == STK_OK);
+    CHECK(check_shard_order(o, first, 2000, 16));
+    stk__shard_order_destroy(o);
+    free(first);
+}
+
+static void test_shard_no_shuffle_is_identity(void)
+{
+    uint64_t *first = make_layout(50, SIZES_SOME_EMPTY, 10, 3);
+    stk__shard_order *o;
+    REQUIRE(stk__shard_order_create(&o, first, 50, 4, 1, 2, false) == STK_OK);
+    int same = 1;
+    for (uint64_t pos = 0; pos < stk__shard_order_len(o); pos++)
+        same &= stk__shard_order_at(o, pos) == 10 + pos;
+    CHECK(same);
+    for (size_t j = 0; j < 50; j++)
+        CHECK_EQ(stk__shard_order_shard(o, j), j);
+    stk__shard_order_destroy(o);
+    free(first);
+}
+
+/* Equal inputs give equal orders; another epoch or seed gives another shard
+ * order and another sample order. */
+static void test_shard_deterministic_and_epochs_differ(void)
+{
+    enum { NS = 64, W = 4 };
+    uint64_t *first = make_layout(NS, SIZES_EQUAL, 0, 0);
+    uint64_t n = first[NS];
+    for (size_t s = 0; s < NSEEDS; s++) {
+        stk__shard_order *a, *b;
+        REQUIRE(stk__shard_order_create(&a, first, NS, W, k_seeds[s], 1, true) == STK_OK);
+        REQUIRE(stk__shard_order_create(&b, first, NS, W, k_seeds[s], 1, true) == STK_OK);
+        int same = 1;
+        for (uint64_t pos = 0; pos < n; pos++)
+            same &= stk__shard_order_at(a, pos) == stk__shard_order_at(b, pos);
+        CHECK(same);
+        for (int other = 0; other < 3; other++) {
+            stk__shard_order_destroy(b);
+            uint64_t seed = other == 2 ? k_seeds[s] + 1 : k_seeds[s];
+            uint64_t epoch = other == 0 ? 2 : other == 1 ? 1000 : 1;
+            REQUIRE(stk__shard_order_create(&b, first, NS, W, seed, epoch, true) == STK_OK);
+            int eq_pos = 0, eq_slot = 0;
+            for (uint64_t pos = 0; pos < n; pos++)
+                eq_pos += stk__shard_order_at(a, pos) == stk__shard_order_at(b, pos);
+            for (size_t j = 0; j < NS; j++)
+                eq_slot += stk__shard_order_shard(a, j) == stk__shard_order_shard(b, j);
+            /* About 1 of 64 slots and 1 of n positions alike by chance. */
+            CHECK(eq_slot < 8);
+            CHECK(eq_pos < 20);
+        }
+        stk__shard_order_destroy(a);
+        stk__shard_order_destroy(b);
+    }
+    free(first);
+}
+
+/* Within a window the shards' samples are mixed: with W equal shards, two
+ * neighbouring positions share a shard with probability (s - 1) / (Ws - 1),
+ * about 1/W. Windows of one shard still shuffle it, each window with its own
+ * permutation. And the shard level is uniform: over many seeds every shard
+ * comes first about equally often. */
+static void test_shard_mixing(void)
+{
+    enum { NS = 256, W = 4 };
+    uint64_t *first = make_layout(NS, SIZES_EQUAL, 0, 0);
+    stk__shard_order *o;
+    REQUIRE(stk__shard_order_create(&o, first, NS, W, 5, 0, true) == STK_OK);
+    uint64_t pairs = 0, same = 0;
+    for (size_t w = 0; w < stk__shard_order_windows(o); w++) {
+        size_t sb, se;
+        uint64_t pb, pe;
+        stk__shard_order_window(o, w, &sb, &se, &pb, &pe);
+        for (uint64_t pos = pb; pos + 1 < pe; pos++) {
+            pairs++;
+            same += shard_of(first, NS, stk__shard_order_at(o, pos)) ==
+                    shard_of(first, NS, stk__shard_order_at(o, pos + 1));
+        }
+    }
+    double frac = (double)same / (double)pairs;
+    printf("    neighbours from one shard: %.3f (expected %.3f)\n", frac, 36.0 / 147.0);
+    CHECK(frac > 0.20 && frac < 0.29); /* sd about 0.005 */
+    stk__shard_order_destroy(o);
+
+    /* W = 1: each shard shuffled alone, and differently from the others. */
+    REQUIRE(stk__shard_order_create(&o, first, NS, 1, 5, 0, true) == STK_OK);
+    int fixed = 0, alike = 0;
+    for (uint64_t q = 0; q < 37; q++) {
+        uint64_t off0 = stk__shard_order_at(o, q) - first[stk__shard_order_shard(o, 0)];
+        uint64_t off1 = stk__shard_order_at(o, 37 + q) - first[stk__shard_order_shard(o, 1)];
+        fixed += off0 == q;
+        alike += off0 == off1;
+    }
+    CHECK(fixed < 8);
+    CHECK(alike < 8);
+    stk__shard_order_destroy(o);
+    free(first);
+
+    enum { SH = 7, SEEDS = 7000 };
+    uint64_t small[SH + 1];
+    for (int k = 0; k <= SH; k++)
+        small[k] = (uint64_t)k * 3;
+    unsigned count[SH] = {0};
+    for (uint64_t seed = 0; seed < SEEDS; seed++) {
+        REQUIRE(stk__shard_order_create(&o, small, SH, 2, seed, 4, true) == STK_OK);
+        count[stk__shard_order_shard(o, 0)]++;
+        stk__shard_order_destroy(o);
+    }
+    double chi = 0, expect = (double)SEEDS / SH;
+    for (int k = 0; k < SH; k++)
+        chi += ((double)count[k] - expect) * ((double)count[k] - expect) / expect;
+    printf("    first shard chi2 %.1f (df %d, limit %.1f)\n", chi, SH - 1, chi2_limit(SH - 1));
+    CHECK(chi < chi2_limit(SH - 1));
+}
+
+static void test_shard_bad_args(void)
+{
+    uint64_t first[] = {0, 5, 3, 9};
+    stk__shard_order *o = (stk__shard_order *)1;
+    CHECK_EQ(stk__shard_order_create(&o, first, 3, 2, 0, 0, true), STK_EINVAL);
+    CHECK(o == NULL);
+    CHECK_EQ(stk__shard_order_create(&o, first, 1, 0, 0, 0, true), STK_EINVAL);
+    CHECK_EQ(stk__shard_order_create(&o, NULL, 1, 2, 0, 0, true), STK_EINVAL);
+    stk__shard_orders *c = (stk__shard_orders *)1;
+    CHECK_EQ(stk__shard_orders_init(&c, first, 3, 2, 0, true), STK_EINVAL);
+    CHECK(c == NULL);
+    CHECK_EQ(stk__shard_orders_init(&c, first, 1, 0, 0, true), STK_EINVAL);
+    stk__shard_order_destroy(NULL);
+    stk__shard_orders_destroy(NULL);
+}
+
+/* Every allocation failure is reported as STK_ENOMEM without a leak, and a
+ * failed build leaves the cache as it was. */
+static void test_shard_out_of_memory(void)
+{
+    uint64_t *first = make_layout(20, SIZES_RANDOM, 0, 1);
+    stk__shard_order *o;
+    int failures = 0;
+    for (long k = 0;; k++) {
+        stk__alloc_fail_after(k);
+        int rc = stk__shard_order_create(&o, first, 20, 3, 1, 1, true);
+        stk__alloc_fail_after(-1);
+        if (rc == STK_OK) {
+            stk__shard_order_destroy(o);
+            break;
+        }
+        CHECK_EQ(rc, STK_ENOMEM);
+        CHECK(o == NULL);
+        failures++;
+    }
+    CHECK(failures >= 3); /* the handle, the copy of the layout, the table */
+
+    stk__shard_orders *c;
+    REQUIRE(stk__shard_orders_init(&c, first, 20, 3, 1, true) == STK_OK);
+    uint64_t v = 0, want;
+    REQUIRE(stk__shard_orders_at(c, 0, 5, &want) == STK_OK);
+    for (long k = 0; k < 2; k++) {
+        stk__alloc_fail_after(k);
+        CHECK_EQ(stk__shard_orders_at(c, 1, 5, &v), STK_ENOMEM);
+        stk__alloc_fail_after(-1);
+    }
+    /* Epoch 0's table is still there (no allocation to look it up). */
+    stk__alloc_fail_after(0);
+    CHECK_EQ(stk__shard_orders_at(c, 0, 5, &v), STK_OK);
+    stk__alloc_fail_after(-1);
+    CHECK_EQ(v, want);
+    stk__shard_orders_destroy(c);
+    for (long k = 0; k < 2; k++) {
+        stk__alloc_fail_after(k);
+        CHECK_EQ(stk__shard_orders_init(&c, first, 20, 3, 1, true), STK_ENOMEM);
+        stk__alloc_fail_after(-1);
+        CHECK(c == NULL);
+    }
+    free(first);
+}
+
+/* The cache holds the two most recently used epochs: looking one of them up
+ * allocates nothing; a third replaces the least recently used. */
+static void test_shard_cache_keeps_two_epochs(void)
+{
+    uint64_t *first = make_layout(30, SIZES_SOME_EMPTY, 0, 2);
+    stk__shard_orders *c;
+    REQUIRE(stk__shard_orders_init(&c, first, 30, 4, 9, true) == STK_OK);
+    uint64_t v;
+    long a0 = stk__alloc_count();
+    CHECK_EQ(stk__shard_orders_at(c, 0, 0, &v), STK_OK);
+    CHECK_EQ(stk__shard_orders_at(c, 1, 0, &v), STK_OK);
+    long per_build = (stk__alloc_count() - a0) / 2;
+    CHECK(per_build > 0);
+    long a1 = stk__alloc_count();
+    for (uint64_t pos = 0; pos < first[30]; pos++) {
+        CHECK_EQ(stk__shard_orders_at(c, pos % 2, pos, &v), STK_OK);
+    }
+    CHECK_EQ(stk__alloc_count() - a1, 0);
+    /* Epoch 0 was used last among {0, 1}... make it so, then ask for 2. */
+    CHECK_EQ(stk__shard_orders_at(c, 0, 0, &v), STK_OK);
+    a1 = stk__alloc_count();
+    CHECK_EQ(stk__shard_orders_at(c, 2, 0, &v), STK_OK); /* replaces 1 */
+    CHECK_EQ(stk__alloc_count() - a1, per_build);
+    a1 = stk__alloc_count();
+    CHECK_EQ(stk__shard_orders_at(c, 0, 0, &v), STK_OK); /* still held */
+    CHECK_EQ(stk__shard_orders_at(c, 2, 1, &v), STK_OK);
+    CHECK_EQ(stk__alloc_count() - a1, 0);
+    CHECK_EQ(stk__shard_orders_at(c, 1, 0, &v), STK_OK); /* rebuilt */
+    CHECK_EQ(stk__alloc_count() - a1, per_build);
+    stk__shard_orders_destroy(c);
+    free(first);
+}
+
+/* Several threads ask the cache for positions of epochs 0..EPOCHS-1, each
+ * thread moving across epoch boundaries at its own pace (so tables are built
+ * and replaced while others read), and every answer matches a direct table. */
+enum { CT_THREADS = 6, CT_EPOCHS = 6, CT_NS = 40, CT_W = 3 };
+
+typedef struct cache_thread {
+    stk__shard_orders *c;
+    uint64_t n;
+    uint64_t **want; /* want[e][pos] */
+    unsigned id;
+    int wrong, errors;
+} cache_thread;
+
+static void *cache_thread_main(void *arg)
+{
+    cache_thread *t = arg;
+    /* Walk epoch e's positions while also asking for the next epoch's first
+     * positions, as workers do when claims cross an epoch boundary. */
+    for (uint64_t e = 0; e + 1 < CT_EPOCHS; e++)
+        for (uint64_t k = 0; k < t->n; k++) {
+            uint64_t pos = (k * (2 * t->id + 1) + t->id) % t->n, v;
+            uint64_t epoch = k % 4 == 3 ? e + 1 : e;
+            if (stk__shard_orders_at(t->c, epoch, pos, &v) != STK_OK)
+                t->errors++;
+            else if (v != t->want[epoch][pos])
+                t->wrong++;
+        }
+    return NULL;
+}
+
+static void test_shard_cache_threads(void)
+{
+    uint64_t *first = make_layout(CT_NS, SIZES_SOME_EMPTY, 0, 4);
+    uint64_t n = first[CT_NS];
+    uint64_t *want[CT_EPOCHS];
+    for (uint64_t e = 0; e < CT_EPOCHS; e++) {
+        stk__shard_order *o;
+        REQUIRE(stk__shard_order_create(&o, first, CT_NS, CT_W, 77, e, true) == STK_OK);
+        want[e] = malloc(n * sizeof **want);
+        REQUIRE(want[e]);
+        for (uint64_t pos = 0; pos < n; pos++)
+            want[e][pos] = stk__shard_order_at(o, pos);
+        stk__shard_order_destroy(o);
+    }
+    stk__shard_orders *c;
+    REQUIRE(stk__shard_orders_init(&c, first, CT_NS, CT_W, 77, true) == STK_OK);
+    pthread_t th[CT_THREADS];
+    cache_thread ct[CT_THREADS];
+    for (unsigned i = 0; i < CT_THREADS; i++) {
+        ct[i] = (cache_thread){.c = c, .n = n, .want = want, .id = i};
+        REQUIRE(pthread_create(&th[i], NULL, cache_thread_main, &ct[i]) == 0);
+    }
+    int wrong = 0, errors = 0;
+    for (unsigned i = 0; i < CT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        wrong += ct[i].wrong;
+        errors += ct[i].errors;
+    }
+    CHECK_EQ(errors, 0);
+    CHECK_EQ(wrong, 0);
+    stk__shard_orders_destroy(c);
+    for (uint64_t e = 0; e < CT_EPOCHS; e++)
+        free(want[e]);
+    free(first);
+}
+
 int main(void)
 {
     tu_begin("test_order", 120);
@@ -412,5 +838,14 @@ int main(void)
     RUN(test_shuffle_uniform_pairs);
     RUN(test_partition_matches_reference);
     RUN(test_partition_padding);
+    RUN(test_shard_bijection_and_locality);
+    RUN(test_shard_large);
+    RUN(test_shard_no_shuffle_is_identity);
+    RUN(test_shard_deterministic_and_epochs_differ);
+    RUN(test_shard_mixing);
+    RUN(test_shard_bad_args);
+    RUN(test_shard_out_of_memory);
+    RUN(test_shard_cache_keeps_two_epochs);
+    RUN(test_shard_cache_threads);
     return tu_end();
 }
