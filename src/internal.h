@@ -7,7 +7,14 @@
  *   1. stk_loader.lock   (ring state, claims, delivered position, errors;
  *                         cond_work for workers, cond_ready for the consumer,
  *                         cond_idle for seek/close waiting on in-flight work)
- *   2. stk__alloc counters are atomics, taken under no lock.
+ *   2. stk__fetch.lock  (the fetch stage's plan; taken under the loader lock
+ *                         only by seek; never calls back into the loader)
+ *   3. stk__remote.lock (the transfer engine's queues; innermost for the
+ *                         fetch stage; request callbacks run without it)
+ *   4. stk__shard_orders' mutex (a table cache; takes no other lock)
+ *   5. stk__cache.mu, then the cache directory's flock (only around a
+ *      reservation; never while waiting on the network)
+ *   stk__alloc counters are atomics, taken under no lock.
  */
 #ifndef STK_INTERNAL_H
 #define STK_INTERNAL_H

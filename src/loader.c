@@ -86,6 +86,8 @@ struct core {
     stk__source src;
     stk__fetch *fetch; /* remote sources: reads ahead of the workers */
     stk__partition part;
+    stk__shard_orders *sorder; /* shard-aware order, or NULL: global */
+    unsigned shard_window;
     stk__imgpipe *pipe;
     uint64_t seed;
     bool shuffle;
@@ -186,6 +188,7 @@ static void core_free(core *c)
     stk__fetch_cancel(c->fetch);
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
+    stk__shard_orders_destroy(c->sorder);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -254,6 +257,18 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         }
     }
     return rc;
+}
+
+/* The dataset sample at position pos of epoch `epoch`'s order (ord: the
+ * global order of that epoch, used when the order is not shard-aware).
+ * Shard-aware tables are built once per epoch; a failed build (out of
+ * memory) falls back to the global order rather than repeat a sample. */
+static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64_t pos)
+{
+    uint64_t i;
+    if (c->sorder && stk__shard_orders_at(c->sorder, epoch, pos, &i) == STK_OK)
+        return i;
+    return stk__order_at(ord, pos);
 }
 
 /* Takes the next run of slots to fill. Called and returns with c->lock held.
@@ -328,7 +343,7 @@ static void *worker_main(void *arg)
         size_t nfailed = 0;
         for (size_t s = slot0; s < slot0 + count; s++) {
             uint64_t pos = stk__partition_pos(&c->part, bi * c->batch_size + s);
-            uint64_t i = stk__order_at(&ord, pos);
+            uint64_t i = sample_at(c, &ord, epoch, pos);
             if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
                 nfailed++;
         }
@@ -862,14 +877,51 @@ static uint64_t plan_sample_at(void *ctx, uint64_t g, uint64_t slot)
     uint64_t epoch = g / c->part.batches, bi = g % c->part.batches;
     stk__order ord;
     stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
-    return stk__order_at(&ord, stk__partition_pos(&c->part, bi * c->batch_size + slot));
+    return sample_at(c, &ord, epoch, stk__partition_pos(&c->part, bi * c->batch_size + slot));
+}
+
+/* For the cache's eviction: how many sample positions after global batch
+ * g each shard is next read, from the shard-aware order's windows (this
+ * epoch's, else the next one's). O(shards). */
+static bool plan_next_uses(void *ctx, uint64_t g, uint64_t *next, size_t nshards)
+{
+    core *c = ctx;
+    if (!c->sorder)
+        return false;
+    uint64_t epoch = g / c->part.batches;
+    /* This rank's position in the epoch's global order. */
+    uint64_t now = stk__partition_pos(&c->part, (g % c->part.batches) * c->batch_size);
+    for (size_t k = 0; k < nshards; k++)
+        next[k] = UINT64_MAX;
+    for (uint64_t e = epoch; e < epoch + 2; e++) {
+        stk__shard_order *t;
+        if (stk__shard_order_create(&t, c->src.shard_first, c->src.nshards, c->shard_window,
+                                    c->seed, e, c->shuffle))
+            return false;
+        size_t nw = stk__shard_order_windows(t);
+        for (size_t w = 0; w < nw; w++) {
+            size_t sb, se;
+            uint64_t pb, pe;
+            stk__shard_order_window(t, w, &sb, &se, &pb, &pe);
+            if (e == epoch && pe <= now)
+                continue; /* this window is behind us */
+            uint64_t ahead = e == epoch ? (pb > now ? pb - now : 0) : c->part.n - now + pb;
+            for (size_t j = sb; j < se; j++) {
+                size_t k = stk__shard_order_shard(t, j);
+                if (k < nshards && next[k] == UINT64_MAX)
+                    next[k] = ahead;
+            }
+        }
+        stk__shard_order_destroy(t);
+    }
+    return true;
 }
 
 static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
 {
     if (!c->src.remote || !c->src.ops->locate)
         return STK_OK;
-    stk__fetch_plan plan = {c, c->batch_size, plan_batch_len, plan_sample_at};
+    stk__fetch_plan plan = {c, c->batch_size, plan_batch_len, plan_sample_at, plan_next_uses};
     stk__fetch_cfg fc = {0};
     fc.buffer_bytes = o->fetch_buffer;
     fc.lookahead = o->fetch_lookahead;
@@ -959,6 +1011,20 @@ static int open_core(stk_loader *l, const stk_options *o)
         goto fail;
     if ((rc = setup_output(c, o, err, errlen)))
         goto fail;
+    if (o->shard_order) {
+        if (!c->src.nshards) {
+            stk__fmt(err, errlen,
+                     "%s: order \"shards\" needs a dataset of shards (.stk or .tar); this one "
+                     "(%s) has none",
+                     o->source, c->src.ops->kind);
+            rc = STK_EINVAL;
+            goto fail;
+        }
+        c->shard_window = o->shard_window ? o->shard_window : 8;
+        if ((rc = stk__shard_orders_init(&c->sorder, c->src.shard_first, c->src.nshards,
+                                         c->shard_window, o->seed, o->shuffle)))
+            goto fail;
+    }
     if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",

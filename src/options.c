@@ -253,6 +253,21 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             o->fetch_timeout = (unsigned)n;
         return STK_OK;
     }
+    if (!strcmp(key, "order")) {
+        if (!strcmp(value, "shards"))
+            o->shard_order = true;
+        else if (!strcmp(value, "global"))
+            o->shard_order = false;
+        else
+            return STK_EINVAL;
+        return STK_OK;
+    }
+    if (!strcmp(key, "shard_window")) {
+        if (parse_size(value, 1u << 20, &n) || n < 1)
+            return STK_EINVAL;
+        o->shard_window = (unsigned)n;
+        return STK_OK;
+    }
     if (!strcmp(key, "fetch_buffer") || !strcmp(key, "cache_limit") ||
         !strcmp(key, "fetch_lookahead")) {
         if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)

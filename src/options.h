@@ -34,6 +34,9 @@ struct stk_options {
     uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */
     char *cache_dir;
     uint64_t cache_limit;
+    /* Order: false = global permutation; true = shard-aware (docs/engine.md). */
+    bool shard_order;
+    unsigned shard_window; /* shards per window (0 = 8) */
 };
 
 #endif

@@ -75,7 +75,9 @@ static void usage(FILE *f)
                "  --fetch-buffer N    bytes buffered ahead of the workers (64M)\n"
                "  --endpoint URL      S3 endpoint (else AWS_ENDPOINT_URL)\n"
                "  --region R          S3 region (else AWS_REGION, profile, us-east-1)\n"
-               "  --addressing A      path | virtual (path with a custom endpoint)\n");
+               "  --addressing A      path | virtual (path with a custom endpoint)\n"
+               "  --order O           global | shards (shuffled shards, samples shuffled\n"
+               "                      within windows of --shard-window K shards, default 8)\n");
 }
 
 /* Peak resident set of this process image. VmHWM belongs to the address

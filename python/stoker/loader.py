@@ -37,6 +37,8 @@ OPTION_KEYS = {
     "fetch_lookahead": "samples planned ahead (default: 2 batches or 2 x concurrency)",
     "cache_dir": "disk cache directory (the cache_dir argument)",
     "cache_limit": "disk cache size limit in bytes, K/M/G suffixes (the cache_limit argument)",
+    "order": "global or shards (the order argument)",
+    "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
@@ -221,6 +223,9 @@ class Loader:
         URLs; docs/remote.md), a disk cache of whole shards shared by the
         processes of a node, and its size limit in bytes (default: 90 % of
         the free space).
+    order: "global" (a shuffle of all samples, the default) or "shards"
+        (shuffled shards, samples shuffled within windows of shard_window
+        shards, default 8): keeps a small cache hitting (docs/remote.md).
     on_error: "raise" (a bad sample raises stoker.SampleError; calling next()
         again on the same iterator gives the batch without it) or "skip"
         (left out, counted and listed in stats()["errors"]).
@@ -247,7 +252,7 @@ class Loader:
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
-                 cache_limit=None):
+                 cache_limit=None, order="global", shard_window=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -293,6 +298,11 @@ class Loader:
             opts["cache_dir"] = os.fspath(cache_dir)
         if cache_limit is not None:
             opts["cache_limit"] = str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50))
+        if order not in ("global", "shards"):
+            raise ValueError(f'order must be "global" or "shards", got {order!r}')
+        opts["order"] = order
+        if shard_window is not None:
+            opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)

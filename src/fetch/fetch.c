@@ -80,6 +80,8 @@ struct stk__fetch {
     chunk *chunks;     /* every live chunk */
 
     stk__cache *cache; /* NULL: no disk cache */
+    uint64_t *next;    /* per shard: next use (eviction), filled per admission */
+    size_t *by_key;    /* shard indices sorted by cache key (keys in sh[k].key) */
     shardst *sh;
     size_t nshards; /* of sh (the source is closed before the stage is freed) */
     uint64_t fallbacks;
@@ -182,6 +184,32 @@ static void on_download_done(stk__req *q, void *ctx)
     stk__free(d);
 }
 
+static int cmp_key_ix_ctx(const void *a, const void *b, void *ctx)
+{
+    const shardst *sh = ctx;
+    return strcmp(sh[*(const size_t *)a].key, sh[*(const size_t *)b].key);
+}
+
+/* The cache's eviction callback: how soon this loader reads entry `key`
+ * again (Belady: the furthest goes first). Keys of other datasets, and all
+ * keys under the global order, are UINT64_MAX: LRU decides among those. */
+static uint64_t next_use_of(void *ctx, const char *key)
+{
+    stk__fetch *f = ctx;
+    size_t lo = 0, hi = f->nshards;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->sh[f->by_key[mid]].key, key);
+        if (!c)
+            return f->next[f->by_key[mid]];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return UINT64_MAX;
+}
+
 /* Decides how entry e (sample of shard k, not yet requested) is read: from
  * the cache (true: e is planned as a cached read) or by range (false). */
 static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
@@ -191,18 +219,16 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
         uint64_t now = stk__now_ns();
         if (h->retry_after_ns > now)
             return false;
-        if (!h->key[0]) {
-            char where[4096];
-            stk__remote_object_display(f->remote, f->src->shard_objs[k], where, sizeof where);
-            stk__cache_key(where, f->src->shard_bytes[k], h->key, sizeof h->key);
-        }
         if (stk__cache_pin(f->cache, h->key, &h->fd) == STK_OK) {
             h->st = SH_RESIDENT;
         } else {
             char why[STK_ERRMSG_MAX];
             dlreq *d = stk__calloc(1, sizeof *d);
-            int rc = d ? stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k], NULL, NULL,
-                                          &h->fd, why, sizeof why)
+            bool belady = f->plan.next_uses &&
+                          f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next,
+                                            f->nshards);
+            int rc = d ? stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k],
+                                          belady ? next_use_of : NULL, f, &h->fd, why, sizeof why)
                        : STK_ENOMEM;
             if (rc) {
                 stk__free(d);
@@ -450,8 +476,27 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             return rc;
         }
         f->nshards = src->nshards;
-        for (size_t k = 0; k < src->nshards; k++)
+        f->next = stk__calloc(src->nshards ? src->nshards : 1, sizeof *f->next);
+        f->by_key = stk__calloc(src->nshards ? src->nshards : 1, sizeof *f->by_key);
+        if (!f->next || !f->by_key) {
+            stk__free(f->next);
+            stk__free(f->by_key);
+            stk__free(f->sh);
+            stk__cache_close(f->cache);
+            stk__free(f->ring);
+            pthread_cond_destroy(&f->cond);
+            pthread_mutex_destroy(&f->lock);
+            stk__free(f);
+            return STK_ENOMEM;
+        }
+        for (size_t k = 0; k < src->nshards; k++) {
+            char where[4096];
             f->sh[k].fd = -1;
+            stk__remote_object_display(f->remote, src->shard_objs[k], where, sizeof where);
+            stk__cache_key(where, src->shard_bytes[k], f->sh[k].key, sizeof f->sh[k].key);
+            f->by_key[k] = k;
+        }
+        qsort_r(f->by_key, src->nshards, sizeof *f->by_key, cmp_key_ix_ctx, f->sh);
     }
     *out = f;
     return STK_OK;
@@ -496,6 +541,8 @@ void stk__fetch_destroy(stk__fetch *f)
         if (f->sh[k].st == SH_RESIDENT)
             stk__cache_unpin(f->sh[k].fd);
     stk__free(f->sh);
+    stk__free(f->next);
+    stk__free(f->by_key);
     stk__cache_close(f->cache);
     stk__free(f->ring);
     pthread_cond_destroy(&f->cond);

@@ -37,6 +37,11 @@ typedef struct stk__fetch_plan {
     uint64_t batch_size;
     uint64_t (*batch_len)(void *ctx, uint64_t g);
     uint64_t (*sample_at)(void *ctx, uint64_t g, uint64_t slot);
+    /* Optional (shard-aware order): fills next[k] with how far ahead of
+     * global batch g shard k is next read (in sample positions; UINT64_MAX
+     * when unknown), for the cache's furthest-next-use eviction. Returns
+     * false when it cannot tell (global order). */
+    bool (*next_uses)(void *ctx, uint64_t g, uint64_t *next, size_t nshards);
 } stk__fetch_plan;
 
 typedef struct stk__fetch_cfg {

@@ -888,11 +888,20 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
         rc = STK_EEMPTY;
         goto out;
     }
+    /* Shard boundaries, for the shard-aware order. */
+    if (!(s->shard_first = stk__calloc(d->n + 1, sizeof *s->shard_first))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < d->n; k++)
+        s->shard_first[k] = d->shards[k].first;
+    s->shard_first[d->n] = total;
+    s->nshards = d->n;
     s->ops = &k_tar_ops;
     s->impl = d;
     s->count = total;
     s->num_classes = (uint64_t)(maxl + 1);
-    s->index_bytes += sizeof *d + n * sizeof *d->shards;
+    s->index_bytes += sizeof *d + n * sizeof *d->shards + (d->n + 1) * sizeof *s->shard_first;
     d = NULL;
 out:
     if (d) {

@@ -320,6 +320,8 @@ typedef struct run_out {
     char msg[1024];
 } run_out;
 
+static const char *g_order = "global";
+
 static stk_loader *open_url(const char *path, unsigned threads, const char *cache_dir,
                             const char *limit, int on_error, int *rc)
 {
@@ -333,6 +335,10 @@ static stk_loader *open_url(const char *path, unsigned threads, const char *cach
     stk_options_set_on_error(o, on_error);
     REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
     REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    REQUIRE(stk_options_set(o, "order", g_order) == STK_OK);
+    REQUIRE(stk_options_set(o, "shard_window", "2") == STK_OK);
+    /* A plan shorter than an epoch, so windows come and go in the cache. */
+    REQUIRE(stk_options_set(o, "fetch_lookahead", "24") == STK_OK);
     if (cache_dir)
         REQUIRE(stk_options_set(o, "cache_dir", cache_dir) == STK_OK);
     if (limit)
@@ -457,6 +463,15 @@ static void test_cache(void)
     if (d)
         closedir(d);
     CHECK(total <= 12 * 1024);
+    /* Shard-aware order through a cache of about two shards: entries are
+     * evicted (furthest next use first) and batches stay exact. */
+    g_order = "shards";
+    run_out sl = run(g_ds, 2, NULL, NULL, 0, 3);
+    run_out sr = run(url("ds"), 2, tu_path("shards"), "80K", 0, 3);
+    g_order = "global";
+    CHECK(sl.hash == sr.hash && sl.samples == sr.samples);
+    CHECK(sl.hash != local.hash);
+    CHECK(sr.fs.cache_evictions > 0);
     server_stop();
 }
 
