@@ -1033,12 +1033,16 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         return NULL;
     stk_fetch_stats f = {.size = sizeof f};
     int rc = stk_loader_fetch_stats(self->l, &f);
-    if (rc == STK_EUNSUPPORTED)
+    if (rc == STK_EUNSUPPORTED) {
+        engine_leave(self);
         Py_RETURN_NONE;
+    }
     if (rc) {
         engine_raise(self, rc);
+        engine_leave(self);
         return NULL;
     }
+    engine_leave(self);
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:d}", "requests",
         (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",

@@ -76,7 +76,11 @@ def test_classes_of_a_single_file_source_does_not_fail(tmp_path):
 
 @pytest.mark.skipif(_stoker_bin() is None, reason="no stoker binary (build it or set STOKER_BIN)")
 def test_classes_of_a_packed_dataset_come_from_its_manifest(make_folder, tmp_path):
+    from PIL import Image
     src = make_folder(classes=3, per_class=2)
+    # pack checks that files named .jpg are images: make them real JPEGs.
+    for f in src.rglob("*.jpg"):
+        Image.new("RGB", (8, 6), (len(f.name) * 9 % 256, 40, 90)).save(f, "JPEG")
     os.rename(src / "class01", src / "zebra \N{SNOWMAN}")
     out = tmp_path / "packed"
     r = subprocess.run([_stoker_bin(), "pack", str(src), str(out), "--quiet"],
