@@ -156,13 +156,15 @@ def test_nginx_stops_when_the_test_fails(www):
     assert wait_gone(pid) and refused(port)
 
 
-def test_child_dies_with_the_parent(www):
-    # kill -9 of the test process must not leave nginx running
+def test_child_dies_with_the_parent(www, tmp_path):
+    # kill -9 of the test process must not leave nginx running (its temporary
+    # prefix stays: under tmp_path)
     code = (
         f"import sys; sys.path.insert(0, {os.path.dirname(S.__file__)!r}); import stk_servers as S, time\n"
         f"n = S.Nginx({str(www)!r}); n.start(); print(n.proc.pid, flush=True); time.sleep(60)\n"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
     pid = int(p.stdout.readline())
     assert pid_alive(pid)
     p.kill()
