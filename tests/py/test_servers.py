@@ -251,7 +251,8 @@ def test_s3_libcurl_rules(s3):
     # from the host name 127.0.0.1
     r = curl("-o", "-", "-w", "\n%{http_code}", "--aws-sigv4", "aws:amz", "--user", f"{AK}:{SK}",
              "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", s3.endpoint + "/bkt/rules/plain")
-    assert r.stdout.rpartition(b"\n")[2] != b"200"
+    body, _, status = r.stdout.rpartition(b"\n")
+    assert (status, S.s3_error_code(body)) == (b"400", "AuthorizationHeaderMalformed")
 
 
 def test_s3_wrong_secret_region_and_anonymous(s3):

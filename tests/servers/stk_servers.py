@@ -165,9 +165,12 @@ libcurl 7.88's CURLOPT_AWS_SIGV4 against this S3 server (checked with the curl
      decoded key segment with RFC 3986: keys must be percent-encoded except
      A-Z a-z 0-9 - . _ ~ and "/" (`+`, `=`, `!`, `(`, raw UTF-8 bytes unencoded
      get 403; a space must be %20 anyway).
-  The provider string needs the region and service ("aws:amz:us-east-1:s3"):
-  from a bare "aws:amz" libcurl takes them from the host name, which for
-  127.0.0.1 is not a region, and the signature fails.
+  libcurl signs host, x-amz-date and each header set with CURLOPT_HTTPHEADER
+  (x-amz-content-sha256, Content-Type, ...), not the Range of CURLOPT_RANGE; the
+  server accepts all of these. The provider string needs the region and service
+  ("aws:amz:us-east-1:s3"): from a bare "aws:amz" libcurl takes them from the
+  host name, 127.0.0.1 giving the scope DATE/0/127/aws4_request, answered 400
+  AuthorizationHeaderMalformed.
 """
 
 import argparse
