@@ -92,11 +92,15 @@ void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n)
 {
     static const char hex[] = "0123456789ABCDEF";
     size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && o + 4 < n; p++) {
+    if (!n)
+        return;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         unsigned char ch = *p;
         bool keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
                     (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_' ||
                     ch == '~' || (keep_slash && ch == '/');
+        if (o + (keep ? 1 : 3) >= n)
+            break; /* no room: truncated (callers size out at 3 x strlen + 1) */
         if (keep) {
             out[o++] = (char)ch;
         } else {
@@ -105,8 +109,7 @@ void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n)
             out[o++] = hex[ch & 15];
         }
     }
-    if (n)
-        out[o < n ? o : n - 1] = '\0';
+    out[o] = '\0';
 }
 
 void stk__xml_unescape(char *s)
@@ -434,19 +437,17 @@ static int parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
         r->list_url = cat3(origin, "/", "");
         stk__free(origin);
     } else {
+        /* Path-style: the bucket's URL has no trailing slash (the canonical
+         * URI servers sign for a listing is "/bucket"). */
         r->list_url = cat3(epc, "/", enc_bucket);
-        if (r->list_url) {
-            char *t = cat3(r->list_url, "/", "");
-            stk__free(r->list_url);
-            r->list_url = t;
-        }
     }
     stk__free(epc);
     if (!r->list_url)
         return STK_ENOMEM;
     char enc_prefix[4096];
     stk__pct_encode(r->prefix, true, enc_prefix, sizeof enc_prefix);
-    if (!(r->base = cat3(r->list_url, enc_prefix, "")))
+    bool ends_slash = r->list_url[strlen(r->list_url) - 1] == '/';
+    if (!(r->base = cat3(r->list_url, ends_slash ? "" : "/", enc_prefix)))
         return STK_ENOMEM;
     char enc_key[4096];
     stk__pct_encode(r->basename, true, enc_key, sizeof enc_key);
