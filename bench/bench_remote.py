@@ -1,0 +1,107 @@
+#!/usr/bin/python3
+"""Remote datasets against local disk, side by side in one run.
+
+Packs the default dataset (data/default, made by `make run`) into .stk shards,
+serves them with nginx and with the S3 test server, puts a delaying TCP proxy
+in front of each (RTT = 2 x --one-way-ms, default 50 ms), and runs
+`stoker bench --transform imagenet-train` on:
+
+  local          the shards on local disk (the reference)
+  http ranged    through the proxy, no cache: every sample a ranged GET
+  http cold      through the proxy into an empty disk cache
+  http warm      the same cache again
+  s3 cold/warm   the same against the S3 server (SigV4), through its proxy
+
+and prints samples/s, the ratio to local, bytes fetched per byte needed,
+requests/s, peak requests in flight and the time workers waited for the
+network. Every timer covers what the user waits for, open included (stoker
+bench times from before the open).
+
+    /usr/bin/python3 bench/bench_remote.py [--epochs 2] [--one-way-ms 25]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "servers"))
+import stk_servers  # noqa: E402
+
+STOKER = os.path.join(ROOT, "build", "release", "stoker")
+
+
+def bench(path, args, env=None):
+    cmd = [STOKER, "bench", path, "--transform", "imagenet-train", "--batch-size", "64",
+           "--json"] + args
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode:
+        sys.exit(f"bench failed: {' '.join(cmd)}\n{r.stderr}")
+    return json.loads(r.stdout)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.path.join(ROOT, "data", "default"))
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--one-way-ms", type=float, default=25.0)
+    ap.add_argument("--shard-size", default="4MiB")
+    a = ap.parse_args()
+    if not os.path.isdir(a.data):
+        sys.exit(f"{a.data} is missing: run `make run` first (it makes the default dataset)")
+    tmp = tempfile.mkdtemp(prefix="stk-bench-remote-")
+    try:
+        www = os.path.join(tmp, "www")
+        os.mkdir(www)
+        packed = os.path.join(www, "ds")
+        subprocess.run([STOKER, "pack", a.data, packed, "--shard-size", a.shard_size,
+                        "--quiet"], check=True)
+        ep = ["--epochs", str(a.epochs)]
+        rows = []
+        local = bench(packed, ep)
+        rows.append(("local", local))
+        with stk_servers.Nginx(www) as ngx, \
+                stk_servers.DelayProxy("127.0.0.1", ngx.port, a.one_way_ms) as px:
+            url = f"http://127.0.0.1:{px.port}/ds"
+            rows.append(("http ranged", bench(url, ep)))
+            cache = os.path.join(tmp, "cache-http")
+            rows.append(("http cold", bench(url, ep + ["--cache-dir", cache])))
+            rows.append(("http warm", bench(url, ep + ["--cache-dir", cache])))
+        with stk_servers.S3Server("benchkey", "benchsecret") as s3:
+            s3.create_bucket("bench")
+            s3.put_dir("bench", "ds", packed)
+            with stk_servers.DelayProxy("127.0.0.1", s3.port, a.one_way_ms) as px:
+                env = dict(os.environ, AWS_ACCESS_KEY_ID="benchkey",
+                           AWS_SECRET_ACCESS_KEY="benchsecret",
+                           AWS_ENDPOINT_URL=f"http://127.0.0.1:{px.port}")
+                cache = os.path.join(tmp, "cache-s3")
+                rows.append(("s3 cold", bench("s3://bench/ds", ep + ["--cache-dir", cache],
+                                              env)))
+                rows.append(("s3 warm", bench("s3://bench/ds", ep + ["--cache-dir", cache],
+                                              env)))
+        base = local["samples_per_s"]
+        print(f"imagenet-train, batch 64, {a.epochs} epoch(s) of {local['samples'] // a.epochs}"
+              f" samples, RTT {2 * a.one_way_ms:.0f} ms through a delaying proxy, "
+              f"{local['threads']} threads")
+        print(f"{'run':12} {'samples/s':>10} {'x local':>8} {'fetched/needed':>15} "
+              f"{'requests/s':>11} {'in flight':>9} {'net wait s':>10} {'open s':>7}")
+        for name, r in rows:
+            f = r.get("fetch") or {}
+            need = f.get("sample_bytes", 0)
+            ratio = f"{f['bytes'] / need:.3f}" if need else "-"
+            rps = f"{f['requests'] / r['seconds']:.0f}" if f else "-"
+            print(f"{name:12} {r['samples_per_s']:10.0f} {r['samples_per_s'] / base:8.2f} "
+                  f"{ratio:>15} {rps:>11} {f.get('inflight_peak', '-'):>9} "
+                  f"{f.get('wait_s', 0):10.3f} {r.get('open_s', 0):7.3f}")
+            assert r["checksum"] == local["checksum"], f"{name}: batches differ from local"
+        print("checksums: every run delivered the local run's batches, bit for bit")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
