@@ -85,15 +85,30 @@ enum stk_batch_kind {
     STK_BATCH_VARIABLE = 1 /* one arena, per-sample offset/length/dims */
 };
 
-/* Stages whose items and busy time are counted. */
+/* Stages whose items and busy time are counted. The numbers never change;
+ * later versions add stages with new numbers, so size nothing by a compile-time
+ * count: ask stk_stage_count() (the linked library's) and query each stage with
+ * stk_loader_stage_stats(), which answers STK_EINVAL past the last one. */
 enum stk_stage {
-    STK_STAGE_READ = 0,    /* fetching a sample's bytes from its source */
-    STK_STAGE_PROCESS = 1, /* decoding and transforming into the batch slot */
-    STK_STAGE_COUNT = 2
+    STK_STAGE_READ = 0,   /* fetching a sample's bytes from its source */
+    STK_STAGE_PROCESS = 1 /* decoding and transforming into the batch slot */
 };
 
-/* Returns "read" or "process" (or "?" for an unknown stage). */
+/* Returns the number of stages this library counts (stages 0..count-1). */
+STK_API int stk_stage_count(void);
+
+/* Returns the stage's name ("read", "process", ...), or "?" for a stage this
+ * library does not have. Static; thread-safe. */
 STK_API const char *stk_stage_name(int stage);
+
+/* Extensible result structs. stk_info, stk_stats and stk_stage_stats start
+ * with `size_t struct_size`, which the caller sets to the size of the struct
+ * it was compiled with, e.g. `stk_stats st = {.struct_size = sizeof st};`. Later versions
+ * only append fields. The library fills the fields that fit in struct_size,
+ * zeroes any tail it does not know, and sets struct_size to the number of
+ * bytes it filled (the smaller of the two sizes), so a caller built against a
+ * newer header can tell which fields an older library left out. A struct_size
+ * smaller than the first version of the struct is STK_EINVAL. */
 
 /* ---- Options ------------------------------------------------------------ */
 
@@ -177,8 +192,9 @@ typedef struct stk_batch {
     const uint64_t *indices; /* dataset index of each sample */
 } stk_batch;
 
-/* Static facts about an open loader. */
+/* Static facts about an open loader (extensible: set struct_size). */
 typedef struct stk_info {
+    size_t struct_size;         /* in: sizeof(stk_info); out: bytes filled */
     uint64_t num_samples;       /* samples in the whole dataset */
     uint64_t samples_per_epoch; /* samples this rank delivers per epoch */
     uint64_t batches_per_epoch; /* batches this rank delivers per epoch */
@@ -197,13 +213,17 @@ typedef struct stk_state {
     uint64_t batch; /* batches of this epoch already delivered */
 } stk_state;
 
+/* One stage's counters (extensible: set struct_size). */
 typedef struct stk_stage_stats {
-    uint64_t items;
-    uint64_t busy_ns;
+    size_t struct_size; /* in: sizeof(stk_stage_stats); out: bytes filled */
+    uint64_t items;     /* samples that went through the stage */
+    uint64_t busy_ns;   /* time spent in it */
 } stk_stage_stats;
 
+/* Loader-wide counters (extensible: set struct_size). Per-stage counters are
+ * read with stk_loader_stage_stats(). */
 typedef struct stk_stats {
-    stk_stage_stats stages[STK_STAGE_COUNT]; /* summed over threads */
+    size_t struct_size; /* in: sizeof(stk_stats); out: bytes filled */
     uint64_t samples_delivered;
     uint64_t batches_delivered;
     uint64_t consumer_wait_ns; /* time next() waited for a batch: starvation */
@@ -264,11 +284,21 @@ STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
  * batches_per_epoch. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
+/* Fill *info / *st (set struct_size first; see "Extensible result structs").
+ * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
+ * STK_EMISUSE for a closed or failed handle. Consumer functions (see top). */
 STK_API int stk_loader_info(stk_loader *l, stk_info *info);
 STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
-/* Per-thread stage counters: out has STK_STAGE_COUNT entries. STK_EINVAL if
- * thread >= info.threads. */
-STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out);
+
+/* One stage's counters summed over the worker threads. STK_EINVAL if stage is
+ * not in 0..stk_stage_count()-1, out is NULL or out->struct_size is too small;
+ * STK_EMISUSE for a closed or failed handle. */
+STK_API int stk_loader_stage_stats(stk_loader *l, int stage, stk_stage_stats *out);
+
+/* One worker thread's counters of one stage. STK_EINVAL if thread >=
+ * info.threads or as stk_loader_stage_stats. */
+STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, int stage,
+                                    stk_stage_stats *out);
 
 /* Peak bytes of every buffer the loader allocates while running (ring, sample
  * metadata, per-thread scratch, index), known before the first batch. The

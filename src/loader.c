@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #define MAX_KEPT_ERRORS 1024
+#define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
 enum { BUF_FREE, BUF_FILLING, BUF_HELD };
@@ -71,8 +72,8 @@ typedef struct worker {
     stk__scratch in, dec;
     /* Written by the worker, read by stats calls from the consumer: relaxed
      * atomics, since each counter is independent and only needs no tearing. */
-    _Atomic uint64_t items[STK_STAGE_COUNT];
-    _Atomic uint64_t ns[STK_STAGE_COUNT];
+    _Atomic uint64_t items[NSTAGES];
+    _Atomic uint64_t ns[NSTAGES];
 } worker;
 
 struct core {
@@ -619,39 +620,92 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
     return STK_OK;
 }
 
+/* Copies a result struct the library filled in full (`full`, `size` bytes,
+ * struct_size first) into the caller's `out`, whose struct_size says how large
+ * the caller's version is: the common prefix is copied, a tail the library
+ * does not know is zeroed, and struct_size becomes the bytes filled. `min` is
+ * the size of the struct's first version. */
+static int put_sized(stk_loader *l, const char *type, void *out, const void *full, size_t size,
+                     size_t min)
+{
+    if (!out)
+        return STK_EINVAL;
+    size_t want;
+    memcpy(&want, out, sizeof want);
+    if (want < min) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "%s.struct_size is %zu; set it to sizeof(%s) (at least %zu)", type, want, type,
+                 min);
+        return STK_EINVAL;
+    }
+    size_t n = want < size ? want : size;
+    memcpy(out, full, n);
+    if (want > n)
+        memset((char *)out + n, 0, want - n);
+    memcpy(out, &n, sizeof n);
+    return STK_OK;
+}
+
+/* Sizes of the first versions of the extensible structs: fields are only ever
+ * appended, so these stay fixed as the structs grow. */
+#define INFO_V1  (offsetof(stk_info, source_kind) + sizeof(const char *))
+#define STATS_V1 (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
+#define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
+
 int stk_loader_info(stk_loader *l, stk_info *info)
 {
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!info)
-        return STK_EINVAL;
     core *c = l->c;
-    info->num_samples = c->src.count;
-    info->samples_per_epoch = c->part.per_rank;
-    info->batches_per_epoch = c->part.batches;
-    info->num_classes = c->src.num_classes;
-    info->threads = c->nthreads;
-    info->depth = c->depth;
-    info->batch_size = c->batch_size;
-    info->kind = c->kind;
-    info->source_kind = c->src.ops->kind;
-    return STK_OK;
+    stk_info in = {.struct_size = sizeof in};
+    in.num_samples = c->src.count;
+    in.samples_per_epoch = c->part.per_rank;
+    in.batches_per_epoch = c->part.batches;
+    in.num_classes = c->src.num_classes;
+    in.threads = c->nthreads;
+    in.depth = c->depth;
+    in.batch_size = c->batch_size;
+    in.kind = c->kind;
+    in.source_kind = c->src.ops->kind;
+    return put_sized(l, "stk_info", info, &in, sizeof in, INFO_V1);
 }
 
-int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out)
+/* Sums stage `stage` over the threads [t0, t1). */
+static int stage_sum(stk_loader *l, int stage, unsigned t0, unsigned t1, stk_stage_stats *out)
+{
+    if (stage < 0 || stage >= NSTAGES) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "stage %d is not in 0..%d", stage, NSTAGES - 1);
+        return STK_EINVAL;
+    }
+    stk_stage_stats s = {.struct_size = sizeof s};
+    for (unsigned t = t0; t < t1; t++) {
+        worker *w = &l->c->workers[t];
+        s.items += atomic_load_explicit(&w->items[stage], memory_order_relaxed);
+        s.busy_ns += atomic_load_explicit(&w->ns[stage], memory_order_relaxed);
+    }
+    return put_sized(l, "stk_stage_stats", out, &s, sizeof s, STAGE_V1);
+}
+
+int stk_loader_stage_stats(stk_loader *l, int stage, stk_stage_stats *out)
 {
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!out || thread >= l->c->nthreads)
+    return stage_sum(l, stage, 0, l->c->nthreads, out);
+}
+
+int stk_loader_thread_stats(stk_loader *l, unsigned thread, int stage, stk_stage_stats *out)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (thread >= l->c->nthreads) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "thread %u is not in 0..%u", thread,
+                 l->c->nthreads - 1);
         return STK_EINVAL;
-    worker *w = &l->c->workers[thread];
-    for (int s = 0; s < STK_STAGE_COUNT; s++) {
-        out[s].items = atomic_load_explicit(&w->items[s], memory_order_relaxed);
-        out[s].busy_ns = atomic_load_explicit(&w->ns[s], memory_order_relaxed);
     }
-    return STK_OK;
+    return stage_sum(l, stage, thread, thread + 1, out);
 }
 
 int stk_loader_stats(stk_loader *l, stk_stats *st)
@@ -659,27 +713,17 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!st)
-        return STK_EINVAL;
     core *c = l->c;
-    memset(st, 0, sizeof *st);
-    for (unsigned t = 0; t < c->nthreads; t++) {
-        stk_stage_stats s[STK_STAGE_COUNT];
-        stk_loader_thread_stats(l, t, s);
-        for (int k = 0; k < STK_STAGE_COUNT; k++) {
-            st->stages[k].items += s[k].items;
-            st->stages[k].busy_ns += s[k].busy_ns;
-        }
-    }
+    stk_stats s = {.struct_size = sizeof s};
     pthread_mutex_lock(&c->lock);
-    st->samples_delivered = c->delivered_samples;
-    st->batches_delivered = c->delivered_batches;
-    st->consumer_wait_ns = c->wait_ns;
-    st->samples_skipped = c->skipped;
-    st->samples_failed = c->failed;
+    s.samples_delivered = c->delivered_samples;
+    s.batches_delivered = c->delivered_batches;
+    s.consumer_wait_ns = c->wait_ns;
+    s.samples_skipped = c->skipped;
+    s.samples_failed = c->failed;
     pthread_mutex_unlock(&c->lock);
-    st->memory_bound_bytes = c->memory_bound;
-    return STK_OK;
+    s.memory_bound_bytes = c->memory_bound;
+    return put_sized(l, "stk_stats", st, &s, sizeof s, STATS_V1);
 }
 
 uint64_t stk_loader_memory_bound(stk_loader *l)
@@ -954,6 +998,13 @@ const char *stk_strerror(int code)
 const char *stk_version(void)
 {
     return STK_VERSION_STRING;
+}
+
+_Static_assert(NSTAGES == STK_STAGE_PROCESS + 1, "NSTAGES counts every enum stk_stage");
+
+int stk_stage_count(void)
+{
+    return NSTAGES;
 }
 
 const char *stk_stage_name(int stage)

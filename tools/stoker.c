@@ -282,7 +282,7 @@ static int cmd_bench(int argc, char **argv)
         status = 1;
         goto out;
     }
-    stk_info info;
+    stk_info info = {.struct_size = sizeof info};
     stk_loader_info(l, &info);
     uint64_t bound = stk_loader_memory_bound(l);
     if (!a.json) {
@@ -315,7 +315,7 @@ static int cmd_bench(int argc, char **argv)
         }
     }
     double secs = now_s() - t0;
-    stk_stats st;
+    stk_stats st = {.struct_size = sizeof st};
     stk_loader_stats(l, &st);
     long rss = peak_rss_bytes();
     unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
@@ -331,18 +331,21 @@ static int cmd_bench(int argc, char **argv)
                "\"memory_bound_bytes\":%" PRIu64 ",\"starvation_s\":%.6f,\"stages\":{",
                info.source_kind, info.threads, info.batch_size, info.depth, a.epochs, samples,
                batches, secs, rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
-        for (int s = 0; s < STK_STAGE_COUNT; s++)
+        for (int s = 0; s < stk_stage_count(); s++) {
+            stk_stage_stats ss = {.struct_size = sizeof ss};
+            stk_loader_stage_stats(l, s, &ss);
             printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                   stk_stage_name(s), st.stages[s].items, (double)st.stages[s].busy_ns * 1e-9);
+                   stk_stage_name(s), ss.items, (double)ss.busy_ns * 1e-9);
+        }
         printf("},\"per_thread\":[");
         for (unsigned t = 0; t < info.threads; t++) {
-            stk_stage_stats ts[STK_STAGE_COUNT];
-            if (stk_loader_thread_stats(l, t, ts))
-                continue;
             printf("%s{", t ? "," : "");
-            for (int s = 0; s < STK_STAGE_COUNT; s++)
+            for (int s = 0; s < stk_stage_count(); s++) {
+                stk_stage_stats ts = {.struct_size = sizeof ts};
+                stk_loader_thread_stats(l, t, s, &ts);
                 printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                       stk_stage_name(s), ts[s].items, (double)ts[s].busy_ns * 1e-9);
+                       stk_stage_name(s), ts.items, (double)ts.busy_ns * 1e-9);
+            }
             printf("}");
         }
         printf("],\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
@@ -356,11 +359,13 @@ static int cmd_bench(int argc, char **argv)
         printf("  peak RSS     %s (memory bound %s)\n",
                stoker_human_bytes((double)rss, b1, sizeof b1),
                stoker_human_bytes((double)bound, b2, sizeof b2));
-        for (int s = 0; s < STK_STAGE_COUNT; s++) {
-            double busy = (double)st.stages[s].busy_ns * 1e-9;
+        for (int s = 0; s < stk_stage_count(); s++) {
+            stk_stage_stats ss = {.struct_size = sizeof ss};
+            stk_loader_stage_stats(l, s, &ss);
+            double busy = (double)ss.busy_ns * 1e-9;
             printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",
-                   stk_stage_name(s), st.stages[s].items, busy, info.threads,
-                   st.stages[s].items ? busy * 1e6 / (double)st.stages[s].items : 0.0);
+                   stk_stage_name(s), ss.items, busy, info.threads,
+                   ss.items ? busy * 1e6 / (double)ss.items : 0.0);
         }
         double starve = (double)st.consumer_wait_ns * 1e-9;
         printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,

@@ -259,8 +259,8 @@ static void test_null_arguments(void)
     CHECK(stk_loader_errmsg(NULL) != NULL);
     CHECK_EQ(stk_loader_memory_bound(NULL), 0);
     CHECK_EQ(stk_loader_error_count(NULL), 0);
-    stk_info info;
-    stk_stats st;
+    stk_info info = {.struct_size = sizeof info};
+    stk_stats st = {.struct_size = sizeof st};
     stk_state s;
     CHECK_EQ(stk_loader_info(NULL, &info), STK_EMISUSE);
     CHECK_EQ(stk_loader_stats(NULL, &st), STK_EMISUSE);
@@ -274,7 +274,8 @@ static void test_null_arguments(void)
     CHECK_EQ(stk_loader_stats(l, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_get_state(l, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_set_state(l, NULL), STK_EINVAL);
-    CHECK_EQ(stk_loader_thread_stats(l, 0, NULL), STK_EINVAL);
+    CHECK_EQ(stk_loader_thread_stats(l, 0, 0, NULL), STK_EINVAL);
+    CHECK_EQ(stk_loader_stage_stats(l, 0, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_error_get(l, 0, NULL), STK_EINVAL);
     stk_sample_error e;
     CHECK_EQ(stk_loader_error_get(l, 0, &e), STK_EINVAL); /* no errors yet */
