@@ -115,7 +115,7 @@ STK_API const char *stk_stage_name(int stage);
 typedef struct stk_options stk_options;
 
 /* Creates an options object with defaults: batch_size 256, threads 0 (= online
- * cores), depth 2, seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
+ * cores), depth 2 (3 ring buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
  * raise, max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
  * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
 STK_API int stk_options_create(stk_options **out);
@@ -144,7 +144,12 @@ STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t 
 
 STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
 STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
-STK_API int stk_options_set_depth(stk_options *o, unsigned n);    /* ring buffers, 1..64 */
+/* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
+ * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
+ * while `depth` more are filled; holding more than one at a time leaves fewer
+ * prepared ahead, and holding all depth + 1 makes stk_loader_next return
+ * STK_EBUSY. Memory grows with depth + 1 (docs/memory.md). */
+STK_API int stk_options_set_depth(stk_options *o, unsigned n);
 STK_API int stk_options_set_seed(stk_options *o, uint64_t seed);
 STK_API int stk_options_set_shuffle(stk_options *o, int on);
 /* drop_last on: each rank gets floor(N / world) samples and a final partial
@@ -200,10 +205,11 @@ typedef struct stk_info {
     uint64_t batches_per_epoch; /* batches this rank delivers per epoch */
     uint64_t num_classes;       /* ImageFolder classes; 0 when no classes */
     unsigned threads;           /* worker threads actually started */
-    unsigned depth;
+    unsigned depth;             /* batches prepared ahead (stk_options_set_depth) */
     size_t batch_size;
     int kind;                /* enum stk_batch_kind of the batches */
     const char *source_kind; /* "folder", "records", "stk", "tar", "cifar" (static) */
+    unsigned ring_buffers;   /* depth + 1 */
 } stk_info;
 
 /* Loader position: resume by restoring it. */

@@ -1,14 +1,15 @@
 /*
  * loader.c -- the engine: a fixed pool of worker threads fills a ring of
- * `depth` batch buffers; one consumer takes complete batches strictly in order.
+ * depth + 1 batch buffers (`nbufs`): `depth` batches prepared ahead of the one
+ * the consumer holds. One consumer takes complete batches strictly in order.
  *
  * Batches are numbered globally, g = epoch * batches_per_epoch + b, so work
  * flows across epoch boundaries without a bubble. Workers claim small runs of
  * sample slots in order: the claim cursor (claim_g, claim_slot) only moves
  * forward, and a batch gets a ring buffer when the cursor first reaches it,
- * provided a buffer is free and the batch is less than `depth` ahead of the
+ * provided a buffer is free and the batch is less than `nbufs` ahead of the
  * consumer. Batches [deliver_g, assigned_end_g) own buffers, indexed by
- * g % depth in `inflight`; the consumer takes deliver_g once all its slots are
+ * g % nbufs in `inflight`; the consumer takes deliver_g once all its slots are
  * filled. A delivered buffer is HELD until stk_batch_release() frees it.
  *
  * Every sample's output depends only on (seed, epoch, sample index), never on
@@ -93,7 +94,7 @@ struct core {
     int64_t shape[4];
     size_t sample_bytes; /* dense: one sample; variable: one slot's budget */
 
-    unsigned depth, nthreads;
+    unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
     size_t batch_size, run;
     buffer *bufs;
     buffer **inflight;
@@ -152,7 +153,7 @@ static void free_slot_errs(slot_err *e)
 static void core_free(core *c)
 {
     if (c->bufs) {
-        for (unsigned k = 0; k < c->depth; k++) {
+        for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
             stk__free(b->data);
             stk__free(b->offsets);
@@ -257,7 +258,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
             return false;
         if (!c->seeking) {
             if (c->claim_g < c->assigned_end_g) {
-                buffer *b = c->inflight[c->claim_g % c->depth];
+                buffer *b = c->inflight[c->claim_g % c->nbufs];
                 /* Guided sizes: runs shrink as the batch runs out, so the
                  * threads finish a batch together instead of one idling
                  * while another works through a long last run (which
@@ -276,7 +277,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                 }
                 return true;
             }
-            if (c->claim_g < c->deliver_g + c->depth && c->free_count > 0) {
+            if (c->claim_g < c->deliver_g + c->nbufs && c->free_count > 0) {
                 /* free_count > 0 guarantees a FREE buffer exists. */
                 unsigned f = 0;
                 while (c->bufs[f].state != BUF_FREE)
@@ -287,7 +288,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                 b->size = stk__partition_batch_len(&c->part, b->g % c->part.batches);
                 b->filled = b->failed = 0;
                 b->reported = false;
-                c->inflight[b->g % c->depth] = b;
+                c->inflight[b->g % c->nbufs] = b;
                 c->assigned_end_g++;
                 c->free_count--;
                 continue;
@@ -452,7 +453,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             break;
         }
         uint64_t g = c->deliver_g;
-        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->depth] : NULL;
+        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
         if (b && b->filled == b->size) {
             if (b->failed && !b->reported) {
                 b->reported = true;
@@ -473,7 +474,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             }
             free_slot_errs(b->errs);
             b->errs = NULL;
-            c->inflight[g % c->depth] = NULL;
+            c->inflight[g % c->nbufs] = NULL;
             c->deliver_g++;
             b->state = BUF_HELD;
             c->refs++;
@@ -489,7 +490,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "all %u ring buffers are held by the consumer; release a batch before "
                      "asking for the next, or raise depth",
-                     c->depth);
+                     c->nbufs);
             rc = STK_EBUSY;
             break;
         }
@@ -548,7 +549,7 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
         c->seeking = true;
         while (c->busy)
             timed_wait(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
-        for (unsigned k = 0; k < c->depth; k++) {
+        for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
             if (b->state == BUF_FILLING) {
                 b->state = BUF_FREE;
@@ -668,6 +669,7 @@ int stk_loader_info(stk_loader *l, stk_info *info)
     in.batch_size = c->batch_size;
     in.kind = c->kind;
     in.source_kind = c->src.ops->kind;
+    in.ring_buffers = c->nbufs;
     return put_sized(l, "stk_info", info, &in, sizeof in, INFO_V1);
 }
 
@@ -849,10 +851,10 @@ static int alloc_ring(core *c)
     size_t B = c->batch_size;
     if (c->sample_bytes && B > SIZE_MAX / c->sample_bytes)
         return STK_ETOOBIG;
-    if (!(c->bufs = stk__calloc(c->depth, sizeof *c->bufs)) ||
-        !(c->inflight = stk__calloc(c->depth, sizeof *c->inflight)))
+    if (!(c->bufs = stk__calloc(c->nbufs, sizeof *c->bufs)) ||
+        !(c->inflight = stk__calloc(c->nbufs, sizeof *c->inflight)))
         return STK_ENOMEM;
-    for (unsigned k = 0; k < c->depth; k++) {
+    for (unsigned k = 0; k < c->nbufs; k++) {
         buffer *b = &c->bufs[k];
         b->core = c;
         b->state = BUF_FREE;
@@ -864,7 +866,7 @@ static int alloc_ring(core *c)
             !(b->indices = stk__malloc(B * sizeof *b->indices)) || !(b->ok = stk__malloc(B)))
             return STK_ENOMEM;
     }
-    c->free_count = c->depth;
+    c->free_count = c->nbufs;
     return STK_OK;
 }
 
@@ -875,7 +877,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
         per_thread += o->max_input_bytes + o->scratch_bytes;
-    return c->depth * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
+    return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS * (sizeof(stk_sample_error) + 2 * STK_ERRMSG_MAX);
 }
 
@@ -901,6 +903,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
     c->depth = o->depth;
+    c->nbufs = o->depth + 1;
     c->nthreads = o->threads ? o->threads : online_cores();
 
     stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
@@ -920,7 +923,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->run = c->batch_size / (4 * (size_t)c->nthreads);
     c->run = c->run < 1 ? 1 : c->run > 16 ? 16 : c->run;
     if ((rc = alloc_ring(c))) {
-        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->depth,
+        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->nbufs,
                  c->batch_size, c->sample_bytes);
         goto fail;
     }

@@ -49,7 +49,7 @@ static void usage(FILE *f)
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
                "  --threads N         worker threads (0 = cores)\n"
-               "  --depth N           ring buffers (2)\n"
+               "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
                "  --no-shuffle        natural order\n"
@@ -155,7 +155,7 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = v > 256 ? STK_EINVAL : stk_options_set_threads(o, (unsigned)v);
         } else if (!strcmp(k, "--depth")) {
             NEED_NUM;
-            rc = v > 64 ? STK_EINVAL : stk_options_set_depth(o, (unsigned)v);
+            rc = v > 63 ? STK_EINVAL : stk_options_set_depth(o, (unsigned)v);
         } else if (!strcmp(k, "--epochs")) {
             NEED_NUM;
             a->epochs = v;

@@ -690,7 +690,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         set_or_raise(stk_options_set_seed(o, seed), "seed") ||
         set_or_raise(stk_options_set_drop_last(o, drop_last), "drop_last") ||
         set_or_raise(stk_options_set_threads(o, threads), "threads (0 .. 256)") ||
-        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 64)") ||
+        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 63)") ||
         set_or_raise(stk_options_set_on_error(o, skip ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE),
                      "on_error") ||
         set_or_raise(stk_options_set_partition(o, rank, world),
@@ -1003,13 +1003,14 @@ static PyObject *Engine_info(EngineObject *self, PyObject *unused)
     if (rc)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
+        "{s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
         (unsigned long long)in.num_samples, "samples_per_epoch",
         (unsigned long long)in.samples_per_epoch, "batches_per_epoch",
         (unsigned long long)in.batches_per_epoch, "num_classes", (unsigned long long)in.num_classes,
-        "threads", in.threads, "depth", in.depth, "batch_size", (Py_ssize_t)in.batch_size, "kind",
-        in.kind == STK_BATCH_DENSE ? "dense" : "variable", "source_kind",
-        in.source_kind ? in.source_kind : "?", "memory_bound_bytes", (unsigned long long)bound);
+        "threads", in.threads, "depth", in.depth, "ring_buffers", in.ring_buffers, "batch_size",
+        (Py_ssize_t)in.batch_size, "kind", in.kind == STK_BATCH_DENSE ? "dense" : "variable",
+        "source_kind", in.source_kind ? in.source_kind : "?", "memory_bound_bytes",
+        (unsigned long long)bound);
 }
 
 /* {stage name: {"items", "busy_s"}} for every stage, summed over the threads

@@ -552,7 +552,7 @@ static void test_stats(void)
                 .label = 1,
                 .bs = 8,
                 .threads = 3,
-                .depth = 2,
+                .depth = 1, /* 2 ring buffers */
                 .seed = 1,
                 .shuffle = 1};
     stk_loader *l;
@@ -631,6 +631,51 @@ static void test_stats(void)
     stk_loader_close(l);
 }
 
+/* depth counts the batches prepared ahead of the one the consumer holds:
+ * while it holds one batch, exactly depth more are read (and no more), the
+ * ring has depth + 1 buffers, and holding all of them gives STK_EBUSY. */
+static void test_depth_meaning(void)
+{
+    static const unsigned depths[] = {1, 2, 5};
+    for (size_t di = 0; di < 3; di++) {
+        unsigned depth = depths[di];
+        tu_cfg c = {.path = records_file(64),
+                    .record = REC,
+                    .label = 1,
+                    .bs = 4,
+                    .threads = 2,
+                    .depth = depth};
+        stk_loader *l;
+        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        stk_info info = {.struct_size = sizeof info};
+        REQUIRE(stk_loader_info(l, &info) == STK_OK);
+        CHECK_EQ(info.depth, depth);
+        CHECK_EQ(info.ring_buffers, depth + 1);
+        stk_batch *held[6];
+        REQUIRE(stk_loader_next(l, &held[0]) == STK_OK);
+        /* Wait until the workers have nothing left to do. */
+        stk_stage_stats rd = {.struct_size = sizeof rd};
+        uint64_t last = UINT64_MAX;
+        for (int k = 0; k < 200; k++) {
+            usleep(10000);
+            REQUIRE(stk_loader_stage_stats(l, STK_STAGE_READ, &rd) == STK_OK);
+            if (rd.items == last && rd.items >= (depth + 1) * 4)
+                break;
+            last = rd.items;
+        }
+        CHECK_EQ(rd.items, (depth + 1) * 4);
+        for (unsigned k = 1; k <= depth; k++) {
+            REQUIRE(stk_loader_next(l, &held[k]) == STK_OK);
+            CHECK_EQ(held[k]->index, k);
+        }
+        stk_batch *b;
+        CHECK_EQ(stk_loader_next(l, &b), STK_EBUSY);
+        for (unsigned k = 0; k <= depth; k++)
+            stk_batch_release(held[k]);
+        stk_loader_close(l);
+    }
+}
+
 /* The result structs are size-prefixed: a caller built against an older
  * header (smaller struct) gets the fields it knows, one built against a newer
  * header (larger struct) gets the tail zeroed and learns from struct_size how
@@ -686,8 +731,17 @@ static void test_stats_struct_size(void)
     CHECK_EQ(stk_loader_stats(l, &zero), STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), "stk_stats.struct_size is 0") != NULL);
     CHECK_EQ(zero.samples_delivered, 0xcdcdcdcdcdcdcdcdULL);
-    stk_info small = {.struct_size = sizeof small - 8};
+    stk_info small = {.struct_size = offsetof(stk_info, source_kind)};
     CHECK_EQ(stk_loader_info(l, &small), STK_EINVAL);
+    /* A caller built before ring_buffers was appended gets what it knows. */
+    size_t v1 = offsetof(stk_info, source_kind) + sizeof(const char *);
+    stk_info old;
+    memset(&old, 0xab, sizeof old);
+    old.struct_size = v1;
+    CHECK_EQ(stk_loader_info(l, &old), STK_OK);
+    CHECK_EQ(old.struct_size, v1);
+    CHECK(!strcmp(old.source_kind, "records"));
+    CHECK_EQ(old.ring_buffers, 0xababababu); /* past its struct: untouched */
     stk_stage_stats ss = {.struct_size = sizeof(size_t)};
     CHECK_EQ(stk_loader_stage_stats(l, 0, &ss), STK_EINVAL);
     CHECK_EQ(stk_loader_stats(l, NULL), STK_EINVAL);
@@ -704,8 +758,9 @@ static void test_memory_bound(void)
         printf("    skipped: RSS is meaningless under a sanitizer\n");
         return;
     }
-    /* 8 ring buffers of 128 x 64 KiB = 64 MiB of ring; a 32 MiB file. */
-    enum { PAYLOAD = 64 << 10, N = 512, BS = 128, DEPTH = 8 };
+    /* depth 7: 8 ring buffers of 128 x 64 KiB = 64 MiB of ring; a 32 MiB
+     * file. */
+    enum { PAYLOAD = 64 << 10, N = 512, BS = 128, DEPTH = 7, BUFS = DEPTH + 1 };
     const char *path = tu_path("big.bin");
     {
         FILE *f = fopen(path, "wb");
@@ -734,13 +789,13 @@ static void test_memory_bound(void)
     REQUIRE(stk_loader_open(&l, o) == STK_OK);
     stk_options_destroy(o);
     uint64_t bound = stk_loader_memory_bound(l);
-    const uint64_t ring = (uint64_t)DEPTH * BS * PAYLOAD;
+    const uint64_t ring = (uint64_t)BUFS * BS * PAYLOAD;
     CHECK(bound >= ring);
     /* Hold two epochs' batches at once (the whole ring, since workers reuse
      * the lowest free buffer and a quick consumer would leave the rest
      * untouched), then run a third epoch releasing as it goes. */
     uint64_t samples = 0;
-    stk_batch *held[DEPTH];
+    stk_batch *held[BUFS];
     int nh = 0;
     for (int e = 0; e < 3; e++) {
         for (;;) {
@@ -748,7 +803,7 @@ static void test_memory_bound(void)
             int rc = stk_loader_next(l, &b);
             if (rc == STK_END)
                 break;
-            REQUIRE(rc == STK_OK && nh < DEPTH);
+            REQUIRE(rc == STK_OK && nh < BUFS);
             samples += b->size;
             if (e < 2)
                 held[nh++] = b;
@@ -756,7 +811,7 @@ static void test_memory_bound(void)
                 stk_batch_release(b);
         }
         if (e == 1) {
-            CHECK_EQ(nh, DEPTH);
+            CHECK_EQ(nh, BUFS);
             for (int k = 0; k < nh; k++)
                 stk_batch_release(held[k]);
             nh = 0;
@@ -876,6 +931,7 @@ int main(void)
     RUN(test_skip_deterministic);
     RUN(test_stats);
     RUN(test_stats_struct_size);
+    RUN(test_depth_meaning);
     RUN(test_memory_bound);
     RUN(test_concurrent_opens);
     return tu_end();

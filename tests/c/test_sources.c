@@ -773,7 +773,8 @@ static void test_options_validation(void)
     CHECK_EQ(stk_options_set_batch_size(o, 0), STK_EINVAL);
     CHECK_EQ(stk_options_set_threads(o, 257), STK_EINVAL);
     CHECK_EQ(stk_options_set_depth(o, 0), STK_EINVAL);
-    CHECK_EQ(stk_options_set_depth(o, 65), STK_EINVAL);
+    CHECK_EQ(stk_options_set_depth(o, 64), STK_EINVAL); /* 1..63 batches ahead */
+    CHECK_EQ(stk_options_set_depth(o, 63), STK_OK);
     CHECK_EQ(stk_options_set_partition(o, 2, 2), STK_EINVAL);
     CHECK_EQ(stk_options_set_partition(o, 0, 0), STK_EINVAL);
     CHECK_EQ(stk_options_set_on_error(o, 7), STK_EINVAL);
