@@ -85,22 +85,37 @@ enum stk_batch_kind {
     STK_BATCH_VARIABLE = 1 /* one arena, per-sample offset/length/dims */
 };
 
-/* Stages whose items and busy time are counted. */
+/* Stages whose items and busy time are counted. The numbers never change;
+ * later versions add stages with new numbers, so size nothing by a compile-time
+ * count: ask stk_stage_count() (the linked library's) and query each stage with
+ * stk_loader_stage_stats(), which answers STK_EINVAL past the last one. */
 enum stk_stage {
-    STK_STAGE_READ = 0,    /* fetching a sample's bytes from its source */
-    STK_STAGE_PROCESS = 1, /* decoding and transforming into the batch slot */
-    STK_STAGE_COUNT = 2
+    STK_STAGE_READ = 0,   /* fetching a sample's bytes from its source */
+    STK_STAGE_PROCESS = 1 /* decoding and transforming into the batch slot */
 };
 
-/* Returns "read" or "process" (or "?" for an unknown stage). */
+/* Returns the number of stages this library counts (stages 0..count-1). */
+STK_API int stk_stage_count(void);
+
+/* Returns the stage's name ("read", "process", ...), or "?" for a stage this
+ * library does not have. Static; thread-safe. */
 STK_API const char *stk_stage_name(int stage);
+
+/* Extensible result structs. stk_info, stk_stats and stk_stage_stats start
+ * with `size_t struct_size`, which the caller sets to the size of the struct
+ * it was compiled with, e.g. `stk_stats st = {.struct_size = sizeof st};`. Later versions
+ * only append fields. The library fills the fields that fit in struct_size,
+ * zeroes any tail it does not know, and sets struct_size to the number of
+ * bytes it filled (the smaller of the two sizes), so a caller built against a
+ * newer header can tell which fields an older library left out. A struct_size
+ * smaller than the first version of the struct is STK_EINVAL. */
 
 /* ---- Options ------------------------------------------------------------ */
 
 typedef struct stk_options stk_options;
 
 /* Creates an options object with defaults: batch_size 256, threads 0 (= online
- * cores), depth 2, seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
+ * cores), depth 2 (3 ring buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
  * raise, max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
  * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
 STK_API int stk_options_create(stk_options **out);
@@ -129,7 +144,12 @@ STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t 
 
 STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
 STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
-STK_API int stk_options_set_depth(stk_options *o, unsigned n);    /* ring buffers, 1..64 */
+/* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
+ * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
+ * while `depth` more are filled; holding more than one at a time leaves fewer
+ * prepared ahead, and holding all depth + 1 makes stk_loader_next return
+ * STK_EBUSY. Memory grows with depth + 1 (docs/memory.md). */
+STK_API int stk_options_set_depth(stk_options *o, unsigned n);
 STK_API int stk_options_set_seed(stk_options *o, uint64_t seed);
 STK_API int stk_options_set_shuffle(stk_options *o, int on);
 /* drop_last on: each rank gets floor(N / world) samples and a final partial
@@ -177,17 +197,19 @@ typedef struct stk_batch {
     const uint64_t *indices; /* dataset index of each sample */
 } stk_batch;
 
-/* Static facts about an open loader. */
+/* Static facts about an open loader (extensible: set struct_size). */
 typedef struct stk_info {
+    size_t struct_size;         /* in: sizeof(stk_info); out: bytes filled */
     uint64_t num_samples;       /* samples in the whole dataset */
     uint64_t samples_per_epoch; /* samples this rank delivers per epoch */
     uint64_t batches_per_epoch; /* batches this rank delivers per epoch */
     uint64_t num_classes;       /* ImageFolder classes; 0 when no classes */
     unsigned threads;           /* worker threads actually started */
-    unsigned depth;
+    unsigned depth;             /* batches prepared ahead (stk_options_set_depth) */
     size_t batch_size;
     int kind;                /* enum stk_batch_kind of the batches */
     const char *source_kind; /* "folder", "records", "stk", "tar", "cifar" (static) */
+    unsigned ring_buffers;   /* depth + 1 */
 } stk_info;
 
 /* Loader position: resume by restoring it. */
@@ -197,13 +219,17 @@ typedef struct stk_state {
     uint64_t batch; /* batches of this epoch already delivered */
 } stk_state;
 
+/* One stage's counters (extensible: set struct_size). */
 typedef struct stk_stage_stats {
-    uint64_t items;
-    uint64_t busy_ns;
+    size_t struct_size; /* in: sizeof(stk_stage_stats); out: bytes filled */
+    uint64_t items;     /* samples that went through the stage */
+    uint64_t busy_ns;   /* time spent in it */
 } stk_stage_stats;
 
+/* Loader-wide counters (extensible: set struct_size). Per-stage counters are
+ * read with stk_loader_stage_stats(). */
 typedef struct stk_stats {
-    stk_stage_stats stages[STK_STAGE_COUNT]; /* summed over threads */
+    size_t struct_size; /* in: sizeof(stk_stats); out: bytes filled */
     uint64_t samples_delivered;
     uint64_t batches_delivered;
     uint64_t consumer_wait_ns; /* time next() waited for a batch: starvation */
@@ -264,18 +290,28 @@ STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
  * batches_per_epoch. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
+/* Fill *info / *st (set struct_size first; see "Extensible result structs").
+ * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
+ * STK_EMISUSE for a closed or failed handle. Consumer functions (see top). */
 STK_API int stk_loader_info(stk_loader *l, stk_info *info);
 STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
-/* Per-thread stage counters: out has STK_STAGE_COUNT entries. STK_EINVAL if
- * thread >= info.threads. */
-STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out);
+
+/* One stage's counters summed over the worker threads. STK_EINVAL if stage is
+ * not in 0..stk_stage_count()-1, out is NULL or out->struct_size is too small;
+ * STK_EMISUSE for a closed or failed handle. */
+STK_API int stk_loader_stage_stats(stk_loader *l, int stage, stk_stage_stats *out);
+
+/* One worker thread's counters of one stage. STK_EINVAL if thread >=
+ * info.threads or as stk_loader_stage_stats. */
+STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, int stage,
+                                    stk_stage_stats *out);
 
 /* Counters of the fetch stage, which reads remote datasets (http://,
- * https://, s3://) ahead of the workers (docs/remote.md). Extensible: set
- * `size` to sizeof(stk_fetch_stats) before the call; the library fills the
- * fields that fit and never writes past `size`. */
+ * https://, s3://) ahead of the workers (docs/remote.md). Size-prefixed like
+ * stk_stats: set struct_size to sizeof(stk_fetch_stats) before the call; the
+ * library fills the fields that fit and sets struct_size to what it filled. */
 typedef struct stk_fetch_stats {
-    size_t size;
+    size_t struct_size;
     uint64_t requests;        /* HTTP requests made (attempts, retries included) */
     uint64_t retries;         /* attempts repeated after a retryable failure */
     uint64_t failures;        /* requests that failed for good */
@@ -296,9 +332,9 @@ typedef struct stk_fetch_stats {
     uint64_t io_busy_ns;      /* time the I/O thread spent in libcurl */
 } stk_fetch_stats;
 
-/* Fills *st (st->size set by the caller). STK_EUNSUPPORTED when the dataset
- * is local (no fetch stage); STK_EINVAL for a NULL st or a size too small
- * for `size` itself. Same threads as stk_loader_stats. */
+/* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the
+ * dataset is local (no fetch stage); STK_EINVAL for a NULL st or a
+ * struct_size smaller than the first version of the struct. Same threads as stk_loader_stats. */
 STK_API int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st);
 
 /* Peak bytes of every buffer the loader allocates while running (ring, sample

@@ -1,14 +1,15 @@
 /*
  * loader.c -- the engine: a fixed pool of worker threads fills a ring of
- * `depth` batch buffers; one consumer takes complete batches strictly in order.
+ * depth + 1 batch buffers (`nbufs`): `depth` batches prepared ahead of the one
+ * the consumer holds. One consumer takes complete batches strictly in order.
  *
  * Batches are numbered globally, g = epoch * batches_per_epoch + b, so work
  * flows across epoch boundaries without a bubble. Workers claim small runs of
  * sample slots in order: the claim cursor (claim_g, claim_slot) only moves
  * forward, and a batch gets a ring buffer when the cursor first reaches it,
- * provided a buffer is free and the batch is less than `depth` ahead of the
+ * provided a buffer is free and the batch is less than `nbufs` ahead of the
  * consumer. Batches [deliver_g, assigned_end_g) own buffers, indexed by
- * g % depth in `inflight`; the consumer takes deliver_g once all its slots are
+ * g % nbufs in `inflight`; the consumer takes deliver_g once all its slots are
  * filled. A delivered buffer is HELD until stk_batch_release() frees it.
  *
  * Every sample's output depends only on (seed, epoch, sample index), never on
@@ -34,6 +35,7 @@
 #include <unistd.h>
 
 #define MAX_KEPT_ERRORS 1024
+#define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
 enum { BUF_FREE, BUF_FILLING, BUF_HELD };
@@ -73,8 +75,8 @@ typedef struct worker {
     stk__scratch in, dec;
     /* Written by the worker, read by stats calls from the consumer: relaxed
      * atomics, since each counter is independent and only needs no tearing. */
-    _Atomic uint64_t items[STK_STAGE_COUNT];
-    _Atomic uint64_t ns[STK_STAGE_COUNT];
+    _Atomic uint64_t items[NSTAGES];
+    _Atomic uint64_t ns[NSTAGES];
 } worker;
 
 struct core {
@@ -97,7 +99,7 @@ struct core {
     int64_t shape[4];
     size_t sample_bytes; /* dense: one sample; variable: one slot's budget */
 
-    unsigned depth, nthreads;
+    unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
     size_t batch_size, run;
     buffer *bufs;
     buffer **inflight;
@@ -156,7 +158,7 @@ static void free_slot_errs(slot_err *e)
 static void core_free(core *c)
 {
     if (c->bufs) {
-        for (unsigned k = 0; k < c->depth; k++) {
+        for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
             stk__free(b->data);
             stk__free(b->offsets);
@@ -280,7 +282,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
             return false;
         if (!c->seeking) {
             if (c->claim_g < c->assigned_end_g) {
-                buffer *b = c->inflight[c->claim_g % c->depth];
+                buffer *b = c->inflight[c->claim_g % c->nbufs];
                 /* Guided sizes: runs shrink as the batch runs out, so the
                  * threads finish a batch together instead of one idling
                  * while another works through a long last run (which
@@ -299,7 +301,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                 }
                 return true;
             }
-            if (c->claim_g < c->deliver_g + c->depth && c->free_count > 0) {
+            if (c->claim_g < c->deliver_g + c->nbufs && c->free_count > 0) {
                 /* free_count > 0 guarantees a FREE buffer exists. */
                 unsigned f = 0;
                 while (c->bufs[f].state != BUF_FREE)
@@ -310,7 +312,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                 b->size = stk__partition_batch_len(&c->part, b->g % c->part.batches);
                 b->filled = b->failed = 0;
                 b->reported = false;
-                c->inflight[b->g % c->depth] = b;
+                c->inflight[b->g % c->nbufs] = b;
                 c->assigned_end_g++;
                 c->free_count--;
                 continue;
@@ -475,7 +477,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             break;
         }
         uint64_t g = c->deliver_g;
-        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->depth] : NULL;
+        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
         if (b && b->filled == b->size) {
             if (b->failed && !b->reported) {
                 b->reported = true;
@@ -496,7 +498,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             }
             free_slot_errs(b->errs);
             b->errs = NULL;
-            c->inflight[g % c->depth] = NULL;
+            c->inflight[g % c->nbufs] = NULL;
             c->deliver_g++;
             b->state = BUF_HELD;
             c->refs++;
@@ -512,7 +514,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "all %u ring buffers are held by the consumer; release a batch before "
                      "asking for the next, or raise depth",
-                     c->depth);
+                     c->nbufs);
             rc = STK_EBUSY;
             break;
         }
@@ -571,7 +573,7 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
         c->seeking = true;
         while (c->busy)
             timed_wait(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
-        for (unsigned k = 0; k < c->depth; k++) {
+        for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
             if (b->state == BUF_FILLING) {
                 b->state = BUF_FREE;
@@ -647,39 +649,93 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
     return STK_OK;
 }
 
+/* Copies a result struct the library filled in full (`full`, `size` bytes,
+ * struct_size first) into the caller's `out`, whose struct_size says how large
+ * the caller's version is: the common prefix is copied, a tail the library
+ * does not know is zeroed, and struct_size becomes the bytes filled. `min` is
+ * the size of the struct's first version. */
+static int put_sized(stk_loader *l, const char *type, void *out, const void *full, size_t size,
+                     size_t min)
+{
+    if (!out)
+        return STK_EINVAL;
+    size_t want;
+    memcpy(&want, out, sizeof want);
+    if (want < min) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "%s.struct_size is %zu; set it to sizeof(%s) (at least %zu)", type, want, type,
+                 min);
+        return STK_EINVAL;
+    }
+    size_t n = want < size ? want : size;
+    memcpy(out, full, n);
+    if (want > n)
+        memset((char *)out + n, 0, want - n);
+    memcpy(out, &n, sizeof n);
+    return STK_OK;
+}
+
+/* Sizes of the first versions of the extensible structs: fields are only ever
+ * appended, so these stay fixed as the structs grow. */
+#define INFO_V1  (offsetof(stk_info, source_kind) + sizeof(const char *))
+#define STATS_V1 (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
+#define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
+
 int stk_loader_info(stk_loader *l, stk_info *info)
 {
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!info)
-        return STK_EINVAL;
     core *c = l->c;
-    info->num_samples = c->src.count;
-    info->samples_per_epoch = c->part.per_rank;
-    info->batches_per_epoch = c->part.batches;
-    info->num_classes = c->src.num_classes;
-    info->threads = c->nthreads;
-    info->depth = c->depth;
-    info->batch_size = c->batch_size;
-    info->kind = c->kind;
-    info->source_kind = c->src.ops->kind;
-    return STK_OK;
+    stk_info in = {.struct_size = sizeof in};
+    in.num_samples = c->src.count;
+    in.samples_per_epoch = c->part.per_rank;
+    in.batches_per_epoch = c->part.batches;
+    in.num_classes = c->src.num_classes;
+    in.threads = c->nthreads;
+    in.depth = c->depth;
+    in.batch_size = c->batch_size;
+    in.kind = c->kind;
+    in.source_kind = c->src.ops->kind;
+    in.ring_buffers = c->nbufs;
+    return put_sized(l, "stk_info", info, &in, sizeof in, INFO_V1);
 }
 
-int stk_loader_thread_stats(stk_loader *l, unsigned thread, stk_stage_stats *out)
+/* Sums stage `stage` over the threads [t0, t1). */
+static int stage_sum(stk_loader *l, int stage, unsigned t0, unsigned t1, stk_stage_stats *out)
+{
+    if (stage < 0 || stage >= NSTAGES) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "stage %d is not in 0..%d", stage, NSTAGES - 1);
+        return STK_EINVAL;
+    }
+    stk_stage_stats s = {.struct_size = sizeof s};
+    for (unsigned t = t0; t < t1; t++) {
+        worker *w = &l->c->workers[t];
+        s.items += atomic_load_explicit(&w->items[stage], memory_order_relaxed);
+        s.busy_ns += atomic_load_explicit(&w->ns[stage], memory_order_relaxed);
+    }
+    return put_sized(l, "stk_stage_stats", out, &s, sizeof s, STAGE_V1);
+}
+
+int stk_loader_stage_stats(stk_loader *l, int stage, stk_stage_stats *out)
 {
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!out || thread >= l->c->nthreads)
+    return stage_sum(l, stage, 0, l->c->nthreads, out);
+}
+
+int stk_loader_thread_stats(stk_loader *l, unsigned thread, int stage, stk_stage_stats *out)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (thread >= l->c->nthreads) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "thread %u is not in 0..%u", thread,
+                 l->c->nthreads - 1);
         return STK_EINVAL;
-    worker *w = &l->c->workers[thread];
-    for (int s = 0; s < STK_STAGE_COUNT; s++) {
-        out[s].items = atomic_load_explicit(&w->items[s], memory_order_relaxed);
-        out[s].busy_ns = atomic_load_explicit(&w->ns[s], memory_order_relaxed);
     }
-    return STK_OK;
+    return stage_sum(l, stage, thread, thread + 1, out);
 }
 
 int stk_loader_stats(stk_loader *l, stk_stats *st)
@@ -687,27 +743,17 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!st)
-        return STK_EINVAL;
     core *c = l->c;
-    memset(st, 0, sizeof *st);
-    for (unsigned t = 0; t < c->nthreads; t++) {
-        stk_stage_stats s[STK_STAGE_COUNT];
-        stk_loader_thread_stats(l, t, s);
-        for (int k = 0; k < STK_STAGE_COUNT; k++) {
-            st->stages[k].items += s[k].items;
-            st->stages[k].busy_ns += s[k].busy_ns;
-        }
-    }
+    stk_stats s = {.struct_size = sizeof s};
     pthread_mutex_lock(&c->lock);
-    st->samples_delivered = c->delivered_samples;
-    st->batches_delivered = c->delivered_batches;
-    st->consumer_wait_ns = c->wait_ns;
-    st->samples_skipped = c->skipped;
-    st->samples_failed = c->failed;
+    s.samples_delivered = c->delivered_samples;
+    s.batches_delivered = c->delivered_batches;
+    s.consumer_wait_ns = c->wait_ns;
+    s.samples_skipped = c->skipped;
+    s.samples_failed = c->failed;
     pthread_mutex_unlock(&c->lock);
-    st->memory_bound_bytes = c->memory_bound;
-    return STK_OK;
+    s.memory_bound_bytes = c->memory_bound;
+    return put_sized(l, "stk_stats", st, &s, sizeof s, STATS_V1);
 }
 
 int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
@@ -715,13 +761,14 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (!st || st->size < sizeof st->size)
+    /* The first version of the struct ends after io_busy_ns. */
+    if (!st || st->struct_size < offsetof(stk_fetch_stats, io_busy_ns) + sizeof st->io_busy_ns)
         return STK_EINVAL;
     if (!l->c->fetch)
         return STK_EUNSUPPORTED;
     stk__fetch_stats f;
     stk__fetch_stats_get(l->c->fetch, &f);
-    stk_fetch_stats full = {.size = st->size,
+    stk_fetch_stats full = {.struct_size = 0,
                             .requests = f.requests,
                             .retries = f.retries,
                             .failures = f.failures,
@@ -740,7 +787,8 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .cache_evictions = f.cache_evictions,
                             .cache_fallbacks = f.cache_fallbacks,
                             .io_busy_ns = f.io_busy_ns};
-    size_t n = st->size < sizeof full ? st->size : sizeof full;
+    size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
+    full.struct_size = n;
     memcpy(st, &full, n);
     return STK_OK;
 }
@@ -941,10 +989,10 @@ static int alloc_ring(core *c)
     size_t B = c->batch_size;
     if (c->sample_bytes && B > SIZE_MAX / c->sample_bytes)
         return STK_ETOOBIG;
-    if (!(c->bufs = stk__calloc(c->depth, sizeof *c->bufs)) ||
-        !(c->inflight = stk__calloc(c->depth, sizeof *c->inflight)))
+    if (!(c->bufs = stk__calloc(c->nbufs, sizeof *c->bufs)) ||
+        !(c->inflight = stk__calloc(c->nbufs, sizeof *c->inflight)))
         return STK_ENOMEM;
-    for (unsigned k = 0; k < c->depth; k++) {
+    for (unsigned k = 0; k < c->nbufs; k++) {
         buffer *b = &c->bufs[k];
         b->core = c;
         b->state = BUF_FREE;
@@ -956,7 +1004,7 @@ static int alloc_ring(core *c)
             !(b->indices = stk__malloc(B * sizeof *b->indices)) || !(b->ok = stk__malloc(B)))
             return STK_ENOMEM;
     }
-    c->free_count = c->depth;
+    c->free_count = c->nbufs;
     return STK_OK;
 }
 
@@ -967,7 +1015,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
         per_thread += o->max_input_bytes + o->scratch_bytes;
-    return c->depth * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
+    return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS * (sizeof(stk_sample_error) + 2 * STK_ERRMSG_MAX);
 }
 
@@ -993,6 +1041,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
     c->depth = o->depth;
+    c->nbufs = o->depth + 1;
     c->nthreads = o->threads ? o->threads : online_cores();
 
     stk__remote_cfg rcfg = {.endpoint = o->endpoint,
@@ -1037,7 +1086,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->run = c->batch_size / (4 * (size_t)c->nthreads);
     c->run = c->run < 1 ? 1 : c->run > 16 ? 16 : c->run;
     if ((rc = alloc_ring(c))) {
-        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->depth,
+        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->nbufs,
                  c->batch_size, c->sample_bytes);
         goto fail;
     }
@@ -1119,6 +1168,13 @@ const char *stk_strerror(int code)
 const char *stk_version(void)
 {
     return STK_VERSION_STRING;
+}
+
+_Static_assert(NSTAGES == STK_STAGE_PROCESS + 1, "NSTAGES counts every enum stk_stage");
+
+int stk_stage_count(void)
+{
+    return NSTAGES;
 }
 
 const char *stk_stage_name(int stage)

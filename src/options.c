@@ -87,7 +87,7 @@ int stk_options_set_threads(stk_options *o, unsigned n)
 
 int stk_options_set_depth(stk_options *o, unsigned n)
 {
-    if (!o || n < 1 || n > 64)
+    if (!o || n < 1 || n > 63)
         return STK_EINVAL;
     o->depth = n;
     return STK_OK;

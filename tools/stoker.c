@@ -49,7 +49,7 @@ static void usage(FILE *f)
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
                "  --threads N         worker threads (0 = cores)\n"
-               "  --depth N           ring buffers (2)\n"
+               "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
                "  --no-shuffle        natural order\n"
@@ -167,7 +167,7 @@ static void stk__opt_key(const char *s, char *out, size_t n)
  * member ",\"fetch\":{...}". Prints nothing for a local dataset. */
 static void print_fetch(stk_loader *l, bool json, double secs)
 {
-    stk_fetch_stats f = {.size = sizeof f};
+    stk_fetch_stats f = {.struct_size = sizeof f};
     if (stk_loader_fetch_stats(l, &f) != STK_OK)
         return;
     double over = f.sample_bytes ? (double)f.bytes / (double)f.sample_bytes : 0.0;
@@ -238,7 +238,7 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             NUM(0, 256);
             rc = stk_options_set_threads(o, (unsigned)v);
         } else if (!strcmp(k, "--depth")) {
-            NUM(1, 64);
+            NUM(1, 63);
             rc = stk_options_set_depth(o, (unsigned)v);
         } else if (!strcmp(k, "--epochs")) {
             NUM(0, UINT64_MAX);
@@ -416,7 +416,7 @@ static int cmd_bench(int argc, char **argv)
         status = 1;
         goto out;
     }
-    stk_info info;
+    stk_info info = {.struct_size = sizeof info};
     stk_loader_info(l, &info);
     uint64_t bound = stk_loader_memory_bound(l);
     if (!a.json) {
@@ -452,7 +452,7 @@ static int cmd_bench(int argc, char **argv)
         }
     }
     double secs = now_s() - t0;
-    stk_stats st;
+    stk_stats st = {.struct_size = sizeof st};
     stk_loader_stats(l, &st);
     long rss = peak_rss_bytes();
     unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
@@ -475,18 +475,21 @@ static int cmd_bench(int argc, char **argv)
         printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
                ",\"starvation_s\":%.6f,\"stages\":{",
                rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
-        for (int s = 0; s < STK_STAGE_COUNT; s++)
+        for (int s = 0; s < stk_stage_count(); s++) {
+            stk_stage_stats ss = {.struct_size = sizeof ss};
+            stk_loader_stage_stats(l, s, &ss);
             printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                   stk_stage_name(s), st.stages[s].items, (double)st.stages[s].busy_ns * 1e-9);
+                   stk_stage_name(s), ss.items, (double)ss.busy_ns * 1e-9);
+        }
         printf("},\"per_thread\":[");
         for (unsigned t = 0; t < info.threads; t++) {
-            stk_stage_stats ts[STK_STAGE_COUNT];
-            if (stk_loader_thread_stats(l, t, ts))
-                continue;
             printf("%s{", t ? "," : "");
-            for (int s = 0; s < STK_STAGE_COUNT; s++)
+            for (int s = 0; s < stk_stage_count(); s++) {
+                stk_stage_stats ts = {.struct_size = sizeof ts};
+                stk_loader_thread_stats(l, t, s, &ts);
                 printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                       stk_stage_name(s), ts[s].items, (double)ts[s].busy_ns * 1e-9);
+                       stk_stage_name(s), ts.items, (double)ts.busy_ns * 1e-9);
+            }
             printf("}");
         }
         printf("]");
@@ -504,11 +507,13 @@ static int cmd_bench(int argc, char **argv)
         printf("  peak RSS     %s (memory bound %s)\n",
                stoker_human_bytes((double)rss, b1, sizeof b1),
                stoker_human_bytes((double)bound, b2, sizeof b2));
-        for (int s = 0; s < STK_STAGE_COUNT; s++) {
-            double busy = (double)st.stages[s].busy_ns * 1e-9;
+        for (int s = 0; s < stk_stage_count(); s++) {
+            stk_stage_stats ss = {.struct_size = sizeof ss};
+            stk_loader_stage_stats(l, s, &ss);
+            double busy = (double)ss.busy_ns * 1e-9;
             printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",
-                   stk_stage_name(s), st.stages[s].items, busy, info.threads,
-                   st.stages[s].items ? busy * 1e6 / (double)st.stages[s].items : 0.0);
+                   stk_stage_name(s), ss.items, busy, info.threads,
+                   ss.items ? busy * 1e6 / (double)ss.items : 0.0);
         }
         print_fetch(l, false, secs);
         double starve = (double)st.consumer_wait_ns * 1e-9;

@@ -690,7 +690,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         set_or_raise(stk_options_set_seed(o, seed), "seed") ||
         set_or_raise(stk_options_set_drop_last(o, drop_last), "drop_last") ||
         set_or_raise(stk_options_set_threads(o, threads), "threads (0 .. 256)") ||
-        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 64)") ||
+        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 63)") ||
         set_or_raise(stk_options_set_on_error(o, skip ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE),
                      "on_error") ||
         set_or_raise(stk_options_set_partition(o, rank, world),
@@ -994,7 +994,7 @@ static PyObject *Engine_info(EngineObject *self, PyObject *unused)
     (void)unused;
     if (engine_enter(self))
         return NULL;
-    stk_info in;
+    stk_info in = {.struct_size = sizeof in};
     int rc = stk_loader_info(self->l, &in);
     uint64_t bound = rc ? 0 : stk_loader_memory_bound(self->l);
     if (rc)
@@ -1003,21 +1003,29 @@ static PyObject *Engine_info(EngineObject *self, PyObject *unused)
     if (rc)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
+        "{s:K,s:K,s:K,s:K,s:I,s:I,s:I,s:n,s:s,s:s,s:K}", "num_samples",
         (unsigned long long)in.num_samples, "samples_per_epoch",
         (unsigned long long)in.samples_per_epoch, "batches_per_epoch",
         (unsigned long long)in.batches_per_epoch, "num_classes", (unsigned long long)in.num_classes,
-        "threads", in.threads, "depth", in.depth, "batch_size", (Py_ssize_t)in.batch_size, "kind",
-        in.kind == STK_BATCH_DENSE ? "dense" : "variable", "source_kind",
-        in.source_kind ? in.source_kind : "?", "memory_bound_bytes", (unsigned long long)bound);
+        "threads", in.threads, "depth", in.depth, "ring_buffers", in.ring_buffers, "batch_size",
+        (Py_ssize_t)in.batch_size, "kind", in.kind == STK_BATCH_DENSE ? "dense" : "variable",
+        "source_kind", in.source_kind ? in.source_kind : "?", "memory_bound_bytes",
+        (unsigned long long)bound);
 }
 
-static PyObject *stage_dict(const stk_stage_stats *s)
+/* {stage name: {"items", "busy_s"}} for every stage, summed over the threads
+ * (thread < 0) or of one thread. */
+static PyObject *stage_dict(stk_loader *l, int thread)
 {
     PyObject *d = PyDict_New();
-    for (int k = 0; d && k < STK_STAGE_COUNT; k++) {
-        PyObject *x = Py_BuildValue("{s:K,s:d}", "items", (unsigned long long)s[k].items, "busy_s",
-                                    (double)s[k].busy_ns * 1e-9);
+    for (int k = 0; d && k < stk_stage_count(); k++) {
+        stk_stage_stats s = {.struct_size = sizeof s};
+        int rc = thread < 0 ? stk_loader_stage_stats(l, k, &s)
+                            : stk_loader_thread_stats(l, (unsigned)thread, k, &s);
+        if (rc)
+            continue;
+        PyObject *x = Py_BuildValue("{s:K,s:d}", "items", (unsigned long long)s.items, "busy_s",
+                                    (double)s.busy_ns * 1e-9);
         if (!x || PyDict_SetItemString(d, stk_stage_name(k), x) < 0)
             Py_CLEAR(d);
         Py_XDECREF(x);
@@ -1031,7 +1039,7 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     (void)unused;
     if (engine_enter(self))
         return NULL;
-    stk_fetch_stats f = {.size = sizeof f};
+    stk_fetch_stats f = {.struct_size = sizeof f};
     int rc = stk_loader_fetch_stats(self->l, &f);
     if (rc == STK_EUNSUPPORTED) {
         engine_leave(self);
@@ -1062,8 +1070,8 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
     if (engine_enter(self))
         return NULL;
     PyObject *res = NULL, *threads = NULL, *stages = NULL, *errors = NULL;
-    stk_stats st;
-    stk_info in;
+    stk_stats st = {.struct_size = sizeof st};
+    stk_info in = {.struct_size = sizeof in};
     int rc = stk_loader_stats(self->l, &st);
     if (!rc)
         rc = stk_loader_info(self->l, &in);
@@ -1071,14 +1079,11 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         engine_raise(self, rc);
         goto out;
     }
-    if (!(stages = stage_dict(st.stages)) || !(threads = PyList_New(0)) ||
+    if (!(stages = stage_dict(self->l, -1)) || !(threads = PyList_New(0)) ||
         !(errors = PyList_New(0)))
         goto out;
-    for (unsigned t = 0; t < in.threads; t++) {
-        stk_stage_stats s[STK_STAGE_COUNT];
-        if (stk_loader_thread_stats(self->l, t, s))
-            continue;
-        PyObject *d = stage_dict(s);
+    for (unsigned t = 0; t < in.threads && t <= INT_MAX; t++) {
+        PyObject *d = stage_dict(self->l, (int)t);
         if (!d || PyList_Append(threads, d) < 0) {
             Py_XDECREF(d);
             goto out;

@@ -326,16 +326,13 @@ class Loader:
         self.return_indices = bool(return_indices)
         self._engine = _stoker.Engine(
             path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
-            # One ring buffer more than depth: the batch a `for x, y in
-            # loader` loop still holds while it asks for the next must not
-            # cost the pipeline a prefetched batch (or raise EBUSY).
-            transform=spec, threads=threads or 0, depth=depth + 1,
+            # depth means the same as in the engine: batches prepared ahead
+            # of the one the loop holds (the ring has depth + 1 buffers).
+            transform=spec, threads=threads or 0, depth=depth,
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
             records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
         self._info = self._engine.info()
         self._classes = None
-        self._info["ring_buffers"] = self._info["depth"]
-        self._info["depth"] = depth
         self.threads = self._info["threads"]
         self._lock = threading.Lock()
         self._generation = 0   # bumped when an iterator is superseded

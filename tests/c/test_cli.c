@@ -451,7 +451,7 @@ static void test_usage_messages(void)
          "--rank 2 is out of range for --world-size 2 (0..1)"},
         {{"bench", "x", "--threads", "257", NULL}, "--threads 257 is out of range (0..256)"},
         {{"bench", "x", "--batch-size", "0", NULL}, "--batch-size 0 is out of range (1..16777216)"},
-        {{"bench", "x", "--depth", "65", NULL}, "--depth 65 is out of range (1..64)"},
+        {{"bench", "x", "--depth", "65", NULL}, "--depth 65 is out of range (1..63)"},
         {{"bench", "x", "--threads", "-1", NULL}, "--threads -1 is out of range (0..256)"},
         {{"bench", "x", "--depth", "two", NULL}, "--depth needs a number, got 'two'"},
         {{"bench", "x", "--record-size", "0", NULL}, "--record-size 0 is not a valid record size"},

@@ -150,7 +150,7 @@ static void *release_thread(void *p)
 static void test_close_while_holding(void)
 {
     long live0 = stk__alloc_live();
-    stk_loader *l = open_records(3, 3, 8);
+    stk_loader *l = open_records(3, 2, 8); /* depth 2: 3 buffers */
     stk_batch *b[3];
     for (int k = 0; k < 3; k++)
         REQUIRE(stk_loader_next(l, &b[k]) == STK_OK);
@@ -178,7 +178,7 @@ static void test_close_while_holding(void)
 /* Workers waiting for a free buffer must not delay close. */
 static void test_close_with_workers_waiting(void)
 {
-    stk_loader *l = open_records(4, 2, 4);
+    stk_loader *l = open_records(4, 1, 4); /* depth 1: 2 buffers */
     stk_batch *b0, *b1;
     REQUIRE(stk_loader_next(l, &b0) == STK_OK);
     REQUIRE(stk_loader_next(l, &b1) == STK_OK);
@@ -195,8 +195,9 @@ static void test_ebusy_when_all_held(void)
 {
     for (unsigned depth = 1; depth <= 3; depth++) {
         stk_loader *l = open_records(2, depth, 4);
-        stk_batch *held[3];
-        for (unsigned k = 0; k < depth; k++)
+        /* depth + 1 buffers: the consumer can hold that many batches. */
+        stk_batch *held[4];
+        for (unsigned k = 0; k < depth + 1; k++)
             REQUIRE(stk_loader_next(l, &held[k]) == STK_OK);
         stk_batch *b = (stk_batch *)1;
         double t0 = now_ms();
@@ -208,20 +209,20 @@ static void test_ebusy_when_all_held(void)
         /* Nothing was lost: releasing one lets the next batch through. */
         stk_batch_release(held[0]);
         REQUIRE(stk_loader_next(l, &b) == STK_OK);
-        CHECK_EQ(b->index, depth);
+        CHECK_EQ(b->index, depth + 1);
         CHECK(batch_ok(b));
         stk_batch_release(b);
-        for (unsigned k = 1; k < depth; k++)
+        for (unsigned k = 1; k < depth + 1; k++)
             stk_batch_release(held[k]);
         stk_loader_close(l);
     }
 }
 
 /* Releasing twice must not give a buffer back twice: afterwards the ring
- * still has exactly `depth` buffers (holding them all gives STK_EBUSY). */
+ * still has exactly depth + 1 buffers (holding them all gives STK_EBUSY). */
 static void test_double_release_harmless(void)
 {
-    stk_loader *l = open_records(3, 2, 4);
+    stk_loader *l = open_records(3, 1, 4);
     stk_batch *b0, *b1, *b2;
     REQUIRE(stk_loader_next(l, &b0) == STK_OK);
     stk_batch_release(b0);
@@ -259,8 +260,8 @@ static void test_null_arguments(void)
     CHECK(stk_loader_errmsg(NULL) != NULL);
     CHECK_EQ(stk_loader_memory_bound(NULL), 0);
     CHECK_EQ(stk_loader_error_count(NULL), 0);
-    stk_info info;
-    stk_stats st;
+    stk_info info = {.struct_size = sizeof info};
+    stk_stats st = {.struct_size = sizeof st};
     stk_state s;
     CHECK_EQ(stk_loader_info(NULL, &info), STK_EMISUSE);
     CHECK_EQ(stk_loader_stats(NULL, &st), STK_EMISUSE);
@@ -274,7 +275,8 @@ static void test_null_arguments(void)
     CHECK_EQ(stk_loader_stats(l, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_get_state(l, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_set_state(l, NULL), STK_EINVAL);
-    CHECK_EQ(stk_loader_thread_stats(l, 0, NULL), STK_EINVAL);
+    CHECK_EQ(stk_loader_thread_stats(l, 0, 0, NULL), STK_EINVAL);
+    CHECK_EQ(stk_loader_stage_stats(l, 0, NULL), STK_EINVAL);
     CHECK_EQ(stk_loader_error_get(l, 0, NULL), STK_EINVAL);
     stk_sample_error e;
     CHECK_EQ(stk_loader_error_get(l, 0, &e), STK_EINVAL); /* no errors yet */
@@ -445,7 +447,7 @@ static void thaw_workers(int n)
 static void test_next_timeout(void)
 {
     REQUIRE(sem_init(&g_thaw, 0, 0) == 0);
-    stk_loader *l = open_records(3, 2, 4);
+    stk_loader *l = open_records(3, 1, 4); /* 2 ring buffers */
     stk_batch *b;
     REQUIRE(stk_loader_next(l, &b) == STK_OK);
     uint8_t seen[N] = {0};
@@ -458,7 +460,7 @@ static void test_next_timeout(void)
     usleep(50000);
     int nth = freeze_workers();
     CHECK_EQ(nth, 3);
-    /* At most `depth` batches were finished before the freeze. */
+    /* At most depth + 1 = 2 batches were finished before the freeze. */
     int got = 1, timeouts = 0;
     double dt = 0;
     for (int k = 0; k < 4 && !timeouts; k++) {

@@ -135,7 +135,7 @@ static void test_exactly_once_matrix(void)
                             .shuffle = 1};
                 stk_loader *l;
                 REQUIRE(open_cfg(&l, &c) == STK_OK);
-                stk_info info;
+                stk_info info = {.struct_size = sizeof info};
                 REQUIRE(stk_loader_info(l, &info) == STK_OK);
                 CHECK_EQ(info.threads, threads[ti]);
                 CHECK_EQ(info.depth, depths[di]);
@@ -205,7 +205,7 @@ static void test_ranks_partition(void)
                                 .world = world};
                     stk_loader *l;
                     REQUIRE(open_cfg(&l, &c) == STK_OK);
-                    stk_info info;
+                    stk_info info = {.struct_size = sizeof info};
                     stk_loader_info(l, &info);
                     uint64_t per = dl ? N / world / 5 * 5 : (N + world - 1) / world;
                     CHECK_EQ(info.samples_per_epoch, per);
@@ -526,7 +526,7 @@ static void test_skip_deterministic(void)
         CHECK_EQ(n, 26);
         if (t)
             CHECK(!memcmp(ref, got, n * sizeof *ref));
-        stk_stats st;
+        stk_stats st = {.struct_size = sizeof st};
         stk_loader_stats(l, &st);
         CHECK_EQ(st.samples_skipped, 2);
         CHECK_EQ(st.samples_delivered, 178);
@@ -552,12 +552,12 @@ static void test_stats(void)
                 .label = 1,
                 .bs = 8,
                 .threads = 3,
-                .depth = 2,
+                .depth = 1, /* 2 ring buffers */
                 .seed = 1,
                 .shuffle = 1};
     stk_loader *l;
     REQUIRE(open_cfg(&l, &c) == STK_OK);
-    stk_info info;
+    stk_info info = {.struct_size = sizeof info};
     stk_loader_info(l, &info);
     stk_batch *b0, *b1;
     REQUIRE(stk_loader_next(l, &b0) == STK_OK);
@@ -565,32 +565,44 @@ static void test_stats(void)
     usleep(20000);
     /* Both buffers are held, so the workers are idle and every counter is
      * settled: exactly the 16 held samples were read. */
-    stk_stats st;
+    stk_stats st = {.struct_size = sizeof st};
     CHECK_EQ(stk_loader_stats(l, &st), STK_OK);
-    CHECK_EQ(st.stages[STK_STAGE_READ].items, 16);
-    CHECK_EQ(st.stages[STK_STAGE_PROCESS].items, 0); /* no transform */
-    CHECK(st.stages[STK_STAGE_READ].busy_ns > 0);
+    CHECK_EQ(st.struct_size, sizeof st);
+    stk_stage_stats rd = {.struct_size = sizeof rd}, pr = {.struct_size = sizeof pr};
+    CHECK_EQ(stk_loader_stage_stats(l, STK_STAGE_READ, &rd), STK_OK);
+    CHECK_EQ(stk_loader_stage_stats(l, STK_STAGE_PROCESS, &pr), STK_OK);
+    CHECK_EQ(rd.items, 16);
+    CHECK_EQ(pr.items, 0); /* no transform */
+    CHECK(rd.busy_ns > 0);
     CHECK_EQ(st.samples_delivered, 16);
     CHECK_EQ(st.batches_delivered, 2);
     CHECK(st.consumer_wait_ns > 0);
     CHECK_EQ(st.samples_skipped + st.samples_failed, 0);
     CHECK_EQ(st.memory_bound_bytes, stk_loader_memory_bound(l));
     CHECK(st.memory_bound_bytes >= 2 * 8 * (REC - 1));
-    stk_stage_stats sum[STK_STAGE_COUNT] = {{0, 0}};
-    for (unsigned t = 0; t < info.threads; t++) {
-        stk_stage_stats ts[STK_STAGE_COUNT];
-        CHECK_EQ(stk_loader_thread_stats(l, t, ts), STK_OK);
-        for (int s = 0; s < STK_STAGE_COUNT; s++) {
-            sum[s].items += ts[s].items;
-            sum[s].busy_ns += ts[s].busy_ns;
+    /* Stages are queried by number up to stk_stage_count(); the per-thread
+     * counters add up to the totals. */
+    CHECK_EQ(stk_stage_count(), 2);
+    for (int s = 0; s < stk_stage_count(); s++) {
+        stk_stage_stats tot = {.struct_size = sizeof tot}, sum = {.struct_size = sizeof sum};
+        CHECK_EQ(stk_loader_stage_stats(l, s, &tot), STK_OK);
+        for (unsigned t = 0; t < info.threads; t++) {
+            stk_stage_stats ts = {.struct_size = sizeof ts};
+            CHECK_EQ(stk_loader_thread_stats(l, t, s, &ts), STK_OK);
+            sum.items += ts.items;
+            sum.busy_ns += ts.busy_ns;
         }
+        CHECK_EQ(sum.items, tot.items);
+        CHECK_EQ(sum.busy_ns, tot.busy_ns);
     }
-    stk_stage_stats ts[STK_STAGE_COUNT];
-    CHECK_EQ(stk_loader_thread_stats(l, info.threads, ts), STK_EINVAL);
-    for (int s = 0; s < STK_STAGE_COUNT; s++) {
-        CHECK_EQ(sum[s].items, st.stages[s].items);
-        CHECK_EQ(sum[s].busy_ns, st.stages[s].busy_ns);
-    }
+    stk_stage_stats ts = {.struct_size = sizeof ts};
+    CHECK_EQ(stk_loader_thread_stats(l, info.threads, 0, &ts), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "thread 3") != NULL);
+    CHECK_EQ(stk_loader_stage_stats(l, stk_stage_count(), &ts), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "stage 2") != NULL);
+    CHECK_EQ(stk_loader_stage_stats(l, -1, &ts), STK_EINVAL);
+    CHECK_EQ(stk_loader_thread_stats(l, 0, stk_stage_count(), &ts), STK_EINVAL);
+    CHECK(!strcmp(stk_stage_name(stk_stage_count()), "?"));
     stk_batch_release(b0);
     stk_batch_release(b1);
     /* The rest of the epoch: counters grow, the wait stays under wall time. */
@@ -608,13 +620,131 @@ static void test_stats(void)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     uint64_t wall =
         (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000ULL + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
-    stk_stats st2;
+    stk_stats st2 = {.struct_size = sizeof st2};
     stk_loader_stats(l, &st2);
     CHECK_EQ(st2.samples_delivered, N);
     CHECK_EQ(st2.batches_delivered, N / 8);
-    CHECK(st2.stages[STK_STAGE_READ].items >= N);
-    CHECK(st2.stages[STK_STAGE_READ].items <= N + 2 * 8); /* at most the ring ahead */
+    CHECK_EQ(stk_loader_stage_stats(l, STK_STAGE_READ, &rd), STK_OK);
+    CHECK(rd.items >= N);
+    CHECK(rd.items <= N + 2 * 8); /* at most the ring ahead */
     CHECK(st2.consumer_wait_ns >= wait0 && st2.consumer_wait_ns - wait0 <= wall);
+    stk_loader_close(l);
+}
+
+/* depth counts the batches prepared ahead of the one the consumer holds:
+ * while it holds one batch, exactly depth more are read (and no more), the
+ * ring has depth + 1 buffers, and holding all of them gives STK_EBUSY. */
+static void test_depth_meaning(void)
+{
+    static const unsigned depths[] = {1, 2, 5};
+    for (size_t di = 0; di < 3; di++) {
+        unsigned depth = depths[di];
+        tu_cfg c = {.path = records_file(64),
+                    .record = REC,
+                    .label = 1,
+                    .bs = 4,
+                    .threads = 2,
+                    .depth = depth};
+        stk_loader *l;
+        REQUIRE(open_cfg(&l, &c) == STK_OK);
+        stk_info info = {.struct_size = sizeof info};
+        REQUIRE(stk_loader_info(l, &info) == STK_OK);
+        CHECK_EQ(info.depth, depth);
+        CHECK_EQ(info.ring_buffers, depth + 1);
+        stk_batch *held[6];
+        REQUIRE(stk_loader_next(l, &held[0]) == STK_OK);
+        /* Wait until the workers have nothing left to do. */
+        stk_stage_stats rd = {.struct_size = sizeof rd};
+        uint64_t last = UINT64_MAX;
+        for (int k = 0; k < 200; k++) {
+            usleep(10000);
+            REQUIRE(stk_loader_stage_stats(l, STK_STAGE_READ, &rd) == STK_OK);
+            if (rd.items == last && rd.items >= (depth + 1) * 4)
+                break;
+            last = rd.items;
+        }
+        CHECK_EQ(rd.items, (depth + 1) * 4);
+        for (unsigned k = 1; k <= depth; k++) {
+            REQUIRE(stk_loader_next(l, &held[k]) == STK_OK);
+            CHECK_EQ(held[k]->index, k);
+        }
+        stk_batch *b;
+        CHECK_EQ(stk_loader_next(l, &b), STK_EBUSY);
+        for (unsigned k = 0; k <= depth; k++)
+            stk_batch_release(held[k]);
+        stk_loader_close(l);
+    }
+}
+
+/* The result structs are size-prefixed: a caller built against an older
+ * header (smaller struct) gets the fields it knows, one built against a newer
+ * header (larger struct) gets the tail zeroed and learns from struct_size how
+ * much was filled, and a caller that forgot struct_size gets STK_EINVAL rather
+ * than a write past its struct. */
+static void test_stats_struct_size(void)
+{
+    tu_cfg c = {.path = records_file(16), .record = REC, .label = 1, .bs = 4, .threads = 2};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    stk_batch *b;
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    stk_batch_release(b);
+
+    struct {
+        stk_stats s;
+        uint64_t future[3];
+    } big;
+    memset(&big, 0xab, sizeof big);
+    big.s.struct_size = sizeof big;
+    CHECK_EQ(stk_loader_stats(l, &big.s), STK_OK);
+    CHECK_EQ(big.s.struct_size, sizeof(stk_stats));
+    CHECK_EQ(big.s.batches_delivered, 1);
+    for (int k = 0; k < 3; k++)
+        CHECK_EQ(big.future[k], 0);
+
+    struct {
+        stk_info i;
+        uint64_t future;
+    } bigi;
+    memset(&bigi, 0xab, sizeof bigi);
+    bigi.i.struct_size = sizeof bigi;
+    CHECK_EQ(stk_loader_info(l, &bigi.i), STK_OK);
+    CHECK_EQ(bigi.i.struct_size, sizeof(stk_info));
+    CHECK_EQ(bigi.i.num_samples, 16);
+    CHECK_EQ(bigi.future, 0);
+
+    struct {
+        stk_stage_stats s;
+        uint64_t future;
+    } bigs;
+    memset(&bigs, 0xab, sizeof bigs);
+    bigs.s.struct_size = sizeof bigs;
+    CHECK_EQ(stk_loader_thread_stats(l, 1, STK_STAGE_READ, &bigs.s), STK_OK);
+    CHECK_EQ(bigs.s.struct_size, sizeof(stk_stage_stats));
+    CHECK(bigs.s.items <= 16);
+    CHECK_EQ(bigs.future, 0);
+
+    /* Forgotten or too small: refused, nothing written past struct_size. */
+    stk_stats zero;
+    memset(&zero, 0xcd, sizeof zero);
+    zero.struct_size = 0;
+    CHECK_EQ(stk_loader_stats(l, &zero), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "stk_stats.struct_size is 0") != NULL);
+    CHECK_EQ(zero.samples_delivered, 0xcdcdcdcdcdcdcdcdULL);
+    stk_info small = {.struct_size = offsetof(stk_info, source_kind)};
+    CHECK_EQ(stk_loader_info(l, &small), STK_EINVAL);
+    /* A caller built before ring_buffers was appended gets what it knows. */
+    size_t v1 = offsetof(stk_info, source_kind) + sizeof(const char *);
+    stk_info old;
+    memset(&old, 0xab, sizeof old);
+    old.struct_size = v1;
+    CHECK_EQ(stk_loader_info(l, &old), STK_OK);
+    CHECK_EQ(old.struct_size, v1);
+    CHECK(!strcmp(old.source_kind, "records"));
+    CHECK_EQ(old.ring_buffers, 0xababababu); /* past its struct: untouched */
+    stk_stage_stats ss = {.struct_size = sizeof(size_t)};
+    CHECK_EQ(stk_loader_stage_stats(l, 0, &ss), STK_EINVAL);
+    CHECK_EQ(stk_loader_stats(l, NULL), STK_EINVAL);
     stk_loader_close(l);
 }
 
@@ -628,8 +758,9 @@ static void test_memory_bound(void)
         printf("    skipped: RSS is meaningless under a sanitizer\n");
         return;
     }
-    /* 8 ring buffers of 128 x 64 KiB = 64 MiB of ring; a 32 MiB file. */
-    enum { PAYLOAD = 64 << 10, N = 512, BS = 128, DEPTH = 8 };
+    /* depth 7: 8 ring buffers of 128 x 64 KiB = 64 MiB of ring; a 32 MiB
+     * file. */
+    enum { PAYLOAD = 64 << 10, N = 512, BS = 128, DEPTH = 7, BUFS = DEPTH + 1 };
     const char *path = tu_path("big.bin");
     {
         FILE *f = fopen(path, "wb");
@@ -658,13 +789,13 @@ static void test_memory_bound(void)
     REQUIRE(stk_loader_open(&l, o) == STK_OK);
     stk_options_destroy(o);
     uint64_t bound = stk_loader_memory_bound(l);
-    const uint64_t ring = (uint64_t)DEPTH * BS * PAYLOAD;
+    const uint64_t ring = (uint64_t)BUFS * BS * PAYLOAD;
     CHECK(bound >= ring);
     /* Hold two epochs' batches at once (the whole ring, since workers reuse
      * the lowest free buffer and a quick consumer would leave the rest
      * untouched), then run a third epoch releasing as it goes. */
     uint64_t samples = 0;
-    stk_batch *held[DEPTH];
+    stk_batch *held[BUFS];
     int nh = 0;
     for (int e = 0; e < 3; e++) {
         for (;;) {
@@ -672,7 +803,7 @@ static void test_memory_bound(void)
             int rc = stk_loader_next(l, &b);
             if (rc == STK_END)
                 break;
-            REQUIRE(rc == STK_OK && nh < DEPTH);
+            REQUIRE(rc == STK_OK && nh < BUFS);
             samples += b->size;
             if (e < 2)
                 held[nh++] = b;
@@ -680,7 +811,7 @@ static void test_memory_bound(void)
                 stk_batch_release(b);
         }
         if (e == 1) {
-            CHECK_EQ(nh, DEPTH);
+            CHECK_EQ(nh, BUFS);
             for (int k = 0; k < nh; k++)
                 stk_batch_release(held[k]);
             nh = 0;
@@ -799,6 +930,8 @@ int main(void)
     RUN(test_no_shuffle_natural);
     RUN(test_skip_deterministic);
     RUN(test_stats);
+    RUN(test_stats_struct_size);
+    RUN(test_depth_meaning);
     RUN(test_memory_bound);
     RUN(test_concurrent_opens);
     return tu_end();

@@ -103,7 +103,7 @@ static int session(const scenario *sc, int *injected_visible)
      * complete, though an error's text may be. */
     CHECK(ok);
     CHECK_EQ(delivered, 2 * (sc->samples - sc->bad));
-    stk_stats st;
+    stk_stats st = {.struct_size = sizeof st};
     CHECK_EQ(stk_loader_stats(l, &st), STK_OK);
     CHECK_EQ(sc->policy ? st.samples_skipped : st.samples_failed, 2 * sc->bad);
     size_t ne = stk_loader_error_count(l);
@@ -242,7 +242,7 @@ static void test_oom_entry_points(void)
     CHECK(l == NULL);
     stk_loader_close(l);
     CHECK_EQ(stk_loader_open(&l, o), STK_OK);
-    stk_info info;
+    stk_info info = {.struct_size = sizeof info};
     CHECK_EQ(stk_loader_info(l, &info), STK_OK);
     CHECK_EQ(info.num_samples, 18);
     stk_loader_close(l);

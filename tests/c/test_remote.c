@@ -378,7 +378,7 @@ static run_out run(const char *path, unsigned threads, const char *cache_dir, co
             stk_batch_release(b);
         }
     }
-    r.fs.size = sizeof r.fs;
+    r.fs.struct_size = sizeof r.fs;
     int frc = stk_loader_fetch_stats(l, &r.fs);
     if (strstr(path, "://"))
         CHECK_EQ(frc, STK_OK);

@@ -212,7 +212,7 @@ static void test_pack_roundtrip(void)
                 h[k] = tu_hash(h[k], (uint8_t *)bt->data + bt->offsets[j], bt->lengths[j]);
             stk_batch_release(bt);
         }
-        stk_info info;
+        stk_info info = {.struct_size = sizeof info};
         stk_loader_info(l, &info);
         CHECK(!strcmp(info.source_kind, k ? "stk" : "folder"));
         stk_loader_close(l);
@@ -372,7 +372,7 @@ static void test_corrupt_payload(void)
             CHECK_EQ(bt->size, 5);
             stk_batch_release(bt);
         }
-        stk_stats st;
+        stk_stats st = {.struct_size = sizeof st};
         stk_loader_stats(ld, &st);
         if (policy)
             CHECK_EQ(st.samples_skipped, 1);

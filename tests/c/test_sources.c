@@ -125,7 +125,7 @@ static void test_records_dense_labels(void)
             tu_cfg c = {.path = path, .record = rec, .header = headers[hi], .label = lb, .bs = 5};
             stk_loader *l;
             REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
-            stk_info info;
+            stk_info info = {.struct_size = sizeof info};
             CHECK_EQ(stk_loader_info(l, &info), STK_OK);
             CHECK_EQ(info.num_samples, 37);
             CHECK_EQ(info.samples_per_epoch, 37);
@@ -255,7 +255,7 @@ static void test_records_truncated_mid_epoch(void)
             stk_batch_release(b);
         }
         CHECK_EQ(delivered, 30);
-        stk_stats st;
+        stk_stats st = {.struct_size = sizeof st};
         CHECK_EQ(stk_loader_stats(l, &st), STK_OK);
         CHECK_EQ(policy ? st.samples_skipped : st.samples_failed, 10);
         CHECK_EQ(stk_loader_error_count(l), 10);
@@ -387,7 +387,7 @@ static void test_folder_torchvision_order(void)
         if (rc)
             fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
         REQUIRE(rc == STK_OK);
-        stk_info info;
+        stk_info info = {.struct_size = sizeof info};
         CHECK_EQ(stk_loader_info(l, &info), STK_OK);
         CHECK_EQ(info.num_samples, N_TREE);
         CHECK_EQ(info.num_classes, 4);
@@ -455,7 +455,7 @@ static void test_folder_symlink_loops(void)
     if (rc)
         fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
     REQUIRE(rc == STK_OK);
-    stk_info info;
+    stk_info info = {.struct_size = sizeof info};
     stk_loader_info(l, &info);
     CHECK_EQ(info.num_samples, 3); /* a.jpg, alias.png, d1/d2/b.jpg */
     static run r;
@@ -575,14 +575,15 @@ static void test_failed_handle(void)
     CHECK_EQ(stk_loader_next(l, &b), STK_EMISUSE);
     CHECK(b == NULL);
     CHECK_EQ(stk_loader_next_timeout(l, &b, 1), STK_EMISUSE);
-    stk_info info;
-    stk_stats st;
+    stk_info info = {.struct_size = sizeof info};
+    stk_stats st = {.struct_size = sizeof st};
     stk_state s = {0};
-    stk_stage_stats ts[STK_STAGE_COUNT];
+    stk_stage_stats ts = {.struct_size = sizeof ts};
     stk_sample_error e;
     CHECK_EQ(stk_loader_info(l, &info), STK_EMISUSE);
     CHECK_EQ(stk_loader_stats(l, &st), STK_EMISUSE);
-    CHECK_EQ(stk_loader_thread_stats(l, 0, ts), STK_EMISUSE);
+    CHECK_EQ(stk_loader_thread_stats(l, 0, 0, &ts), STK_EMISUSE);
+    CHECK_EQ(stk_loader_stage_stats(l, 0, &ts), STK_EMISUSE);
     CHECK_EQ(stk_loader_get_state(l, &s), STK_EMISUSE);
     CHECK_EQ(stk_loader_set_state(l, &s), STK_EMISUSE);
     CHECK_EQ(stk_loader_set_epoch(l, 1), STK_EMISUSE);
@@ -640,7 +641,7 @@ static void test_folder_unreadable(void)
             CHECK(b->indices[k] != 1 && b->indices[k] != 2);
         stk_batch_release(b);
         CHECK_EQ(stk_loader_next(l, &b), STK_END);
-        stk_stats st;
+        stk_stats st = {.struct_size = sizeof st};
         stk_loader_stats(l, &st);
         CHECK_EQ(policy ? st.samples_skipped : st.samples_failed, expect_bad);
         CHECK_EQ(policy ? st.samples_failed : st.samples_skipped, 0);
@@ -748,7 +749,7 @@ static void test_folder_file_vanishes(void)
             CHECK(got.s[j].hash == clean.s[k].hash);
             j++;
         }
-        stk_stats st;
+        stk_stats st = {.struct_size = sizeof st};
         stk_loader_stats(l, &st);
         CHECK_EQ(policy ? st.samples_skipped : st.samples_failed, 1);
         CHECK_EQ(st.samples_delivered, 23);
@@ -772,7 +773,8 @@ static void test_options_validation(void)
     CHECK_EQ(stk_options_set_batch_size(o, 0), STK_EINVAL);
     CHECK_EQ(stk_options_set_threads(o, 257), STK_EINVAL);
     CHECK_EQ(stk_options_set_depth(o, 0), STK_EINVAL);
-    CHECK_EQ(stk_options_set_depth(o, 65), STK_EINVAL);
+    CHECK_EQ(stk_options_set_depth(o, 64), STK_EINVAL); /* 1..63 batches ahead */
+    CHECK_EQ(stk_options_set_depth(o, 63), STK_OK);
     CHECK_EQ(stk_options_set_partition(o, 2, 2), STK_EINVAL);
     CHECK_EQ(stk_options_set_partition(o, 0, 0), STK_EINVAL);
     CHECK_EQ(stk_options_set_on_error(o, 7), STK_EINVAL);

@@ -112,6 +112,8 @@ def test_drop_last(make_records):
 def test_threads_and_depth(make_records, threads, depth):
     with stoker.Loader(make_records(40), 4, threads=threads, depth=depth, output="numpy") as L:
         assert L.threads == threads and L.info()["depth"] == depth
+        # depth is passed to the engine as is: batches prepared ahead
+        assert L.info()["ring_buffers"] == depth + 1
         assert sorted(labels_of(L)) == list(range(40))
         assert len(L.stats()["threads"]) == threads
 
