@@ -14,10 +14,9 @@ OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
 TARGETS="stk tar image"
-LIB_SRCS="src/alloc.c src/source/source.c src/source/folder.c src/source/records.c
-          src/source/stk.c src/source/stkformat.c src/source/tar.c src/source/cifar.c
+LIB_SRCS="src/alloc.c src/source/*.c src/io/*.c src/cache/*.c
           src/image.c src/codec/*.c src/ops/*.c"
-LIBS="-lxxhash -ljpeg -lspng -lm"
+LIBS="-lxxhash -ljpeg -lspng -lcurl -lpthread -lm"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -Iinclude -Isrc -pthread"
 
 result() { # NAME OK?
