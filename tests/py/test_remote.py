@@ -104,7 +104,8 @@ def test_http_pattern_single_shard_and_raw_bytes(packed):
         one = f"{srv.url}/ds/{shards[1]}"
         with _loader(one, transform=None, size=None) as r, \
                 _loader(packed["local"] / shards[1], transform=None, size=None) as l:
-            rb, lb = list(r), list(l)
+            rb = [([np.array(a, copy=True) for a in x], np.array(y, copy=True)) for x, y in r]
+            lb = [([np.array(a, copy=True) for a in x], np.array(y, copy=True)) for x, y in l]
             assert len(rb) == len(lb)
             for (xr, yr), (xl, yl) in zip(rb, lb):
                 assert np.array_equal(yr, yl)
@@ -363,3 +364,43 @@ def test_past_the_retry_budget_the_sample_fails_cleanly(packed):
         with pytest.raises(Exception) as e:
             _loader(url, options={"fetch_retries": 1})
         assert bad in str(e.value) and "500" in str(e.value)
+
+
+# ---- remote tar shards --------------------------------------------------------
+
+def _make_tars(d, shards=3, per=7):
+    import io
+    import tarfile
+    d.mkdir(parents=True)
+    for s in range(shards):
+        with tarfile.open(d / f"train-{s:06d}.tar", "w") as tf:
+            for k in range(per):
+                for ext, data in ((".bin", bytes((s * 31 + k * 7 + j) % 256
+                                                 for j in range(50 + k * 13))),
+                                  (".cls", str((s + k) % 4).encode())):
+                    info = tarfile.TarInfo(f"s{s}k{k:03d}{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+
+
+def test_tar_shards_come_through_the_cache(tmp_path):
+    _make_tars(tmp_path / "www" / "tars")
+    pat = "train-{000000..000002}.tar"
+    with stk_servers.Nginx(tmp_path / "www") as srv:
+        url = f"{srv.url}/tars/{pat}"
+        with pytest.raises(Exception) as e:
+            stoker.Loader(url, 4, output="numpy")
+        assert "cache" in str(e.value)
+        kw = dict(output="numpy", seed=5, threads=2)
+        with stoker.Loader(url, 4, cache_dir=tmp_path / "c", **kw) as r, \
+                stoker.Loader(str(tmp_path / "www" / "tars" / pat), 4, **kw) as l:
+            def keep(loader):
+                return [([np.array(a, copy=True) for a in x], np.array(y, copy=True))
+                        for x, y in loader]
+            rb, lb = keep(r), keep(l)
+        assert len(rb) == len(lb) == 6
+        for (xr, yr), (xl, yl) in zip(rb, lb):
+            assert np.array_equal(yr, yl)
+            assert all(np.array_equal(a, b) for a, b in zip(xr, xl))
+        whole = [q for q in srv.requests() if q["path"].endswith(".tar") and not q["range"]]
+        assert len(whole) == 3
