@@ -10,6 +10,7 @@
  */
 #include "io/remote.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
@@ -120,7 +121,9 @@ void stk__xml_unescape(char *s)
             *w++ = *r++;
             continue;
         }
-        const char *semi = strchr(r, ';');
+        /* The longest entity decoded is "&#1114111;" (10 bytes): looking no
+         * further for its ';' keeps a run of lone '&' linear. */
+        const char *semi = memchr(r, ';', strnlen(r, 16));
         size_t k = semi ? (size_t)(semi - r) : 0;
         unsigned long cp = 0;
         bool ok = true;
@@ -135,9 +138,16 @@ void stk__xml_unescape(char *s)
         else if (k == 5 && !strncmp(r, "&apos", 5))
             cp = '\'';
         else if (k > 2 && r[1] == '#') {
-            char *end;
-            cp = r[2] == 'x' ? strtoul(r + 3, &end, 16) : strtoul(r + 2, &end, 10);
-            ok = end == semi && cp > 0 && cp < 0x110000;
+            /* Digits only: strtoul alone would also take blanks and a sign
+             * ("&#-4294967295;" would wrap to 1). Surrogates are no
+             * characters, and NUL would cut the string short. */
+            bool hex = r[2] == 'x';
+            const char *d = r + (hex ? 3 : 2);
+            char *end = NULL;
+            ok = hex ? isxdigit((unsigned char)*d) : isdigit((unsigned char)*d);
+            if (ok)
+                cp = strtoul(d, &end, hex ? 16 : 10);
+            ok = ok && end == semi && cp > 0 && cp < 0x110000 && (cp < 0xD800 || cp > 0xDFFF);
         } else
             ok = false;
         if (!ok) {
@@ -1178,8 +1188,19 @@ int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***
                 goto nomem;
             *cap = nc;
         }
+        /* A size that is not a plain decimal number would otherwise read as 0
+         * or, for "-1", as 2^64 - 1. */
+        char *se = NULL;
+        errno = 0;
+        unsigned long long sz = isdigit((unsigned char)size[0]) ? strtoull(size, &se, 10) : 0;
+        if (!se || *se || errno) {
+            stk__fmt(err, errlen, "object \"%s\" has a <Size> that is not a number: \"%.40s\"",
+                     key, size);
+            rc = STK_EFORMAT;
+            goto out;
+        }
         (*names)[*n] = stk__strdup(key + plen);
-        (*sizes)[*n] = strtoull(size, NULL, 10);
+        (*sizes)[*n] = sz;
         stk__free(key);
         stk__free(size);
         key = size = NULL;
@@ -1192,7 +1213,8 @@ int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***
     *more = trunc && !strcmp(trunc, "true");
     if (*more && (rc = xml_field(body, end, "NextContinuationToken", token)))
         goto nomem;
-    if (*more && !*token) {
+    /* An empty token would ask for the first page again, forever. */
+    if (*more && (!*token || !**token)) {
         stk__fmt(err, errlen,
                  "the server said the list is truncated but gave no continuation token");
         rc = STK_EFORMAT;
