@@ -10,6 +10,7 @@
  */
 #include "io/remote.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <pthread.h>
@@ -120,7 +121,9 @@ void stk__xml_unescape(char *s)
             *w++ = *r++;
             continue;
         }
-        const char *semi = strchr(r, ';');
+        /* The longest entity decoded is "&#1114111;" (10 bytes): looking no
+         * further for its ';' keeps a run of lone '&' linear. */
+        const char *semi = memchr(r, ';', strnlen(r, 16));
         size_t k = semi ? (size_t)(semi - r) : 0;
         unsigned long cp = 0;
         bool ok = true;
@@ -135,9 +138,16 @@ void stk__xml_unescape(char *s)
         else if (k == 5 && !strncmp(r, "&apos", 5))
             cp = '\'';
         else if (k > 2 && r[1] == '#') {
-            char *end;
-            cp = r[2] == 'x' ? strtoul(r + 3, &end, 16) : strtoul(r + 2, &end, 10);
-            ok = end == semi && cp > 0 && cp < 0x110000;
+            /* Digits only: strtoul alone would also take blanks and a sign
+             * ("&#-4294967295;" would wrap to 1). Surrogates are no
+             * characters, and NUL would cut the string short. */
+            bool hex = r[2] == 'x';
+            const char *d = r + (hex ? 3 : 2);
+            char *end = NULL;
+            ok = hex ? isxdigit((unsigned char)*d) : isdigit((unsigned char)*d);
+            if (ok)
+                cp = strtoul(d, &end, hex ? 16 : 10);
+            ok = ok && end == semi && cp > 0 && cp < 0x110000 && (cp < 0xD800 || cp > 0xDFFF);
         } else
             ok = false;
         if (!ok) {
@@ -673,8 +683,7 @@ nomem:
     return STK_ENOMEM;
 }
 
-/* Pulls <Code> and <Message> out of an S3 XML error body. */
-static void s3_error_text(const char *body, char *out, size_t n)
+void stk__s3_error_text(const char *body, char *out, size_t n)
 {
     char code[128] = "", msg[256] = "";
     const char *a = strstr(body, "<Code>"), *b = a ? strstr(a, "</Code>") : NULL;
@@ -792,7 +801,7 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
         return STK_OK;
     }
     char s3[384];
-    s3_error_text(q->ebody_, s3, sizeof s3);
+    stk__s3_error_text(q->ebody_, s3, sizeof s3);
     stk__fmt(what, sizeof what, "HTTP %ld%s", st, s3);
     stk__fmt(q->err, sizeof q->err, "%s", what);
     bool ok;
@@ -1112,22 +1121,113 @@ void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c)
 
 /* ---- listing ------------------------------------------------------------- */
 
-static char *xml_field(const char *from, const char *end, const char *tag)
+/* memmem over [from, end): every search stays inside the body given, which
+ * need not be NUL-terminated. */
+static const char *find(const char *from, const char *end, const char *needle)
+{
+    if (from >= end)
+        return NULL;
+    return memmem(from, (size_t)(end - from), needle, strlen(needle));
+}
+
+/* The unescaped text of the first <tag>...</tag> inside [from, end), both
+ * tags included in the range. *v is NULL when there is none. */
+static int xml_field(const char *from, const char *end, const char *tag, char **v)
 {
     char open[64], close[64];
     stk__fmt(open, sizeof open, "<%s>", tag);
     stk__fmt(close, sizeof close, "</%s>", tag);
-    const char *a = strstr(from, open);
-    if (!a || a >= end)
-        return NULL;
+    *v = NULL;
+    const char *a = find(from, end, open);
+    if (!a)
+        return STK_OK;
     a += strlen(open);
-    const char *b = strstr(a, close);
-    if (!b || b > end)
-        return NULL;
-    char *v = dupn(a, (size_t)(b - a));
-    if (v)
-        stk__xml_unescape(v);
-    return v;
+    const char *b = find(a, end, close);
+    if (!b)
+        return STK_OK;
+    if (!(*v = dupn(a, (size_t)(b - a))))
+        return STK_ENOMEM;
+    stk__xml_unescape(*v);
+    return STK_OK;
+}
+
+int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***names,
+                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token,
+                      char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    char *key = NULL, *size = NULL, *trunc = NULL;
+    size_t plen = strlen(prefix);
+    *more = false;
+    *token = NULL;
+    /* XML has no NUL characters: the body ends at the first one, as it did
+     * when this was parsed with the string functions. */
+    const char *end = body + strnlen(body, len);
+    for (const char *p = find(body, end, "<Contents>"); p; p = find(p, end, "<Contents>")) {
+        const char *ce = find(p, end, "</Contents>");
+        if (!ce)
+            break;
+        if ((rc = xml_field(p, ce, "Key", &key)) || (rc = xml_field(p, ce, "Size", &size)))
+            goto nomem;
+        p = ce;
+        if (!key || !size || strncmp(key, prefix, plen) || !key[plen]) {
+            stk__free(key);
+            stk__free(size);
+            key = size = NULL;
+            continue;
+        }
+        if (*n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            char **nn = stk__realloc(*names, nc * sizeof *nn);
+            if (nn)
+                *names = nn;
+            uint64_t *ns = nn ? stk__realloc(*sizes, nc * sizeof *ns) : NULL;
+            if (ns)
+                *sizes = ns;
+            if (!nn || !ns)
+                goto nomem;
+            *cap = nc;
+        }
+        /* A size that is not a plain decimal number would otherwise read as 0
+         * or, for "-1", as 2^64 - 1. */
+        char *se = NULL;
+        errno = 0;
+        unsigned long long sz = isdigit((unsigned char)size[0]) ? strtoull(size, &se, 10) : 0;
+        if (!se || *se || errno) {
+            stk__fmt(err, errlen, "object \"%s\" has a <Size> that is not a number: \"%.40s\"",
+                     key, size);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        (*names)[*n] = stk__strdup(key + plen);
+        (*sizes)[*n] = sz;
+        stk__free(key);
+        stk__free(size);
+        key = size = NULL;
+        if (!(*names)[*n])
+            goto nomem;
+        (*n)++;
+    }
+    if ((rc = xml_field(body, end, "IsTruncated", &trunc)))
+        goto nomem;
+    *more = trunc && !strcmp(trunc, "true");
+    if (*more && (rc = xml_field(body, end, "NextContinuationToken", token)))
+        goto nomem;
+    /* An empty token would ask for the first page again, forever. */
+    if (*more && (!*token || !**token)) {
+        stk__fmt(err, errlen,
+                 "the server said the list is truncated but gave no continuation token");
+        rc = STK_EFORMAT;
+    }
+    goto out;
+nomem:
+    stk__fmt(err, errlen, "out of memory");
+    rc = STK_ENOMEM;
+out:
+    stk__free(key);
+    stk__free(size);
+    stk__free(trunc);
+    return rc;
 }
 
 void stk__remote_list_free(char **names, uint64_t *sizes, size_t n)
@@ -1161,7 +1261,6 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
     if (!enc_prefix)
         return STK_ENOMEM;
     stk__pct_encode(r->prefix, false, enc_prefix, enc_cap);
-    size_t plen = strlen(r->prefix);
     for (;;) {
         /* Query parameters sorted by name, values percent-encoded with '/' as
          * %2F: libcurl 7.88 signs the query as given. */
@@ -1195,62 +1294,19 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
         stk__free(url);
         url = NULL;
         const char *body = q.body ? (const char *)q.body : "";
-        const char *end = body + q.got;
-        for (const char *p = strstr(body, "<Contents>"); p; p = strstr(p, "<Contents>")) {
-            const char *ce = strstr(p, "</Contents>");
-            if (!ce)
-                break;
-            char *key = xml_field(p, ce, "Key");
-            char *size = xml_field(p, ce, "Size");
-            p = ce;
-            if (!key || !size || strncmp(key, r->prefix, plen) || !key[plen]) {
-                stk__free(key);
-                stk__free(size);
-                continue;
-            }
-            if (n == cap) {
-                size_t nc = cap ? cap * 2 : 256;
-                char **nn = stk__realloc(names, nc * sizeof *nn);
-                if (nn)
-                    names = nn;
-                uint64_t *ns = nn ? stk__realloc(sizes, nc * sizeof *ns) : NULL;
-                if (ns)
-                    sizes = ns;
-                if (!nn || !ns) {
-                    stk__free(key);
-                    stk__free(size);
-                    rc = STK_ENOMEM;
-                    goto out;
-                }
-                cap = nc;
-            }
-            names[n] = stk__strdup(key + plen);
-            sizes[n] = strtoull(size, NULL, 10);
-            stk__free(key);
-            stk__free(size);
-            if (!names[n]) {
-                rc = STK_ENOMEM;
-                goto out;
-            }
-            n++;
-        }
-        char *trunc = xml_field(body, end, "IsTruncated");
-        bool more = trunc && !strcmp(trunc, "true");
-        stk__free(trunc);
+        bool more;
+        char why[256];
         stk__free(token);
-        token = more ? xml_field(body, end, "NextContinuationToken") : NULL;
+        rc = stk__s3_list_page(body, q.body ? (size_t)q.got : 0, r->prefix, &names, &sizes, &n,
+                               &cap, &more, &token, why, sizeof why);
         stk__free(q.body);
         q.body = NULL;
-        if (!more)
-            break;
-        if (!token) {
-            stk__fmt(err, errlen,
-                     "listing s3://%s/%s: the server said the list is truncated but gave no "
-                     "continuation token",
-                     r->bucket, r->prefix);
-            rc = STK_EFORMAT;
+        if (rc) {
+            stk__fmt(err, errlen, "listing s3://%s/%s: %s", r->bucket, r->prefix, why);
             goto out;
         }
+        if (!more)
+            break;
     }
 out:
     stk__free(q.body);

@@ -128,5 +128,19 @@ void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n);
 /* Decodes XML character entities in place (&amp; &lt; &gt; &quot; &apos;
  * &#N; &#xN;). */
 void stk__xml_unescape(char *s);
+/* Parses one ListObjectsV2 page, body[0..len) (it ends early at a NUL byte):
+ * appends each <Contents> whose <Key> is under prefix (the name without the
+ * prefix; keys equal to the prefix are left out) and its <Size> to
+ * names/sizes (n used, cap allocated; grown with stk__realloc, freed with
+ * stk__remote_list_free even after an error). Sets *more from <IsTruncated>
+ * and *token (the caller frees it) to <NextContinuationToken> when more,
+ * else NULL. STK_EFORMAT (truncated without a token), STK_ENOMEM; the reason
+ * in err. */
+int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***names,
+                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token,
+                      char *err, size_t errlen);
+/* Writes " Code: Message" from an S3 XML error body (NUL-terminated) into
+ * out, or "" when it has no <Code>. */
+void stk__s3_error_text(const char *body, char *out, size_t n);
 
 #endif

@@ -9,6 +9,7 @@
  */
 #include "testutil.h"
 
+#include "../../src/io/remote.h"
 #include "../../src/source/stkformat.h"
 
 #include <arpa/inet.h>
@@ -554,9 +555,156 @@ static void test_resume_mid_epoch(void)
     server_stop();
 }
 
+/* ---- the S3 XML parsers, on bodies a server might send ---------------------- */
+
+static int list_page(const char *body, const char *prefix, char ***names, uint64_t **sizes,
+                     size_t *n, bool *more, char **token, char *err, size_t errlen)
+{
+    size_t cap = 0;
+    *names = NULL;
+    *sizes = NULL;
+    *n = 0;
+    return stk__s3_list_page(body, strlen(body), prefix, names, sizes, n, &cap, more, token, err,
+                             errlen);
+}
+
+static void test_s3_list_page(void)
+{
+    char **names;
+    uint64_t *sizes;
+    size_t n;
+    bool more;
+    char *token;
+    char err[256] = "";
+    const char *page =
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Prefix>train/</Prefix>"
+        "<IsTruncated>true</IsTruncated>"
+        "<NextContinuationToken>1ue/Gc&amp;x=</NextContinuationToken>"
+        "<Contents><Key>train/</Key><Size>0</Size></Contents>"
+        "<Contents><Key>train/a&amp;b.stk</Key><Size>1048576</Size></Contents>"
+        "<Contents><Key>other/c.stk</Key><Size>5</Size></Contents>"
+        "<Contents><Key>train/d.stk</Key><Size>18446744073709551615</Size></Contents>"
+        "</ListBucketResult>";
+    CHECK_EQ(list_page(page, "train/", &names, &sizes, &n, &more, &token, err, sizeof err),
+             STK_OK);
+    CHECK_EQ(n, 2);
+    if (n == 2) {
+        CHECK(!strcmp(names[0], "a&b.stk") && sizes[0] == 1048576);
+        CHECK(!strcmp(names[1], "d.stk") && sizes[1] == UINT64_MAX);
+    }
+    CHECK(more && token && !strcmp(token, "1ue/Gc&x="));
+    stk__free(token);
+    stk__remote_list_free(names, sizes, n);
+
+    /* The last page: no token asked for. */
+    CHECK_EQ(list_page("<IsTruncated>false</IsTruncated><Contents><Key>x</Key><Size>7</Size>"
+                       "</Contents>",
+                       "", &names, &sizes, &n, &more, &token, err, sizeof err),
+             STK_OK);
+    CHECK(n == 1 && !more && !token);
+    stk__remote_list_free(names, sizes, n);
+
+    /* A size that is not a number is an error naming the object, not 0 or
+     * (for "-1") 2^64 - 1. */
+    const char *bad[] = {"abc", "-1", "", " 12", "12kB", "18446744073709551616"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "<Contents><Key>t/ok.stk</Key><Size>3</Size></Contents>"
+                 "<Contents><Key>t/x.stk</Key><Size>%s</Size></Contents>",
+                 bad[k]);
+        err[0] = '\0';
+        CHECK_EQ(list_page(body, "t/", &names, &sizes, &n, &more, &token, err, sizeof err),
+                 STK_EFORMAT);
+        CHECK(strstr(err, "t/x.stk") && strstr(err, "not a number"));
+        stk__remote_list_free(names, sizes, n);
+    }
+
+    /* Truncated without a token, or with an empty one (which would ask for
+     * the first page again, forever). */
+    const char *notoken[] = {"<IsTruncated>true</IsTruncated>",
+                             "<IsTruncated>true</IsTruncated><NextContinuationToken>"
+                             "</NextContinuationToken>",
+                             "<IsTruncated>true</IsTruncated><NextContinuationToken>abc"};
+    for (size_t k = 0; k < sizeof notoken / sizeof *notoken; k++) {
+        err[0] = '\0';
+        token = NULL;
+        CHECK_EQ(list_page(notoken[k], "", &names, &sizes, &n, &more, &token, err, sizeof err),
+                 STK_EFORMAT);
+        CHECK(strstr(err, "continuation token") != NULL);
+        stk__free(token);
+        stk__remote_list_free(names, sizes, n);
+    }
+
+    /* The parser honours len and stops at a NUL byte, as the string
+     * functions did: the second entry is past both. */
+    const char twice[] = "<Contents><Key>a</Key><Size>1</Size></Contents>\0"
+                         "<Contents><Key>b</Key><Size>2</Size></Contents>";
+    size_t cap = 0;
+    names = NULL;
+    sizes = NULL;
+    n = 0;
+    CHECK_EQ(stk__s3_list_page(twice, sizeof twice - 1, "", &names, &sizes, &n, &cap, &more,
+                               &token, err, sizeof err),
+             STK_OK);
+    CHECK_EQ(n, 1);
+    stk__remote_list_free(names, sizes, n);
+    names = NULL;
+    sizes = NULL;
+    n = cap = 0;
+    CHECK_EQ(stk__s3_list_page(twice, 30, "", &names, &sizes, &n, &cap, &more, &token, err,
+                               sizeof err),
+             STK_OK);
+    CHECK_EQ(n, 0);
+    stk__remote_list_free(names, sizes, n);
+}
+
+static void test_xml_unescape(void)
+{
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"a&amp;b&lt;c&gt;d&quot;e&apos;f", "a&b<c>d\"e'f"},
+        {"&#65;&#x42;&#xe9;&#x4E2D;&#x1F600;", "AB\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80"},
+        {"&#x10FFFF;", "\xf4\x8f\xbf\xbf"},
+        /* Left as they are: a lone '&', unknown names, out of range, NUL,
+         * no digits, and (once decoded by strtoul) a sign, blanks, and
+         * surrogates, which are not characters. */
+        {"a & b &&amp", "a & b &&amp"},
+        {"&nbsp;&#x110000;&#xFFFFFFFF;&#0;&#x;&#;", "&nbsp;&#x110000;&#xFFFFFFFF;&#0;&#x;&#;"},
+        {"&#-18446744073709551615;&#x-1;&# 65;&#+65;", "&#-18446744073709551615;&#x-1;&# 65;&#+65;"},
+        {"&#xD800;&#57343;", "&#xD800;&#57343;"},
+        {"&#0000000065;&#00000000000000065;", "A&#00000000000000065;"}, /* 16 bytes at most */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", cases[k].in);
+        stk__xml_unescape(buf);
+        if (strcmp(buf, cases[k].out))
+            fprintf(stderr, "  xml_unescape(\"%s\") = \"%s\"\n", cases[k].in, buf);
+        CHECK(!strcmp(buf, cases[k].out));
+    }
+}
+
+static void test_s3_error_text(void)
+{
+    char out[384];
+    stk__s3_error_text("<?xml version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>The "
+                       "specified bucket does not exist</Message></Error>",
+                       out, sizeof out);
+    CHECK(!strcmp(out, " NoSuchBucket: The specified bucket does not exist"));
+    stk__s3_error_text("<Error><Code>SlowDown</Code><Message>cut sho", out, sizeof out);
+    CHECK(!strcmp(out, " SlowDown"));
+    stk__s3_error_text("<html>502 Bad Gateway</html>", out, sizeof out);
+    CHECK(!strcmp(out, ""));
+}
+
 int main(void)
 {
     tu_begin("test_remote", 300);
+    RUN(test_s3_list_page);
+    RUN(test_xml_unescape);
+    RUN(test_s3_error_text);
     make_dataset();
     RUN(test_same_batches_as_local);
     RUN(test_cache);
