@@ -35,6 +35,9 @@ char *stk__strdup(const char *s);
 STK_API long stk__alloc_live(void);         /* live allocations now */
 STK_API void stk__alloc_fail_after(long n); /* n-th next allocation fails; -1 = never */
 STK_API long stk__alloc_count(void);        /* allocations made so far */
+/* fn(arg) runs in stk_loader_next just before a delivered batch is compacted
+ * and its view filled (NULL: none). Set it while no loader is open. */
+STK_API void stk__test_publish_hook(void (*fn)(void *), void *arg);
 
 /* ---- Scratch ------------------------------------------------------------
  * A growable per-thread buffer with a hard limit (part of the memory bound). */

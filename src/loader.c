@@ -378,10 +378,23 @@ static const slot_err *first_err(const buffer *b)
     return best;
 }
 
-/* Fills the public view, moving the surviving samples down over failed ones.
- * The buffer is the consumer's alone now, so no lock is needed. */
+static void (*publish_hook)(void *);
+static void *publish_hook_arg;
+
+void stk__test_publish_hook(void (*fn)(void *), void *arg)
+{
+    publish_hook = fn;
+    publish_hook_arg = arg;
+}
+
+/* Fills the public view, moving the surviving samples down over failed ones
+ * (up to a whole batch of memmove). The buffer is HELD, the consumer's alone,
+ * and everything else read here is fixed at open, so this runs without the
+ * loader's lock: workers and other threads' releases go on meanwhile. */
 static void publish(core *c, buffer *b)
 {
+    if (publish_hook)
+        publish_hook(publish_hook_arg);
     size_t j = 0;
     for (size_t k = 0; k < b->size; k++) {
         if (!b->ok[k])
@@ -444,6 +457,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     if (!out)
         return STK_EINVAL;
     core *c = l->c;
+    buffer *pub = NULL;
     uint64_t start = stk__now_ns();
     pthread_mutex_lock(&c->lock);
     for (;;) {
@@ -479,10 +493,9 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             b->state = BUF_HELD;
             c->refs++;
             pthread_cond_broadcast(&c->cond_work);
-            publish(c, b);
             c->delivered_batches++;
-            c->delivered_samples += b->view.size;
-            *out = &b->view;
+            c->delivered_samples += b->size - b->failed;
+            pub = b;
             rc = STK_OK;
             break;
         }
@@ -506,6 +519,10 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     }
     c->wait_ns += stk__now_ns() - start;
     pthread_mutex_unlock(&c->lock);
+    if (pub) {
+        publish(c, pub);
+        *out = &pub->view;
+    }
     return rc;
 }
 
