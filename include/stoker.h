@@ -101,8 +101,8 @@ STK_API int stk_stage_count(void);
  * library does not have. Static; thread-safe. */
 STK_API const char *stk_stage_name(int stage);
 
-/* Extensible result structs. stk_info, stk_stats and stk_stage_stats start
- * with `size_t struct_size`, which the caller sets to the size of the struct
+/* Extensible result structs. stk_info, stk_stats, stk_stage_stats and
+ * stk_state start with `size_t struct_size`, which the caller sets to the size of the struct
  * it was compiled with, e.g. `stk_stats st = {.struct_size = sizeof st};`. Later versions
  * only append fields. The library fills the fields that fit in struct_size,
  * zeroes any tail it does not know, and sets struct_size to the number of
@@ -212,11 +212,23 @@ typedef struct stk_info {
     unsigned ring_buffers;   /* depth + 1 */
 } stk_info;
 
-/* Loader position: resume by restoring it. */
+/* Loader position, and the fingerprint of the configuration it is a position
+ * in: resume by restoring it (extensible: set struct_size). */
 typedef struct stk_state {
+    size_t struct_size; /* in: sizeof(stk_state); out: bytes filled */
     uint64_t seed;
     uint64_t epoch;
     uint64_t batch; /* batches of this epoch already delivered */
+    /* Fingerprint: a position only means the same batches when these match. */
+    uint64_t num_samples; /* samples in the dataset */
+    uint64_t batch_size;
+    uint32_t world_size;
+    uint32_t rank;
+    uint32_t shuffle;   /* 0 or 1 */
+    uint32_t drop_last; /* 0 or 1 */
+    uint64_t transform; /* 64-bit FNV-1a hash of the transform spec and the
+                           image options (size, layout, dtype, exif); stable
+                           across builds and platforms */
 } stk_state;
 
 /* One stage's counters (extensible: set struct_size). */
@@ -281,13 +293,18 @@ STK_API void stk_batch_release(stk_batch *b);
  * STK_OK, STK_EMISUSE. */
 STK_API int stk_loader_set_epoch(stk_loader *l, uint64_t epoch);
 
-/* Reads the position: batches already delivered in the current epoch. */
+/* Reads the position (batches already delivered in the current epoch) and the
+ * loader's fingerprint into *st (set st->struct_size first).
+ * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
+ * STK_EMISUSE. */
 STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
 
 /* Restores a position read by stk_loader_get_state, possibly from another
- * process. The seed must match the loader's (STK_EINVAL otherwise, so a
- * resumed run cannot silently change its order); batch must be <=
- * batches_per_epoch. */
+ * process. The seed and every fingerprint field must match this loader's, so
+ * a resumed run cannot silently deliver other batches: a mismatch is
+ * STK_EINVAL with a message naming the field and both values. batch must be
+ * <= batches_per_epoch. Fields appended in later versions are checked only
+ * when st->struct_size covers them. STK_OK, STK_EINVAL, STK_EMISUSE. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
 /* Fill *info / *st (set struct_size first; see "Extensible result structs").

@@ -87,7 +87,8 @@ struct core {
     stk__partition part;
     stk__imgpipe *pipe;
     uint64_t seed;
-    bool shuffle;
+    bool shuffle, drop_last;
+    uint64_t transform_hash; /* resume fingerprint of the transform */
     int on_error;
     int kind, dtype;
     unsigned ndim;
@@ -598,46 +599,6 @@ int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
     return STK_OK;
 }
 
-int stk_loader_get_state(stk_loader *l, stk_state *st)
-{
-    int rc = check_handle(l);
-    if (rc)
-        return rc;
-    if (!st)
-        return STK_EINVAL;
-    core *c = l->c;
-    pthread_mutex_lock(&c->lock);
-    st->seed = c->seed;
-    st->epoch = c->cur_epoch;
-    st->batch = c->deliver_g - c->cur_epoch * c->part.batches;
-    pthread_mutex_unlock(&c->lock);
-    return STK_OK;
-}
-
-int stk_loader_set_state(stk_loader *l, const stk_state *st)
-{
-    int rc = check_handle(l);
-    if (rc)
-        return rc;
-    if (!st)
-        return STK_EINVAL;
-    core *c = l->c;
-    if (st->seed != c->seed) {
-        stk__fmt(l->errmsg, sizeof l->errmsg,
-                 "state was saved with seed %llu but this loader uses seed %llu",
-                 (unsigned long long)st->seed, (unsigned long long)c->seed);
-        return STK_EINVAL;
-    }
-    if (st->batch > c->part.batches || st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
-        stk__fmt(l->errmsg, sizeof l->errmsg,
-                 "state batch %llu is past this loader's %llu batches per epoch",
-                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
-        return STK_EINVAL;
-    }
-    seek(c, st->epoch, st->batch);
-    return STK_OK;
-}
-
 /* Copies a result struct the library filled in full (`full`, `size` bytes,
  * struct_size first) into the caller's `out`, whose struct_size says how large
  * the caller's version is: the common prefix is copied, a tail the library
@@ -669,6 +630,118 @@ static int put_sized(stk_loader *l, const char *type, void *out, const void *ful
 #define INFO_V1  (offsetof(stk_info, source_kind) + sizeof(const char *))
 #define STATS_V1 (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
 #define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
+#define STATE_V1 (offsetof(stk_state, transform) + sizeof(uint64_t))
+
+/* The loader's own state: position and fingerprint. Lock held. */
+static stk_state own_state(const core *c)
+{
+    stk_state st = {.struct_size = sizeof st};
+    st.seed = c->seed;
+    st.epoch = c->cur_epoch;
+    st.batch = c->deliver_g - c->cur_epoch * c->part.batches;
+    st.num_samples = c->src.count;
+    st.batch_size = c->batch_size;
+    st.world_size = c->part.world;
+    st.rank = c->part.rank;
+    st.shuffle = c->shuffle;
+    st.drop_last = c->drop_last;
+    st.transform = c->transform_hash;
+    return st;
+}
+
+int stk_loader_get_state(stk_loader *l, stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    core *c = l->c;
+    pthread_mutex_lock(&c->lock);
+    stk_state own = own_state(c);
+    pthread_mutex_unlock(&c->lock);
+    return put_sized(l, "stk_state", st, &own, sizeof own, STATE_V1);
+}
+
+/* Names the first fingerprint field where a saved state differs from the
+ * loader's, with both values. Returns STK_OK when all match. */
+static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state *own)
+{
+    static const struct {
+        const char *name;
+        size_t off, size;
+    } fields[] = {
+        {"seed", offsetof(stk_state, seed), sizeof(uint64_t)},
+        {"num_samples (the dataset's size)", offsetof(stk_state, num_samples), sizeof(uint64_t)},
+        {"batch_size", offsetof(stk_state, batch_size), sizeof(uint64_t)},
+        {"world_size", offsetof(stk_state, world_size), sizeof(uint32_t)},
+        {"rank", offsetof(stk_state, rank), sizeof(uint32_t)},
+        {"shuffle", offsetof(stk_state, shuffle), sizeof(uint32_t)},
+        {"drop_last", offsetof(stk_state, drop_last), sizeof(uint32_t)},
+        {"transform", offsetof(stk_state, transform), sizeof(uint64_t)},
+    };
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (fields[k].off + fields[k].size > st->struct_size)
+            continue; /* a field later than the caller's struct */
+        uint64_t a = 0, b = 0;
+        if (fields[k].size == sizeof(uint32_t)) {
+            uint32_t a32, b32;
+            memcpy(&a32, (const char *)st + fields[k].off, sizeof a32);
+            memcpy(&b32, (const char *)own + fields[k].off, sizeof b32);
+            a = a32, b = b32;
+        } else {
+            memcpy(&a, (const char *)st + fields[k].off, sizeof a);
+            memcpy(&b, (const char *)own + fields[k].off, sizeof b);
+        }
+        if (a == b)
+            continue;
+        if (!strcmp(fields[k].name, "transform"))
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with another transform (fingerprint %016llx; this loader's "
+                     "transform and image options give %016llx): resuming would not give the "
+                     "same batches",
+                     (unsigned long long)a, (unsigned long long)b);
+        else
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with %s %llu but this loader has %llu: resuming would not "
+                     "give the same batches",
+                     fields[k].name, (unsigned long long)a, (unsigned long long)b);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
+int stk_loader_set_state(stk_loader *l, const stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st)
+        return STK_EINVAL;
+    if (st->struct_size < STATE_V1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "stk_state.struct_size is %zu; set it to sizeof(stk_state) (at least %zu)",
+                 st->struct_size, (size_t)STATE_V1);
+        return STK_EINVAL;
+    }
+    core *c = l->c;
+    pthread_mutex_lock(&c->lock);
+    stk_state own = own_state(c);
+    pthread_mutex_unlock(&c->lock);
+    if ((rc = check_fingerprint(l, st, &own)))
+        return rc;
+    if (st->batch > c->part.batches) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state batch %llu is past this loader's %llu batches per epoch",
+                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
+        return STK_EINVAL;
+    }
+    if (st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "state epoch %llu is too large",
+                 (unsigned long long)st->epoch);
+        return STK_EINVAL;
+    }
+    seek(c, st->epoch, st->batch);
+    return STK_OK;
+}
 
 int stk_loader_info(stk_loader *l, stk_info *info)
 {
@@ -830,6 +903,29 @@ static unsigned online_cores(void)
     return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
 }
 
+static uint64_t fnv1a(uint64_t h, const char *text)
+{
+    for (const char *p = text; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The resume fingerprint of the transform: 64-bit FNV-1a of the spec text
+ * and of the image options that change its output, written out as text so
+ * the value is the same on every build and platform. No transform hashes as
+ * "none". */
+static uint64_t transform_hash(const stk_options *o)
+{
+    const uint64_t basis = 0xcbf29ce484222325ULL;
+    const char *spec = o->transform;
+    if (!spec || !*spec || !strcmp(spec, "none"))
+        return fnv1a(basis, "none");
+    char opts[128];
+    stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d", o->size,
+             o->nchw ? "nchw" : "nhwc", o->dtype, o->exif);
+    return fnv1a(fnv1a(basis, spec), opts);
+}
+
 /* Decides the output kind and shape from the source and the transform. */
 static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
 {
@@ -917,6 +1013,8 @@ static int open_core(stk_loader *l, const stk_options *o)
     }
     c->seed = o->seed;
     c->shuffle = o->shuffle;
+    c->drop_last = o->drop_last;
+    c->transform_hash = transform_hash(o);
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
     c->depth = o->depth;

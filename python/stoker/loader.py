@@ -12,6 +12,8 @@ __all__ = ["Loader", "Records"]
 
 _DTYPES = ("uint8", "float32", "float16", "bfloat16")
 _STATE_KEYS = ("seed", "epoch", "batch")
+_FINGERPRINT_KEYS = ("num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last",
+                     "transform_hash")
 
 
 class Records:
@@ -263,27 +265,29 @@ class Loader:
         seed, epoch, batch = self._engine.get_state()
         if batch >= len(self):   # every batch of the epoch was handed out
             epoch, batch = epoch + 1, 0
+        fp = self._engine.fingerprint()
         return {"seed": seed, "epoch": epoch, "batch": batch, "batch_size": self.batch_size,
                 "num_samples": self.num_samples, "rank": self.rank,
                 "world_size": self.world_size, "drop_last": self.drop_last,
-                "shuffle": self.shuffle}
+                "shuffle": self.shuffle, "transform_hash": fp["transform_hash"]}
 
     def load_state_dict(self, state):
         """Restores a position from state_dict() (possibly saved by another
-        process). The next iteration continues from it exactly."""
+        process). The next iteration continues from it exactly.
+
+        The engine checks the seed and the fingerprint (num_samples,
+        batch_size, world_size, rank, shuffle, drop_last, transform_hash) and
+        refuses a mismatch naming the field. A fingerprint key missing from
+        the dict (state dicts saved by older versions lack transform_hash) is
+        not checked."""
         for k in _STATE_KEYS:
             if k not in state:
                 raise ValueError(f"state dict lacks {k!r}")
-        for k in ("batch_size", "num_samples", "world_size", "drop_last", "shuffle"):
-            if k in state and state[k] != getattr(self, k):
-                raise ValueError(f"state was saved with {k}={state[k]!r} but this loader has "
-                                 f"{k}={getattr(self, k)!r}: resuming would not be exact")
-        if "rank" in state and state["rank"] != self.rank:
-            raise ValueError(f"state was saved by rank {state['rank']}, this loader is rank "
-                             f"{self.rank}")
+        fp = {k: state[k] for k in _FINGERPRINT_KEYS if k in state}
         with self._lock:
             self._check_open()
-            self._engine.set_state(int(state["seed"]), int(state["epoch"]), int(state["batch"]))
+            self._engine.set_state(int(state["seed"]), int(state["epoch"]), int(state["batch"]),
+                                   fp)
             self._generation += 1
             self._pinned = True
 

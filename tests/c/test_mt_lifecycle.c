@@ -263,7 +263,7 @@ static void test_null_arguments(void)
     CHECK_EQ(stk_loader_error_count(NULL), 0);
     stk_info info = {.struct_size = sizeof info};
     stk_stats st = {.struct_size = sizeof st};
-    stk_state s;
+    stk_state s = {.struct_size = sizeof s};
     CHECK_EQ(stk_loader_info(NULL, &info), STK_EMISUSE);
     CHECK_EQ(stk_loader_stats(NULL, &st), STK_EMISUSE);
     CHECK_EQ(stk_loader_get_state(NULL, &s), STK_EMISUSE);
@@ -313,7 +313,7 @@ static void test_fork_child_misuse(void)
             code |= 1;
         if (!strstr(stk_loader_errmsg(l), "fork"))
             code |= 2;
-        stk_state s;
+        stk_state s = {.struct_size = sizeof s};
         if (stk_loader_get_state(l, &s) != STK_EMISUSE)
             code |= 4;
         if (stk_loader_set_epoch(l, 3) != STK_EMISUSE)

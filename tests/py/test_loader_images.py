@@ -117,6 +117,27 @@ def test_image_batches_identical_for_any_thread_count(jpeg_folder):
             assert np.array_equal(a, b) and np.array_equal(la, lb)
 
 
+def test_state_dict_carries_the_transform_fingerprint(jpeg_folder):
+    with stoker.Loader(jpeg_folder, 6, transform="imagenet-train", size=16, seed=1,
+                       output="numpy") as L:
+        it = iter(L)
+        next(it)
+        sd = L.state_dict()
+    assert isinstance(sd["transform_hash"], int)
+    # Another transform, or the same one with another size: refused, naming it.
+    for kw in (dict(transform="imagenet-val", size=16), dict(transform="imagenet-train", size=24)):
+        with stoker.Loader(jpeg_folder, 6, seed=1, output="numpy", **kw) as L:
+            with pytest.raises(ValueError, match="transform"):
+                L.load_state_dict(sd)
+    # A state dict saved before the fingerprint existed loads (documented rule:
+    # fingerprint keys it lacks are not checked).
+    old = {k: v for k, v in sd.items() if k != "transform_hash"}
+    with stoker.Loader(jpeg_folder, 6, transform="imagenet-val", size=16, seed=1,
+                       output="numpy") as L:
+        L.load_state_dict(old)
+        assert L.state_dict()["batch"] == 1
+
+
 def test_random_transforms_differ_per_epoch_and_resume_exactly(jpeg_folder):
     with stoker.Loader(jpeg_folder, 6, transform="imagenet-train", size=16, seed=1,
                        output="numpy") as L:
