@@ -114,9 +114,10 @@ STK_API const char *stk_stage_name(int stage);
 
 typedef struct stk_options stk_options;
 
-/* Creates an options object with defaults: batch_size 256, threads 0 (= online
- * cores), depth 2 (3 ring buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
- * raise, max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
+/* Creates an options object with defaults: batch_size 256, threads 0 (= the
+ * CPUs this process may use: see stk_options_set_threads), depth 2 (3 ring
+ * buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error raise,
+ * max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
  * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
 STK_API int stk_options_create(stk_options **out);
 
@@ -143,7 +144,12 @@ STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t 
                                     unsigned label_bytes);
 
 STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
-STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
+/* Worker threads, 0..256. 0 (default) starts one per CPU this process may
+ * use: the CPUs of its affinity mask (taskset, cpusets), capped by a cgroup
+ * v2/v1 CPU quota (rounded up), divided by the LOCAL_WORLD_SIZE environment
+ * variable when set (ranks sharing the node; at least 1 thread). A malformed
+ * LOCAL_WORLD_SIZE then fails stk_loader_open with STK_EINVAL. */
+STK_API int stk_options_set_threads(stk_options *o, unsigned n);
 /* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
  * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
  * while `depth` more are filled; holding more than one at a time leaves fewer

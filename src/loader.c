@@ -897,12 +897,6 @@ void stk_loader_close(stk_loader *l)
 
 /* ---- open ----------------------------------------------------------------- */
 
-static unsigned online_cores(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
-}
-
 static uint64_t fnv1a(uint64_t h, const char *text)
 {
     for (const char *p = text; *p; p++)
@@ -1019,7 +1013,9 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->batch_size = o->batch_size;
     c->depth = o->depth;
     c->nbufs = o->depth + 1;
-    c->nthreads = o->threads ? o->threads : online_cores();
+    c->nthreads = o->threads;
+    if (!c->nthreads && (rc = stk__default_threads(&c->nthreads, err, errlen)))
+        goto fail;
 
     stk__source_params sp = {o->record_bytes, o->header_bytes, o->label_bytes};
     if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))

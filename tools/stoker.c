@@ -48,7 +48,7 @@ static void usage(FILE *f)
                "\n"
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
-               "  --threads N         worker threads (0 = cores)\n"
+               "  --threads N         worker threads (0 = CPUs this process may use)\n"
                "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"

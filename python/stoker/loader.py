@@ -102,7 +102,8 @@ class Loader:
         "cifar-train", "decode", "none"), a spec string, a
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
-    threads: worker threads (None = all online cores). depth: batches prepared
+    threads: worker threads (None = the CPUs this process may use, shared
+        among LOCAL_WORLD_SIZE ranks; see docs/engine.md). depth: batches prepared
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
