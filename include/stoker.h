@@ -257,7 +257,8 @@ typedef struct stk_stats {
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid
- * until stk_loader_close. */
+ * until the error list restarts (see stk_loader_error_count) or the loader
+ * is closed. */
 typedef struct stk_sample_error {
     uint64_t sample; /* dataset index */
     uint64_t epoch;
@@ -335,8 +336,13 @@ STK_API int stk_loader_thread_stats(stk_loader *l, unsigned thread, int stage,
  * docs/memory.md). Returns 0 for a failed handle. */
 STK_API uint64_t stk_loader_memory_bound(stk_loader *l);
 
-/* Number of failed/skipped samples recorded, and one of them (the first 1024
- * are kept; counts in stk_stats are complete). */
+/* The failed or skipped samples of the current epoch: the epoch of the last
+ * batch delivered or reported (still the one just ended after STK_END), in
+ * sample order (their order in the epoch), the first 1024 of the epoch kept.
+ * The list restarts when a batch of another epoch is delivered or reported,
+ * and on stk_loader_set_epoch/set_state. Counts in stk_stats are complete
+ * and for the loader's life. error_get: STK_OK, STK_EINVAL (i >= count or e
+ * NULL), STK_EMISUSE. */
 STK_API size_t stk_loader_error_count(stk_loader *l);
 STK_API int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e);
 

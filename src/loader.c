@@ -32,7 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_KEPT_ERRORS 1024
+#define MAX_KEPT_ERRORS 1024         /* per epoch: the first failures in sample order */
+#define NAME_MAX_BYTES  1024         /* a failed sample's path or key as reported */
 #define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
@@ -105,8 +106,9 @@ struct core {
     worker *workers;
 
     uint64_t delivered_samples, delivered_batches, wait_ns, skipped, failed;
-    stk_sample_error *errors;
+    stk_sample_error *errors; /* failures of epoch errors_epoch, in sample order */
     size_t nerrors;
+    uint64_t errors_epoch;
     uint64_t memory_bound;
 };
 
@@ -151,6 +153,16 @@ static void free_slot_errs(slot_err *e)
     }
 }
 
+/* Empties the kept error list (its array stays for reuse). */
+static void clear_errors(core *c)
+{
+    for (size_t k = 0; k < c->nerrors; k++) {
+        stk__free((void *)(uintptr_t)c->errors[k].path);
+        stk__free((void *)(uintptr_t)c->errors[k].reason);
+    }
+    c->nerrors = 0;
+}
+
 static void core_free(core *c)
 {
     if (c->bufs) {
@@ -175,10 +187,7 @@ static void core_free(core *c)
         }
     }
     stk__free(c->workers);
-    for (size_t k = 0; k < c->nerrors; k++) {
-        stk__free((void *)(uintptr_t)c->errors[k].path);
-        stk__free((void *)(uintptr_t)c->errors[k].reason);
-    }
+    clear_errors(c);
     stk__free(c->errors);
     stk__imgpipe_destroy(c->pipe);
     stk__source_close(&c->src);
@@ -232,7 +241,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     memcpy(&b->dims[3 * s], dims, sizeof dims);
     b->ok[s] = rc == STK_OK;
     if (rc != STK_OK) {
-        char name[1024];
+        char name[NAME_MAX_BYTES];
         c->src.ops->name(&c->src, i, name, sizeof name);
         /* If these allocations fail the failure is still counted and
          * reported; only its text is lost. */
@@ -347,10 +356,48 @@ static void *worker_main(void *arg)
 
 /* ---- consumer ------------------------------------------------------------- */
 
-/* Moves a delivered batch's failures into the loader's error list (the first
- * MAX_KEPT_ERRORS are kept) and counts them. Lock held. */
+/* Sorts a failure list by slot (merge sort: no allocation, O(k log k)).
+ * Workers add failures in completion order. */
+static slot_err *sort_by_slot(slot_err *list)
+{
+    if (!list || !list->next)
+        return list;
+    slot_err *half = list, *fast = list->next;
+    while (fast && fast->next) {
+        half = half->next;
+        fast = fast->next->next;
+    }
+    slot_err *b = half->next;
+    half->next = NULL;
+    slot_err *a = sort_by_slot(list);
+    b = sort_by_slot(b);
+    slot_err head = {0}, *t = &head;
+    while (a && b) {
+        slot_err **lo = a->slot <= b->slot ? &a : &b;
+        t->next = *lo;
+        t = *lo;
+        *lo = (*lo)->next;
+    }
+    t->next = a ? a : b;
+    return head.next;
+}
+
+/* The kept error list follows the epoch being delivered: a batch of another
+ * epoch than the list's restarts it. Lock held. */
+static void errors_follow(core *c, uint64_t epoch)
+{
+    if (epoch != c->errors_epoch) {
+        clear_errors(c);
+        c->errors_epoch = epoch;
+    }
+}
+
+/* Moves a delivered batch's failures into the loader's error list, in slot
+ * order; batches are delivered in order, so the list keeps the first
+ * MAX_KEPT_ERRORS failures of the epoch in sample order. Lock held. */
 static void record_errors(core *c, buffer *b)
 {
+    b->errs = sort_by_slot(b->errs);
     for (slot_err *e = b->errs; e; e = e->next) {
         if (c->nerrors >= MAX_KEPT_ERRORS)
             break;
@@ -470,6 +517,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         uint64_t g = c->deliver_g;
         buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
         if (b && b->filled == b->size) {
+            errors_follow(c, g / c->part.batches);
             if (b->failed && !b->reported) {
                 b->reported = true;
                 if (c->on_error == STK_ON_ERROR_RAISE) {
@@ -580,6 +628,9 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
         c->claim_g = c->assigned_end_g = c->deliver_g = target;
         c->claim_slot = 0;
         c->cur_epoch = epoch;
+        /* The epoch (re)starts here: its failures are listed afresh. */
+        clear_errors(c);
+        c->errors_epoch = epoch;
         c->seeking = false;
         pthread_cond_broadcast(&c->cond_work);
     }
@@ -985,7 +1036,10 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     if (c->pipe)
         per_thread += o->max_input_bytes + o->scratch_bytes;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
-           (uint64_t)MAX_KEPT_ERRORS * (sizeof(stk_sample_error) + 2 * STK_ERRMSG_MAX);
+           (uint64_t)MAX_KEPT_ERRORS *
+               (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
+           /* failures waiting in ring buffers for delivery */
+           (uint64_t)c->nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
 }
 
 static int open_core(stk_loader *l, const stk_options *o)

@@ -598,7 +598,16 @@ static void test_skip_deterministic(void)
                     .on_error = STK_ON_ERROR_SKIP};
         stk_loader *l;
         REQUIRE(open_cfg(&l, &c) == STK_OK);
-        size_t n = run_hashes(l, 2, t ? got : ref, CAP);
+        /* The error list holds the current epoch's failures. */
+        size_t n = 0;
+        for (uint64_t e = 0; e < 2; e++) {
+            n += run_hashes(l, 1, (t ? got : ref) + n, CAP - n);
+            CHECK_EQ(stk_loader_error_count(l), 1);
+            stk_sample_error e0;
+            REQUIRE(stk_loader_error_get(l, 0, &e0) == STK_OK);
+            CHECK(!strcmp(e0.path, p));
+            CHECK_EQ(e0.epoch, e);
+        }
         CHECK_EQ(n, 26);
         if (t)
             CHECK(!memcmp(ref, got, n * sizeof *ref));
@@ -606,16 +615,67 @@ static void test_skip_deterministic(void)
         stk_loader_stats(l, &st);
         CHECK_EQ(st.samples_skipped, 2);
         CHECK_EQ(st.samples_delivered, 178);
-        CHECK_EQ(stk_loader_error_count(l), 2);
-        stk_sample_error e0, e1;
-        REQUIRE(stk_loader_error_get(l, 0, &e0) == STK_OK);
-        REQUIRE(stk_loader_error_get(l, 1, &e1) == STK_OK);
-        CHECK(!strcmp(e0.path, p) && !strcmp(e1.path, p));
-        CHECK(e0.epoch == 0 && e1.epoch == 1);
         stk_loader_close(l);
     }
     unlink(p);
     REQUIRE(rename(moved, p) == 0);
+}
+
+/* The error list keeps each epoch's failures in sample order, the first 1024
+ * of every epoch (not of the loader's life, not in the order threads finished
+ * them), and restarts with each epoch. */
+static void test_errors_per_epoch_in_order(void)
+{
+    enum { N = 1500, BS = 50 };
+    char root[1100], dir[1200], f[1300];
+    snprintf(root, sizeof root, "%s/many-bad", tu_tmpdir());
+    snprintf(dir, sizeof dir, "%s/c0", root);
+    tu_mkdirs(dir);
+    for (int i = 0; i < N; i++) {
+        snprintf(f, sizeof f, "%s/f%05d.jpg", dir, i);
+        if (i % 5 == 0)
+            tu_write_file(f, "ok", 2);
+        else
+            REQUIRE(symlink("/nonexistent", f) == 0); /* fails to read */
+    }
+    tu_cfg c = {.path = root, .bs = BS, .threads = 4, .on_error = STK_ON_ERROR_SKIP};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    for (uint64_t epoch = 0; epoch < 2; epoch++) {
+        stk_batch *b;
+        REQUIRE(stk_loader_next(l, &b) == STK_OK);
+        stk_batch_release(b);
+        /* The first batch of the epoch: its 40 failures only. */
+        CHECK_EQ(stk_loader_error_count(l), BS * 4 / 5);
+        int rc;
+        while ((rc = stk_loader_next(l, &b)) == STK_OK)
+            stk_batch_release(b);
+        CHECK_EQ(rc, STK_END);
+        /* 1200 failed; the first 1024 in sample order (no shuffle: index
+         * order) are listed: index k of the list is the k-th failing index. */
+        CHECK_EQ(stk_loader_error_count(l), 1024);
+        int in_order = 1;
+        uint64_t want = 0;
+        for (size_t k = 0; k < stk_loader_error_count(l); k++) {
+            if (++want % 5 == 0)
+                want++;
+            stk_sample_error e;
+            REQUIRE(stk_loader_error_get(l, k, &e) == STK_OK);
+            if (in_order && !(e.sample == want && e.epoch == epoch && e.code == STK_EIO))
+                fprintf(stderr, "    error %zu: sample %llu epoch %llu code %d, expected %llu\n", k,
+                        (unsigned long long)e.sample, (unsigned long long)e.epoch, e.code,
+                        (unsigned long long)want);
+            in_order &= e.sample == want && e.epoch == epoch && e.code == STK_EIO;
+        }
+        CHECK(in_order);
+    }
+    stk_stats st = {.struct_size = sizeof st};
+    stk_loader_stats(l, &st);
+    CHECK_EQ(st.samples_skipped, 2 * 1200);
+    /* Restarting an epoch restarts its list. */
+    CHECK_EQ(stk_loader_set_epoch(l, 0), STK_OK);
+    CHECK_EQ(stk_loader_error_count(l), 0);
+    stk_loader_close(l);
 }
 
 /* ---- statistics ------------------------------------------------------------ */
@@ -1006,6 +1066,7 @@ int main(void)
     RUN(test_set_epoch_mid_epoch);
     RUN(test_no_shuffle_natural);
     RUN(test_skip_deterministic);
+    RUN(test_errors_per_epoch_in_order);
     RUN(test_stats);
     RUN(test_stats_struct_size);
     RUN(test_depth_meaning);
