@@ -175,7 +175,12 @@ STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
 STK_API int stk_options_set_transform(stk_options *o, const char *spec);
 /* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
  * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
- * "exif" ("0"/"1"), "scratch_bytes". Copied. STK_EINVAL for an unknown key. */
+ * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "strict" ("0"/"1").
+ * strict: decoding checks each image's whole compressed stream, so a
+ * truncated or corrupt file fails in every epoch whatever its random crop
+ * (default "0": a crop decodes only the rows it needs, which is faster, and
+ * damage outside them goes unnoticed in that epoch; see docs/images.md).
+ * Copied. STK_EINVAL for an unknown key or a bad value. */
 STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
 
 /* ---- Loader ------------------------------------------------------------- */
@@ -233,8 +238,8 @@ typedef struct stk_state {
     uint32_t shuffle;   /* 0 or 1 */
     uint32_t drop_last; /* 0 or 1 */
     uint64_t transform; /* 64-bit FNV-1a hash of the transform spec and the
-                           image options (size, layout, dtype, exif); stable
-                           across builds and platforms */
+                           image options (size, layout, dtype, exif, strict);
+                           stable across builds and platforms */
 } stk_state;
 
 /* One stage's counters (extensible: set struct_size). */

@@ -966,8 +966,9 @@ static uint64_t transform_hash(const stk_options *o)
     if (!spec || !*spec || !strcmp(spec, "none"))
         return fnv1a(basis, "none");
     char opts[128];
-    stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d", o->size,
-             o->nchw ? "nchw" : "nhwc", o->dtype, o->exif);
+    /* strict changes which damaged samples fail, so which batches come. */
+    stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d|strict=%d", o->size,
+             o->nchw ? "nchw" : "nhwc", o->dtype, o->exif, o->strict);
     return fnv1a(fnv1a(basis, spec), opts);
 }
 
@@ -992,6 +993,7 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     int rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
     if (rc)
         return rc;
+    stk__imgpipe_set_strict(c->pipe, o->strict);
     size_t sb = 0;
     if (stk__imgpipe_dense(c->pipe, &c->ndim, c->shape, &c->dtype, &sb)) {
         c->kind = STK_BATCH_DENSE;

@@ -93,7 +93,8 @@ class Loader:
     Loader(source, batch_size, *, shuffle=True, seed=0, drop_last=False,
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
-           size=None, max_sample_bytes=None, options=None, return_indices=False)
+           size=None, max_sample_bytes=None, options=None, return_indices=False,
+           strict=False)
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -115,6 +116,10 @@ class Loader:
         torch.distributed when initialised, else RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
+    strict: decoding checks each image's whole compressed stream, so a
+        truncated or corrupt file fails in every epoch whatever its random
+        crop (default False: a crop decodes only the rows it needs, faster;
+        see docs/images.md).
 
     Iterating gives one epoch of (data, labels) batches. Iterating again
     continues with the next epoch; an iterator abandoned mid-epoch is
@@ -129,7 +134,7 @@ class Loader:
     def __init__(self, source, batch_size, *, shuffle=True, seed=0, drop_last=False,
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
-                 max_sample_bytes=None, options=None, return_indices=False):
+                 max_sample_bytes=None, options=None, return_indices=False, strict=False):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -168,6 +173,8 @@ class Loader:
         opts = {"layout": layout, "dtype": dtype}
         if size is not None:
             opts["size"] = str(int(size))
+        if strict:
+            opts["strict"] = "1"
         for k, v in (options or {}).items():
             opts[str(k)] = str(int(v)) if isinstance(v, bool) else str(v)
         records = None

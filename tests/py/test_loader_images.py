@@ -177,6 +177,25 @@ def test_corrupt_image_named_under_raise_and_counted_under_skip(jpeg_folder, tmp
         assert L.stats()["samples_skipped"] == 2
 
 
+def test_strict_fails_a_truncated_jpeg_in_every_epoch(tmp_path):
+    (tmp_path / "c0").mkdir()
+    rng = np.random.default_rng(0)
+    px = (np.arange(64)[None, :, None] + rng.integers(0, 64, (512, 64, 3))).astype(np.uint8)
+    path = tmp_path / "c0" / "cut.jpg"
+    Image.fromarray(px).save(path, quality=90)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) * 7 // 10])
+    # The centre crop never reaches the cut: by default the sample decodes.
+    with stoker.Loader(tmp_path, 1, transform="CenterCrop(32)", output="numpy") as L:
+        for _ in range(2):
+            assert [len(y) for _, y in L] == [1]
+    with stoker.Loader(tmp_path, 1, transform="CenterCrop(32)", output="numpy",
+                       strict=True, on_error="skip") as L:
+        for _ in range(2):
+            assert [len(y) for _, y in L] == [0]
+            assert "Premature end" in L.stats()["errors"][0]["reason"]
+
+
 # ---- the example -------------------------------------------------------------------
 
 def load_example():
