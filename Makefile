@@ -60,7 +60,7 @@ $(B)/libstoker.so: $(LIB_OBJS)
 $(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
 	$(CC) $(CFLAGS_ALL) -o $@ $(TOOL_SRCS) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
 
-$(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker.a
+$(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker.a $(wildcard tools/*.c tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Wno-conversion -o $@ $< $(TEST_UTIL) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
 

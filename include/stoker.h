@@ -101,8 +101,8 @@ STK_API int stk_stage_count(void);
  * library does not have. Static; thread-safe. */
 STK_API const char *stk_stage_name(int stage);
 
-/* Extensible result structs. stk_info, stk_stats and stk_stage_stats start
- * with `size_t struct_size`, which the caller sets to the size of the struct
+/* Extensible result structs. stk_info, stk_stats, stk_stage_stats and
+ * stk_state start with `size_t struct_size`, which the caller sets to the size of the struct
  * it was compiled with, e.g. `stk_stats st = {.struct_size = sizeof st};`. Later versions
  * only append fields. The library fills the fields that fit in struct_size,
  * zeroes any tail it does not know, and sets struct_size to the number of
@@ -114,9 +114,10 @@ STK_API const char *stk_stage_name(int stage);
 
 typedef struct stk_options stk_options;
 
-/* Creates an options object with defaults: batch_size 256, threads 0 (= online
- * cores), depth 2 (3 ring buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error
- * raise, max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
+/* Creates an options object with defaults: batch_size 256, threads 0 (= the
+ * CPUs this process may use: see stk_options_set_threads), depth 2 (3 ring
+ * buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error raise,
+ * max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
  * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
 STK_API int stk_options_create(stk_options **out);
 
@@ -143,7 +144,12 @@ STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t 
                                     unsigned label_bytes);
 
 STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
-STK_API int stk_options_set_threads(stk_options *o, unsigned n);  /* 0 = cores, <= 256 */
+/* Worker threads, 0..256. 0 (default) starts one per CPU this process may
+ * use: the CPUs of its affinity mask (taskset, cpusets), capped by a cgroup
+ * v2/v1 CPU quota (rounded up), divided by the LOCAL_WORLD_SIZE environment
+ * variable when set (ranks sharing the node; at least 1 thread). A malformed
+ * LOCAL_WORLD_SIZE then fails stk_loader_open with STK_EINVAL. */
+STK_API int stk_options_set_threads(stk_options *o, unsigned n);
 /* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
  * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
  * while `depth` more are filled; holding more than one at a time leaves fewer
@@ -169,7 +175,12 @@ STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
 STK_API int stk_options_set_transform(stk_options *o, const char *spec);
 /* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
  * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
- * "exif" ("0"/"1"), "scratch_bytes". Copied. STK_EINVAL for an unknown key. */
+ * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "strict" ("0"/"1").
+ * strict: decoding checks each image's whole compressed stream, so a
+ * truncated or corrupt file fails in every epoch whatever its random crop
+ * (default "0": a crop decodes only the rows it needs, which is faster, and
+ * damage outside them goes unnoticed in that epoch; see docs/images.md).
+ * Copied. STK_EINVAL for an unknown key or a bad value. */
 STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
 
 /* ---- Loader ------------------------------------------------------------- */
@@ -212,11 +223,23 @@ typedef struct stk_info {
     unsigned ring_buffers;   /* depth + 1 */
 } stk_info;
 
-/* Loader position: resume by restoring it. */
+/* Loader position, and the fingerprint of the configuration it is a position
+ * in: resume by restoring it (extensible: set struct_size). */
 typedef struct stk_state {
+    size_t struct_size; /* in: sizeof(stk_state); out: bytes filled */
     uint64_t seed;
     uint64_t epoch;
     uint64_t batch; /* batches of this epoch already delivered */
+    /* Fingerprint: a position only means the same batches when these match. */
+    uint64_t num_samples; /* samples in the dataset */
+    uint64_t batch_size;
+    uint32_t world_size;
+    uint32_t rank;
+    uint32_t shuffle;   /* 0 or 1 */
+    uint32_t drop_last; /* 0 or 1 */
+    uint64_t transform; /* 64-bit FNV-1a hash of the transform spec and the
+                           image options (size, layout, dtype, exif, strict);
+                           stable across builds and platforms */
 } stk_state;
 
 /* One stage's counters (extensible: set struct_size). */
@@ -239,7 +262,8 @@ typedef struct stk_stats {
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid
- * until stk_loader_close. */
+ * until the error list restarts (see stk_loader_error_count) or the loader
+ * is closed. */
 typedef struct stk_sample_error {
     uint64_t sample; /* dataset index */
     uint64_t epoch;
@@ -281,13 +305,18 @@ STK_API void stk_batch_release(stk_batch *b);
  * STK_OK, STK_EMISUSE. */
 STK_API int stk_loader_set_epoch(stk_loader *l, uint64_t epoch);
 
-/* Reads the position: batches already delivered in the current epoch. */
+/* Reads the position (batches already delivered in the current epoch) and the
+ * loader's fingerprint into *st (set st->struct_size first).
+ * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
+ * STK_EMISUSE. */
 STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
 
 /* Restores a position read by stk_loader_get_state, possibly from another
- * process. The seed must match the loader's (STK_EINVAL otherwise, so a
- * resumed run cannot silently change its order); batch must be <=
- * batches_per_epoch. */
+ * process. The seed and every fingerprint field must match this loader's, so
+ * a resumed run cannot silently deliver other batches: a mismatch is
+ * STK_EINVAL with a message naming the field and both values. batch must be
+ * <= batches_per_epoch. Fields appended in later versions are checked only
+ * when st->struct_size covers them. STK_OK, STK_EINVAL, STK_EMISUSE. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
 /* Fill *info / *st (set struct_size first; see "Extensible result structs").
@@ -343,8 +372,13 @@ STK_API int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st);
  * docs/memory.md). Returns 0 for a failed handle. */
 STK_API uint64_t stk_loader_memory_bound(stk_loader *l);
 
-/* Number of failed/skipped samples recorded, and one of them (the first 1024
- * are kept; counts in stk_stats are complete). */
+/* The failed or skipped samples of the current epoch: the epoch of the last
+ * batch delivered or reported (still the one just ended after STK_END), in
+ * sample order (their order in the epoch), the first 1024 of the epoch kept.
+ * The list restarts when a batch of another epoch is delivered or reported,
+ * and on stk_loader_set_epoch/set_state. Counts in stk_stats are complete
+ * and for the loader's life. error_get: STK_OK, STK_EINVAL (i >= count or e
+ * NULL), STK_EMISUSE. */
 STK_API size_t stk_loader_error_count(stk_loader *l);
 STK_API int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e);
 

@@ -74,6 +74,7 @@ struct stk__imgpipe {
     int decode_only;
     int dtype, nchw, exif;
     uint32_t max_dim;
+    stk__codec_opts copts;
     int dense;
     uint32_t out_h, out_w;
     int normalize, totensor;
@@ -828,6 +829,7 @@ int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe
     p->dtype = prm->dtype;
     p->nchw = prm->nchw ? 1 : 0;
     p->exif = prm->exif ? 1 : 0;
+    p->copts.exif = p->exif;
     p->max_dim = prm->max_dim ? prm->max_dim : 16384;
     if ((rc = parse_spec(p, spec, prm->size, err, errlen)))
         goto out;
@@ -841,6 +843,11 @@ int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe
 out:
     stk__free(p);
     return rc;
+}
+
+void stk__imgpipe_set_strict(stk__imgpipe *p, int strict)
+{
+    p->copts.strict = strict ? 1 : 0;
 }
 
 void stk__imgpipe_destroy(stk__imgpipe *p)
@@ -1278,7 +1285,7 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
     *out_len = 0;
     if ((rc = sniff(bytes, n, &codec, err, errlen)))
         goto out;
-    if ((rc = codec->open(&st, bytes, n, p->exif, &info, err, errlen)))
+    if ((rc = codec->open(&st, bytes, n, &p->copts, &info, err, errlen)))
         goto out;
     if (info.width == 0 || info.height == 0) {
         stk__fmt(err, errlen, "%s: image has zero size (%ux%u)", codec->name, info.width,

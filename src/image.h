@@ -31,6 +31,11 @@ int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe
                         char *err, size_t errlen);
 void stk__imgpipe_destroy(stk__imgpipe *p);
 
+/* Strict decoding (off by default): check the whole compressed stream of
+ * every image, not only the part the sample's crop needs, so a truncated or
+ * corrupt file fails whatever the random crop. Call before the first run(). */
+void stk__imgpipe_set_strict(stk__imgpipe *p, int strict);
+
 /* 1 if every output has the same shape (a resize/crop fixes it): fills ndim,
  * shape and dtype, and *sample_bytes. 0 if outputs vary (decode only): then
  * outputs are HWC uint8 of the image's own size. */

@@ -42,6 +42,9 @@ char *stk__strdup(const char *s);
 STK_API long stk__alloc_live(void);         /* live allocations now */
 STK_API void stk__alloc_fail_after(long n); /* n-th next allocation fails; -1 = never */
 STK_API long stk__alloc_count(void);        /* allocations made so far */
+/* fn(arg) runs in stk_loader_next just before a delivered batch is compacted
+ * and its view filled (NULL: none). Set it while no loader is open. */
+STK_API void stk__test_publish_hook(void (*fn)(void *), void *arg);
 
 /* ---- Scratch ------------------------------------------------------------
  * A growable per-thread buffer with a hard limit (part of the memory bound). */
@@ -113,6 +116,16 @@ static inline uint64_t stk__rng_below(stk__rng *r, uint64_t n)
     }
     return (uint64_t)(m >> 64);
 }
+
+/* ---- CPUs (cpus.c) ------------------------------------------------------
+ * The default worker count: CPUs in this thread's affinity mask, capped by the
+ * cgroup CPU quota, divided by LOCAL_WORLD_SIZE when set; 1..256. STK_OK, or
+ * STK_EINVAL with a message for a malformed LOCAL_WORLD_SIZE. */
+int stk__default_threads(unsigned *out, char *err, size_t errlen);
+/* CPUs the cgroup quota allows (v2 cpu.max and v1 cfs quota, the tightest
+ * along the cgroup's path; rounded up), reading the given /proc/self/cgroup
+ * and mountinfo files; 0 when there is no limit. Exported for tests. */
+STK_API unsigned stk__cgroup_cpus(const char *proc_cgroup, const char *mountinfo);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t stk__now_ns(void);

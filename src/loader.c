@@ -34,7 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_KEPT_ERRORS 1024
+#define MAX_KEPT_ERRORS 1024         /* per epoch: the first failures in sample order */
+#define NAME_MAX_BYTES  1024         /* a failed sample's path or key as reported */
 #define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
@@ -92,7 +93,8 @@ struct core {
     unsigned shard_window;
     stk__imgpipe *pipe;
     uint64_t seed;
-    bool shuffle;
+    bool shuffle, drop_last;
+    uint64_t transform_hash; /* resume fingerprint of the transform */
     int on_error;
     int kind, dtype;
     unsigned ndim;
@@ -109,8 +111,9 @@ struct core {
     worker *workers;
 
     uint64_t delivered_samples, delivered_batches, wait_ns, skipped, failed;
-    stk_sample_error *errors;
+    stk_sample_error *errors; /* failures of epoch errors_epoch, in sample order */
     size_t nerrors;
+    uint64_t errors_epoch;
     uint64_t memory_bound;
 };
 
@@ -155,6 +158,16 @@ static void free_slot_errs(slot_err *e)
     }
 }
 
+/* Empties the kept error list (its array stays for reuse). */
+static void clear_errors(core *c)
+{
+    for (size_t k = 0; k < c->nerrors; k++) {
+        stk__free((void *)(uintptr_t)c->errors[k].path);
+        stk__free((void *)(uintptr_t)c->errors[k].reason);
+    }
+    c->nerrors = 0;
+}
+
 static void core_free(core *c)
 {
     if (c->bufs) {
@@ -179,10 +192,7 @@ static void core_free(core *c)
         }
     }
     stk__free(c->workers);
-    for (size_t k = 0; k < c->nerrors; k++) {
-        stk__free((void *)(uintptr_t)c->errors[k].path);
-        stk__free((void *)(uintptr_t)c->errors[k].reason);
-    }
+    clear_errors(c);
     stk__free(c->errors);
     stk__imgpipe_destroy(c->pipe);
     /* Closing the source closes its store, which completes the fetch
@@ -243,7 +253,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     memcpy(&b->dims[3 * s], dims, sizeof dims);
     b->ok[s] = rc == STK_OK;
     if (rc != STK_OK) {
-        char name[1024];
+        char name[NAME_MAX_BYTES];
         c->src.ops->name(&c->src, i, name, sizeof name);
         /* If these allocations fail the failure is still counted and
          * reported; only its text is lost. */
@@ -370,10 +380,48 @@ static void *worker_main(void *arg)
 
 /* ---- consumer ------------------------------------------------------------- */
 
-/* Moves a delivered batch's failures into the loader's error list (the first
- * MAX_KEPT_ERRORS are kept) and counts them. Lock held. */
+/* Sorts a failure list by slot (merge sort: no allocation, O(k log k)).
+ * Workers add failures in completion order. */
+static slot_err *sort_by_slot(slot_err *list)
+{
+    if (!list || !list->next)
+        return list;
+    slot_err *half = list, *fast = list->next;
+    while (fast && fast->next) {
+        half = half->next;
+        fast = fast->next->next;
+    }
+    slot_err *b = half->next;
+    half->next = NULL;
+    slot_err *a = sort_by_slot(list);
+    b = sort_by_slot(b);
+    slot_err head = {0}, *t = &head;
+    while (a && b) {
+        slot_err **lo = a->slot <= b->slot ? &a : &b;
+        t->next = *lo;
+        t = *lo;
+        *lo = (*lo)->next;
+    }
+    t->next = a ? a : b;
+    return head.next;
+}
+
+/* The kept error list follows the epoch being delivered: a batch of another
+ * epoch than the list's restarts it. Lock held. */
+static void errors_follow(core *c, uint64_t epoch)
+{
+    if (epoch != c->errors_epoch) {
+        clear_errors(c);
+        c->errors_epoch = epoch;
+    }
+}
+
+/* Moves a delivered batch's failures into the loader's error list, in slot
+ * order; batches are delivered in order, so the list keeps the first
+ * MAX_KEPT_ERRORS failures of the epoch in sample order. Lock held. */
 static void record_errors(core *c, buffer *b)
 {
+    b->errs = sort_by_slot(b->errs);
     for (slot_err *e = b->errs; e; e = e->next) {
         if (c->nerrors >= MAX_KEPT_ERRORS)
             break;
@@ -402,10 +450,23 @@ static const slot_err *first_err(const buffer *b)
     return best;
 }
 
-/* Fills the public view, moving the surviving samples down over failed ones.
- * The buffer is the consumer's alone now, so no lock is needed. */
+static void (*publish_hook)(void *);
+static void *publish_hook_arg;
+
+void stk__test_publish_hook(void (*fn)(void *), void *arg)
+{
+    publish_hook = fn;
+    publish_hook_arg = arg;
+}
+
+/* Fills the public view, moving the surviving samples down over failed ones
+ * (up to a whole batch of memmove). The buffer is HELD, the consumer's alone,
+ * and everything else read here is fixed at open, so this runs without the
+ * loader's lock: workers and other threads' releases go on meanwhile. */
 static void publish(core *c, buffer *b)
 {
+    if (publish_hook)
+        publish_hook(publish_hook_arg);
     size_t j = 0;
     for (size_t k = 0; k < b->size; k++) {
         if (!b->ok[k])
@@ -468,6 +529,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     if (!out)
         return STK_EINVAL;
     core *c = l->c;
+    buffer *pub = NULL;
     uint64_t start = stk__now_ns();
     pthread_mutex_lock(&c->lock);
     for (;;) {
@@ -479,6 +541,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         uint64_t g = c->deliver_g;
         buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
         if (b && b->filled == b->size) {
+            errors_follow(c, g / c->part.batches);
             if (b->failed && !b->reported) {
                 b->reported = true;
                 if (c->on_error == STK_ON_ERROR_RAISE) {
@@ -503,10 +566,9 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             b->state = BUF_HELD;
             c->refs++;
             pthread_cond_broadcast(&c->cond_work);
-            publish(c, b);
             c->delivered_batches++;
-            c->delivered_samples += b->view.size;
-            *out = &b->view;
+            c->delivered_samples += b->size - b->failed;
+            pub = b;
             rc = STK_OK;
             break;
         }
@@ -530,6 +592,10 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     }
     c->wait_ns += stk__now_ns() - start;
     pthread_mutex_unlock(&c->lock);
+    if (pub) {
+        publish(c, pub);
+        *out = &pub->view;
+    }
     return rc;
 }
 
@@ -590,6 +656,9 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
          * calls back into the loader). */
         if (c->fetch)
             stk__fetch_reset(c->fetch, target);
+        /* The epoch (re)starts here: its failures are listed afresh. */
+        clear_errors(c);
+        c->errors_epoch = epoch;
         c->seeking = false;
         pthread_cond_broadcast(&c->cond_work);
     }
@@ -606,46 +675,6 @@ int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
         return STK_EINVAL;
     }
     seek(l->c, epoch, 0);
-    return STK_OK;
-}
-
-int stk_loader_get_state(stk_loader *l, stk_state *st)
-{
-    int rc = check_handle(l);
-    if (rc)
-        return rc;
-    if (!st)
-        return STK_EINVAL;
-    core *c = l->c;
-    pthread_mutex_lock(&c->lock);
-    st->seed = c->seed;
-    st->epoch = c->cur_epoch;
-    st->batch = c->deliver_g - c->cur_epoch * c->part.batches;
-    pthread_mutex_unlock(&c->lock);
-    return STK_OK;
-}
-
-int stk_loader_set_state(stk_loader *l, const stk_state *st)
-{
-    int rc = check_handle(l);
-    if (rc)
-        return rc;
-    if (!st)
-        return STK_EINVAL;
-    core *c = l->c;
-    if (st->seed != c->seed) {
-        stk__fmt(l->errmsg, sizeof l->errmsg,
-                 "state was saved with seed %llu but this loader uses seed %llu",
-                 (unsigned long long)st->seed, (unsigned long long)c->seed);
-        return STK_EINVAL;
-    }
-    if (st->batch > c->part.batches || st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
-        stk__fmt(l->errmsg, sizeof l->errmsg,
-                 "state batch %llu is past this loader's %llu batches per epoch",
-                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
-        return STK_EINVAL;
-    }
-    seek(c, st->epoch, st->batch);
     return STK_OK;
 }
 
@@ -680,6 +709,118 @@ static int put_sized(stk_loader *l, const char *type, void *out, const void *ful
 #define INFO_V1  (offsetof(stk_info, source_kind) + sizeof(const char *))
 #define STATS_V1 (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
 #define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
+#define STATE_V1 (offsetof(stk_state, transform) + sizeof(uint64_t))
+
+/* The loader's own state: position and fingerprint. Lock held. */
+static stk_state own_state(const core *c)
+{
+    stk_state st = {.struct_size = sizeof st};
+    st.seed = c->seed;
+    st.epoch = c->cur_epoch;
+    st.batch = c->deliver_g - c->cur_epoch * c->part.batches;
+    st.num_samples = c->src.count;
+    st.batch_size = c->batch_size;
+    st.world_size = c->part.world;
+    st.rank = c->part.rank;
+    st.shuffle = c->shuffle;
+    st.drop_last = c->drop_last;
+    st.transform = c->transform_hash;
+    return st;
+}
+
+int stk_loader_get_state(stk_loader *l, stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    core *c = l->c;
+    pthread_mutex_lock(&c->lock);
+    stk_state own = own_state(c);
+    pthread_mutex_unlock(&c->lock);
+    return put_sized(l, "stk_state", st, &own, sizeof own, STATE_V1);
+}
+
+/* Names the first fingerprint field where a saved state differs from the
+ * loader's, with both values. Returns STK_OK when all match. */
+static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state *own)
+{
+    static const struct {
+        const char *name;
+        size_t off, size;
+    } fields[] = {
+        {"seed", offsetof(stk_state, seed), sizeof(uint64_t)},
+        {"num_samples (the dataset's size)", offsetof(stk_state, num_samples), sizeof(uint64_t)},
+        {"batch_size", offsetof(stk_state, batch_size), sizeof(uint64_t)},
+        {"world_size", offsetof(stk_state, world_size), sizeof(uint32_t)},
+        {"rank", offsetof(stk_state, rank), sizeof(uint32_t)},
+        {"shuffle", offsetof(stk_state, shuffle), sizeof(uint32_t)},
+        {"drop_last", offsetof(stk_state, drop_last), sizeof(uint32_t)},
+        {"transform", offsetof(stk_state, transform), sizeof(uint64_t)},
+    };
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (fields[k].off + fields[k].size > st->struct_size)
+            continue; /* a field later than the caller's struct */
+        uint64_t a = 0, b = 0;
+        if (fields[k].size == sizeof(uint32_t)) {
+            uint32_t a32, b32;
+            memcpy(&a32, (const char *)st + fields[k].off, sizeof a32);
+            memcpy(&b32, (const char *)own + fields[k].off, sizeof b32);
+            a = a32, b = b32;
+        } else {
+            memcpy(&a, (const char *)st + fields[k].off, sizeof a);
+            memcpy(&b, (const char *)own + fields[k].off, sizeof b);
+        }
+        if (a == b)
+            continue;
+        if (!strcmp(fields[k].name, "transform"))
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with another transform (fingerprint %016llx; this loader's "
+                     "transform and image options give %016llx): resuming would not give the "
+                     "same batches",
+                     (unsigned long long)a, (unsigned long long)b);
+        else
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with %s %llu but this loader has %llu: resuming would not "
+                     "give the same batches",
+                     fields[k].name, (unsigned long long)a, (unsigned long long)b);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
+int stk_loader_set_state(stk_loader *l, const stk_state *st)
+{
+    int rc = check_handle(l);
+    if (rc)
+        return rc;
+    if (!st)
+        return STK_EINVAL;
+    if (st->struct_size < STATE_V1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "stk_state.struct_size is %zu; set it to sizeof(stk_state) (at least %zu)",
+                 st->struct_size, (size_t)STATE_V1);
+        return STK_EINVAL;
+    }
+    core *c = l->c;
+    pthread_mutex_lock(&c->lock);
+    stk_state own = own_state(c);
+    pthread_mutex_unlock(&c->lock);
+    if ((rc = check_fingerprint(l, st, &own)))
+        return rc;
+    if (st->batch > c->part.batches) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state batch %llu is past this loader's %llu batches per epoch",
+                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
+        return STK_EINVAL;
+    }
+    if (st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "state epoch %llu is too large",
+                 (unsigned long long)st->epoch);
+        return STK_EINVAL;
+    }
+    seek(c, st->epoch, st->batch);
+    return STK_OK;
+}
 
 int stk_loader_info(stk_loader *l, stk_info *info)
 {
@@ -873,10 +1014,28 @@ void stk_loader_close(stk_loader *l)
 
 /* ---- open ----------------------------------------------------------------- */
 
-static unsigned online_cores(void)
+static uint64_t fnv1a(uint64_t h, const char *text)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 256 ? 256 : (unsigned)n;
+    for (const char *p = text; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The resume fingerprint of the transform: 64-bit FNV-1a of the spec text
+ * and of the image options that change its output, written out as text so
+ * the value is the same on every build and platform. No transform hashes as
+ * "none". */
+static uint64_t transform_hash(const stk_options *o)
+{
+    const uint64_t basis = 0xcbf29ce484222325ULL;
+    const char *spec = o->transform;
+    if (!spec || !*spec || !strcmp(spec, "none"))
+        return fnv1a(basis, "none");
+    char opts[128];
+    /* strict changes which damaged samples fail, so which batches come. */
+    stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d|strict=%d", o->size,
+             o->nchw ? "nchw" : "nhwc", o->dtype, o->exif, o->strict);
+    return fnv1a(fnv1a(basis, spec), opts);
 }
 
 /* Decides the output kind and shape from the source and the transform. */
@@ -900,6 +1059,7 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     int rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
     if (rc)
         return rc;
+    stk__imgpipe_set_strict(c->pipe, o->strict);
     size_t sb = 0;
     if (stk__imgpipe_dense(c->pipe, &c->ndim, c->shape, &c->dtype, &sb)) {
         c->kind = STK_BATCH_DENSE;
@@ -1016,7 +1176,10 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     if (c->pipe)
         per_thread += o->max_input_bytes + o->scratch_bytes;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
-           (uint64_t)MAX_KEPT_ERRORS * (sizeof(stk_sample_error) + 2 * STK_ERRMSG_MAX);
+           (uint64_t)MAX_KEPT_ERRORS *
+               (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
+           /* failures waiting in ring buffers for delivery */
+           (uint64_t)c->nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
 }
 
 static int open_core(stk_loader *l, const stk_options *o)
@@ -1038,11 +1201,15 @@ static int open_core(stk_loader *l, const stk_options *o)
     }
     c->seed = o->seed;
     c->shuffle = o->shuffle;
+    c->drop_last = o->drop_last;
+    c->transform_hash = transform_hash(o);
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
     c->depth = o->depth;
     c->nbufs = o->depth + 1;
-    c->nthreads = o->threads ? o->threads : online_cores();
+    c->nthreads = o->threads;
+    if (!c->nthreads && (rc = stk__default_threads(&c->nthreads, err, errlen)))
+        goto fail;
 
     stk__remote_cfg rcfg = {.endpoint = o->endpoint,
                             .region = o->region,

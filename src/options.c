@@ -195,10 +195,13 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             }
         return STK_EINVAL;
     }
-    if (!strcmp(key, "exif")) {
+    if (!strcmp(key, "exif") || !strcmp(key, "strict")) {
         if (strcmp(value, "0") && strcmp(value, "1"))
             return STK_EINVAL;
-        o->exif = value[0] == '1';
+        if (key[0] == 'e')
+            o->exif = value[0] == '1';
+        else
+            o->strict = value[0] == '1';
         return STK_OK;
     }
     if (!strcmp(key, "size")) {

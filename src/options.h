@@ -21,6 +21,7 @@ struct stk_options {
     int nchw;
     int size;
     int exif;
+    int strict; /* decode check of the whole compressed stream */
     uint32_t max_dim;
     size_t scratch_bytes;   /* per-thread decode scratch limit */
     size_t max_input_bytes; /* per-thread encoded-input limit when decoding */

@@ -199,7 +199,8 @@ int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *er
          * files cut short or damaged near the start. */
         void *st = NULL;
         stk__imginfo info;
-        int rc = codecs[k]->open(&st, b, n, 0, &info, err, errlen);
+        stk__codec_opts copts = {0};
+        int rc = codecs[k]->open(&st, b, n, &copts, &info, err, errlen);
         codecs[k]->close(st);
         if (rc == STK_OK && (info.width == 0 || info.height == 0)) {
             snprintf(err, errlen, "%s: image has zero size (%ux%u)", codecs[k]->name, info.width,

@@ -48,7 +48,7 @@ static void usage(FILE *f)
                "\n"
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
-               "  --threads N         worker threads (0 = cores)\n"
+               "  --threads N         worker threads (0 = CPUs this process may use)\n"
                "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
@@ -60,6 +60,7 @@ static void usage(FILE *f)
                "  --layout L          nchw | nhwc (nchw)\n"
                "  --dtype D           uint8 | float32 | float16 | bfloat16 (uint8)\n"
                "  --on-error P        raise | skip (raise)\n"
+               "  --strict            check each image's whole compressed stream\n"
                "  --max-sample-bytes N  per-sample budget of variable-size batches (1M)\n"
                "  --record-size N     read PATH as records of N bytes\n"
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
@@ -275,6 +276,8 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = stk_options_set_shuffle(o, 0);
         } else if (!strcmp(k, "--drop-last")) {
             rc = stk_options_set_drop_last(o, 1);
+        } else if (!strcmp(k, "--strict")) {
+            rc = stk_options_set(o, "strict", "1");
         } else if (!strcmp(k, "--json")) {
             a->json = true;
         } else if (!strcmp(k, "--transform") && val) {

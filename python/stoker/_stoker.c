@@ -34,6 +34,7 @@
 
 #include "stoker.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -553,7 +554,7 @@ static int check_pid(EngineObject *self)
 {
     if (self->pid == getpid())
         return 0;
-    stk_state st;
+    stk_state st = {.struct_size = sizeof st};
     int rc = stk_loader_get_state(self->l, &st); /* STK_EMISUSE without locking */
     raise_code(rc ? rc : STK_EMISUSE,
                self->l ? stk_loader_errmsg(self->l)
@@ -961,7 +962,7 @@ static PyObject *Engine_get_state(EngineObject *self, PyObject *unused)
     (void)unused;
     if (engine_enter(self))
         return NULL;
-    stk_state st;
+    stk_state st = {.struct_size = sizeof st};
     int rc = stk_loader_get_state(self->l, &st);
     if (rc)
         engine_raise(self, rc);
@@ -972,17 +973,108 @@ static PyObject *Engine_get_state(EngineObject *self, PyObject *unused)
                          (unsigned long long)st.batch);
 }
 
+/* The resume fingerprint's fields, as the keys of a Python state dict. */
+static const struct {
+    const char *key;
+    size_t off;
+    int wide; /* uint64_t; else uint32_t */
+} fp_fields[] = {
+    {"num_samples", offsetof(stk_state, num_samples), 1},
+    {"batch_size", offsetof(stk_state, batch_size), 1},
+    {"world_size", offsetof(stk_state, world_size), 0},
+    {"rank", offsetof(stk_state, rank), 0},
+    {"shuffle", offsetof(stk_state, shuffle), 0},
+    {"drop_last", offsetof(stk_state, drop_last), 0},
+    {"transform_hash", offsetof(stk_state, transform), 1},
+};
+#define N_FP_FIELDS (sizeof fp_fields / sizeof fp_fields[0])
+
+static unsigned long long fp_get(const stk_state *st, size_t k)
+{
+    const char *p = (const char *)st + fp_fields[k].off;
+    if (fp_fields[k].wide) {
+        uint64_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static PyObject *Engine_fingerprint(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    stk_state st = {.struct_size = sizeof st};
+    int rc = stk_loader_get_state(self->l, &st);
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (rc)
+        return NULL;
+    PyObject *d = PyDict_New();
+    for (size_t k = 0; d && k < N_FP_FIELDS; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(fp_get(&st, k));
+        if (!v || PyDict_SetItemString(d, fp_fields[k].key, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* set_state(seed, epoch, batch, fingerprint=None): fingerprint is a dict with
+ * any of fp_fields' keys; the engine checks those given, and a key left out
+ * (a state dict saved before it existed) is taken as this loader's own. */
 static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
 {
     unsigned long long seed, epoch, batch;
-    if (!PyArg_ParseTuple(args, "KKK:set_state", &seed, &epoch, &batch))
+    PyObject *fp = Py_None;
+    if (!PyArg_ParseTuple(args, "KKK|O:set_state", &seed, &epoch, &batch, &fp))
         return NULL;
+    if (fp != Py_None && !PyDict_Check(fp)) {
+        PyErr_SetString(PyExc_TypeError, "fingerprint must be a dict");
+        return NULL;
+    }
     if (engine_enter(self))
         return NULL;
-    stk_state st = {seed, epoch, batch};
-    int rc;
+    stk_state st = {.struct_size = sizeof st};
+    int rc = stk_loader_get_state(self->l, &st);
+    if (rc) {
+        engine_raise(self, rc);
+        goto out;
+    }
+    st.seed = seed;
+    st.epoch = epoch;
+    st.batch = batch;
+    for (size_t k = 0; fp != Py_None && k < N_FP_FIELDS; k++) {
+        PyObject *v = PyDict_GetItemString(fp, fp_fields[k].key); /* borrowed */
+        if (!v)
+            continue;
+        unsigned long long x =
+            PyLong_Check(v) ? PyLong_AsUnsignedLongLong(v) : (unsigned long long)-1;
+        if ((!PyLong_Check(v) || PyErr_Occurred()) || (!fp_fields[k].wide && x > UINT32_MAX)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "state was saved with %s=%R but this loader has %s=%llu: resuming "
+                         "would not give the same batches",
+                         fp_fields[k].key, v, fp_fields[k].key, fp_get(&st, k));
+            rc = STK_EINVAL;
+            goto out;
+        }
+        char *p = (char *)&st + fp_fields[k].off;
+        if (fp_fields[k].wide) {
+            uint64_t w = x;
+            memcpy(p, &w, sizeof w);
+        } else {
+            uint32_t w = (uint32_t)x;
+            memcpy(p, &w, sizeof w);
+        }
+    }
     Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_state(self->l, &st);
     Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
+out:
     engine_leave(self);
     if (rc)
         return NULL;
@@ -1166,7 +1258,11 @@ static PyMethodDef Engine_methods[] = {
      "next(slice_ms=100) -> Batch, or None at the end of the epoch."},
     {"set_epoch", (PyCFunction)Engine_set_epoch, METH_VARARGS, "set_epoch(e)"},
     {"get_state", (PyCFunction)Engine_get_state, METH_NOARGS, "-> (seed, epoch, batch)"},
-    {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS, "set_state(seed, epoch, batch)"},
+    {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS,
+     "set_state(seed, epoch, batch, fingerprint=None): fingerprint keys left out are not "
+     "checked"},
+    {"fingerprint", (PyCFunction)Engine_fingerprint, METH_NOARGS,
+     "-> dict: num_samples, batch_size, world_size, rank, shuffle, drop_last, transform_hash"},
     {"info", (PyCFunction)Engine_info, METH_NOARGS, "-> dict of static facts"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "-> dict of counters"},
     {"fetch_stats", (PyCFunction)Engine_fetch_stats, METH_NOARGS, "fetch-stage counters or None"},

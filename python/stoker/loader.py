@@ -39,6 +39,7 @@ OPTION_KEYS = {
     "cache_limit": "disk cache size limit in bytes, K/M/G suffixes (the cache_limit argument)",
     "order": "global or shards (the order argument)",
     "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
+    "strict": "0 or 1: check each image's whole compressed stream (the strict argument)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
@@ -82,6 +83,8 @@ def _int(value, name, lo, hi):
     if not lo <= v <= hi:
         raise ValueError(f"{name} must be in {lo} .. {hi}, got {_describe(value)}")
     return v
+_FINGERPRINT_KEYS = ("num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last",
+                     "transform_hash")
 
 
 class Records:
@@ -201,7 +204,8 @@ class Loader:
     Loader(source, batch_size, *, shuffle=True, seed=0, drop_last=False,
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
-           size=None, max_sample_bytes=None, options=None, return_indices=False)
+           size=None, max_sample_bytes=None, options=None, return_indices=False,
+           strict=False)
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -210,7 +214,8 @@ class Loader:
         "cifar-train", "decode", "none"), a spec string, a
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
-    threads: worker threads (None = all online cores). depth: batches prepared
+    threads: worker threads (None = the CPUs this process may use, shared
+        among LOCAL_WORLD_SIZE ranks; see docs/engine.md). depth: batches prepared
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
@@ -234,6 +239,10 @@ class Loader:
         RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
+    strict: decoding checks each image's whole compressed stream, so a
+        truncated or corrupt file fails in every epoch whatever its random
+        crop (default False: a crop decodes only the rows it needs, faster;
+        see docs/images.md).
 
     Iterating gives one epoch of (data, labels) batches. Iterating again
     continues with the next epoch; an iterator abandoned mid-epoch is
@@ -252,7 +261,7 @@ class Loader:
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
-                 cache_limit=None, order="global", shard_window=None):
+                 cache_limit=None, order="global", shard_window=None, strict=False):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -292,6 +301,8 @@ class Loader:
         opts = {"layout": layout, "dtype": dtype}
         if size is not None:
             opts["size"] = str(size)
+        if strict:
+            opts["strict"] = "1"
         for k, v in (options or {}).items():
             opts[k] = _option_value(k, v)
         if cache_dir is not None:
@@ -425,14 +436,21 @@ class Loader:
         seed, epoch, batch = self._engine.get_state()
         if batch >= len(self):   # every batch of the epoch was handed out
             epoch, batch = epoch + 1, 0
+        fp = self._engine.fingerprint()
         return {"seed": seed, "epoch": epoch, "batch": batch, "batch_size": self.batch_size,
                 "num_samples": self.num_samples, "rank": self.rank,
                 "world_size": self.world_size, "drop_last": self.drop_last,
-                "shuffle": self.shuffle}
+                "shuffle": self.shuffle, "transform_hash": fp["transform_hash"]}
 
     def load_state_dict(self, state):
         """Restores a position from state_dict() (possibly saved by another
-        process). The next iteration continues from it exactly."""
+        process). The next iteration continues from it exactly.
+
+        The engine checks the seed and the fingerprint (num_samples,
+        batch_size, world_size, rank, shuffle, drop_last, transform_hash) and
+        refuses a mismatch naming the field. A fingerprint key missing from
+        the dict (state dicts saved by older versions lack transform_hash) is
+        not checked."""
         for k in _STATE_KEYS:
             if k not in state:
                 raise ValueError(f"state dict lacks {k!r}")
@@ -447,9 +465,16 @@ class Loader:
         epoch = _int(state["epoch"], "state dict epoch", 0, self._max_epoch())
         batch = _int(state["batch"], f"state dict batch (this loader has {len(self)} batches "
                      f"per epoch)", 0, len(self))
+        fp = {}
+        for k in _FINGERPRINT_KEYS:
+            if k in state:
+                try:  # NumPy and torch integers, as everywhere in the API
+                    fp[k] = operator.index(state[k])
+                except TypeError:
+                    fp[k] = state[k]  # the engine names the field and the value
         with self._lock:
             self._check_open()
-            self._engine.set_state(seed, epoch, batch)
+            self._engine.set_state(seed, epoch, batch, fp)
             self._generation += 1
             self._pinned = True
 

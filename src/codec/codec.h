@@ -30,14 +30,21 @@ typedef struct stk__rect {
     uint32_t x, y, w, h;
 } stk__rect;
 
+/* Decoder settings, fixed for a pipeline. */
+typedef struct stk__codec_opts {
+    int exif;   /* also find the EXIF block */
+    int strict; /* read() checks the whole compressed stream, not only the part
+                   the region needs, so damage anywhere fails the image */
+} stk__codec_opts;
+
 typedef struct stk__codec {
     const char *name;
     /* 1 if the bytes start like this format. */
     int (*sniff)(const uint8_t *b, size_t n);
-    /* Allocates a state (stk__malloc) and parses the header. want_exif: also
-     * find the EXIF block. On failure *st may be non-NULL: close() it. */
-    int (*open)(void **st, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info, char *err,
-                size_t errlen);
+    /* Allocates a state (stk__malloc) and parses the header (o: see
+     * stk__codec_opts). On failure *st may be non-NULL: close() it. */
+    int (*open)(void **st, const uint8_t *b, size_t n, const stk__codec_opts *o, stk__imginfo *info,
+                char *err, size_t errlen);
     /* Output size at scale m/8 (m = 8 for non-scalable codecs). */
     void (*scaled_size)(void *st, unsigned m, uint32_t *w, uint32_t *h);
     /* Commits to scale m/8 and region *r (in scaled pixels, inside the

@@ -44,6 +44,7 @@ typedef struct jstate {
     char msg[JMSG_LENGTH_MAX + 64];
     stk__rect r; /* region committed by start() */
     int cmyk;
+    int strict;
 } jstate;
 
 static int jpeg_sniff(const uint8_t *b, size_t n)
@@ -126,8 +127,8 @@ static void copy_err(jstate *s, char *err, size_t errlen)
     stk__fmt(err, errlen, "%s", s->msg);
 }
 
-static int jpeg_open(void **out, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info,
-                     char *err, size_t errlen)
+static int jpeg_open(void **out, const uint8_t *b, size_t n, const stk__codec_opts *o,
+                     stk__imginfo *info, char *err, size_t errlen)
 {
     int rc = STK_OK;
     jstate *s = stk__calloc(1, sizeof *s);
@@ -157,7 +158,8 @@ static int jpeg_open(void **out, const uint8_t *b, size_t n, int want_exif, stk_
     s->prog.progress_monitor = on_progress;
     s->cinfo.progress = &s->prog;
     jpeg_mem_src(&s->cinfo, b, (unsigned long)n);
-    if (want_exif)
+    s->strict = o->strict;
+    if (o->exif)
         jpeg_save_markers(&s->cinfo, JPEG_APP0 + 1, 0xffff);
     jpeg_read_header(&s->cinfo, TRUE);
 
@@ -250,7 +252,9 @@ static int jpeg_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, cha
             }
         }
         s->r = *r;
-        *tmp_bytes = s->cmyk ? (size_t)r->w * 4 : 0;
+        /* CMYK rows are converted from tmp; strict mode reads the image's
+         * last row into it. */
+        *tmp_bytes = s->cmyk || s->strict ? (size_t)r->w * (size_t)s->cinfo.output_components : 0;
     }
 out:
     return rc;
@@ -295,7 +299,25 @@ static int jpeg_read(void *st, uint8_t *dst, size_t stride, uint8_t *tmp, char *
     }
     /* Reading to the end checks the tail of the file (a truncated last
      * scan, a missing EOI); a region that ends earlier stops here and leaves
-     * the rest of the file unread, which is the point of cropping. */
+     * the rest of the file unread, which is the point of cropping. Strict
+     * mode goes on to the end: jpeg_skip_scanlines runs the entropy decoder
+     * over the skipped rows without the IDCT (a progressive file was read
+     * whole by jpeg_start_decompress already), but a skip to the very end
+     * takes a shortcut that reads nothing, so the last row is read. */
+    if (s->strict && s->cinfo.output_scanline < s->cinfo.output_height) {
+        JDIMENSION left = s->cinfo.output_height - s->cinfo.output_scanline;
+        if (left > 1 && jpeg_skip_scanlines(&s->cinfo, left - 1) != left - 1) {
+            stk__fmt(err, errlen, "JPEG: could not skip to the last row");
+            rc = STK_EFORMAT;
+            goto out;
+        }
+        JSAMPROW row = tmp;
+        if (jpeg_read_scanlines(&s->cinfo, &row, 1) != 1) {
+            stk__fmt(err, errlen, "JPEG: decoder stopped at the last row");
+            rc = STK_EFORMAT;
+            goto out;
+        }
+    }
     if (s->cinfo.output_scanline >= s->cinfo.output_height)
         jpeg_finish_decompress(&s->cinfo);
     else

@@ -8,7 +8,8 @@
  *
  * libspng allocates through our allocator (spng_ctx_new2). Non-interlaced
  * images are decoded row by row, keeping only the rows and columns of the
- * region and stopping after its last row; interlaced ones (whose rows arrive
+ * region and stopping after its last row (in strict mode, going on to the
+ * last row of the image); interlaced ones (whose rows arrive
  * in seven passes) are decoded whole into the temporary buffer.
  */
 #include "codec/codec.h"
@@ -23,6 +24,7 @@ typedef struct pstate {
     stk__rect r;
     int fmt;
     size_t bpp; /* bytes per pixel of fmt */
+    int strict;
 } pstate;
 
 static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
@@ -67,8 +69,8 @@ static int fail(int e, const char *what, char *err, size_t errlen)
     return code_for(e);
 }
 
-static int png_open(void **out, const uint8_t *b, size_t n, int want_exif, stk__imginfo *info,
-                    char *err, size_t errlen)
+static int png_open(void **out, const uint8_t *b, size_t n, const stk__codec_opts *o,
+                    stk__imginfo *info, char *err, size_t errlen)
 {
     int rc = STK_OK, e;
     struct spng_alloc alloc = {a_malloc, a_realloc, a_calloc, a_free};
@@ -95,7 +97,8 @@ static int png_open(void **out, const uint8_t *b, size_t n, int want_exif, stk__
     info->scalable = 0;
     info->exif = NULL;
     info->exif_len = 0;
-    if (want_exif) {
+    s->strict = o->strict;
+    if (o->exif) {
         struct spng_exif ex;
         if (!spng_get_exif(s->ctx, &ex) && ex.data && ex.length) {
             info->exif = (const uint8_t *)ex.data;
@@ -179,14 +182,17 @@ static int png_read(void *st, uint8_t *dst, size_t stride, uint8_t *tmp, char *e
         rc = fail(e, "decoding", err, errlen);
         goto out;
     }
-    for (uint32_t y = 0; y < s->r.y + s->r.h; y++) {
+    /* Rows below the region are decoded only in strict mode, where damage
+     * anywhere in the image data must fail it. */
+    const uint32_t rows = s->strict ? s->ihdr.height : s->r.y + s->r.h;
+    for (uint32_t y = 0; y < rows; y++) {
         e = spng_decode_row(s->ctx, tmp, rowlen);
         /* SPNG_EOI comes with the last row's pixels. */
         if (e && !(e == SPNG_EOI && y + 1 == s->ihdr.height)) {
             rc = fail(e, "decoding", err, errlen);
             goto out;
         }
-        if (y >= s->r.y)
+        if (y >= s->r.y && y < s->r.y + s->r.h)
             to_rgb(s, tmp, dst + (size_t)(y - s->r.y) * stride);
     }
 out:

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 long stk__alloc_live(void);
+void stk__test_publish_hook(void (*fn)(void *), void *arg);
 
 #define REC 64
 #define N   200
@@ -262,7 +263,7 @@ static void test_null_arguments(void)
     CHECK_EQ(stk_loader_error_count(NULL), 0);
     stk_info info = {.struct_size = sizeof info};
     stk_stats st = {.struct_size = sizeof st};
-    stk_state s;
+    stk_state s = {.struct_size = sizeof s};
     CHECK_EQ(stk_loader_info(NULL, &info), STK_EMISUSE);
     CHECK_EQ(stk_loader_stats(NULL, &st), STK_EMISUSE);
     CHECK_EQ(stk_loader_get_state(NULL, &s), STK_EMISUSE);
@@ -312,7 +313,7 @@ static void test_fork_child_misuse(void)
             code |= 1;
         if (!strstr(stk_loader_errmsg(l), "fork"))
             code |= 2;
-        stk_state s;
+        stk_state s = {.struct_size = sizeof s};
         if (stk_loader_get_state(l, &s) != STK_EMISUSE)
             code |= 4;
         if (stk_loader_set_epoch(l, 3) != STK_EMISUSE)
@@ -678,6 +679,66 @@ static void test_release_from_other_thread(void)
     stk_loader_close(l);
 }
 
+/* Compacting a delivered batch (a memmove of up to the whole batch when
+ * samples failed) runs without the loader's lock, so another thread's release
+ * (and the workers) are not held up by it. The hook runs inside that
+ * compaction and waits for a release made on another thread. */
+typedef struct publish_probe {
+    stk_batch *held;
+    sem_t go, done;
+    int armed, released_in_time;
+} publish_probe;
+
+static void *probe_releaser(void *p)
+{
+    publish_probe *pp = p;
+    while (sem_wait(&pp->go) != 0)
+        ;
+    stk_batch_release(pp->held);
+    sem_post(&pp->done);
+    return NULL;
+}
+
+static void probe_hook(void *p)
+{
+    publish_probe *pp = p;
+    if (!pp->armed)
+        return;
+    pp->armed = 0;
+    sem_post(&pp->go);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 3;
+    int rc;
+    while ((rc = sem_timedwait(&pp->done, &ts)) != 0 && errno == EINTR)
+        ;
+    pp->released_in_time = rc == 0;
+}
+
+static void test_publish_outside_lock(void)
+{
+    publish_probe pp = {0};
+    REQUIRE(sem_init(&pp.go, 0, 0) == 0 && sem_init(&pp.done, 0, 0) == 0);
+    stk__test_publish_hook(probe_hook, &pp);
+    stk_loader *l = open_records(2, 2, 4);
+    stk_batch *b0, *b1;
+    REQUIRE(stk_loader_next(l, &b0) == STK_OK);
+    pp.held = b0;
+    pthread_t th;
+    REQUIRE(pthread_create(&th, NULL, probe_releaser, &pp) == 0);
+    pp.armed = 1;
+    REQUIRE(stk_loader_next(l, &b1) == STK_OK);
+    CHECK(pp.released_in_time);
+    pthread_join(th, NULL);
+    CHECK(batch_ok(b1));
+    CHECK_EQ(b1->index, 1);
+    stk_batch_release(b1);
+    stk_loader_close(l);
+    stk__test_publish_hook(NULL, NULL);
+    sem_destroy(&pp.go);
+    sem_destroy(&pp.done);
+}
+
 static void *consume_and_close(void *p)
 {
     stk_loader *l = p;
@@ -778,6 +839,7 @@ int main(void)
     RUN(test_fifo_sample_is_an_error);
     RUN(test_close_with_worker_blocked_in_open);
     RUN(test_release_from_other_thread);
+    RUN(test_publish_outside_lock);
     RUN(test_consumer_on_another_thread);
     RUN(test_open_close_churn);
     return tu_end();

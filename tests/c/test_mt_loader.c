@@ -366,7 +366,7 @@ static void test_resume_into_new_loader(void)
                 got[n++] = batch_hash(b);
                 stk_batch_release(b);
             }
-            stk_state st;
+            stk_state st = {.struct_size = sizeof st};
             CHECK_EQ(stk_loader_get_state(l, &st), STK_OK);
             CHECK_EQ(st.seed, 3);
             CHECK_EQ(st.epoch, ep);
@@ -378,7 +378,7 @@ static void test_resume_into_new_loader(void)
             r.depth = 5;
             REQUIRE(open_cfg(&l, &r) == STK_OK);
             CHECK_EQ(stk_loader_set_state(l, &st), STK_OK);
-            stk_state back;
+            stk_state back = {.struct_size = sizeof back};
             stk_loader_get_state(l, &back);
             CHECK(back.epoch == st.epoch && back.batch == st.batch);
             /* The rest of this epoch, then one more. */
@@ -396,17 +396,93 @@ static void test_resume_into_new_loader(void)
 
     /* A state from another seed, or past the epoch, is refused. */
     REQUIRE(open_cfg(&l, &c) == STK_OK);
-    stk_state bad = {4, 0, 0};
+    stk_state bad = {.struct_size = sizeof bad};
+    REQUIRE(stk_loader_get_state(l, &bad) == STK_OK);
+    bad.seed = 4;
     CHECK_EQ(stk_loader_set_state(l, &bad), STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), "seed") != NULL);
     bad.seed = 3;
     bad.batch = 16;
     CHECK_EQ(stk_loader_set_state(l, &bad), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "batch 16") != NULL);
+    bad.batch = 0;
+    bad.epoch = UINT64_MAX;
+    CHECK_EQ(stk_loader_set_state(l, &bad), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "epoch") != NULL);
     /* And the loader still works from where it was. */
     stk_batch *b;
     REQUIRE(stk_loader_next(l, &b) == STK_OK);
     CHECK(batch_hash(b) == ref[0]);
     stk_batch_release(b);
+    stk_loader_close(l);
+}
+
+/* A state carries the fingerprint of its configuration; restoring it into a
+ * loader that differs in any field that changes the batches is refused with a
+ * message naming the field, and leaves the loader where it was. */
+static void test_resume_fingerprint(void)
+{
+    static char p20[1024], p21[1024]; /* records_file's buffer is reused */
+    snprintf(p20, sizeof p20, "%s", records_file(20));
+    snprintf(p21, sizeof p21, "%s", records_file(21));
+    tu_cfg base = {.path = p20, .record = REC, .label = 1, .bs = 4, .seed = 1, .shuffle = 1};
+    struct {
+        const char *field;
+        tu_cfg c;
+    } cases[] = {
+        {"seed", base},       {"num_samples", base}, {"batch_size", base},
+        {"world_size", base}, {"rank", base},        {"shuffle", base},
+        {"drop_last", base},  {"transform", base},   {"transform", base},
+    };
+    cases[0].c.seed = 2;
+    cases[1].c.path = p21;
+    cases[2].c.bs = 5;
+    cases[3].c.world = 2;
+    cases[4].c.world = 2; /* compared against rank 1 of 2 below */
+    cases[5].c.shuffle = 0;
+    cases[6].c.drop_last = 1;
+    cases[7].c.transform = "imagenet-val";
+    cases[8].c.transform = "imagenet-val";
+    cases[8].c.options[0] = "dtype";
+    cases[8].c.options[1] = "float32";
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        tu_cfg ref = base;
+        if (k == 4)
+            ref.world = 2, ref.rank = 1;
+        if (k == 8)
+            ref.transform = "imagenet-val";
+        stk_loader *saver, *l;
+        REQUIRE(open_cfg(&saver, &cases[k].c) == STK_OK);
+        stk_state st = {.struct_size = sizeof st};
+        REQUIRE(stk_loader_get_state(saver, &st) == STK_OK);
+        stk_loader_close(saver);
+        REQUIRE(open_cfg(&l, &ref) == STK_OK);
+        CHECK_EQ(stk_loader_set_state(l, &st), STK_EINVAL);
+        const char *msg = stk_loader_errmsg(l);
+        if (!strstr(msg, cases[k].field)) {
+            fprintf(stderr, "    case %zu (%s): %s\n", k, cases[k].field, msg);
+            CHECK(0);
+        }
+        /* The same configuration restores fine. */
+        stk_state own = {.struct_size = sizeof own};
+        REQUIRE(stk_loader_get_state(l, &own) == STK_OK);
+        own.batch = 1;
+        CHECK_EQ(stk_loader_set_state(l, &own), STK_OK);
+        stk_loader_close(l);
+    }
+    /* The message gives both values. */
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &base) == STK_OK);
+    stk_state st = {.struct_size = sizeof st};
+    REQUIRE(stk_loader_get_state(l, &st) == STK_OK);
+    st.batch_size = 8;
+    CHECK_EQ(stk_loader_set_state(l, &st), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "batch_size 8 but this loader has 4") != NULL);
+    /* A struct_size that does not cover the fingerprint is refused. */
+    st.batch_size = 4;
+    st.struct_size = offsetof(stk_state, num_samples);
+    CHECK_EQ(stk_loader_set_state(l, &st), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "struct_size") != NULL);
     stk_loader_close(l);
 }
 
@@ -441,7 +517,7 @@ static void test_set_epoch_mid_epoch(void)
     }
     /* Mid-epoch, with a batch held: jump to epoch 4. */
     CHECK_EQ(stk_loader_set_epoch(l, 4), STK_OK);
-    stk_state st;
+    stk_state st = {.struct_size = sizeof st};
     stk_loader_get_state(l, &st);
     CHECK(st.epoch == 4 && st.batch == 0);
     size_t n = run_hashes(l, 1, got, CAP);
@@ -522,7 +598,16 @@ static void test_skip_deterministic(void)
                     .on_error = STK_ON_ERROR_SKIP};
         stk_loader *l;
         REQUIRE(open_cfg(&l, &c) == STK_OK);
-        size_t n = run_hashes(l, 2, t ? got : ref, CAP);
+        /* The error list holds the current epoch's failures. */
+        size_t n = 0;
+        for (uint64_t e = 0; e < 2; e++) {
+            n += run_hashes(l, 1, (t ? got : ref) + n, CAP - n);
+            CHECK_EQ(stk_loader_error_count(l), 1);
+            stk_sample_error e0;
+            REQUIRE(stk_loader_error_get(l, 0, &e0) == STK_OK);
+            CHECK(!strcmp(e0.path, p));
+            CHECK_EQ(e0.epoch, e);
+        }
         CHECK_EQ(n, 26);
         if (t)
             CHECK(!memcmp(ref, got, n * sizeof *ref));
@@ -530,16 +615,67 @@ static void test_skip_deterministic(void)
         stk_loader_stats(l, &st);
         CHECK_EQ(st.samples_skipped, 2);
         CHECK_EQ(st.samples_delivered, 178);
-        CHECK_EQ(stk_loader_error_count(l), 2);
-        stk_sample_error e0, e1;
-        REQUIRE(stk_loader_error_get(l, 0, &e0) == STK_OK);
-        REQUIRE(stk_loader_error_get(l, 1, &e1) == STK_OK);
-        CHECK(!strcmp(e0.path, p) && !strcmp(e1.path, p));
-        CHECK(e0.epoch == 0 && e1.epoch == 1);
         stk_loader_close(l);
     }
     unlink(p);
     REQUIRE(rename(moved, p) == 0);
+}
+
+/* The error list keeps each epoch's failures in sample order, the first 1024
+ * of every epoch (not of the loader's life, not in the order threads finished
+ * them), and restarts with each epoch. */
+static void test_errors_per_epoch_in_order(void)
+{
+    enum { N = 1500, BS = 50 };
+    char root[1100], dir[1200], f[1300];
+    snprintf(root, sizeof root, "%s/many-bad", tu_tmpdir());
+    snprintf(dir, sizeof dir, "%s/c0", root);
+    tu_mkdirs(dir);
+    for (int i = 0; i < N; i++) {
+        snprintf(f, sizeof f, "%s/f%05d.jpg", dir, i);
+        if (i % 5 == 0)
+            tu_write_file(f, "ok", 2);
+        else
+            REQUIRE(symlink("/nonexistent", f) == 0); /* fails to read */
+    }
+    tu_cfg c = {.path = root, .bs = BS, .threads = 4, .on_error = STK_ON_ERROR_SKIP};
+    stk_loader *l;
+    REQUIRE(open_cfg(&l, &c) == STK_OK);
+    for (uint64_t epoch = 0; epoch < 2; epoch++) {
+        stk_batch *b;
+        REQUIRE(stk_loader_next(l, &b) == STK_OK);
+        stk_batch_release(b);
+        /* The first batch of the epoch: its 40 failures only. */
+        CHECK_EQ(stk_loader_error_count(l), BS * 4 / 5);
+        int rc;
+        while ((rc = stk_loader_next(l, &b)) == STK_OK)
+            stk_batch_release(b);
+        CHECK_EQ(rc, STK_END);
+        /* 1200 failed; the first 1024 in sample order (no shuffle: index
+         * order) are listed: index k of the list is the k-th failing index. */
+        CHECK_EQ(stk_loader_error_count(l), 1024);
+        int in_order = 1;
+        uint64_t want = 0;
+        for (size_t k = 0; k < stk_loader_error_count(l); k++) {
+            if (++want % 5 == 0)
+                want++;
+            stk_sample_error e;
+            REQUIRE(stk_loader_error_get(l, k, &e) == STK_OK);
+            if (in_order && !(e.sample == want && e.epoch == epoch && e.code == STK_EIO))
+                fprintf(stderr, "    error %zu: sample %llu epoch %llu code %d, expected %llu\n", k,
+                        (unsigned long long)e.sample, (unsigned long long)e.epoch, e.code,
+                        (unsigned long long)want);
+            in_order &= e.sample == want && e.epoch == epoch && e.code == STK_EIO;
+        }
+        CHECK(in_order);
+    }
+    stk_stats st = {.struct_size = sizeof st};
+    stk_loader_stats(l, &st);
+    CHECK_EQ(st.samples_skipped, 2 * 1200);
+    /* Restarting an epoch restarts its list. */
+    CHECK_EQ(stk_loader_set_epoch(l, 0), STK_OK);
+    CHECK_EQ(stk_loader_error_count(l), 0);
+    stk_loader_close(l);
 }
 
 /* ---- statistics ------------------------------------------------------------ */
@@ -926,9 +1062,11 @@ int main(void)
     RUN(test_ranks_partition);
     RUN(test_determinism_threads_depths);
     RUN(test_resume_into_new_loader);
+    RUN(test_resume_fingerprint);
     RUN(test_set_epoch_mid_epoch);
     RUN(test_no_shuffle_natural);
     RUN(test_skip_deterministic);
+    RUN(test_errors_per_epoch_in_order);
     RUN(test_stats);
     RUN(test_stats_struct_size);
     RUN(test_depth_meaning);

@@ -540,7 +540,7 @@ static void test_resume_mid_epoch(void)
         REQUIRE(stk_loader_next(a, &b) == STK_OK);
         stk_batch_release(b);
     }
-    stk_state st;
+    stk_state st = {.struct_size = sizeof st};
     CHECK_EQ(stk_loader_get_state(a, &st), STK_OK);
     REQUIRE(stk_loader_next(a, &b) == STK_OK);
     uint64_t want = tu_hash(1, b->indices, b->size * sizeof *b->indices);

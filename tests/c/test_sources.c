@@ -577,7 +577,7 @@ static void test_failed_handle(void)
     CHECK_EQ(stk_loader_next_timeout(l, &b, 1), STK_EMISUSE);
     stk_info info = {.struct_size = sizeof info};
     stk_stats st = {.struct_size = sizeof st};
-    stk_state s = {0};
+    stk_state s = {.struct_size = sizeof s};
     stk_stage_stats ts = {.struct_size = sizeof ts};
     stk_sample_error e;
     CHECK_EQ(stk_loader_info(l, &info), STK_EMISUSE);

@@ -199,6 +199,10 @@ int tu_open_cfg(stk_loader **l, const tu_cfg *c)
     REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
     if (c->max_sample)
         REQUIRE(stk_options_set_max_sample_bytes(o, c->max_sample) == STK_OK);
+    if (c->transform)
+        REQUIRE(stk_options_set_transform(o, c->transform) == STK_OK);
+    for (int k = 0; k + 1 < 8 && c->options[k]; k += 2)
+        REQUIRE(stk_options_set(o, c->options[k], c->options[k + 1]) == STK_OK);
     int rc = stk_loader_open(l, o);
     stk_options_destroy(o);
     return rc;

@@ -79,6 +79,8 @@ typedef struct tu_cfg {
     unsigned rank, world;
     int on_error;
     size_t max_sample;
+    const char *transform;  /* NULL: the library's default */
+    const char *options[8]; /* key, value pairs for stk_options_set; NULL ends */
 } tu_cfg;
 
 /* Opens *l from c (every setter must accept its value). Returns

@@ -117,6 +117,27 @@ def test_image_batches_identical_for_any_thread_count(jpeg_folder):
             assert np.array_equal(a, b) and np.array_equal(la, lb)
 
 
+def test_state_dict_carries_the_transform_fingerprint(jpeg_folder):
+    with stoker.Loader(jpeg_folder, 6, transform="imagenet-train", size=16, seed=1,
+                       output="numpy") as L:
+        it = iter(L)
+        next(it)
+        sd = L.state_dict()
+    assert isinstance(sd["transform_hash"], int)
+    # Another transform, or the same one with another size: refused, naming it.
+    for kw in (dict(transform="imagenet-val", size=16), dict(transform="imagenet-train", size=24)):
+        with stoker.Loader(jpeg_folder, 6, seed=1, output="numpy", **kw) as L:
+            with pytest.raises(ValueError, match="transform"):
+                L.load_state_dict(sd)
+    # A state dict saved before the fingerprint existed loads (documented rule:
+    # fingerprint keys it lacks are not checked).
+    old = {k: v for k, v in sd.items() if k != "transform_hash"}
+    with stoker.Loader(jpeg_folder, 6, transform="imagenet-val", size=16, seed=1,
+                       output="numpy") as L:
+        L.load_state_dict(old)
+        assert L.state_dict()["batch"] == 1
+
+
 def test_random_transforms_differ_per_epoch_and_resume_exactly(jpeg_folder):
     with stoker.Loader(jpeg_folder, 6, transform="imagenet-train", size=16, seed=1,
                        output="numpy") as L:
@@ -154,6 +175,25 @@ def test_corrupt_image_named_under_raise_and_counted_under_skip(jpeg_folder, tmp
     with stoker.Loader(root, 6, transform="imagenet-val", size=16, on_error="skip") as L:
         assert sum(len(y) for _, y in L) == 4
         assert L.stats()["samples_skipped"] == 2
+
+
+def test_strict_fails_a_truncated_jpeg_in_every_epoch(tmp_path):
+    (tmp_path / "c0").mkdir()
+    rng = np.random.default_rng(0)
+    px = (np.arange(64)[None, :, None] + rng.integers(0, 64, (512, 64, 3))).astype(np.uint8)
+    path = tmp_path / "c0" / "cut.jpg"
+    Image.fromarray(px).save(path, quality=90)
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) * 7 // 10])
+    # The centre crop never reaches the cut: by default the sample decodes.
+    with stoker.Loader(tmp_path, 1, transform="CenterCrop(32)", output="numpy") as L:
+        for _ in range(2):
+            assert [len(y) for _, y in L] == [1]
+    with stoker.Loader(tmp_path, 1, transform="CenterCrop(32)", output="numpy",
+                       strict=True, on_error="skip") as L:
+        for _ in range(2):
+            assert [len(y) for _, y in L] == [0]
+            assert "Premature end" in L.stats()["errors"][0]["reason"]
 
 
 # ---- the example -------------------------------------------------------------------
