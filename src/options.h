@@ -25,6 +25,7 @@ struct stk_options {
     uint32_t max_dim;
     size_t scratch_bytes;   /* per-thread decode scratch limit */
     size_t max_input_bytes; /* per-thread encoded-input limit when decoding */
+    size_t jpeg_memory;     /* per-thread cap on libjpeg's own memory */
 };
 
 #endif
