@@ -175,7 +175,10 @@ STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
 STK_API int stk_options_set_transform(stk_options *o, const char *spec);
 /* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
  * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
- * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "strict" ("0"/"1").
+ * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "jpeg_memory"
+ * (per-thread cap on libjpeg's own memory, default 64M, at least 4M: a
+ * progressive JPEG needing more fails with STK_ETOOBIG; docs/memory.md),
+ * "strict" ("0"/"1").
  * strict: decoding checks each image's whole compressed stream, so a
  * truncated or corrupt file fails in every epoch whatever its random crop
  * (default "0": a crop decodes only the rows it needs, which is faster, and

@@ -850,6 +850,11 @@ void stk__imgpipe_set_strict(stk__imgpipe *p, int strict)
     p->copts.strict = strict ? 1 : 0;
 }
 
+void stk__imgpipe_set_jpeg_memory(stk__imgpipe *p, size_t bytes)
+{
+    p->copts.max_memory = bytes;
+}
+
 void stk__imgpipe_destroy(stk__imgpipe *p)
 {
     stk__free(p);

@@ -36,6 +36,10 @@ void stk__imgpipe_destroy(stk__imgpipe *p);
  * corrupt file fails whatever the random crop. Call before the first run(). */
 void stk__imgpipe_set_strict(stk__imgpipe *p, int strict);
 
+/* Caps libjpeg's own working memory per decode (0: no cap); a JPEG that needs
+ * more fails with STK_ETOOBIG. Call before the first run(). */
+void stk__imgpipe_set_jpeg_memory(stk__imgpipe *p, size_t bytes);
+
 /* 1 if every output has the same shape (a resize/crop fixes it): fills ndim,
  * shape and dtype, and *sample_bytes. 0 if outputs vary (decode only): then
  * outputs are HWC uint8 of the image's own size. */

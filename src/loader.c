@@ -1060,6 +1060,7 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     if (rc)
         return rc;
     stk__imgpipe_set_strict(c->pipe, o->strict);
+    stk__imgpipe_set_jpeg_memory(c->pipe, o->jpeg_memory);
     size_t sb = 0;
     if (stk__imgpipe_dense(c->pipe, &c->ndim, c->shape, &c->dtype, &sb)) {
         c->kind = STK_BATCH_DENSE;
@@ -1174,7 +1175,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer);
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
-        per_thread += o->max_input_bytes + o->scratch_bytes;
+        per_thread += o->max_input_bytes + o->scratch_bytes + o->jpeg_memory;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +

@@ -22,6 +22,7 @@ int stk_options_create(stk_options **out)
     o->max_dim = 16384;
     o->scratch_bytes = 64u << 20;
     o->max_input_bytes = 32u << 20;
+    o->jpeg_memory = 64u << 20;
     return STK_OK;
 }
 
@@ -216,13 +217,18 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         o->max_dim = (uint32_t)n;
         return STK_OK;
     }
-    if (!strcmp(key, "scratch_bytes") || !strcmp(key, "max_input_bytes")) {
-        if (parse_size(value, (uint64_t)1 << 40, &n) || n < 4096)
+    if (!strcmp(key, "scratch_bytes") || !strcmp(key, "max_input_bytes") ||
+        !strcmp(key, "jpeg_memory")) {
+        /* jpeg_memory: libjpeg's row buffers take up to about 2 MiB at max_dim
+         * widths whatever the cap, so a smaller cap would not be one. */
+        if (parse_size(value, (uint64_t)1 << 40, &n) || n < (key[0] == 'j' ? 4u << 20 : 4096))
             return STK_EINVAL;
         if (key[0] == 's')
             o->scratch_bytes = (size_t)n;
-        else
+        else if (key[0] == 'm')
             o->max_input_bytes = (size_t)n;
+        else
+            o->jpeg_memory = (size_t)n;
         return STK_OK;
     }
     /* Remote datasets (docs/remote.md). */

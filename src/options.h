@@ -38,6 +38,7 @@ struct stk_options {
     /* Order: false = global permutation; true = shard-aware (docs/engine.md). */
     bool shard_order;
     unsigned shard_window; /* shards per window (0 = 8) */
+    size_t jpeg_memory;     /* per-thread cap on libjpeg's own memory */
 };
 
 #endif

@@ -40,6 +40,7 @@ OPTION_KEYS = {
     "order": "global or shards (the order argument)",
     "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
     "strict": "0 or 1: check each image's whole compressed stream (the strict argument)",
+    "jpeg_memory": "libjpeg's own memory per thread, >= 4M, K/M/G suffixes (default 64M)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.

@@ -32,9 +32,14 @@ typedef struct stk__rect {
 
 /* Decoder settings, fixed for a pipeline. */
 typedef struct stk__codec_opts {
-    int exif;   /* also find the EXIF block */
-    int strict; /* read() checks the whole compressed stream, not only the part
-                   the region needs, so damage anywhere fails the image */
+    /* Also find the EXIF block. */
+    int exif;
+    /* read() checks the whole compressed stream, not only the part the
+     * region needs, so damage anywhere fails the image. */
+    int strict;
+    /* JPEG: cap on libjpeg's own working memory, which does not go through
+     * stk__malloc (0: no cap). */
+    size_t max_memory;
 } stk__codec_opts;
 
 typedef struct stk__codec {

@@ -16,12 +16,19 @@
  * jpeg_skip_scanlines above it, and jpeg_abort_decompress after its last row.
  *
  * Memory: libjpeg allocates its working memory through its own allocator
- * (libjpeg-turbo has no allocator hooks); it is bounded by the image size,
- * which the pipeline checks against max_dim before start(), and freed by
- * jpeg_destroy_decompress in close().
+ * (libjpeg-turbo has no allocator hooks), so it is capped instead: its memory
+ * manager's max_memory_to_use (the jpeg_memory option). Row buffers are
+ * small and bounded by the width (max_dim); what can be large is the
+ * whole-image coefficient array of a progressive (or multi-scan) file, about
+ * 2 bytes per sample of every component (a 24-megapixel 4:2:0 photo: 72 MB).
+ * It is a "virtual array" that libjpeg sizes against the cap, minus what is
+ * already allocated, and with no backing store (jmemnobs) a request over the
+ * cap fails with JERR_NO_BACKING_STORE: STK_ETOOBIG with the numbers. Freed
+ * by jpeg_destroy_decompress in close().
  */
 #include "codec/codec.h"
 
+#include <limits.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +52,7 @@ typedef struct jstate {
     stk__rect r; /* region committed by start() */
     int cmyk;
     int strict;
+    size_t max_memory;
 } jstate;
 
 static int jpeg_sniff(const uint8_t *b, size_t n)
@@ -83,6 +91,17 @@ static void fail(j_common_ptr c, int code)
 
 static void on_error_exit(j_common_ptr c)
 {
+    jstate *s = (jstate *)c->client_data;
+    if (c->err->msg_code == JERR_NO_BACKING_STORE && s->max_memory) {
+        j_decompress_ptr d = (j_decompress_ptr)c;
+        stk__fmt(s->msg, sizeof s->msg,
+                 "JPEG: decoding this %ux%u %s image needs more than the jpeg_memory limit of "
+                 "%zu bytes for libjpeg's working memory; raise jpeg_memory",
+                 d->image_width, d->image_height,
+                 d->progressive_mode ? "progressive" : "multi-scan", s->max_memory);
+        s->code = STK_ETOOBIG;
+        longjmp(s->jb, 1);
+    }
     fail(c, code_for(c->err->msg_code));
 }
 
@@ -155,6 +174,10 @@ static int jpeg_open(void **out, const uint8_t *b, size_t n, const stk__codec_op
     }
     jpeg_create_decompress(&s->cinfo);
     s->created = 1;
+    s->max_memory = o->max_memory;
+    if (o->max_memory)
+        s->cinfo.mem->max_memory_to_use =
+            o->max_memory > (size_t)LONG_MAX ? LONG_MAX : (long)o->max_memory;
     s->prog.progress_monitor = on_progress;
     s->cinfo.progress = &s->prog;
     jpeg_mem_src(&s->cinfo, b, (unsigned long)n);

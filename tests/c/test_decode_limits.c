@@ -1,6 +1,7 @@
 /* test_decode_limits.c -- decoding through the loader where the codecs'
  * shortcuts and limits show: strict mode (a truncated file fails in every
- * epoch, whatever part of it the crop needs). */
+ * epoch, whatever part of it the crop needs), and libjpeg's own memory
+ * (capped by jpeg_memory and counted in the memory bound). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -12,6 +13,13 @@
 
 #include <jpeglib.h>
 #include <spng.h>
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define UNDER_SANITIZER 1
+#else
+#define UNDER_SANITIZER 0
+#endif
+#define FIXED_OVERHEAD (16u << 20) /* docs/memory.md */
 
 /* A noisy RGB image, so that the compressed bytes spread evenly over rows. */
 static uint8_t *noise_pixels(uint32_t w, uint32_t h)
@@ -26,7 +34,9 @@ static uint8_t *noise_pixels(uint32_t w, uint32_t h)
     return p;
 }
 
-static uint8_t *enc_jpeg(uint32_t w, uint32_t h, int progressive, size_t *n)
+/* progressive: 1 progressive; 2 progressive and 4:4:4. noise: 0 gives a
+ * smooth gradient (a small file whatever the size). */
+static uint8_t *enc_jpeg_x(uint32_t w, uint32_t h, int progressive, int noise, size_t *n)
 {
     struct jpeg_compress_struct c;
     struct jpeg_error_mgr e;
@@ -43,17 +53,32 @@ static uint8_t *enc_jpeg(uint32_t w, uint32_t h, int progressive, size_t *n)
     jpeg_set_quality(&c, 90, TRUE);
     if (progressive)
         jpeg_simple_progression(&c);
+    if (progressive == 2)
+        c.comp_info[0].h_samp_factor = c.comp_info[0].v_samp_factor = 1;
     jpeg_start_compress(&c, TRUE);
-    uint8_t *px = noise_pixels(w, h);
+    uint8_t *px = noise ? noise_pixels(w, h) : NULL, *row = malloc((size_t)w * 3);
+    REQUIRE(row);
     while (c.next_scanline < h) {
-        JSAMPROW r = px + (size_t)c.next_scanline * w * 3;
+        uint32_t y = c.next_scanline;
+        JSAMPROW r = row;
+        if (px)
+            r = px + (size_t)y * w * 3;
+        else
+            for (uint32_t x = 0; x < w; x++)
+                row[3 * x] = (uint8_t)x, row[3 * x + 1] = (uint8_t)y, row[3 * x + 2] = 128;
         jpeg_write_scanlines(&c, &r, 1);
     }
     jpeg_finish_compress(&c);
     jpeg_destroy_compress(&c);
     free(px);
+    free(row);
     *n = len;
     return mem;
+}
+
+static uint8_t *enc_jpeg(uint32_t w, uint32_t h, int progressive, size_t *n)
+{
+    return enc_jpeg_x(w, h, progressive, 1, n);
 }
 
 static uint8_t *enc_png(uint32_t w, uint32_t h, size_t *n)
@@ -171,6 +196,92 @@ static void test_strict_truncated_png(void)
     free(p);
 }
 
+/* libjpeg's own memory does not go through the library's allocator. A
+ * 4000x3000 progressive 4:4:4 JPEG makes libjpeg hold every coefficient of
+ * the image at once (2 bytes x 3 x 12 M = 72 MB) before the first row, even
+ * for a small crop. With the default cap (64 MiB) that sample fails cleanly
+ * with STK_ETOOBIG and says what to raise; with the cap raised it decodes,
+ * and the cap is in the memory bound, which the process's peak RSS stays
+ * under (with the other per-thread budgets small, so that without the cap in
+ * the bound the coefficients alone would break it). */
+static void test_jpeg_memory_bound(void)
+{
+    size_t n;
+    uint8_t *j = enc_jpeg_x(4000, 3000, 2, 0, &n);
+    const char *root = folder_with("big-progressive", j, n);
+    free(j);
+    printf("    4000x3000 progressive 4:4:4 JPEG, %zu bytes\n", n);
+
+    tu_cfg c = {.path = root,
+                .bs = 1,
+                .threads = 1,
+                .depth = 1,
+                .transform = "imagenet-val",
+                .on_error = STK_ON_ERROR_SKIP};
+    stk_loader *l;
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    stk_batch *b;
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    CHECK_EQ(b->size, 0);
+    stk_batch_release(b);
+    stk_sample_error e;
+    REQUIRE(stk_loader_error_count(l) == 1 && stk_loader_error_get(l, 0, &e) == STK_OK);
+    CHECK_EQ(e.code, STK_ETOOBIG);
+    CHECK(strstr(e.reason, "jpeg_memory") != NULL && strstr(e.reason, "4000x3000") != NULL);
+    CHECK(strstr(e.reason, "67108864") != NULL);
+    printf("    default cap: %s\n", e.reason);
+    stk_loader_close(l);
+
+    /* Reset the peak (Linux: "5" to clear_refs) and take the baseline. */
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    int reset = cr && fputs("5", cr) >= 0;
+    if (cr)
+        reset &= fclose(cr) == 0;
+    long base = reset ? tu_rss_bytes() : tu_peak_rss_bytes();
+    tu_cfg big = c;
+    big.on_error = STK_ON_ERROR_RAISE;
+    const char *opts[] = {"jpeg_memory", "80M", "scratch_bytes", "2M", "max_input_bytes", "4M"};
+    memcpy(big.options, opts, sizeof opts);
+    REQUIRE(tu_open_cfg(&l, &big) == STK_OK);
+    uint64_t bound = stk_loader_memory_bound(l);
+    CHECK(bound >= (80u << 20) + (6u << 20));
+    for (int epoch = 0; epoch < 2; epoch++) {
+        REQUIRE(stk_loader_next(l, &b) == STK_OK);
+        CHECK_EQ(b->size, 1);
+        stk_batch_release(b);
+        REQUIRE(stk_loader_next(l, &b) == STK_END);
+    }
+    long peak = tu_peak_rss_bytes();
+    stk_loader_close(l);
+    long growth = peak - base;
+    printf("    cap 80 MiB: memory bound %.1f MiB, peak RSS growth %.1f MiB%s\n",
+           (double)bound / 1048576.0, (double)growth / 1048576.0, reset ? "" : " (peak not reset)");
+    if (UNDER_SANITIZER)
+        printf("    (RSS not checked under a sanitizer)\n");
+    else
+        CHECK(growth <= (long)(bound + FIXED_OVERHEAD));
+
+    /* A wide baseline image needs no coefficient array: the smallest cap
+     * still decodes it. */
+    j = enc_jpeg_x(16384, 64, 0, 0, &n);
+    root = folder_with("wide-baseline", j, n);
+    free(j);
+    tu_cfg wide = c;
+    wide.path = root;
+    wide.transform = "CenterCrop(32)";
+    wide.on_error = STK_ON_ERROR_RAISE;
+    wide.options[0] = "jpeg_memory";
+    wide.options[1] = "4M";
+    REQUIRE(tu_open_cfg(&l, &wide) == STK_OK);
+    int rc = stk_loader_next(l, &b);
+    if (rc)
+        fprintf(stderr, "    %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    CHECK_EQ(b->size, 1);
+    stk_batch_release(b);
+    stk_loader_close(l);
+}
+
 static void test_strict_option_values(void)
 {
     stk_options *o;
@@ -178,6 +289,9 @@ static void test_strict_option_values(void)
     CHECK_EQ(stk_options_set(o, "strict", "1"), STK_OK);
     CHECK_EQ(stk_options_set(o, "strict", "0"), STK_OK);
     CHECK_EQ(stk_options_set(o, "strict", "yes"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "jpeg_memory", "128M"), STK_OK);
+    CHECK_EQ(stk_options_set(o, "jpeg_memory", "1M"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "jpeg_memory", "lots"), STK_EINVAL);
     stk_options_destroy(o);
 }
 
@@ -186,6 +300,7 @@ int main(void)
     tu_begin("test_decode_limits", 300);
     RUN(test_strict_truncated_jpeg);
     RUN(test_strict_truncated_png);
+    RUN(test_jpeg_memory_bound);
     RUN(test_strict_option_values);
     return tu_end();
 }
