@@ -1043,6 +1043,17 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
 {
     const char *spec = o->transform;
     if (!spec || !*spec || !strcmp(spec, "none")) {
+        /* Without a transform samples are their stored bytes: a float dtype
+         * would be silently ignored, so it is refused. */
+        if (o->dtype != STK_DTYPE_UINT8) {
+            static const char *const names[] = {"uint8", "float32", "float16", "bfloat16"};
+            stk__fmt(err, errlen,
+                     "%s: dtype %s needs an image transform (a preset or a spec, "
+                     "docs/transforms.md); without one, samples are their stored bytes, "
+                     "delivered as uint8",
+                     o->source, names[o->dtype & 3]);
+            return STK_EINVAL;
+        }
         if (c->src.fixed_len) {
             c->kind = STK_BATCH_DENSE;
             c->ndim = 1;

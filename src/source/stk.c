@@ -537,6 +537,17 @@ out:
  * flight together: bounded memory for requests, and round trips overlap. */
 #define REMOTE_OPEN_CHUNK 512
 
+/* Fills q with the ranged GET of shard s's footer into hb's footer half. */
+static stk__req *footer_req(stk__req *q, const shard *s, uint8_t *hb)
+{
+    *q = (stk__req){.name = s->obj,
+                    .off = s->bytes - STK_FOOTER_SIZE,
+                    .len = STK_FOOTER_SIZE,
+                    .buf = hb + STK_HEADER_SIZE,
+                    .fd = -1};
+    return q;
+}
+
 /* Fetches and checks the header, footer and index of shards [a, b). */
 static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t errlen)
 {
@@ -558,14 +569,8 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
         uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
         q[2 * k] = (stk__req){.name = s->obj, .off = 0, .len = STK_HEADER_SIZE, .buf = hb, .fd = -1};
         qp[nq++] = &q[2 * k];
-        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE) {
-            q[2 * k + 1] = (stk__req){.name = s->obj,
-                                      .off = s->bytes - STK_FOOTER_SIZE,
-                                      .len = STK_FOOTER_SIZE,
-                                      .buf = hb + STK_HEADER_SIZE,
-                                      .fd = -1};
-            qp[nq++] = &q[2 * k + 1];
-        }
+        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE)
+            qp[nq++] = footer_req(&q[2 * k + 1], s, hb);
     }
     stk__remote_run(d->remote, qp, nq);
     nq = 0;
@@ -594,13 +599,7 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
             }
             if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE)
                 continue; /* parse_ends reports it */
-            uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
-            q[2 * k + 1] = (stk__req){.name = s->obj,
-                                      .off = s->bytes - STK_FOOTER_SIZE,
-                                      .len = STK_FOOTER_SIZE,
-                                      .buf = hb + STK_HEADER_SIZE,
-                                      .fd = -1};
-            qp[nq++] = &q[2 * k + 1];
+            qp[nq++] = footer_req(&q[2 * k + 1], s, ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE));
         }
     }
     stk__remote_run(d->remote, qp, nq);

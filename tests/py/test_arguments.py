@@ -249,3 +249,21 @@ def test_max_sample_bytes_zero_is_refused(make_records, make_folder):
         stoker.Loader(make_folder(name="f2"), 2, output="numpy", max_sample_bytes=-1)
     with stoker.Loader(make_folder(name="f3"), 2, output="numpy", max_sample_bytes=None) as L:
         assert len(L) == 8                       # None: the default budget
+
+
+def test_float_dtype_without_a_transform_is_refused_not_ignored(make_records, make_folder):
+    """Issue 13 item 3: raw bytes and records have no pixels to convert; a
+    float dtype used to come back as uint8 silently."""
+    import subprocess
+    recs = make_records(10)
+    for src in (recs, make_folder()):
+        with pytest.raises(Exception) as e:
+            stoker.Loader(src, 2, dtype="float32", output="numpy")
+        assert "dtype float32 needs an image transform" in str(e.value)
+    with stoker.Loader(recs, 2, output="numpy") as L:  # uint8 still works
+        assert next(iter(L))[0].dtype == np.uint8
+    stoker_bin = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "build", "release", "stoker")
+    r = subprocess.run([stoker_bin, "bench", recs.path, "--record-size", "24",
+                        "--dtype", "float16"], capture_output=True, text=True)
+    assert r.returncode == 1 and "dtype float16 needs an image transform" in r.stderr
