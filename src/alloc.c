@@ -2,6 +2,7 @@
  * told to fail, so tests prove there are no leaks and that every allocation
  * failure is handled. */
 #include "internal.h"
+#include <pthread.h>
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -128,4 +129,25 @@ uint64_t stk__now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+void stk__cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t t = (uint64_t)ts.tv_nsec + ns;
+    ts.tv_sec += (time_t)(t / 1000000000ULL);
+    ts.tv_nsec = (long)(t % 1000000000ULL);
+    pthread_cond_timedwait(cv, m, &ts);
+}
+
+int stk__cond_init(pthread_cond_t *cv)
+{
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a))
+        return -1;
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    int r = pthread_cond_init(cv, &a);
+    pthread_condattr_destroy(&a);
+    return r;
 }

@@ -1222,8 +1222,9 @@ static void orient(const stk__view *s, const stk__view *o, int orientation)
 
 static const stk__codec *const CODECS[] = {&stk__codec_jpeg, &stk__codec_png};
 
-static int sniff(const uint8_t *b, size_t n, const stk__codec **out, char *err, size_t errlen)
+const char *stk__image_other_format(const uint8_t *b, size_t n)
 {
+    /* Image formats stoker recognises by signature but does not decode. */
     static const struct {
         const char *magic;
         size_t len, off;
@@ -1243,6 +1244,15 @@ static int sniff(const uint8_t *b, size_t n, const stk__codec **out, char *err, 
         {"\xff\x0a", 2, 0, "JPEG XL"},
         {"qoif", 4, 0, "QOI"},
     };
+    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++)
+        if (n >= others[k].off + others[k].len &&
+            !memcmp(b + others[k].off, others[k].magic, others[k].len))
+            return others[k].name;
+    return NULL;
+}
+
+static int sniff(const uint8_t *b, size_t n, const stk__codec **out, char *err, size_t errlen)
+{
     if (n == 0) {
         stk__fmt(err, errlen, "empty file (0 bytes)");
         return STK_EFORMAT;
@@ -1253,13 +1263,10 @@ static int sniff(const uint8_t *b, size_t n, const stk__codec **out, char *err, 
             return STK_OK;
         }
     }
-    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
-        if (n >= others[k].off + others[k].len &&
-            !memcmp(b + others[k].off, others[k].magic, others[k].len)) {
-            stk__fmt(err, errlen, "%s images are not supported (only JPEG and PNG)",
-                     others[k].name);
-            return STK_EUNSUPPORTED;
-        }
+    const char *other = stk__image_other_format(b, n);
+    if (other) {
+        stk__fmt(err, errlen, "%s images are not supported (only JPEG and PNG)", other);
+        return STK_EUNSUPPORTED;
     }
     if (n >= 2 && b[0] == 0xFF && b[1] == 0xD8) {
         stk__fmt(err, errlen, "not a JPEG: truncated after the SOI marker (%zu bytes)", n);

@@ -55,6 +55,10 @@ int stk__imgpipe_dense(const stk__imgpipe *p, unsigned *ndim, int64_t shape[4], 
  * STK_EUNSUPPORTED (a format or variant not handled), STK_ETOOBIG (dimension
  * limit, slot or scratch too small), STK_ENOMEM. err gets the reason only
  * (the engine adds the path). Never crashes on any input. */
+/* The name of an image format recognised by its signature but not decoded
+ * (GIF, BMP, TIFF, WebP, AVIF, HEIC/HEIF, JPEG 2000, JPEG XL, QOI), or NULL. */
+const char *stk__image_other_format(const uint8_t *b, size_t n);
+
 int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen);

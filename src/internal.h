@@ -22,6 +22,7 @@
 #define STK_BUILDING_LIBRARY 1
 #include "stoker.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -129,5 +130,10 @@ STK_API unsigned stk__cgroup_cpus(const char *proc_cgroup, const char *mountinfo
 
 /* Monotonic clock in nanoseconds. */
 uint64_t stk__now_ns(void);
+
+/* Condition variables on the monotonic clock: every wait of the library is
+ * timed (a slice of at most ns) so it can re-check a cancel flag. */
+int stk__cond_init(pthread_cond_t *cv); /* 0 or an errno value */
+void stk__cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns);
 
 #endif

@@ -126,27 +126,6 @@ struct stk_loader {
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t t = (uint64_t)ts.tv_nsec + ns;
-    ts.tv_sec += (time_t)(t / 1000000000ULL);
-    ts.tv_nsec = (long)(t % 1000000000ULL);
-    pthread_cond_timedwait(cv, m, &ts);
-}
-
-static int cond_init(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    if (pthread_condattr_init(&a))
-        return -1;
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    int r = pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-    return r;
-}
-
 static void free_slot_errs(slot_err *e)
 {
     while (e) {
@@ -328,7 +307,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                 continue;
             }
         }
-        timed_wait(&c->cond_work, &c->lock, WAIT_SLICE_NS);
+        stk__cond_wait_ns(&c->cond_work, &c->lock, WAIT_SLICE_NS);
     }
 }
 
@@ -588,7 +567,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         uint64_t slice = WAIT_SLICE_NS;
         if (timeout_ns && timeout_ns - (now - start) < slice)
             slice = timeout_ns - (now - start);
-        timed_wait(&c->cond_ready, &c->lock, slice);
+        stk__cond_wait_ns(&c->cond_ready, &c->lock, slice);
     }
     c->wait_ns += stk__now_ns() - start;
     pthread_mutex_unlock(&c->lock);
@@ -638,7 +617,7 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
     if (target != c->deliver_g || epoch != c->cur_epoch) {
         c->seeking = true;
         while (c->busy)
-            timed_wait(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
+            stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
         for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
             if (b->state == BUF_FILLING) {
@@ -1205,8 +1184,8 @@ static int open_core(stk_loader *l, const stk_options *o)
         return STK_ENOMEM;
     }
     c->refs = 1;
-    if (pthread_mutex_init(&c->lock, NULL) || cond_init(&c->cond_work) ||
-        cond_init(&c->cond_ready) || cond_init(&c->cond_idle)) {
+    if (pthread_mutex_init(&c->lock, NULL) || stk__cond_init(&c->cond_work) ||
+        stk__cond_init(&c->cond_ready) || stk__cond_init(&c->cond_idle)) {
         stk__free(c);
         stk__fmt(err, errlen, "cannot create locks");
         return STK_ENOMEM;

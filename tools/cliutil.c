@@ -2,6 +2,7 @@
 #include "commands.h"
 
 #include "codec/codec.h"
+#include "image.h"
 #include "source/stkformat.h"
 
 #include <errno.h>
@@ -165,25 +166,6 @@ bool stoker_image_name(const char *name)
 int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *err, size_t errlen)
 {
     static const stk__codec *const codecs[] = {&stk__codec_jpeg, &stk__codec_png};
-    static const struct {
-        const char *magic;
-        size_t len, off;
-        const char *name;
-    } others[] = {
-        {"GIF87a", 6, 0, "GIF"},
-        {"GIF89a", 6, 0, "GIF"},
-        {"BM", 2, 0, "BMP"},
-        {"II*\0", 4, 0, "TIFF"},
-        {"MM\0*", 4, 0, "TIFF"},
-        {"WEBP", 4, 8, "WebP"},
-        {"ftypavif", 8, 4, "AVIF"},
-        {"ftypheic", 8, 4, "HEIC"},
-        {"ftypmif1", 8, 4, "HEIF"},
-        {"\xff\x4f\xff\x51", 4, 0, "JPEG 2000"},
-        {"\0\0\0\x0cjP  ", 8, 0, "JPEG 2000"},
-        {"\xff\x0a", 2, 0, "JPEG XL"},
-        {"qoif", 4, 0, "QOI"},
-    };
     const char *dummy;
     if (!format)
         format = &dummy;
@@ -210,13 +192,8 @@ int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *er
         *format = codecs[k]->name;
         return rc == STK_OK ? 0 : -1;
     }
-    for (size_t k = 0; k < sizeof others / sizeof others[0]; k++) {
-        if (n >= others[k].off + others[k].len &&
-            !memcmp(b + others[k].off, others[k].magic, others[k].len)) {
-            *format = others[k].name;
-            return 0;
-        }
-    }
+    if ((*format = stk__image_other_format(b, n)))
+        return 0;
     if (n >= 3 && b[0] == 'P' && b[1] >= '1' && b[1] <= '6' &&
         (b[2] == ' ' || b[2] == '\t' || b[2] == '\n' || b[2] == '\r')) {
         *format = "PNM";

@@ -451,11 +451,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         stk__free(f);
         return STK_ENOMEM;
     }
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    int r = pthread_cond_init(&f->cond, &a);
-    pthread_condattr_destroy(&a);
+    int r = stk__cond_init(&f->cond);
     if (r || !(f->ring = stk__calloc(f->cap, sizeof *f->ring))) {
         if (!r)
             pthread_cond_destroy(&f->cond);
@@ -516,25 +512,8 @@ void stk__fetch_destroy(stk__fetch *f)
 {
     if (!f)
         return;
-    stk__fetch_cancel(f);
-    /* Requests still in flight hold pointers to their chunks: wait for each
-     * to be done (the store cancels them promptly when it closes, but the
-     * store outlives this stage, so wait here). */
-    for (;;) {
-        pthread_mutex_lock(&f->lock);
-        chunk *c = f->chunks;
-        while (c && !c->inflight)
-            c = c->next_all;
-        pthread_mutex_unlock(&f->lock);
-        if (!c)
-            break;
-        stk__remote_wait(f->remote, &c->req);
-        /* The done callback ran (or runs now) and cleared inflight. */
-        pthread_mutex_lock(&f->lock);
-        while (c->inflight)
-            pthread_cond_wait(&f->cond, &f->lock);
-        pthread_mutex_unlock(&f->lock);
-    }
+    /* The store was closed first (stk__fetch_destroy's contract): it
+     * completed every request, so no chunk is in flight any more. */
     while (f->chunks)
         chunk_unlink_free(f, f->chunks);
     for (size_t k = 0; f->sh && k < f->nshards; k++)
@@ -590,12 +569,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
         uint64_t t0 = stk__now_ns();
         f->waits++;
         while (e->state == E_PLANNED && !f->cancel) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            uint64_t t = (uint64_t)ts.tv_nsec + WAIT_SLICE_NS;
-            ts.tv_sec += (time_t)(t / 1000000000ULL);
-            ts.tv_nsec = (long)(t % 1000000000ULL);
-            pthread_cond_timedwait(&f->cond, &f->lock, &ts);
+            stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
         }
         f->wait_ns += stk__now_ns() - t0;
     }

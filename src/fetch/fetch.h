@@ -74,7 +74,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
                       const stk__fetch_cfg *cfg, char *err, size_t errlen);
 /* Stops planning and wakes waiting workers (their reads fail). */
 void stk__fetch_cancel(stk__fetch *f);
-/* Frees the stage (after the workers have stopped). NULL is harmless. */
+/* Frees the stage, after the workers have stopped and the source's store has
+ * been closed (which completes the stage's requests). NULL is harmless. */
 void stk__fetch_destroy(stk__fetch *f);
 /* Drops what was planned and plans from global batch g on. */
 void stk__fetch_reset(stk__fetch *f, uint64_t g);

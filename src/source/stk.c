@@ -67,6 +67,27 @@ static void entry_of(const stkset *d, uint64_t i, const shard **sh, uint64_t *j,
     stk__stk_entry_decode(s->region + *j * STK_ENTRY_SIZE, e);
 }
 
+static int stk_accept(const stk__source *src, uint64_t i, const uint8_t *bytes, size_t len,
+                      int64_t *label, char *err, size_t errlen)
+{
+    const stkset *d = src->impl;
+    const shard *s;
+    uint64_t j;
+    stk__stk_entry e;
+    entry_of(d, i, &s, &j, &e);
+    uint64_t sum = stk__xxh3(bytes, len);
+    if (len != e.length || sum != e.sum) {
+        stk__fmt(err, errlen,
+                 "checksum mismatch: payload of %u bytes at offset %llu is corrupt (XXH3 "
+                 "%016llx, index says %016llx)",
+                 e.length, (unsigned long long)e.offset, (unsigned long long)sum,
+                 (unsigned long long)e.sum);
+        return STK_EFORMAT;
+    }
+    *label = e.label;
+    return STK_OK;
+}
+
 static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                     int64_t *label, char *err, size_t errlen)
 {
@@ -120,19 +141,11 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
         close(fd);
     if (rc)
         return rc;
-check:;
-    uint64_t sum = stk__xxh3(buf, e.length);
-    if (sum != e.sum) {
-        stk__fmt(err, errlen,
-                 "checksum mismatch: payload of %u bytes at offset %llu is corrupt (XXH3 "
-                 "%016llx, index says %016llx)",
-                 e.length, (unsigned long long)e.offset, (unsigned long long)sum,
-                 (unsigned long long)e.sum);
-        return STK_EFORMAT;
-    }
+check:
+    if ((rc = stk_accept(src, i, buf, e.length, label, err, errlen)))
+        return rc;
     *data = buf;
     *len = e.length;
-    *label = e.label;
     return STK_OK;
 }
 
@@ -146,27 +159,6 @@ static void stk_locate(const stk__source *src, uint64_t i, size_t *shard_ix, uin
     *shard_ix = k;
     *off = e.offset;
     *len = e.length;
-}
-
-static int stk_accept(const stk__source *src, uint64_t i, const uint8_t *bytes, size_t len,
-                      int64_t *label, char *err, size_t errlen)
-{
-    const stkset *d = src->impl;
-    const shard *s;
-    uint64_t j;
-    stk__stk_entry e;
-    entry_of(d, i, &s, &j, &e);
-    uint64_t sum = stk__xxh3(bytes, len);
-    if (len != e.length || sum != e.sum) {
-        stk__fmt(err, errlen,
-                 "checksum mismatch: payload of %u bytes at offset %llu is corrupt (XXH3 "
-                 "%016llx, index says %016llx)",
-                 e.length, (unsigned long long)e.offset, (unsigned long long)sum,
-                 (unsigned long long)e.sum);
-        return STK_EFORMAT;
-    }
-    *label = e.label;
-    return STK_OK;
 }
 
 void stk__stk_key(const stk__source *src, uint64_t i, char *buf, size_t n)
