@@ -4,6 +4,11 @@
 # MODE=release|asan|tsan picks the build flavour (build/$(MODE)/).
 # WERROR=1 (default in this repository) turns warnings into errors; packagers
 # building downstream can pass WERROR=0.
+#   make install [PREFIX=/usr/local] [DESTDIR=/stage]
+#               - the header, libstoker.a, libstoker.so (soname
+#                 libstoker.so.MAJOR), stoker.pc, the `stoker` tool and the docs
+#   make uninstall (same PREFIX/DESTDIR) removes exactly those files.
+#   The Python package installs with pip (pyproject.toml, setup.py): see README.
 
 MODE ?= release
 WERROR ?= 1
@@ -32,6 +37,21 @@ CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 LDLIBS_ALL := -ljpeg -lspng -lxxhash -lcurl -lpthread -lm $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 
+# The version lives in include/stoker.h (STK_VERSION_MAJOR/MINOR/PATCH) and
+# nowhere else: the shared library's file name and soname and stoker.pc read it
+# from there, as setup.py does for the Python package.
+version_part = $(shell sed -n 's/^\#define STK_VERSION_$(1)  *\([0-9][0-9]*\)$$/\1/p' include/stoker.h)
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION_MINOR := $(call version_part,MINOR)
+VERSION_PATCH := $(call version_part,PATCH)
+ifeq ($(words $(VERSION_MAJOR) $(VERSION_MINOR) $(VERSION_PATCH)),3)
+VERSION := $(VERSION_MAJOR).$(VERSION_MINOR).$(VERSION_PATCH)
+else
+$(error cannot read STK_VERSION_MAJOR/MINOR/PATCH from include/stoker.h)
+endif
+SONAME := libstoker.so.$(VERSION_MAJOR)
+SOFILE := libstoker.so.$(VERSION)
+
 LIB_SRCS := $(sort $(wildcard src/*.c src/*/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
 TOOL_SRCS := $(sort $(wildcard tools/*.c))
@@ -39,7 +59,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_UTIL := tests/c/testutil.c
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
 
-.PHONY: all lib tools tests deps run test clean python
+.PHONY: all lib tools tests deps run test clean python install uninstall
 all: lib tools tests
 
 lib: $(B)/libstoker.a $(B)/libstoker.so
@@ -54,8 +74,15 @@ $(B)/libstoker.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(B)/libstoker.so: $(LIB_OBJS)
-	$(CC) -shared $(LDFLAGS_ALL) -o $@ $^ $(LDLIBS_ALL)
+# The shared library as a system installs it: the file carries the full
+# version, its soname the major one (what programs record and the loader
+# looks for), and libstoker.so (what -lstoker finds at link time) points at it.
+$(B)/$(SOFILE): $(LIB_OBJS)
+	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,$(SONAME) -o $@ $^ $(LDLIBS_ALL)
+
+$(B)/libstoker.so: $(B)/$(SOFILE)
+	ln -sfn $(SOFILE) $(B)/$(SONAME)
+	ln -sfn $(SONAME) $@
 
 $(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
 	$(CC) $(CFLAGS_ALL) -o $@ $(TOOL_SRCS) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
@@ -75,6 +102,43 @@ run: deps
 
 test: deps
 	@scripts/test-all.sh
+
+# Installation directories (GNU names; override any of them on the command line).
+PREFIX ?= /usr/local
+bindir ?= $(PREFIX)/bin
+libdir ?= $(PREFIX)/lib
+includedir ?= $(PREFIX)/include
+pkgconfigdir ?= $(libdir)/pkgconfig
+docdir ?= $(PREFIX)/share/doc/stoker
+INSTALL ?= install
+DOCS := README.md $(sort $(wildcard docs/*.md))
+
+# Builds what it installs first (MODE=release unless told otherwise). stoker.pc
+# is written here, not at build time, because it names the install paths. The
+# `stoker` tool is linked against libstoker.a, so it runs without the shared
+# library; after installing into a system directory run `ldconfig` so that
+# programs linked with -lstoker find libstoker.so.MAJOR.
+install: lib tools
+	$(INSTALL) -d $(DESTDIR)$(bindir) $(DESTDIR)$(libdir) $(DESTDIR)$(includedir) \
+	    $(DESTDIR)$(pkgconfigdir) $(DESTDIR)$(docdir)
+	$(INSTALL) -m 755 $(B)/stoker $(DESTDIR)$(bindir)/stoker
+	$(INSTALL) -m 644 include/stoker.h $(DESTDIR)$(includedir)/stoker.h
+	$(INSTALL) -m 644 $(B)/libstoker.a $(DESTDIR)$(libdir)/libstoker.a
+	$(INSTALL) -m 755 $(B)/$(SOFILE) $(DESTDIR)$(libdir)/$(SOFILE)
+	ln -sfn $(SOFILE) $(DESTDIR)$(libdir)/$(SONAME)
+	ln -sfn $(SONAME) $(DESTDIR)$(libdir)/libstoker.so
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(libdir)|g' \
+	    -e 's|@INCLUDEDIR@|$(includedir)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    stoker.pc.in >$(DESTDIR)$(pkgconfigdir)/stoker.pc
+	chmod 644 $(DESTDIR)$(pkgconfigdir)/stoker.pc
+	$(INSTALL) -m 644 $(DOCS) $(DESTDIR)$(docdir)/
+
+uninstall:
+	rm -f $(DESTDIR)$(bindir)/stoker $(DESTDIR)$(includedir)/stoker.h \
+	    $(DESTDIR)$(libdir)/libstoker.a $(DESTDIR)$(libdir)/$(SOFILE) \
+	    $(DESTDIR)$(libdir)/$(SONAME) $(DESTDIR)$(libdir)/libstoker.so \
+	    $(DESTDIR)$(pkgconfigdir)/stoker.pc $(addprefix $(DESTDIR)$(docdir)/,$(notdir $(DOCS)))
+	-rmdir $(DESTDIR)$(docdir) 2>/dev/null
 
 clean:
 	rm -rf build

@@ -34,10 +34,23 @@ extern "C" {
 #define STK_API
 #endif
 
-#define STK_VERSION_MAJOR  0
-#define STK_VERSION_MINOR  1
-#define STK_VERSION_PATCH  0
-#define STK_VERSION_STRING "0.1.0"
+/* The version, in one place: the Makefile (shared library file name and
+ * soname, stoker.pc) and setup.py (the Python package's metadata) read these
+ * three lines, stk_version() returns the string built from them, and
+ * `stoker version` and stoker.__version__ print stk_version(). The soname's
+ * number is STK_VERSION_MAJOR: it changes only when the ABI breaks. */
+#define STK_VERSION_MAJOR 0
+#define STK_VERSION_MINOR 1
+#define STK_VERSION_PATCH 0
+
+#define STK__STR(x)  #x
+#define STK__XSTR(x) STK__STR(x)
+/* "MAJOR.MINOR.PATCH", e.g. "0.1.0". */
+#define STK_VERSION_STRING                                                                         \
+    STK__XSTR(STK_VERSION_MAJOR) "." STK__XSTR(STK_VERSION_MINOR) "." STK__XSTR(STK_VERSION_PATCH)
+/* One comparable number for #if checks: 0xMMmmpp, e.g. 0x000100 for 0.1.0. */
+#define STK_VERSION_NUMBER                                                                         \
+    ((STK_VERSION_MAJOR << 16) | (STK_VERSION_MINOR << 8) | STK_VERSION_PATCH)
 
 /* ---- Return codes (stable numbers) ------------------------------------- */
 #define STK_OK      0
@@ -59,7 +72,9 @@ extern "C" {
 /* Returns a static, never-NULL description of a return code. Thread-safe. */
 STK_API const char *stk_strerror(int code);
 
-/* Returns the library version string (STK_VERSION_STRING of the built library). */
+/* Returns the version string of the library that is running (its
+ * STK_VERSION_STRING, which may differ from the header a program was compiled
+ * with when it loads another libstoker.so). Static storage; thread-safe. */
 STK_API const char *stk_version(void);
 
 /* ---- Enumerations ------------------------------------------------------- */

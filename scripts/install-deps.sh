@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what stoker needs to build, test and benchmark, when it is missing:
-#   - Debian packages (compilers, libraries, Python modules, nginx for the remote
-#     dataset tests; node and npm only when no `node`/`npm` is on PATH);
+#   - Debian packages (compilers, libraries, Python modules, pip/setuptools/venv
+#     for `pip install .` and its test, nginx for the remote dataset tests;
+#     node and npm only when no `node`/`npm` is on PATH);
 #   - the npm packages of the test servers (tests/servers/package.json, pinned by
 #     its package-lock.json: @20minutes/s3rver) into build/node, which git ignores.
 # Safe to run repeatedly; quiet and offline when everything is present.
@@ -11,6 +12,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(gcc make clang libclang-rt-14-dev pkg-config
       libjpeg62-turbo-dev libspng-dev libxxhash-dev libzstd-dev libcurl4-openssl-dev curl openssl
       python3-dev python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
+      python3-setuptools python3-wheel python3-pip python3-venv
       mate-backgrounds nginx)
 missing=()
 for p in "${pkgs[@]}"; do

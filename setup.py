@@ -1,0 +1,79 @@
+"""Build of the Python package, called by pip through pyproject.toml.
+
+pyproject.toml holds the metadata; this file adds what setuptools 66 (Debian
+12) cannot read from it: the extension module, the version and where the
+package's sources are (python/stoker).
+
+- stoker._stoker is compiled from python/stoker/_stoker.c together with every
+  library source, found the way the Makefile finds them (src/*.c src/*/*.c), so
+  a new module under src/ is picked up without editing this file. The library
+  is thus linked into the extension statically: the installed package needs no
+  libstoker.so and no LD_LIBRARY_PATH.
+- The version is read from include/stoker.h (STK_VERSION_MAJOR/MINOR/PATCH), so
+  the package's metadata, stoker.__version__ (the C library's stk_version())
+  and `stoker version` agree by construction.
+
+Warnings are not errors here (a downstream build, like the Makefile's
+WERROR=0); the repository's own build (make python) keeps -Werror.
+"""
+
+import glob
+import os
+import re
+
+from setuptools import Extension, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version():
+    path = os.path.join(HERE, "include", "stoker.h")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parts = []
+    for name in ("MAJOR", "MINOR", "PATCH"):
+        m = re.search(r"^#define STK_VERSION_%s +([0-9]+)$" % name, text, re.M)
+        if m is None:
+            raise RuntimeError("%s: no '#define STK_VERSION_%s N' line" % (path, name))
+        parts.append(m.group(1))
+    return ".".join(parts)
+
+
+def library_sources():
+    # Relative paths, as setuptools wants them; sorted so that builds are
+    # reproducible. pip runs this file from the source tree's root.
+    os.chdir(HERE)
+    srcs = sorted(glob.glob("src/*.c") + glob.glob("src/*/*.c"))
+    if not srcs:
+        raise RuntimeError("%s: no C sources under src/" % HERE)
+    return srcs
+
+
+extension = Extension(
+    "stoker._stoker",
+    sources=["python/stoker/_stoker.c"] + library_sources(),
+    include_dirs=["include", "src"],
+    define_macros=[("_GNU_SOURCE", None)],
+    # The Makefile's flags that matter for behaviour: C11, threads, only the
+    # STK_API names exported, and assertions kept as in `make` (Python's own
+    # CFLAGS define NDEBUG).
+    extra_compile_args=["-std=c11", "-pthread", "-fvisibility=hidden", "-UNDEBUG"],
+    extra_link_args=["-pthread"],
+    libraries=["jpeg", "spng", "xxhash", "curl", "m"],
+    depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h") + glob.glob("src/*/*.h")),
+)
+
+setup(
+    version=read_version(),
+    # Here rather than in [tool.setuptools], which setuptools 66 calls beta.
+    package_dir={"": "python"},
+    packages=["stoker"],
+    include_package_data=False,
+    ext_modules=[extension],
+    options={
+        # Keep setuptools' build tree apart from the Makefile's build/MODE/.
+        "build": {"build_base": "build/pip"},
+        # Compile the C sources in parallel (at most the CPUs there are).
+        "build_ext": {"parallel": max(1, min(os.cpu_count() or 1, 8))},
+    },
+)
