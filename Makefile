@@ -6,7 +6,8 @@
 # building downstream can pass WERROR=0.
 #   make install [PREFIX=/usr/local] [DESTDIR=/stage]
 #               - the header, libstoker.a, libstoker.so (soname
-#                 libstoker.so.MAJOR), stoker.pc, the `stoker` tool and the docs
+#                 libstoker.so.MAJOR), stoker.pc, the `stoker` tool, its man
+#                 page and the docs
 #   make uninstall (same PREFIX/DESTDIR) removes exactly those files.
 #   The Python package installs with pip (pyproject.toml, setup.py): see README.
 
@@ -110,17 +111,22 @@ libdir ?= $(PREFIX)/lib
 includedir ?= $(PREFIX)/include
 pkgconfigdir ?= $(libdir)/pkgconfig
 docdir ?= $(PREFIX)/share/doc/stoker
+mandir ?= $(PREFIX)/share/man
 INSTALL ?= install
 DOCS := README.md $(sort $(wildcard docs/*.md))
+
+# The man page is made from the tool's own --help (scripts/make-man.sh).
+$(B)/stoker.1: $(B)/stoker scripts/make-man.sh
+	scripts/make-man.sh $(B)/stoker $@
 
 # Builds what it installs first (MODE=release unless told otherwise). stoker.pc
 # is written here, not at build time, because it names the install paths. The
 # `stoker` tool is linked against libstoker.a, so it runs without the shared
 # library; after installing into a system directory run `ldconfig` so that
 # programs linked with -lstoker find libstoker.so.MAJOR.
-install: lib tools
+install: lib tools $(B)/stoker.1
 	$(INSTALL) -d $(DESTDIR)$(bindir) $(DESTDIR)$(libdir) $(DESTDIR)$(includedir) \
-	    $(DESTDIR)$(pkgconfigdir) $(DESTDIR)$(docdir)
+	    $(DESTDIR)$(pkgconfigdir) $(DESTDIR)$(docdir) $(DESTDIR)$(mandir)/man1
 	$(INSTALL) -m 755 $(B)/stoker $(DESTDIR)$(bindir)/stoker
 	$(INSTALL) -m 644 include/stoker.h $(DESTDIR)$(includedir)/stoker.h
 	$(INSTALL) -m 644 $(B)/libstoker.a $(DESTDIR)$(libdir)/libstoker.a
@@ -132,13 +138,15 @@ install: lib tools
 	    stoker.pc.in >$(DESTDIR)$(pkgconfigdir)/stoker.pc
 	chmod 644 $(DESTDIR)$(pkgconfigdir)/stoker.pc
 	$(INSTALL) -m 644 $(DOCS) $(DESTDIR)$(docdir)/
+	$(INSTALL) -m 644 $(B)/stoker.1 $(DESTDIR)$(mandir)/man1/stoker.1
 
 uninstall:
 	rm -f $(DESTDIR)$(bindir)/stoker $(DESTDIR)$(includedir)/stoker.h \
 	    $(DESTDIR)$(libdir)/libstoker.a $(DESTDIR)$(libdir)/$(SOFILE) \
 	    $(DESTDIR)$(libdir)/$(SONAME) $(DESTDIR)$(libdir)/libstoker.so \
-	    $(DESTDIR)$(pkgconfigdir)/stoker.pc $(addprefix $(DESTDIR)$(docdir)/,$(notdir $(DOCS)))
-	-rmdir $(DESTDIR)$(docdir) 2>/dev/null
+	    $(DESTDIR)$(pkgconfigdir)/stoker.pc $(DESTDIR)$(mandir)/man1/stoker.1 \
+	    $(addprefix $(DESTDIR)$(docdir)/,$(notdir $(DOCS)))
+	rmdir $(DESTDIR)$(docdir) 2>/dev/null || true
 
 clean:
 	rm -rf build

@@ -2,7 +2,8 @@
 
 - `make install DESTDIR=... PREFIX=/usr/local` lays out the header, the static
   and shared library (file, soname and symlinks), stoker.pc, the `stoker` tool
-  and the docs; `make uninstall` removes them again.
+  and its man page (from its --help) and the docs; `make uninstall` removes
+  them again.
 - A C program compiled with `pkg-config --cflags --libs stoker` against that
   staged install (PKG_CONFIG_SYSROOT_DIR) links and runs against the shared
   library and against the static one, and reads a dataset through it.
@@ -136,9 +137,19 @@ def test_make_install_lays_out_the_files(staged):
     assert f"prefix={PREFIX}\n" in pc and f"libdir={PREFIX}/lib\n" in pc
     assert f"includedir={PREFIX}/include\n" in pc and f"Version: {VERSION}\n" in pc
     assert str(staged) not in pc
-    # The documentation.
+    # The documentation, and a man page made from the tool's --help that
+    # renders without warnings and lists every command.
     docs = usr / "share" / "doc" / "stoker"
     assert (docs / "README.md").is_file() and (docs / "c-api.md").is_file()
+    page = usr / "share" / "man" / "man1" / "stoker.1"
+    assert f'"stoker {VERSION}"' in page.read_text()
+    if shutil.which("groff"):
+        text = run(["groff", "-man", "-Tascii", "-ww", "-P", "-cbou", str(page)],
+                   env=clean_env())
+        assert "warning" not in text
+        for cmd in ("bench PATH", "pack SRC OUT", "info PATH", "verify PATH", "version"):
+            assert "stoker " + cmd in text, text
+        assert "--batch-size N" in text  # hyphens stay ASCII minus signs
 
 
 def test_make_uninstall_removes_what_install_put(tmp_path):
