@@ -35,7 +35,10 @@ $(error MODE must be release, asan or tsan)
 endif
 
 CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
-LDLIBS_ALL := -ljpeg -lspng -lxxhash -lcurl -lpthread -lm $(LDLIBS)
+# The libraries libstoker links, listed once: stoker.pc's Libs.private,
+# python/Makefile and setup.py (pip install) read this line.
+LIB_DEPS := -ljpeg -lspng -lxxhash -lcurl -lpthread -lm
+LDLIBS_ALL := $(LIB_DEPS) $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 
 # The version lives in include/stoker.h (STK_VERSION_MAJOR/MINOR/PATCH) and
@@ -135,7 +138,7 @@ install: lib tools $(B)/stoker.1
 	ln -sfn $(SONAME) $(DESTDIR)$(libdir)/libstoker.so
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@LIBDIR@|$(libdir)|g' \
 	    -e 's|@INCLUDEDIR@|$(includedir)|g' -e 's|@VERSION@|$(VERSION)|g' \
-	    stoker.pc.in >$(DESTDIR)$(pkgconfigdir)/stoker.pc
+	    -e 's|@LIB_DEPS@|$(LIB_DEPS)|g' stoker.pc.in >$(DESTDIR)$(pkgconfigdir)/stoker.pc
 	chmod 644 $(DESTDIR)$(pkgconfigdir)/stoker.pc
 	$(INSTALL) -m 644 $(DOCS) $(DESTDIR)$(docdir)/
 	$(INSTALL) -m 644 $(B)/stoker.1 $(DESTDIR)$(mandir)/man1/stoker.1

@@ -9,6 +9,7 @@ package's sources are (python/stoker).
   a new module under src/ is picked up without editing this file. The library
   is thus linked into the extension statically: the installed package needs no
   libstoker.so and no LD_LIBRARY_PATH.
+- The libraries it links are the Makefile's LIB_DEPS line.
 - The version is read from include/stoker.h (STK_VERSION_MAJOR/MINOR/PATCH), so
   the package's metadata, stoker.__version__ (the C library's stk_version())
   and `stoker version` agree by construction.
@@ -39,6 +40,17 @@ def read_version():
     return ".".join(parts)
 
 
+def link_libraries():
+    """The -l names of the Makefile's LIB_DEPS line, the one list of the
+    libraries libstoker links (-lpthread is left to -pthread)."""
+    path = os.path.join(HERE, "Makefile")
+    with open(path, encoding="utf-8") as f:
+        m = re.search(r"^LIB_DEPS := (.*)$", f.read(), re.M)
+    if m is None:
+        raise RuntimeError("%s: no 'LIB_DEPS := ...' line" % path)
+    return [a[2:] for a in m.group(1).split() if a.startswith("-l") and a != "-lpthread"]
+
+
 def library_sources():
     # Relative paths, as setuptools wants them; sorted so that builds are
     # reproducible. pip runs this file from the source tree's root.
@@ -59,7 +71,7 @@ extension = Extension(
     # CFLAGS define NDEBUG).
     extra_compile_args=["-std=c11", "-pthread", "-fvisibility=hidden", "-UNDEBUG"],
     extra_link_args=["-pthread"],
-    libraries=["jpeg", "spng", "xxhash", "curl", "m"],
+    libraries=link_libraries(),
     depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h") + glob.glob("src/*/*.h")),
 )
 
