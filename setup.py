@@ -25,6 +25,9 @@ import re
 from setuptools import Extension, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# pip runs this file from the source tree's root; so does a direct
+# `python3 path/to/setup.py ...`: setuptools wants paths relative to it.
+os.chdir(HERE)
 
 
 def read_version():
@@ -52,9 +55,7 @@ def link_libraries():
 
 
 def library_sources():
-    # Relative paths, as setuptools wants them; sorted so that builds are
-    # reproducible. pip runs this file from the source tree's root.
-    os.chdir(HERE)
+    # Sorted, so that builds are reproducible.
     srcs = sorted(glob.glob("src/*.c") + glob.glob("src/*/*.c"))
     if not srcs:
         raise RuntimeError("%s: no C sources under src/" % HERE)
@@ -85,7 +86,7 @@ setup(
     options={
         # Keep setuptools' build tree apart from the Makefile's build/MODE/.
         "build": {"build_base": "build/pip"},
-        # Compile the C sources in parallel (at most the CPUs there are).
-        "build_ext": {"parallel": max(1, min(os.cpu_count() or 1, 8))},
+        # Compile the C sources in parallel, on the CPUs this process may use.
+        "build_ext": {"parallel": max(1, min(len(os.sched_getaffinity(0)), 8))},
     },
 )
