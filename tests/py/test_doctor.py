@@ -1,0 +1,119 @@
+"""stoker doctor (CLI) and stoker.diagnose (Python): the verdict names the
+stage a pipeline was built to be slow at. The tests assert the stage, not the
+wording (docs/diagnosis.md)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stoker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "servers"))
+STOKER = os.path.join(ROOT, "build", "release", "stoker")
+
+import stk_servers  # noqa: E402  (tests/servers, stdlib only)
+
+
+def _doctor(path, *args, timeout=180):
+    r = subprocess.run([STOKER, "doctor", path, "--json", "--seconds", "1", *args],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr
+    assert "\r" not in r.stderr  # no progress line when stderr is not a terminal
+    return json.loads(r.stdout)
+
+
+def _jpegs(root, n, h, w, classes=2, quality=92):
+    from PIL import Image
+    rng = np.random.default_rng(1)
+    for c in range(classes):
+        d = root / f"c{c}"
+        d.mkdir(parents=True)
+        for k in range(n):
+            # Smooth gradients plus noise: compresses like a photograph.
+            y, x = np.mgrid[0:h, 0:w]
+            img = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 127 // (w + h))], -1)
+            img = (img + rng.integers(0, 40, (h, w, 3))).clip(0, 255).astype(np.uint8)
+            Image.fromarray(img).save(d / f"{k:03d}.jpg", quality=quality)
+    return root
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    return _jpegs(tmp_path_factory.mktemp("large"), 6, 1800, 2400)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    base = tmp_path_factory.mktemp("doctor-remote")
+    src = _jpegs(base / "src", 24, 48, 64, classes=4, quality=90)
+    out = base / "www" / "ds"
+    out.parent.mkdir()
+    subprocess.run([STOKER, "pack", str(src), str(out), "--shard-size", "40K", "--quiet"],
+                   check=True)
+    return {"www": base / "www", "local": out}
+
+
+def test_decode_bound_pipeline_is_named_decode(large):
+    rep = _doctor(str(large), "--transform", "imagenet-train", "--threads", "1",
+                  "--batch-size", "4")
+    assert rep["verdict"]["bound"] == "decode"
+    lv = rep["levels"]
+    for name in ("storage", "storage_warm", "decode", "batching", "full"):
+        assert lv[name]["measured"], (name, lv[name])
+    # Each level's figure is its own measurement: storage of 1-3 MB files is
+    # far faster than decoding 4.3 Mpx JPEGs on one thread.
+    assert lv["storage"]["samples_per_s"] > 3 * lv["decode"]["samples_per_s"]
+    assert rep["sweep"] and rep["sweep"][0]["threads"] == 1
+    shares = rep["verdict"]["shares"]
+    assert abs(sum(shares.values()) - 1) < 1e-3 and shares["decode"] > 0.5
+    # 4.3 Mpx stored for 224x224 outputs: the advice names pack --max-side.
+    assert any(a["action"] == "pack --max-side" for a in rep["advice"]), rep["advice"]
+
+
+def test_storage_bound_remote_pipeline_is_named_storage(packed):
+    # Every shard request waits 0.4 s and one request is in flight at a time.
+    plan = [{"kind": "stall", "seconds": 0.4, "path": "/ds/*.stk"}]
+    with stk_servers.FaultServer(packed["www"], plan) as srv:
+        rep = _doctor(f"{srv.url}/ds", "--transform", "imagenet-train", "--size", "32",
+                      "--batch-size", "8", "--fetch-concurrency", "1")
+    assert rep["verdict"]["bound"] == "storage", rep["verdict"]
+    assert rep["verdict"]["storage_overlaps"] is True
+    st = rep["levels"]["storage"]
+    assert st["requests"] > 0 and st["fetched_bytes"] > 0
+    assert any(a["stage"] == "storage" for a in rep["advice"]), rep["advice"]
+
+
+def test_text_report_and_progress_line(large):
+    r = subprocess.run([STOKER, "doctor", str(large), "--transform", "imagenet-val",
+                        "--seconds", "0.5", "--threads", "1", "--batch-size", "2", "--progress"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "verdict: DECODE+AUGMENT bounds throughput" in r.stdout
+    assert "thread sweep" in r.stdout and "full pipeline" in r.stdout
+    assert "[1/5] storage" in r.stderr and "[5/5] full pipeline" in r.stderr
+
+
+def test_bad_path_and_bad_seconds_are_clear_errors(tmp_path):
+    r = subprocess.run([STOKER, "doctor", str(tmp_path / "nope"), "--seconds", "0.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "nope" in r.stderr
+    r = subprocess.run([STOKER, "doctor", str(tmp_path), "--seconds", "x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--seconds" in r.stderr
+    r = subprocess.run([STOKER, "bench", str(tmp_path), "--seconds", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2  # --seconds belongs to doctor, not bench
+
+
+def test_bench_progress_line_only_when_asked_or_on_a_terminal(large):
+    args = [STOKER, "bench", str(large), "--transform", "imagenet-val", "--batch-size", "2",
+            "--threads", "1"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "\r" not in r.stderr
+    r = subprocess.run(args + ["--progress"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "batches" in r.stderr and "samples/s" in r.stderr
