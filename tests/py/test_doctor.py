@@ -117,3 +117,56 @@ def test_bench_progress_line_only_when_asked_or_on_a_terminal(large):
     assert r.returncode == 0 and "\r" not in r.stderr
     r = subprocess.run(args + ["--progress"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "batches" in r.stderr and "samples/s" in r.stderr
+
+
+# ---- stoker.diagnose -------------------------------------------------------------
+def test_diagnose_slow_step_is_step_bound(large):
+    import time as _t
+    with stoker.Loader(str(large), 2, transform="imagenet-val", size=32, threads=2,
+                       output="numpy") as loader:
+        d = stoker.diagnose(loader, step=lambda b: _t.sleep(0.15), steps=6, warmup=1)
+    assert d["bound"] == "step" and not d["input_bound"], str(d)
+    assert 0 <= d["wait_share"] < 0.1
+    assert d["cached_step_s"] >= 0.15 and d["steps"] == 6
+    assert "STEP bounds throughput" in str(d)
+
+
+def test_diagnose_slow_decode_is_input_bound_on_decode(large):
+    with stoker.Loader(str(large), 2, transform="imagenet-train", threads=1,
+                       output="numpy") as loader:
+        d = stoker.diagnose(loader, steps=4, warmup=1)
+    assert d["input_bound"] and d["bound"] == "decode", str(d)
+    assert d["wait_share"] > 0.5 and d["stage_share"]["decode"] > 0.5
+
+
+def test_diagnose_with_a_real_torch_model(large):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        images, labels = batch
+        loss = torch.nn.functional.cross_entropy(model(images.float() / 255), labels % 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with stoker.Loader(str(large), 4, transform="imagenet-val", size=64, threads=2) as loader:
+        d = stoker.diagnose(loader, step, steps=4, warmup=1)
+    assert d["bound"] in ("step", "decode", "storage")
+    assert d["fed_step_s"] > 0 and d["cached_step_s"] > 0 and d["batch_size"] == 4
+    assert 0 <= d["wait_share"] <= 1 and 0 <= d["measured_wait_share"] <= 1
+
+
+def test_diagnose_rejects_bad_arguments(large):
+    with stoker.Loader(str(large), 2, transform="imagenet-val", size=32,
+                       output="numpy") as loader:
+        with pytest.raises(TypeError):
+            stoker.diagnose(loader, step=3)
+        with pytest.raises(ValueError):
+            stoker.diagnose(loader, steps=0)
+        d = stoker.diagnose(loader, steps=np.int64(2), warmup=0)
+        assert d["steps"] == 2
