@@ -26,6 +26,7 @@
 #include "order.h"
 #include "source/source.h"
 #include "io/remote.h"
+#include "trace/trace.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -115,6 +116,7 @@ struct core {
     size_t nerrors;
     uint64_t errors_epoch;
     uint64_t memory_bound;
+    stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
 };
 
 struct stk_loader {
@@ -180,6 +182,7 @@ static void core_free(core *c)
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
     stk__shard_orders_destroy(c->sorder);
+    stk__trace_destroy(c->trace);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -215,13 +218,18 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
                       : c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
     uint64_t t1 = stk__now_ns();
     stage_add(w, STK_STAGE_READ, t1 - t0);
+    if (c->trace)
+        stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
     if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
         size_t out_len = 0;
         rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes, &out_len,
                               dims, err, sizeof err);
         len = out_len;
-        stage_add(w, STK_STAGE_PROCESS, stk__now_ns() - t1);
+        uint64_t t2 = stk__now_ns();
+        stage_add(w, STK_STAGE_PROCESS, t2 - t1);
+        if (c->trace)
+            stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g, (uint32_t)s);
     } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
         stk__fmt(err, sizeof err, "sample is %zu bytes, expected %zu", len, c->sample_bytes);
         rc = STK_EFORMAT;
@@ -348,8 +356,13 @@ static void *worker_main(void *arg)
             b->errs = errs;
             errs = n;
         }
-        if (b->filled == b->size)
+        if (b->filled == b->size) {
             pthread_cond_broadcast(&c->cond_ready);
+            if (c->trace) {
+                uint64_t t = stk__now_ns();
+                stk__trace_event(c->trace, 1 + w->id, STK__TR_READY, t, t, b->g, 0, 0);
+            }
+        }
         if (--c->busy == 0 && c->seeking)
             pthread_cond_broadcast(&c->cond_idle);
     }
@@ -569,7 +582,11 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             slice = timeout_ns - (now - start);
         stk__cond_wait_ns(&c->cond_ready, &c->lock, slice);
     }
-    c->wait_ns += stk__now_ns() - start;
+    uint64_t end = stk__now_ns();
+    c->wait_ns += end - start;
+    if (c->trace)
+        stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
+                         rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
     pthread_mutex_unlock(&c->lock);
     if (pub) {
         publish(c, pub);
@@ -983,6 +1000,21 @@ void stk_loader_close(stk_loader *l)
     if (c) {
         stop_workers(c);
         pthread_mutex_lock(&c->lock);
+        /* No thread records any more: the workers are joined and the handle
+         * is going, so no next() can run. */
+        stk__trace *t = c->trace;
+        c->trace = NULL;
+        if (t) {
+            stk__trace_totals tot = {.batch_size = c->batch_size,
+                                     .samples_delivered = c->delivered_samples,
+                                     .batches_delivered = c->delivered_batches};
+            for (unsigned k = 0; k < c->nthreads; k++) {
+                tot.read_items += atomic_load(&c->workers[k].items[STK_STAGE_READ]);
+                tot.process_items += atomic_load(&c->workers[k].items[STK_STAGE_PROCESS]);
+            }
+            stk__trace_finish(t, &tot);
+        }
+        stk__trace_destroy(t);
         bool last = --c->refs == 0;
         pthread_mutex_unlock(&c->lock);
         if (last)
@@ -1264,6 +1296,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->memory_bound = memory_bound(c, o);
     if (c->fetch)
         c->memory_bound += stk__fetch_memory_bound(c->fetch);
+    if (o->trace) {
+        if ((rc = stk__trace_create(&c->trace, o->trace, c->nthreads + 1, o->trace_events, err,
+                                    errlen)))
+            goto fail;
+        c->memory_bound += stk__trace_bytes(o->trace_events);
+    }
     for (unsigned k = 0; k < c->nthreads; k++) {
         if (pthread_create(&c->workers[k].th, NULL, worker_main, &c->workers[k])) {
             stk__fmt(err, errlen, "cannot start worker thread %u: %s", k, strerror(errno));

@@ -810,6 +810,7 @@ int stoker_cmd_doctor(int argc, char **argv)
         goto out;
     }
     stk_options_set_transform(o, "none");
+    stk_options_set(o, "trace", ""); /* only the full pipeline is traced */
     o->dtype = STK_DTYPE_UINT8;
     o->size = 0;
     stk_options_set_on_error(o, STK_ON_ERROR_SKIP);

@@ -72,6 +72,8 @@ static void usage(FILE *f)
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
                "  --json              print one JSON object instead of the report\n"
                "  --progress, --no-progress  live line on stderr (default: on a terminal)\n"
+               "  --trace FILE        write a Chrome trace-event JSON of the run (Perfetto)\n"
+               "  --trace-events N    events the trace keeps, the latest (1M, 40 bytes each)\n"
                "\n"
                "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
                "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
@@ -279,6 +281,15 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = stk_options_set(o, "strict", "1");
         } else if (!strcmp(k, "--json")) {
             a->json = true;
+        } else if (!strcmp(k, "--trace") && val) {
+            if (!*val || set_opt(o, "trace", val, "a file name"))
+                return 2;
+            i++;
+        } else if (!strcmp(k, "--trace-events")) {
+            NUM(1024, (uint64_t)1 << 32);
+            char num[32];
+            snprintf(num, sizeof num, "%" PRIu64, v);
+            rc = stk_options_set(o, "trace_events", num);
         } else if (!strcmp(k, "--progress") || !strcmp(k, "--no-progress")) {
             a->progress = k[2] == 'p';
             a->progress_set = true;

@@ -41,6 +41,9 @@ OPTION_KEYS = {
     "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
     "strict": "0 or 1: check each image's whole compressed stream (the strict argument)",
     "jpeg_memory": "libjpeg's own memory per thread, >= 4M, K/M/G suffixes (default 64M)",
+    # Diagnosis (docs/diagnosis.md).
+    "trace": "Chrome trace-event JSON file written at close (the trace argument)",
+    "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
@@ -206,7 +209,7 @@ class Loader:
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
            size=None, max_sample_bytes=None, options=None, return_indices=False,
-           strict=False)
+           strict=False, trace=None)
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -240,6 +243,8 @@ class Loader:
         RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
+    trace: a file to write a Chrome trace-event JSON of the run into at close
+        (open it in Perfetto or chrome://tracing; docs/diagnosis.md).
     strict: decoding checks each image's whole compressed stream, so a
         truncated or corrupt file fails in every epoch whatever its random
         crop (default False: a crop decodes only the rows it needs, faster;
@@ -262,7 +267,8 @@ class Loader:
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
-                 cache_limit=None, order="global", shard_window=None, strict=False):
+                 cache_limit=None, order="global", shard_window=None, strict=False,
+                 trace=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -315,6 +321,8 @@ class Loader:
         opts["order"] = order
         if shard_window is not None:
             opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
+        if trace is not None:
+            opts["trace"] = os.fspath(trace)
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)

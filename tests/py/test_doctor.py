@@ -170,3 +170,61 @@ def test_diagnose_rejects_bad_arguments(large):
             stoker.diagnose(loader, steps=0)
         d = stoker.diagnose(loader, steps=np.int64(2), warmup=0)
         assert d["steps"] == 2
+
+
+# ---- trace ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    return _jpegs(tmp_path_factory.mktemp("small"), 20, 60, 80, classes=3)
+
+
+def test_trace_parses_and_covers_the_delivered_samples(small, tmp_path):
+    trace = tmp_path / "run.json"
+    delivered = set()
+    with stoker.Loader(str(small), 7, transform="imagenet-train", size=32, threads=2,
+                       output="numpy", return_indices=True, trace=trace, seed=5) as loader:
+        for _, _, idx in loader:
+            delivered.update(int(i) for i in idx)
+        st = loader.stats()
+    assert len(delivered) == 60
+    t = json.loads(trace.read_text())
+    meta = t["otherData"]
+    ev = [e for e in t["traceEvents"] if e["ph"] != "M"]
+    assert meta["dropped_events"] == 0 and meta["events"] == len(ev)
+    spans = [e for e in ev if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 for e in spans)
+    # One track per thread: a worker's spans never overlap (it reads, then
+    # processes, one sample at a time), and neither do the consumer's.
+    by_tid = {}
+    for e in spans:
+        by_tid.setdefault(e["tid"], []).append(e)
+    assert set(by_tid) == {0, 1, 2}
+    for tid, es in by_tid.items():
+        es.sort(key=lambda e: e["ts"])
+        for a, b in zip(es, es[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (tid, a, b)
+    # Every delivered sample was read and processed on a worker track.
+    reads = [e for e in spans if e["name"] == "read"]
+    procs = [e for e in spans if e["name"] == "process"]
+    assert delivered <= {e["args"]["sample"] for e in procs}
+    assert delivered <= {e["args"]["sample"] for e in reads}
+    # The counts are the stage counters at close (>= those read before it).
+    assert len(reads) == meta["read_items"] >= st["stages"]["read"]["items"]
+    assert len(procs) == meta["process_items"] >= st["stages"]["process"]["items"]
+    assert meta["samples_delivered"] == 60
+    nexts = [e for e in spans if e["name"] == "next"]
+    assert sum(e["args"]["result"] == "delivered" for e in nexts) == 9  # ceil(60 / 7)
+    names = {e["args"]["name"] for e in t["traceEvents"] if e["name"] == "thread_name"}
+    assert names == {"consumer", "worker 0", "worker 1"}
+
+
+def test_trace_from_the_cli_and_a_bad_trace_path(small, tmp_path):
+    trace = tmp_path / "cli.json"
+    r = subprocess.run([STOKER, "bench", str(small), "--transform", "imagenet-val", "--size",
+                        "32", "--batch-size", "8", "--trace", str(trace)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    t = json.loads(trace.read_text())
+    assert t["otherData"]["samples_delivered"] == 60
+    with pytest.raises(stoker.Error, match="nonexistent"):
+        stoker.Loader(str(small), 8, trace=tmp_path / "nonexistent" / "t.json")
