@@ -150,6 +150,10 @@ STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
  * variable when set (ranks sharing the node; at least 1 thread). A malformed
  * LOCAL_WORLD_SIZE then fails stk_loader_open with STK_EINVAL. */
 STK_API int stk_options_set_threads(stk_options *o, unsigned n);
+/* stk_options_set(o, "autotune", "1"): the threads started above are a cap;
+ * the loader keeps the smallest number of them working that keeps the
+ * consumer from waiting, adjusting online (docs/diagnosis.md). Batches are
+ * the same, bit for bit, as with any fixed thread count. */
 /* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
  * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
  * while `depth` more are filled; holding more than one at a time leaves fewer
@@ -262,6 +266,9 @@ typedef struct stk_stats {
     uint64_t samples_skipped;  /* under STK_ON_ERROR_SKIP */
     uint64_t samples_failed;   /* under STK_ON_ERROR_RAISE */
     uint64_t memory_bound_bytes;
+    /* Added after the first version: */
+    unsigned threads_active; /* workers taking work now (< threads under autotune) */
+    unsigned threads_max;    /* workers started */
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid

@@ -117,6 +117,14 @@ struct core {
     uint64_t errors_epoch;
     uint64_t memory_bound;
     stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
+    /* Autotune: workers with id >= active wait; the consumer's next() moves
+     * active by one after windows of starvation (up) or of plenty (down). */
+    bool autotune;
+    unsigned active;
+    uint64_t at_t0, at_b0;           /* the window's start */
+    uint64_t at_blocked;             /* ns next() blocked in the window (overhead excluded) */
+    unsigned at_calm;                /* consecutive windows with spare batches */
+    uint64_t at_min_ahead;           /* fewest batches ready ahead seen in the window */
 };
 
 struct stk_loader {
@@ -272,12 +280,13 @@ static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64
 
 /* Takes the next run of slots to fill. Called and returns with c->lock held.
  * Returns false when the loader is closing. */
-static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *count)
+static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *slot0,
+                  size_t *count)
 {
     for (;;) {
         if (c->cancel)
             return false;
-        if (!c->seeking) {
+        if (!c->seeking && w->id < c->active) {
             if (c->claim_g < c->assigned_end_g) {
                 buffer *b = c->inflight[c->claim_g % c->nbufs];
                 /* Guided sizes: runs shrink as the batch runs out, so the
@@ -285,7 +294,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                  * while another works through a long last run (which
                  * matters when no buffer is free for the next batch). */
                 size_t left = b->size - c->claim_slot;
-                size_t k = left / (2 * (size_t)c->nthreads);
+                size_t k = left / (2 * (size_t)c->active);
                 k = k < 1 ? 1 : k > c->run ? c->run : k;
                 *bo = b;
                 *g = c->claim_g;
@@ -331,7 +340,7 @@ static void *worker_main(void *arg)
     buffer *b;
     uint64_t g;
     size_t slot0, count;
-    while (claim(c, &b, &g, &slot0, &count)) {
+    while (claim(c, w, &b, &g, &slot0, &count)) {
         c->busy++;
         pthread_mutex_unlock(&c->lock);
 
@@ -511,6 +520,57 @@ static int check_handle(stk_loader *l)
     return STK_OK;
 }
 
+/* ---- autotune ---------------------------------------------------------------- */
+
+#define AT_WINDOW_NS (200ull * 1000 * 1000) /* at least this long per decision */
+#define AT_STARVED   0.02                   /* waited over 2 % of a window: add a worker */
+#define AT_CALM      0.005                  /* under 0.5 %, with batches to spare: */
+#define AT_CALM_RUNS 3                      /* ... this many windows in a row: drop one */
+
+/* Batches completely filled and waiting after the one at deliver_g. Lock held. */
+static uint64_t ready_ahead(const core *c)
+{
+    uint64_t n = 0;
+    for (uint64_t g = c->deliver_g; g < c->assigned_end_g; g++) {
+        const buffer *b = c->inflight[g % c->nbufs];
+        if (!b || b->filled != b->size)
+            break;
+        n++;
+    }
+    return n;
+}
+
+/* One step of the controller, after a delivery. The output never depends on
+ * the number of active workers (each sample's bytes and random draws are
+ * fixed by (seed, epoch, sample)), so only speed and CPU use change. Lock
+ * held. */
+static void autotune_step(core *c, uint64_t now)
+{
+    uint64_t ahead = ready_ahead(c);
+    if (ahead < c->at_min_ahead)
+        c->at_min_ahead = ahead;
+    uint64_t dt = now - c->at_t0;
+    if (dt < AT_WINDOW_NS || c->delivered_batches - c->at_b0 < 2)
+        return;
+    double starved = (double)c->at_blocked / (double)dt;
+    if (starved > AT_STARVED && c->active < c->nthreads) {
+        c->active++;
+        c->at_calm = 0;
+        pthread_cond_broadcast(&c->cond_work);
+    } else if (starved < AT_CALM && c->at_min_ahead >= 1) {
+        if (++c->at_calm >= AT_CALM_RUNS && c->active > 1) {
+            c->active--;
+            c->at_calm = 0;
+        }
+    } else {
+        c->at_calm = 0;
+    }
+    c->at_t0 = now;
+    c->at_blocked = 0;
+    c->at_b0 = c->delivered_batches;
+    c->at_min_ahead = UINT64_MAX;
+}
+
 static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
 {
     int rc = check_handle(l);
@@ -522,7 +582,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         return STK_EINVAL;
     core *c = l->c;
     buffer *pub = NULL;
-    uint64_t start = stk__now_ns();
+    uint64_t start = stk__now_ns(), blocked_since = 0;
     pthread_mutex_lock(&c->lock);
     for (;;) {
         if (c->deliver_g == (c->cur_epoch + 1) * c->part.batches) {
@@ -577,6 +637,8 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             rc = STK_TIMEOUT;
             break;
         }
+        if (!blocked_since)
+            blocked_since = now;
         uint64_t slice = WAIT_SLICE_NS;
         if (timeout_ns && timeout_ns - (now - start) < slice)
             slice = timeout_ns - (now - start);
@@ -584,6 +646,10 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     }
     uint64_t end = stk__now_ns();
     c->wait_ns += end - start;
+    if (blocked_since)
+        c->at_blocked += end - blocked_since;
+    if (c->autotune && rc == STK_OK)
+        autotune_step(c, end);
     if (c->trace)
         stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
                          rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
@@ -888,7 +954,9 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     s.consumer_wait_ns = c->wait_ns;
     s.samples_skipped = c->skipped;
     s.samples_failed = c->failed;
+    s.threads_active = c->active;
     pthread_mutex_unlock(&c->lock);
+    s.threads_max = c->nthreads;
     s.memory_bound_bytes = c->memory_bound;
     return put_sized(l, "stk_stats", st, &s, sizeof s, STATS_V1);
 }
@@ -1233,6 +1301,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->nthreads = o->threads;
     if (!c->nthreads && (rc = stk__default_threads(&c->nthreads, err, errlen)))
         goto fail;
+    /* Autotune starts with every worker and gives back what is not needed:
+     * starting small would starve the first batches. */
+    c->active = c->nthreads;
+    c->autotune = o->autotune;
+    c->at_t0 = stk__now_ns();
+    c->at_min_ahead = UINT64_MAX;
 
     stk__remote_cfg rcfg = {.endpoint = o->endpoint,
                             .region = o->region,

@@ -198,13 +198,15 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             }
         return STK_EINVAL;
     }
-    if (!strcmp(key, "exif") || !strcmp(key, "strict")) {
+    if (!strcmp(key, "exif") || !strcmp(key, "strict") || !strcmp(key, "autotune")) {
         if (strcmp(value, "0") && strcmp(value, "1"))
             return STK_EINVAL;
         if (key[0] == 'e')
             o->exif = value[0] == '1';
-        else
+        else if (key[0] == 's')
             o->strict = value[0] == '1';
+        else
+            o->autotune = value[0] == '1';
         return STK_OK;
     }
     if (!strcmp(key, "size")) {

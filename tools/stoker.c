@@ -53,7 +53,8 @@ static void usage(FILE *f)
                "\n"
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
-               "  --threads N         worker threads (0 = CPUs this process may use)\n"
+               "  --threads N         worker threads (0 = CPUs this process may use); auto or\n"
+               "                      auto:N keeps the fewest working that feed the consumer\n"
                "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
@@ -236,6 +237,17 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         if (!strcmp(k, "--batch-size")) {
             NUM(1, 1u << 24);
             rc = stk_options_set_batch_size(o, (size_t)v);
+        } else if (!strcmp(k, "--threads") && val && !strncmp(val, "auto", 4)) {
+            /* auto or auto:N: autotune up to the default count or N. */
+            if (val[4] && (val[4] != ':' || !stoker_parse_size(val + 5, &v) || v < 1 || v > 256)) {
+                fprintf(stderr, "stoker: --threads takes a number, auto or auto:N (N the most "
+                                "threads, 1..256), got '%s'\n", val);
+                return 2;
+            }
+            rc = stk_options_set_threads(o, val[4] ? (unsigned)v : 0);
+            if (rc == STK_OK)
+                rc = stk_options_set(o, "autotune", "1");
+            i++;
         } else if (!strcmp(k, "--threads")) {
             NUM(0, 256);
             rc = stk_options_set_threads(o, (unsigned)v);
@@ -523,6 +535,7 @@ static int cmd_bench(int argc, char **argv)
             printf("null");
         else
             printf("%.6f", first_s);
+        printf(",\"threads_active\":%u", st.threads_active);
         printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
                ",\"starvation_s\":%.6f,\"stages\":{",
                rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
@@ -567,6 +580,9 @@ static int cmd_bench(int argc, char **argv)
                    ss.items ? busy * 1e6 / (double)ss.items : 0.0);
         }
         stoker_print_fetch(l, false, secs);
+        if (st.threads_active != st.threads_max)
+            printf("  autotune     %u of %u threads working at the end\n", st.threads_active,
+                   st.threads_max);
         double starve = (double)st.consumer_wait_ns * 1e-9;
         printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
                secs > 0 ? 100.0 * starve / secs : 0.0);

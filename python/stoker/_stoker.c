@@ -1194,13 +1194,14 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         }
         Py_DECREF(d);
     }
-    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O}", "stages", stages, "threads",
+    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I}", "stages", stages, "threads",
                         threads, "samples_delivered", (unsigned long long)st.samples_delivered,
                         "batches_delivered", (unsigned long long)st.batches_delivered,
                         "starvation_s", (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
                         (unsigned long long)st.samples_skipped, "samples_failed",
                         (unsigned long long)st.samples_failed, "memory_bound_bytes",
-                        (unsigned long long)st.memory_bound_bytes, "errors", errors);
+                        (unsigned long long)st.memory_bound_bytes, "errors", errors,
+                        "threads_active", st.threads_active, "threads_max", st.threads_max);
 out:
     engine_leave(self);
     Py_XDECREF(stages);

@@ -43,6 +43,7 @@ OPTION_KEYS = {
     "jpeg_memory": "libjpeg's own memory per thread, >= 4M, K/M/G suffixes (default 64M)",
     # Diagnosis (docs/diagnosis.md).
     "trace": "Chrome trace-event JSON file written at close (the trace argument)",
+    "autotune": "0 or 1: threads is a cap and the active count adapts (threads=\"auto\")",
     "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
@@ -199,6 +200,21 @@ def _dtype_name(dtype):
     return name
 
 
+def _auto_threads(spec):
+    """threads="auto" or "auto:N" -> (cap or None, True)."""
+    if spec == "auto":
+        return None, True
+    if spec.startswith("auto:"):
+        try:
+            n = int(spec[5:])
+        except ValueError:
+            n = 0
+        if 1 <= n <= 256:
+            return n, True
+    raise ValueError(f'threads must be an int 1..256, None, "auto" or "auto:N" (N the most '
+                     f'threads, 1..256), got {spec!r}')
+
+
 class Loader:
     """Loads batches with stoker's C engine: native threads read, decode and
     transform samples into a bounded ring of batch buffers; each batch reaches
@@ -219,7 +235,10 @@ class Loader:
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
     threads: worker threads (None = the CPUs this process may use, shared
-        among LOCAL_WORLD_SIZE ranks; see docs/engine.md). depth: batches prepared
+        among LOCAL_WORLD_SIZE ranks; see docs/engine.md), or "auto" /
+        "auto:N": autotune -- up to that many (or N) threads, of which the
+        loader keeps working the fewest that keep your loop from waiting
+        (same batches as any fixed count; docs/diagnosis.md). depth: batches prepared
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
@@ -281,8 +300,12 @@ class Loader:
             raise ValueError('NumPy has no bfloat16 type: use output="torch" with '
                              'dtype="bfloat16", or dtype="float16"/"float32" with NumPy')
         batch_size = _int(batch_size, "batch_size", 1, 2 ** 24)
-        if threads is not None:
-            threads = _int(threads, "threads (None: all cores)", 1, 256)
+        autotune = False
+        if isinstance(threads, str):
+            threads, autotune = _auto_threads(threads)
+        elif threads is not None:
+            threads = _int(threads, "threads (None: all cores, \"auto\" or \"auto:N\": "
+                           "autotune)", 1, 256)
         depth = _int(depth, "depth", 1, 63)
         seed = _int(seed, "seed", 0, _U64_MAX)
         rank, world_size, where = _default_partition(rank, world_size)
@@ -306,6 +329,8 @@ class Loader:
             self._from_dlpack = torch.utils.dlpack.from_dlpack
 
         opts = {"layout": layout, "dtype": dtype}
+        if autotune:
+            opts["autotune"] = "1"
         if size is not None:
             opts["size"] = str(size)
         if strict:

@@ -228,3 +228,53 @@ def test_trace_from_the_cli_and_a_bad_trace_path(small, tmp_path):
     assert t["otherData"]["samples_delivered"] == 60
     with pytest.raises(stoker.Error, match="nonexistent"):
         stoker.Loader(str(small), 8, trace=tmp_path / "nonexistent" / "t.json")
+
+
+# ---- autotune ---------------------------------------------------------------------------
+def _hashes(loader, nap=0.0):
+    import hashlib
+    import time as _t
+    out = []
+    for images, labels in loader:
+        out.append(hashlib.sha1(np.ascontiguousarray(images).tobytes() +
+                                np.asarray(labels).tobytes()).hexdigest())
+        if nap:
+            _t.sleep(nap)
+    return out
+
+
+@pytest.fixture(scope="module")
+def medium(tmp_path_factory):
+    return _jpegs(tmp_path_factory.mktemp("medium"), 40, 480, 640, classes=2)
+
+
+def test_autotune_gives_back_then_takes_workers_same_batches(medium):
+    kw = dict(transform="imagenet-train", size=64, output="numpy", seed=9)
+    with stoker.Loader(str(medium), 2, threads=1, **kw) as fixed:
+        want = [_hashes(fixed) for _ in range(3)]
+    with stoker.Loader(str(medium), 2, threads="auto:3", **kw) as auto:
+        assert auto.stats()["threads_max"] == 3
+        # A consumer far slower than one worker (80 ms a batch of 2 against a
+        # few ms of decoding): workers are given back, one per 3 calm windows.
+        got = [_hashes(auto, nap=0.08)]
+        assert auto.stats()["threads_active"] == 1, auto.stats()["threads_active"]
+        # Then a consumer that takes batches as fast as they come: it waits,
+        # and the pool grows.
+        got += [_hashes(auto) for _ in range(2)]
+        grown = auto.stats()["threads_active"]
+    assert got == want
+    assert grown >= 2
+
+
+def test_autotune_argument_errors(small):
+    for bad in ("auto:0", "auto:x", "fast", "auto:300"):
+        with pytest.raises(ValueError, match="auto:N"):
+            stoker.Loader(str(small), 4, threads=bad)
+    r = subprocess.run([STOKER, "bench", str(small), "--threads", "auto:x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "auto:N" in r.stderr
+    r = subprocess.run([STOKER, "bench", str(small), "--threads", "auto", "--json",
+                        "--transform", "imagenet-val", "--size", "32", "--batch-size", "8"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert 1 <= json.loads(r.stdout)["threads_active"]
