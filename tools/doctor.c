@@ -602,7 +602,17 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
             "device, and through the consumer): deliver uint8 and normalise on the device",
             d->out_dtype == STK_DTYPE_FLOAT32 ? "float32" : "16-bit float",
             d->out_dtype == STK_DTYPE_FLOAT32 ? 4 : 2);
-    if (v->predicted > 0 && d->full.done && d->full.rate < 0.7 * v->predicted)
+    unsigned usable = d->threads < d->cpus ? d->threads : d->cpus;
+    if (v->predicted > 0 && d->full.done && d->full.rate < 0.7 * v->predicted &&
+        d->full.cpu < 0.75 * usable && d->full.starve > 0.2)
+        ADD("all", "free the CPUs", 0,
+            "the full pipeline ran at %.0f samples/s, %.0f%% of the %.0f its stages predict, "
+            "while its %u workers got only %.1f CPUs and the consumer waited %.0f%% of the "
+            "time: other processes on this machine are using the CPUs (see top), or the "
+            "workers block on I/O",
+            d->full.rate, 100 * d->full.rate / v->predicted, v->predicted, usable, d->full.cpu,
+            100 * d->full.starve);
+    else if (v->predicted > 0 && d->full.done && d->full.rate < 0.7 * v->predicted)
         ADD("all", "look for contention", 0,
             "the full pipeline ran at %.0f samples/s, %.0f%% of the %.0f its stages predict "
             "together: the stages compete for something (CPUs, memory bandwidth, the disk)",

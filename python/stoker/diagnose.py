@@ -58,7 +58,10 @@ class Diagnosis(dict):
                      f"({d['cached_samples_per_s']:.1f} samples/s)")
         lines.append(f"  waiting for input      {100 * d['wait_share']:8.1f}% of each step "
                      f"(measured in next(): {100 * d['measured_wait_share']:.1f}%)")
-        if d["bound"] == "step":
+        if d["bound"] == "contention":
+            lines.append("  verdict: CONTENTION: the step hardly waited for data but ran slower "
+                         "beside the loader: they compete for the CPUs")
+        elif d["bound"] == "step":
             lines.append("  verdict: the training STEP bounds throughput; the loader keeps up "
                          f"(its workers were busy {100 * d['loader_busy_share']:.0f}% of "
                          "their time)")
@@ -94,9 +97,12 @@ def diagnose(loader, step=None, steps=30, warmup=2, verbose=False):
     verbose: print the report.
 
     Returns a Diagnosis (a dict; str() is the report): "bound" is "step" when
-    the step is the bottleneck, else the loader's slowest stage ("storage" or
-    "decode"); "wait_share" the share of each step spent waiting for input;
-    "advice" a list of {"action", "why"}.
+    the step is the bottleneck; the loader's slowest stage ("storage" or
+    "decode") when the loop waited in next() over 10 % of the time;
+    "contention" when it did not wait but the step ran over 10 % slower fed by
+    the loader than on a cached batch (they compete for CPUs). "wait_share":
+    the share of each step lost to input (fed vs cached); "measured_wait_share":
+    the share spent inside next(); "advice": a list of {"action", "why"}.
     """
     if step is None:
         def step(batch):
@@ -154,7 +160,7 @@ def diagnose(loader, step=None, steps=30, warmup=2, verbose=False):
     held = time.perf_counter() - t0
 
     info = loader.info()
-    batch_size = samples / steps if steps else 0
+    batch_size = info["batch_size"]
     wait_share = max(0.0, min(1.0, (fed - held) / fed)) if fed > 0 else 0.0
     measured = waited / fed if fed > 0 else 0.0
     stages = _stage_delta(s0, s1)
@@ -171,9 +177,14 @@ def diagnose(loader, step=None, steps=30, warmup=2, verbose=False):
                    "decode": decode / total_busy if total_busy > 0 else 0.0}
     threads = info["threads"]
     loader_busy_share = total_busy / (threads * fed) if fed > 0 and threads else 0.0
-    input_bound = max(wait_share, measured) > INPUT_BOUND_SHARE
+    # Input-bound: the loop waited in next(). A step that only ran slower when
+    # fed by the loader, without waiting, shares the CPUs (or memory
+    # bandwidth) with the loader's threads: contention, not starvation.
+    input_bound = measured > INPUT_BOUND_SHARE
     if input_bound:
         bound = "storage" if stage_share["storage"] > stage_share["decode"] else "decode"
+    elif wait_share > INPUT_BOUND_SHARE:
+        bound = "contention"
     else:
         bound = "step"
 
@@ -197,7 +208,14 @@ def diagnose(loader, step=None, steps=30, warmup=2, verbose=False):
         advice.append({"action": "shard-aware order and a cache",
                        "why": "remote data: order='shards' with cache_dir= reads whole shards "
                               "once and keeps them on local disk (docs/remote.md)"})
-    if not input_bound and threads > 1 and loader_busy_share < 0.5:
+    if bound == "contention":
+        advice.append({"action": "fewer loader threads or more CPUs",
+                       "why": f"each step lost {100 * wait_share:.0f}% of its time fed by the loader "
+                              f"though it waited only {100 * measured:.1f}% of the time in "
+                              f"next(): the loader's {threads} thread(s) and the step compete "
+                              f"for {cpus} CPUs; try threads=\"auto\", or fewer threads, "
+                              "or fewer torch threads (torch.set_num_threads)"})
+    if bound == "step" and threads > 1 and loader_busy_share < 0.5:
         need = max(1, math.ceil(threads * loader_busy_share * 1.5))
         if need < threads:
             advice.append({"action": "fewer threads",
@@ -205,7 +223,7 @@ def diagnose(loader, step=None, steps=30, warmup=2, verbose=False):
                                   f"{100 * loader_busy_share:.0f}% of the time: about {need} "
                                   "would keep up and leave CPUs to the step"})
     d = Diagnosis(
-        steps=steps, batch_size=round(batch_size, 3), bound=bound, input_bound=input_bound,
+        steps=steps, batch_size=batch_size, bound=bound, input_bound=input_bound,
         wait_share=wait_share, measured_wait_share=measured,
         fed_step_s=fed / steps, cached_step_s=held / steps,
         fed_samples_per_s=samples / fed if fed > 0 else 0.0,
