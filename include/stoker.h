@@ -369,6 +369,10 @@ typedef struct stk_fetch_stats {
     uint64_t cache_evictions; /* entries this process evicted */
     uint64_t cache_fallbacks; /* shards read by ranges because the cache was full */
     uint64_t io_busy_ns;      /* time the I/O thread spent in libcurl */
+    /* Added after the first version: */
+    uint64_t completed;       /* attempts that ended (success or not) */
+    uint64_t request_ns;      /* their summed duration, connection to last byte */
+    uint64_t first_byte_ns;   /* their summed time to the first byte */
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

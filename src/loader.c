@@ -991,7 +991,10 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .cache_misses = f.cache_misses,
                             .cache_evictions = f.cache_evictions,
                             .cache_fallbacks = f.cache_fallbacks,
-                            .io_busy_ns = f.io_busy_ns};
+                            .io_busy_ns = f.io_busy_ns,
+                            .completed = f.completed,
+                            .request_ns = f.request_ns,
+                            .first_byte_ns = f.first_byte_ns};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);

@@ -634,9 +634,11 @@ static void json_level(const char *name, const level *lv, bool comma)
                lv->seconds, lv->open_s, lv->samples, lv->skipped, lv->starve, lv->memory_bound);
     if (lv->remote)
         printf(",\"requests\":%" PRIu64 ",\"fetched_bytes\":%" PRIu64 ",\"inflight_peak\":%" PRIu64
-               ",\"fetch_wait_s\":%.4f",
+               ",\"fetch_wait_s\":%.4f,\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f",
                lv->fetch.requests, lv->fetch.bytes, lv->fetch.inflight_peak,
-               (double)lv->fetch.wait_ns * 1e-9);
+               (double)lv->fetch.wait_ns * 1e-9,
+               lv->fetch.completed ? (double)lv->fetch.request_ns * 1e-9 / (double)lv->fetch.completed : 0.0,
+               lv->fetch.completed ? (double)lv->fetch.first_byte_ns * 1e-9 / (double)lv->fetch.completed : 0.0);
     if (lv->note[0]) {
         printf(",\"note\":");
         stoker_json_str(stdout, lv->note);
@@ -731,9 +733,13 @@ static void report(doctor *d)
     text_level("batching, samples in memory", &d->batching, true);
     text_level("full pipeline", &d->full, false);
     if (d->storage.remote && d->storage.done)
-        printf("  remote: %" PRIu64 " requests, %.1f MB received, %" PRIu64
+        printf("  remote: %" PRIu64 " requests (%.1f ms each on average, %.1f ms to the first "
+               "byte), %.1f MB received, %" PRIu64
                " at most in flight, workers waited %.2f s for the network\n",
-               d->storage.fetch.requests, (double)d->storage.fetch.bytes / 1e6,
+               d->storage.fetch.requests,
+               d->storage.fetch.completed ? (double)d->storage.fetch.request_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
+               d->storage.fetch.completed ? (double)d->storage.fetch.first_byte_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
+               (double)d->storage.fetch.bytes / 1e6,
                d->storage.fetch.inflight_peak, (double)d->storage.fetch.wait_ns * 1e-9);
     if (d->nsweep) {
         printf("\n  thread sweep (decode+augment from memory)\n");

@@ -180,10 +180,13 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
                ",\"fetched_per_needed\":%.4f,\"inflight_peak\":%" PRIu64 ",\"waits\":%" PRIu64
                ",\"wait_s\":%.6f,\"buffered_peak_bytes\":%" PRIu64 ",\"cache_hits\":%" PRIu64
                ",\"cache_misses\":%" PRIu64 ",\"cache_evictions\":%" PRIu64
-               ",\"cache_fallbacks\":%" PRIu64 ",\"io_busy_s\":%.6f}",
+               ",\"cache_fallbacks\":%" PRIu64 ",\"io_busy_s\":%.6f",
                f.requests, f.retries, f.failures, f.bytes, f.sample_bytes, f.overfetch_bytes, over,
                f.inflight_peak, f.waits, (double)f.wait_ns * 1e-9, f.buffered_peak, f.cache_hits,
                f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
+        printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f}",
+               f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
+               f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);
         return;
     }
     char b1[32], b2[32];
@@ -196,6 +199,10 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
            " hits, %" PRIu64 " downloads, %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
            f.waits, (double)f.wait_ns * 1e-9, f.cache_hits, f.cache_misses, f.cache_evictions,
            f.cache_fallbacks);
+    if (f.completed)
+        printf("  latency      %.1f ms per request on average, %.1f ms to the first byte\n",
+               (double)f.request_ns * 1e-6 / (double)f.completed,
+               (double)f.first_byte_ns * 1e-6 / (double)f.completed);
 }
 
 /* Does the transform spec use a preset (the only transforms --size sets)? */

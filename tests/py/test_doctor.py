@@ -85,6 +85,8 @@ def test_storage_bound_remote_pipeline_is_named_storage(packed):
     assert rep["verdict"]["storage_overlaps"] is True
     st = rep["levels"]["storage"]
     assert st["requests"] > 0 and st["fetched_bytes"] > 0
+    # Every shard request stalled 0.4 s before its first byte.
+    assert st["first_byte_mean_s"] >= 0.35 and st["request_mean_s"] >= st["first_byte_mean_s"]
     assert any(a["stage"] == "storage" for a in rep["advice"]), rep["advice"]
 
 
