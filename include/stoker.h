@@ -165,6 +165,10 @@ STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
  * variable when set (ranks sharing the node; at least 1 thread). A malformed
  * LOCAL_WORLD_SIZE then fails stk_loader_open with STK_EINVAL. */
 STK_API int stk_options_set_threads(stk_options *o, unsigned n);
+/* stk_options_set(o, "autotune", "1"): the threads started above are a cap;
+ * the loader keeps the smallest number of them working that keeps the
+ * consumer from waiting, adjusting online (docs/diagnosis.md). Batches are
+ * the same, bit for bit, as with any fixed thread count. */
 /* depth: batches prepared ahead of the one the consumer holds, 1..63 (default
  * 2). The ring has depth + 1 batch buffers: the consumer may hold one batch
  * while `depth` more are filled; holding more than one at a time leaves fewer
@@ -277,6 +281,9 @@ typedef struct stk_stats {
     uint64_t samples_skipped;  /* under STK_ON_ERROR_SKIP */
     uint64_t samples_failed;   /* under STK_ON_ERROR_RAISE */
     uint64_t memory_bound_bytes;
+    /* Added after the first version: */
+    unsigned threads_active; /* workers taking work now (< threads under autotune) */
+    unsigned threads_max;    /* workers started */
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid
@@ -377,6 +384,10 @@ typedef struct stk_fetch_stats {
     uint64_t cache_evictions; /* entries this process evicted */
     uint64_t cache_fallbacks; /* shards read by ranges because the cache was full */
     uint64_t io_busy_ns;      /* time the I/O thread spent in libcurl */
+    /* Added after the first version: */
+    uint64_t completed;       /* attempts that ended (success or not) */
+    uint64_t request_ns;      /* their summed duration, connection to last byte */
+    uint64_t first_byte_ns;   /* their summed time to the first byte */
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

@@ -26,6 +26,7 @@
 #include "order.h"
 #include "source/source.h"
 #include "io/remote.h"
+#include "trace/trace.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -115,6 +116,15 @@ struct core {
     size_t nerrors;
     uint64_t errors_epoch;
     uint64_t memory_bound;
+    stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
+    /* Autotune: workers with id >= active wait; the consumer's next() moves
+     * active by one after windows of starvation (up) or of plenty (down). */
+    bool autotune;
+    unsigned active;
+    uint64_t at_t0, at_b0;           /* the window's start */
+    uint64_t at_blocked;             /* ns next() blocked in the window (overhead excluded) */
+    unsigned at_calm;                /* consecutive windows with spare batches */
+    uint64_t at_min_ahead;           /* fewest batches ready ahead seen in the window */
 };
 
 struct stk_loader {
@@ -180,6 +190,7 @@ static void core_free(core *c)
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
     stk__shard_orders_destroy(c->sorder);
+    stk__trace_destroy(c->trace);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -215,13 +226,18 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
                       : c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
     uint64_t t1 = stk__now_ns();
     stage_add(w, STK_STAGE_READ, t1 - t0);
+    if (c->trace)
+        stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
     if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
         size_t out_len = 0;
         rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes, &out_len,
                               dims, err, sizeof err);
         len = out_len;
-        stage_add(w, STK_STAGE_PROCESS, stk__now_ns() - t1);
+        uint64_t t2 = stk__now_ns();
+        stage_add(w, STK_STAGE_PROCESS, t2 - t1);
+        if (c->trace)
+            stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g, (uint32_t)s);
     } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
         stk__fmt(err, sizeof err, "sample is %zu bytes, expected %zu", len, c->sample_bytes);
         rc = STK_EFORMAT;
@@ -264,12 +280,13 @@ static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64
 
 /* Takes the next run of slots to fill. Called and returns with c->lock held.
  * Returns false when the loader is closing. */
-static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *count)
+static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *slot0,
+                  size_t *count)
 {
     for (;;) {
         if (c->cancel)
             return false;
-        if (!c->seeking) {
+        if (!c->seeking && w->id < c->active) {
             if (c->claim_g < c->assigned_end_g) {
                 buffer *b = c->inflight[c->claim_g % c->nbufs];
                 /* Guided sizes: runs shrink as the batch runs out, so the
@@ -277,7 +294,7 @@ static bool claim(core *c, buffer **bo, uint64_t *g, size_t *slot0, size_t *coun
                  * while another works through a long last run (which
                  * matters when no buffer is free for the next batch). */
                 size_t left = b->size - c->claim_slot;
-                size_t k = left / (2 * (size_t)c->nthreads);
+                size_t k = left / (2 * (size_t)c->active);
                 k = k < 1 ? 1 : k > c->run ? c->run : k;
                 *bo = b;
                 *g = c->claim_g;
@@ -323,7 +340,7 @@ static void *worker_main(void *arg)
     buffer *b;
     uint64_t g;
     size_t slot0, count;
-    while (claim(c, &b, &g, &slot0, &count)) {
+    while (claim(c, w, &b, &g, &slot0, &count)) {
         c->busy++;
         pthread_mutex_unlock(&c->lock);
 
@@ -348,8 +365,13 @@ static void *worker_main(void *arg)
             b->errs = errs;
             errs = n;
         }
-        if (b->filled == b->size)
+        if (b->filled == b->size) {
             pthread_cond_broadcast(&c->cond_ready);
+            if (c->trace) {
+                uint64_t t = stk__now_ns();
+                stk__trace_event(c->trace, 1 + w->id, STK__TR_READY, t, t, b->g, 0, 0);
+            }
+        }
         if (--c->busy == 0 && c->seeking)
             pthread_cond_broadcast(&c->cond_idle);
     }
@@ -498,6 +520,57 @@ static int check_handle(stk_loader *l)
     return STK_OK;
 }
 
+/* ---- autotune ---------------------------------------------------------------- */
+
+#define AT_WINDOW_NS (200ull * 1000 * 1000) /* at least this long per decision */
+#define AT_STARVED   0.02                   /* waited over 2 % of a window: add a worker */
+#define AT_CALM      0.005                  /* under 0.5 %, with batches to spare: */
+#define AT_CALM_RUNS 3                      /* ... this many windows in a row: drop one */
+
+/* Batches completely filled and waiting after the one at deliver_g. Lock held. */
+static uint64_t ready_ahead(const core *c)
+{
+    uint64_t n = 0;
+    for (uint64_t g = c->deliver_g; g < c->assigned_end_g; g++) {
+        const buffer *b = c->inflight[g % c->nbufs];
+        if (!b || b->filled != b->size)
+            break;
+        n++;
+    }
+    return n;
+}
+
+/* One step of the controller, after a delivery. The output never depends on
+ * the number of active workers (each sample's bytes and random draws are
+ * fixed by (seed, epoch, sample)), so only speed and CPU use change. Lock
+ * held. */
+static void autotune_step(core *c, uint64_t now)
+{
+    uint64_t ahead = ready_ahead(c);
+    if (ahead < c->at_min_ahead)
+        c->at_min_ahead = ahead;
+    uint64_t dt = now - c->at_t0;
+    if (dt < AT_WINDOW_NS || c->delivered_batches - c->at_b0 < 2)
+        return;
+    double starved = (double)c->at_blocked / (double)dt;
+    if (starved > AT_STARVED && c->active < c->nthreads) {
+        c->active++;
+        c->at_calm = 0;
+        pthread_cond_broadcast(&c->cond_work);
+    } else if (starved < AT_CALM && c->at_min_ahead >= 1) {
+        if (++c->at_calm >= AT_CALM_RUNS && c->active > 1) {
+            c->active--;
+            c->at_calm = 0;
+        }
+    } else {
+        c->at_calm = 0;
+    }
+    c->at_t0 = now;
+    c->at_blocked = 0;
+    c->at_b0 = c->delivered_batches;
+    c->at_min_ahead = UINT64_MAX;
+}
+
 static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
 {
     int rc = check_handle(l);
@@ -509,7 +582,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         return STK_EINVAL;
     core *c = l->c;
     buffer *pub = NULL;
-    uint64_t start = stk__now_ns();
+    uint64_t start = stk__now_ns(), blocked_since = 0;
     pthread_mutex_lock(&c->lock);
     for (;;) {
         if (c->deliver_g == (c->cur_epoch + 1) * c->part.batches) {
@@ -564,12 +637,22 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             rc = STK_TIMEOUT;
             break;
         }
+        if (!blocked_since)
+            blocked_since = now;
         uint64_t slice = WAIT_SLICE_NS;
         if (timeout_ns && timeout_ns - (now - start) < slice)
             slice = timeout_ns - (now - start);
         stk__cond_wait_ns(&c->cond_ready, &c->lock, slice);
     }
-    c->wait_ns += stk__now_ns() - start;
+    uint64_t end = stk__now_ns();
+    c->wait_ns += end - start;
+    if (blocked_since)
+        c->at_blocked += end - blocked_since;
+    if (c->autotune && rc == STK_OK)
+        autotune_step(c, end);
+    if (c->trace)
+        stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
+                         rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
     pthread_mutex_unlock(&c->lock);
     if (pub) {
         publish(c, pub);
@@ -871,7 +954,9 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     s.consumer_wait_ns = c->wait_ns;
     s.samples_skipped = c->skipped;
     s.samples_failed = c->failed;
+    s.threads_active = c->active;
     pthread_mutex_unlock(&c->lock);
+    s.threads_max = c->nthreads;
     s.memory_bound_bytes = c->memory_bound;
     return put_sized(l, "stk_stats", st, &s, sizeof s, STATS_V1);
 }
@@ -906,7 +991,10 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .cache_misses = f.cache_misses,
                             .cache_evictions = f.cache_evictions,
                             .cache_fallbacks = f.cache_fallbacks,
-                            .io_busy_ns = f.io_busy_ns};
+                            .io_busy_ns = f.io_busy_ns,
+                            .completed = f.completed,
+                            .request_ns = f.request_ns,
+                            .first_byte_ns = f.first_byte_ns};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);
@@ -983,6 +1071,21 @@ void stk_loader_close(stk_loader *l)
     if (c) {
         stop_workers(c);
         pthread_mutex_lock(&c->lock);
+        /* No thread records any more: the workers are joined and the handle
+         * is going, so no next() can run. */
+        stk__trace *t = c->trace;
+        c->trace = NULL;
+        if (t) {
+            stk__trace_totals tot = {.batch_size = c->batch_size,
+                                     .samples_delivered = c->delivered_samples,
+                                     .batches_delivered = c->delivered_batches};
+            for (unsigned k = 0; k < c->nthreads; k++) {
+                tot.read_items += atomic_load(&c->workers[k].items[STK_STAGE_READ]);
+                tot.process_items += atomic_load(&c->workers[k].items[STK_STAGE_PROCESS]);
+            }
+            stk__trace_finish(t, &tot);
+        }
+        stk__trace_destroy(t);
         bool last = --c->refs == 0;
         pthread_mutex_unlock(&c->lock);
         if (last)
@@ -1201,6 +1304,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->nthreads = o->threads;
     if (!c->nthreads && (rc = stk__default_threads(&c->nthreads, err, errlen)))
         goto fail;
+    /* Autotune starts with every worker and gives back what is not needed:
+     * starting small would starve the first batches. */
+    c->active = c->nthreads;
+    c->autotune = o->autotune;
+    c->at_t0 = stk__now_ns();
+    c->at_min_ahead = UINT64_MAX;
 
     stk__remote_cfg rcfg = {.endpoint = o->endpoint,
                             .region = o->region,
@@ -1264,6 +1373,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->memory_bound = memory_bound(c, o);
     if (c->fetch)
         c->memory_bound += stk__fetch_memory_bound(c->fetch);
+    if (o->trace) {
+        if ((rc = stk__trace_create(&c->trace, o->trace, c->nthreads + 1, o->trace_events, err,
+                                    errlen)))
+            goto fail;
+        c->memory_bound += stk__trace_bytes(o->trace_events);
+    }
     for (unsigned k = 0; k < c->nthreads; k++) {
         if (pthread_create(&c->workers[k].th, NULL, worker_main, &c->workers[k])) {
             stk__fmt(err, errlen, "cannot start worker thread %u: %s", k, strerror(errno));

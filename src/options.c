@@ -23,6 +23,7 @@ int stk_options_create(stk_options **out)
     o->scratch_bytes = 64u << 20;
     o->max_input_bytes = 32u << 20;
     o->jpeg_memory = 64u << 20;
+    o->trace_events = 1u << 20;
     return STK_OK;
 }
 
@@ -35,6 +36,7 @@ void stk_options_destroy(stk_options *o)
     stk__free(o->endpoint);
     stk__free(o->region);
     stk__free(o->cache_dir);
+    stk__free(o->trace);
     stk__free(o);
 }
 
@@ -196,13 +198,15 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             }
         return STK_EINVAL;
     }
-    if (!strcmp(key, "exif") || !strcmp(key, "strict")) {
+    if (!strcmp(key, "exif") || !strcmp(key, "strict") || !strcmp(key, "autotune")) {
         if (strcmp(value, "0") && strcmp(value, "1"))
             return STK_EINVAL;
         if (key[0] == 'e')
             o->exif = value[0] == '1';
-        else
+        else if (key[0] == 's')
             o->strict = value[0] == '1';
+        else
+            o->autotune = value[0] == '1';
         return STK_OK;
     }
     if (!strcmp(key, "size")) {
@@ -238,6 +242,21 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         return set_str(&o->region, value);
     if (!strcmp(key, "cache_dir"))
         return set_str(&o->cache_dir, value);
+    /* Trace (docs/diagnosis.md); "" turns it off. */
+    if (!strcmp(key, "trace")) {
+        if (!*value) {
+            stk__free(o->trace);
+            o->trace = NULL;
+            return STK_OK;
+        }
+        return set_str(&o->trace, value);
+    }
+    if (!strcmp(key, "trace_events")) {
+        if (parse_size(value, (uint64_t)1 << 32, &n) || n < 1024)
+            return STK_EINVAL;
+        o->trace_events = n;
+        return STK_OK;
+    }
     if (!strcmp(key, "addressing")) {
         if (!strcmp(value, "path"))
             o->addressing = 1;

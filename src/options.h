@@ -39,6 +39,10 @@ struct stk_options {
     bool shard_order;
     unsigned shard_window; /* shards per window (0 = 8) */
     size_t jpeg_memory;     /* per-thread cap on libjpeg's own memory */
+    /* Trace (docs/diagnosis.md): Chrome trace-event JSON written at close. */
+    char *trace;            /* file, or NULL: no trace */
+    bool autotune;          /* threads is a cap; the active count adapts */
+    uint64_t trace_events;  /* events kept in all (the ring's size) */
 };
 
 #endif

@@ -61,8 +61,36 @@ typedef struct stoker_pack_opts {
  * message in err. */
 int stoker_pack(const stoker_pack_opts *opts, char *err, size_t errlen);
 
+/* What `stoker bench` (and `stoker doctor`) parsed besides the loader options. */
+typedef struct bench_args {
+    const char *path;
+    const char *transform;
+    uint64_t epochs;
+    bool json;
+    bool progress; /* --progress / --no-progress given: forced; else on a terminal */
+    bool progress_set;
+    double seconds; /* doctor: seconds per level (0 = default) */
+} bench_args;
+
+typedef struct stk_options stk_options;
+typedef struct stk_loader stk_loader;
+/* Parses bench's arguments (argv[2..]) into o and a. Returns 0, or 2 for bad
+ * usage with the message printed. doctor = 1 also takes --seconds. */
+int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a);
+/* The fetch stage's counters as report lines, or a JSON member
+ * ",\"fetch\":{...}"; nothing for a local dataset. */
+void stoker_print_fetch(stk_loader *l, bool json, double secs);
+/* Rewrites the live progress line on stderr. */
+void stoker_progress(stk_loader *l, double secs, uint64_t samples, uint64_t batches,
+                     uint64_t total_batches);
+/* Peak resident set of this process (VmHWM), in bytes. */
+long stoker_peak_rss(void);
+/* CLOCK_MONOTONIC in seconds. */
+double stoker_now(void);
+
 int stoker_cmd_pack(int argc, char **argv);   /* stoker pack ... */
 int stoker_cmd_info(int argc, char **argv);   /* stoker info PATH */
 int stoker_cmd_verify(int argc, char **argv); /* stoker verify PATH */
+int stoker_cmd_doctor(int argc, char **argv); /* stoker doctor PATH [bench options] */
 
 #endif

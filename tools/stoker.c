@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 static void usage(FILE *f)
@@ -29,6 +30,7 @@ static void usage(FILE *f)
                "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
                "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
                "                   [--quiet] [--progress]\n"
+               "       stoker doctor PATH [bench options] [--seconds S]\n"
                "       stoker info PATH\n"
                "       stoker verify PATH\n"
                "       stoker version\n"
@@ -38,6 +40,9 @@ static void usage(FILE *f)
                "every delivered batch (bytes and labels, in order).\n"
                "\n"
                "pack writes SRC as .stk shards and a manifest in OUT (docs/shards.md);\n"
+               "doctor runs the pipeline level by level (storage, decode, batching, all)\n"
+               "and says which stage bounds throughput and what to change (docs/diagnosis.md).\n"
+               "\n"
                "info prints samples, classes, bytes, format and shards; verify reads\n"
                "every sample, lists each corrupt one and exits 1 if any.\n"
                "\n"
@@ -48,7 +53,8 @@ static void usage(FILE *f)
                "\n"
                "options:\n"
                "  --batch-size N      samples per batch (256)\n"
-               "  --threads N         worker threads (0 = CPUs this process may use)\n"
+               "  --threads N         worker threads (0 = CPUs this process may use); auto or\n"
+               "                      auto:N keeps the fewest working that feed the consumer\n"
                "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
@@ -66,6 +72,9 @@ static void usage(FILE *f)
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
                "  --json              print one JSON object instead of the report\n"
+               "  --progress, --no-progress  live line on stderr (default: on a terminal)\n"
+               "  --trace FILE        write a Chrome trace-event JSON of the run (Perfetto)\n"
+               "  --trace-events N    events the trace keeps, the latest (1M, 40 bytes each)\n"
                "\n"
                "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
                "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
@@ -85,7 +94,7 @@ static void usage(FILE *f)
  * space, so it starts afresh at exec; getrusage's ru_maxrss does not (Linux
  * carries the pre-exec peak over, so a stoker started from a large Python
  * process would report that process's size). */
-static long peak_rss_bytes(void)
+long stoker_peak_rss(void)
 {
     long kb = -1;
     FILE *f = fopen("/proc/self/status", "r");
@@ -104,7 +113,7 @@ static long peak_rss_bytes(void)
     return kb * 1024L;
 }
 
-static double now_s(void)
+double stoker_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -126,13 +135,6 @@ static void hash_batch(XXH3_state_t *h, const stk_batch *b)
         XXH3_64bits_update(h, (const uint8_t *)b->data + b->offsets[k], len);
     }
 }
-
-typedef struct bench_args {
-    const char *path;
-    const char *transform;
-    uint64_t epochs;
-    bool json;
-} bench_args;
 
 static int set_opt(stk_options *o, const char *key, const char *val, const char *choices)
 {
@@ -166,7 +168,7 @@ static void stk__opt_key(const char *s, char *out, size_t n)
 
 /* The fetch stage's counters (remote datasets): a report line, or a JSON
  * member ",\"fetch\":{...}". Prints nothing for a local dataset. */
-static void print_fetch(stk_loader *l, bool json, double secs)
+void stoker_print_fetch(stk_loader *l, bool json, double secs)
 {
     stk_fetch_stats f = {.struct_size = sizeof f};
     if (stk_loader_fetch_stats(l, &f) != STK_OK)
@@ -178,10 +180,13 @@ static void print_fetch(stk_loader *l, bool json, double secs)
                ",\"fetched_per_needed\":%.4f,\"inflight_peak\":%" PRIu64 ",\"waits\":%" PRIu64
                ",\"wait_s\":%.6f,\"buffered_peak_bytes\":%" PRIu64 ",\"cache_hits\":%" PRIu64
                ",\"cache_misses\":%" PRIu64 ",\"cache_evictions\":%" PRIu64
-               ",\"cache_fallbacks\":%" PRIu64 ",\"io_busy_s\":%.6f}",
+               ",\"cache_fallbacks\":%" PRIu64 ",\"io_busy_s\":%.6f",
                f.requests, f.retries, f.failures, f.bytes, f.sample_bytes, f.overfetch_bytes, over,
                f.inflight_peak, f.waits, (double)f.wait_ns * 1e-9, f.buffered_peak, f.cache_hits,
                f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
+        printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f}",
+               f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
+               f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);
         return;
     }
     char b1[32], b2[32];
@@ -194,6 +199,10 @@ static void print_fetch(stk_loader *l, bool json, double secs)
            " hits, %" PRIu64 " downloads, %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
            f.waits, (double)f.wait_ns * 1e-9, f.cache_hits, f.cache_misses, f.cache_evictions,
            f.cache_fallbacks);
+    if (f.completed)
+        printf("  latency      %.1f ms per request on average, %.1f ms to the first byte\n",
+               (double)f.request_ns * 1e-6 / (double)f.completed,
+               (double)f.first_byte_ns * 1e-6 / (double)f.completed);
 }
 
 /* Does the transform spec use a preset (the only transforms --size sets)? */
@@ -217,7 +226,7 @@ static bool has_preset(const char *spec)
 
 /* Parses bench's arguments into o. Returns 0, or 2 for bad usage (with the
  * message printed). */
-static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
+int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 {
     uint64_t v = 0, rank = 0, world = 1, record = 0, header = 0, label = 0;
     const char *size = NULL, *header_opt = NULL;
@@ -235,6 +244,17 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         if (!strcmp(k, "--batch-size")) {
             NUM(1, 1u << 24);
             rc = stk_options_set_batch_size(o, (size_t)v);
+        } else if (!strcmp(k, "--threads") && val && !strncmp(val, "auto", 4)) {
+            /* auto or auto:N: autotune up to the default count or N. */
+            if (val[4] && (val[4] != ':' || !stoker_parse_size(val + 5, &v) || v < 1 || v > 256)) {
+                fprintf(stderr, "stoker: --threads takes a number, auto or auto:N (N the most "
+                                "threads, 1..256), got '%s'\n", val);
+                return 2;
+            }
+            rc = stk_options_set_threads(o, val[4] ? (unsigned)v : 0);
+            if (rc == STK_OK)
+                rc = stk_options_set(o, "autotune", "1");
+            i++;
         } else if (!strcmp(k, "--threads")) {
             NUM(0, 256);
             rc = stk_options_set_threads(o, (unsigned)v);
@@ -280,6 +300,29 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = stk_options_set(o, "strict", "1");
         } else if (!strcmp(k, "--json")) {
             a->json = true;
+        } else if (!strcmp(k, "--trace") && val) {
+            if (!*val || set_opt(o, "trace", val, "a file name"))
+                return 2;
+            i++;
+        } else if (!strcmp(k, "--trace-events")) {
+            NUM(1024, (uint64_t)1 << 32);
+            char num[32];
+            snprintf(num, sizeof num, "%" PRIu64, v);
+            rc = stk_options_set(o, "trace_events", num);
+        } else if (!strcmp(k, "--progress") || !strcmp(k, "--no-progress")) {
+            a->progress = k[2] == 'p';
+            a->progress_set = true;
+        } else if (!strcmp(k, "--seconds") && !strcmp(argv[1], "doctor")) {
+            char *end = NULL;
+            errno = 0;
+            double sec = val ? strtod(val, &end) : 0;
+            if (!val || end == val || *end || errno || !(sec >= 0.2 && sec <= 3600)) {
+                fprintf(stderr, "stoker: --seconds takes seconds per level, 0.2..3600, got '%s'\n",
+                        val ? val : "");
+                return 2;
+            }
+            a->seconds = sec;
+            i++;
         } else if (!strcmp(k, "--transform") && val) {
             if (!*val) {
                 fprintf(stderr, "stoker: --transform needs a transform (--transform none for "
@@ -372,6 +415,21 @@ static int parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
     return 0;
 }
 
+/* The live line on stderr: rate, starvation and time left. */
+void stoker_progress(stk_loader *l, double secs, uint64_t samples, uint64_t batches,
+                     uint64_t total_batches)
+{
+    stk_stats st = {.struct_size = sizeof st};
+    stk_loader_stats(l, &st);
+    double rate = secs > 0 ? (double)samples / secs : 0;
+    double starve = secs > 0 ? 100.0 * (double)st.consumer_wait_ns * 1e-9 / secs : 0;
+    fprintf(stderr, "\r\033[K  %" PRIu64 "/%" PRIu64 " batches  %.0f samples/s  starvation %.0f%%",
+            batches, total_batches, rate, starve);
+    if (batches && total_batches > batches)
+        fprintf(stderr, "  ETA %.0f s", secs * (double)(total_batches - batches) / (double)batches);
+    fflush(stderr);
+}
+
 static void print_errors_json(stk_loader *l, FILE *f)
 {
     size_t n = stk_loader_error_count(l);
@@ -402,15 +460,15 @@ static int cmd_bench(int argc, char **argv)
         return 1;
     }
     XXH3_64bits_reset(h);
-    if ((status = parse_bench(argc, argv, o, &a)))
+    if ((status = stoker_parse_bench(argc, argv, o, &a)))
         goto out;
 
     /* The clock starts before the open: workers start filling the ring while
      * the open is still under way, so a clock started after it would count
      * their work and not its time (and overstate samples/s on short runs). */
-    double t0 = now_s();
+    double t0 = stoker_now();
     int rc = stk_loader_open(&l, o);
-    double open_s = now_s() - t0, first_s = -1;
+    double open_s = stoker_now() - t0, first_s = -1;
     if (rc != STK_OK) {
         char shown[4096];
         fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
@@ -435,6 +493,8 @@ static int cmd_bench(int argc, char **argv)
         fflush(stdout);
     }
     uint64_t samples = 0, batches = 0;
+    bool live = a.progress_set ? a.progress : (!a.json && isatty(STDERR_FILENO));
+    double shown_at = 0;
     for (uint64_t e = 0; e < a.epochs && !status; e++) {
         for (;;) {
             stk_batch *b;
@@ -447,17 +507,24 @@ static int cmd_bench(int argc, char **argv)
                 break;
             }
             if (first_s < 0)
-                first_s = now_s() - t0;
+                first_s = stoker_now() - t0;
             hash_batch(h, b);
             samples += b->size;
             batches++;
             stk_batch_release(b);
+            double t = stoker_now();
+            if (live && t - shown_at >= 0.25) {
+                shown_at = t;
+                stoker_progress(l, t - t0, samples, batches, a.epochs * info.batches_per_epoch);
+            }
         }
     }
-    double secs = now_s() - t0;
+    if (live)
+        fprintf(stderr, "\r\033[K");
+    double secs = stoker_now() - t0;
     stk_stats st = {.struct_size = sizeof st};
     stk_loader_stats(l, &st);
-    long rss = peak_rss_bytes();
+    long rss = stoker_peak_rss();
     unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
     double rate = secs > 0 ? (double)samples / secs : 0;
     if (a.json) {
@@ -475,6 +542,7 @@ static int cmd_bench(int argc, char **argv)
             printf("null");
         else
             printf("%.6f", first_s);
+        printf(",\"threads_active\":%u", st.threads_active);
         printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
                ",\"starvation_s\":%.6f,\"stages\":{",
                rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
@@ -496,7 +564,7 @@ static int cmd_bench(int argc, char **argv)
             printf("}");
         }
         printf("]");
-        print_fetch(l, true, secs);
+        stoker_print_fetch(l, true, secs);
         printf(",\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
                st.samples_failed);
         print_errors_json(l, stdout);
@@ -518,7 +586,10 @@ static int cmd_bench(int argc, char **argv)
                    stk_stage_name(s), ss.items, busy, info.threads,
                    ss.items ? busy * 1e6 / (double)ss.items : 0.0);
         }
-        print_fetch(l, false, secs);
+        stoker_print_fetch(l, false, secs);
+        if (st.threads_active != st.threads_max)
+            printf("  autotune     %u of %u threads working at the end\n", st.threads_active,
+                   st.threads_max);
         double starve = (double)st.consumer_wait_ns * 1e-9;
         printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
                secs > 0 ? 100.0 * starve / secs : 0.0);
@@ -548,6 +619,8 @@ int main(int argc, char **argv)
         return stoker_cmd_info(argc, argv);
     if (!strcmp(argv[1], "verify"))
         return stoker_cmd_verify(argc, argv);
+    if (!strcmp(argv[1], "doctor"))
+        return stoker_cmd_doctor(argc, argv);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("stoker %s\n", stk_version());
         return 0;

@@ -1144,7 +1144,7 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     }
     engine_leave(self);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:d}", "requests",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d}", "requests",
         (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
         (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
         (unsigned long long)f.sample_bytes, "overfetch_bytes", (unsigned long long)f.overfetch_bytes,
@@ -1153,7 +1153,10 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         (unsigned long long)f.buffered_peak, "cache_hits", (unsigned long long)f.cache_hits,
         "cache_misses", (unsigned long long)f.cache_misses, "cache_evictions",
         (unsigned long long)f.cache_evictions, "cache_fallbacks",
-        (unsigned long long)f.cache_fallbacks, "io_busy_s", (double)f.io_busy_ns * 1e-9);
+        (unsigned long long)f.cache_fallbacks, "io_busy_s", (double)f.io_busy_ns * 1e-9,
+        "request_mean_s", f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
+        "first_byte_mean_s",
+        f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);
 }
 
 static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
@@ -1194,13 +1197,14 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         }
         Py_DECREF(d);
     }
-    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O}", "stages", stages, "threads",
+    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I}", "stages", stages, "threads",
                         threads, "samples_delivered", (unsigned long long)st.samples_delivered,
                         "batches_delivered", (unsigned long long)st.batches_delivered,
                         "starvation_s", (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
                         (unsigned long long)st.samples_skipped, "samples_failed",
                         (unsigned long long)st.samples_failed, "memory_bound_bytes",
-                        (unsigned long long)st.memory_bound_bytes, "errors", errors);
+                        (unsigned long long)st.memory_bound_bytes, "errors", errors,
+                        "threads_active", st.threads_active, "threads_max", st.threads_max);
 out:
     engine_leave(self);
     Py_XDECREF(stages);

@@ -41,6 +41,10 @@ OPTION_KEYS = {
     "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
     "strict": "0 or 1: check each image's whole compressed stream (the strict argument)",
     "jpeg_memory": "libjpeg's own memory per thread, >= 4M, K/M/G suffixes (default 64M)",
+    # Diagnosis (docs/diagnosis.md).
+    "trace": "Chrome trace-event JSON file written at close (the trace argument)",
+    "autotune": "0 or 1: threads is a cap and the active count adapts (threads=\"auto\")",
+    "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
@@ -196,6 +200,21 @@ def _dtype_name(dtype):
     return name
 
 
+def _auto_threads(spec):
+    """threads="auto" or "auto:N" -> (cap or None, True)."""
+    if spec == "auto":
+        return None, True
+    if spec.startswith("auto:"):
+        try:
+            n = int(spec[5:])
+        except ValueError:
+            n = 0
+        if 1 <= n <= 256:
+            return n, True
+    raise ValueError(f'threads must be an int 1..256, None, "auto" or "auto:N" (N the most '
+                     f'threads, 1..256), got {spec!r}')
+
+
 class Loader:
     """Loads batches with stoker's C engine: native threads read, decode and
     transform samples into a bounded ring of batch buffers; each batch reaches
@@ -206,7 +225,7 @@ class Loader:
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
            size=None, max_sample_bytes=None, options=None, return_indices=False,
-           strict=False)
+           strict=False, trace=None)
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -216,7 +235,10 @@ class Loader:
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
     threads: worker threads (None = the CPUs this process may use, shared
-        among LOCAL_WORLD_SIZE ranks; see docs/engine.md). depth: batches prepared
+        among LOCAL_WORLD_SIZE ranks; see docs/engine.md), or "auto" /
+        "auto:N": autotune -- up to that many (or N) threads, of which the
+        loader keeps working the fewest that keep your loop from waiting
+        (same batches as any fixed count; docs/diagnosis.md). depth: batches prepared
         ahead; the ring has depth + 1 buffers, one for the batch your loop
         still holds.
     output: "torch" (tensors through DLPack) or "numpy".
@@ -240,6 +262,8 @@ class Loader:
         RANK/WORLD_SIZE, else 0/1.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
+    trace: a file to write a Chrome trace-event JSON of the run into at close
+        (open it in Perfetto or chrome://tracing; docs/diagnosis.md).
     strict: decoding checks each image's whole compressed stream, so a
         truncated or corrupt file fails in every epoch whatever its random
         crop (default False: a crop decodes only the rows it needs, faster;
@@ -262,7 +286,8 @@ class Loader:
                  transform=None, threads=None, depth=2, output="torch", layout="nchw",
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
-                 cache_limit=None, order="global", shard_window=None, strict=False):
+                 cache_limit=None, order="global", shard_window=None, strict=False,
+                 trace=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -275,8 +300,12 @@ class Loader:
             raise ValueError('NumPy has no bfloat16 type: use output="torch" with '
                              'dtype="bfloat16", or dtype="float16"/"float32" with NumPy')
         batch_size = _int(batch_size, "batch_size", 1, 2 ** 24)
-        if threads is not None:
-            threads = _int(threads, "threads (None: all cores)", 1, 256)
+        autotune = False
+        if isinstance(threads, str):
+            threads, autotune = _auto_threads(threads)
+        elif threads is not None:
+            threads = _int(threads, "threads (None: all cores, \"auto\" or \"auto:N\": "
+                           "autotune)", 1, 256)
         depth = _int(depth, "depth", 1, 63)
         seed = _int(seed, "seed", 0, _U64_MAX)
         rank, world_size, where = _default_partition(rank, world_size)
@@ -300,6 +329,8 @@ class Loader:
             self._from_dlpack = torch.utils.dlpack.from_dlpack
 
         opts = {"layout": layout, "dtype": dtype}
+        if autotune:
+            opts["autotune"] = "1"
         if size is not None:
             opts["size"] = str(size)
         if strict:
@@ -315,6 +346,8 @@ class Loader:
         opts["order"] = order
         if shard_window is not None:
             opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
+        if trace is not None:
+            opts["trace"] = os.fspath(trace)
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)

@@ -647,6 +647,9 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->inflight = rc.inflight;
     st->inflight_peak = rc.inflight_peak;
     st->io_busy_ns = rc.busy_ns;
+    st->completed = rc.completed;
+    st->request_ns = rc.request_ns;
+    st->first_byte_ns = rc.first_byte_ns;
     pthread_mutex_lock(&f->lock);
     st->samples = f->samples;
     st->sample_bytes = f->sample_bytes;

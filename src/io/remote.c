@@ -50,6 +50,7 @@ struct stk__remote {
     uint64_t rng;
     /* Counters: relaxed atomics, each independent. */
     _Atomic uint64_t n_requests, n_retries, n_failures, n_bytes, n_busy_ns;
+    _Atomic uint64_t n_completed, n_request_ns, n_first_byte_ns;
     _Atomic uint64_t n_inflight, n_peak;
 };
 
@@ -949,6 +950,14 @@ static void *io_main(void *arg)
             act_remove(r, q);
             atomic_fetch_add_explicit(&r->n_bytes, q->got, memory_order_relaxed);
             atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+            curl_off_t total_us = 0, first_us = 0;
+            curl_easy_getinfo(e, CURLINFO_TOTAL_TIME_T, &total_us);
+            curl_easy_getinfo(e, CURLINFO_STARTTRANSFER_TIME_T, &first_us);
+            atomic_fetch_add_explicit(&r->n_completed, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&r->n_request_ns, (uint64_t)total_us * 1000u,
+                                      memory_order_relaxed);
+            atomic_fetch_add_explicit(&r->n_first_byte_ns, (uint64_t)first_us * 1000u,
+                                      memory_order_relaxed);
             int v = judge(r, q, res);
             if (v == 1 && q->attempts <= r->cfg.retries) {
                 uint64_t cap = 10000ULL, base = r->cfg.backoff_ms;
@@ -1117,6 +1126,9 @@ void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c)
     c->inflight = atomic_load_explicit(&m->n_inflight, memory_order_relaxed);
     c->inflight_peak = atomic_load_explicit(&m->n_peak, memory_order_relaxed);
     c->busy_ns = atomic_load_explicit(&m->n_busy_ns, memory_order_relaxed);
+    c->completed = atomic_load_explicit(&m->n_completed, memory_order_relaxed);
+    c->request_ns = atomic_load_explicit(&m->n_request_ns, memory_order_relaxed);
+    c->first_byte_ns = atomic_load_explicit(&m->n_first_byte_ns, memory_order_relaxed);
 }
 
 /* ---- listing ------------------------------------------------------------- */

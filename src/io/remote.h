@@ -119,6 +119,7 @@ void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
 /* Transfer counters (relaxed; for stats). */
 typedef struct stk__remote_counters {
     uint64_t requests, retries, failures, bytes, inflight, inflight_peak, busy_ns;
+    uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
 

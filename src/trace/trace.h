@@ -1,0 +1,58 @@
+/*
+ * trace.h -- a bounded record of what the loader's threads did, written as
+ * Chrome trace-event JSON (Perfetto, chrome://tracing) when the loader closes.
+ *
+ * One track per thread that records: track 0 is the consumer (next() calls,
+ * recorded with the loader's lock held), tracks 1..n the workers (each written
+ * only by its own thread). Each track is a ring of fixed-size events: when it
+ * is full the oldest event is overwritten and counted as dropped, so memory is
+ * fixed at creation and a long run keeps its latest events. Timestamps come
+ * from one clock (stk__now_ns, CLOCK_MONOTONIC), relative to creation.
+ *
+ * The file is created (empty) at creation, so a bad path fails the open with
+ * its reason; at finish the events go to PATH.tmp, renamed over PATH once
+ * complete, so PATH holds either a whole trace or nothing.
+ */
+#ifndef STK_TRACE_H
+#define STK_TRACE_H
+
+#include "internal.h"
+
+typedef struct stk__trace stk__trace;
+
+enum {
+    STK__TR_READ,    /* span: a worker read a sample's bytes (file or fetch stage) */
+    STK__TR_PROCESS, /* span: decode + transform, written into the slot */
+    STK__TR_READY,   /* instant: a worker filled a batch's last slot */
+    STK__TR_NEXT,    /* span: the consumer's next() call, waiting included */
+    STK__TR_KINDS
+};
+
+/* Creates a trace of `tracks` tracks holding `events` events in all (at least
+ * 16 per track). STK_OK, STK_EIO (path: err names it and the reason),
+ * STK_ENOMEM. */
+int stk__trace_create(stk__trace **out, const char *path, unsigned tracks, uint64_t events,
+                      char *err, size_t errlen);
+/* Bytes the trace holds (for the memory bound). */
+uint64_t stk__trace_bytes(uint64_t events);
+/* Records an event on a track; only that track's owner may call it.
+ * a: the sample (read, process) or the batch (ready, next); b: the batch
+ * (read, process) or a status (next); slot: the slot in the batch. */
+void stk__trace_event(stk__trace *t, unsigned track, int kind, uint64_t t0, uint64_t t1,
+                      uint64_t a, uint64_t b, uint32_t slot);
+/* Events recorded (kept + dropped) of a kind, and dropped in all. */
+uint64_t stk__trace_count(const stk__trace *t, int kind);
+uint64_t stk__trace_dropped(const stk__trace *t);
+/* The loader's counters at the moment the trace ends, written into the file
+ * beside the events so a reader can check one against the other. */
+typedef struct stk__trace_totals {
+    uint64_t batch_size;
+    uint64_t read_items, process_items; /* the stage counters (stk_loader_stage_stats) */
+    uint64_t samples_delivered, batches_delivered;
+} stk__trace_totals;
+
+/* Writes the JSON file (no thread may record any more). STK_OK, STK_EIO. */
+int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot);
+void stk__trace_destroy(stk__trace *t);
+
+#endif

@@ -1,0 +1,146 @@
+/* test_trace.c -- the loader's trace (docs/diagnosis.md) through the public
+ * API: a complete Chrome trace-event file at close whose span counts equal the
+ * stage counters written beside them; a bounded ring that keeps the latest
+ * events and counts the dropped ones; a path that cannot be created fails the
+ * open naming it. Threads record concurrently: also run under TSan. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define REC 32
+
+static const char *records(uint64_t n)
+{
+    const char *path = tu_path("data.rec");
+    uint8_t *buf = calloc(n, REC);
+    REQUIRE(buf);
+    for (uint64_t i = 0; i < n; i++)
+        memcpy(buf + i * REC, &i, sizeof i);
+    tu_write_file(path, buf, n * REC);
+    free(buf);
+    return path;
+}
+
+static size_t count(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static uint64_t field(const char *text, const char *name)
+{
+    char key[64];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    const char *p = strstr(text, key);
+    return p ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
+}
+
+/* Runs `epochs` epochs with a trace into `trace`; returns the file's text. */
+static char *run(const char *src, const char *trace, const char *events, unsigned threads,
+                 int epochs, uint64_t *delivered)
+{
+    stk_loader *l = NULL;
+    tu_cfg c = {.path = src, .record = REC, .bs = 8, .threads = threads, .depth = 3,
+                .options = {"trace", trace, "trace_events", events, NULL}};
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    *delivered = 0;
+    for (int e = 0; e < epochs; e++) {
+        stk_batch *b;
+        int rc;
+        while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+            *delivered += b->size;
+            stk_batch_release(b);
+        }
+        CHECK_EQ(rc, STK_END);
+    }
+    stk_loader_close(l);
+    size_t n = 0;
+    char *text = tu_read_file(trace, &n);
+    REQUIRE(text);
+    char *z = realloc(text, n + 1);
+    REQUIRE(z);
+    z[n] = '\0';
+    return z;
+}
+
+static void test_complete_trace_matches_counters(void)
+{
+    const char *src = records(500), *trace = tu_path("t.json");
+    uint64_t delivered;
+    char *t = run(src, trace, "1M", 3, 2, &delivered);
+    CHECK_EQ(delivered, 1000);
+    CHECK(!strncmp(t, "{\"displayTimeUnit\"", 18));
+    CHECK(strstr(t, "\n]}\n") && strlen(strstr(t, "\n]}\n")) == 4);
+    CHECK_EQ(field(t, "dropped_events"), 0);
+    /* Every read the workers counted is a span, and more were read than
+     * delivered only by the prefetch of the next epoch. */
+    uint64_t reads = field(t, "read_items");
+    CHECK_EQ(count(t, "\"name\":\"read\""), reads);
+    CHECK(reads >= delivered);
+    CHECK_EQ(field(t, "samples_delivered"), delivered);
+    CHECK_EQ(count(t, "\"name\":\"process\""), 0); /* records: no transform */
+    /* One next() span per call: 2 epochs of 63 batches, plus the 2 ends. */
+    CHECK_EQ(count(t, "\"name\":\"next\""), 2 * 63 + 2);
+    CHECK_EQ(count(t, "\"result\":\"delivered\""), 126);
+    CHECK(count(t, "\"name\":\"batch ready\"") >= 126);
+    CHECK_EQ(count(t, "\"name\":\"thread_name\""), 4); /* consumer + 3 workers */
+    /* No temporary file is left behind. */
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s.tmp", trace);
+    CHECK(access(tmp, F_OK) != 0);
+    free(t);
+}
+
+static void test_ring_keeps_latest_and_counts_drops(void)
+{
+    const char *src = records(3000), *trace = tu_path("small.json");
+    uint64_t delivered;
+    char *t = run(src, trace, "1024", 2, 1, &delivered);
+    CHECK_EQ(delivered, 3000);
+    uint64_t kept = field(t, "events"), dropped = field(t, "dropped_events");
+    /* 3 tracks of 1024 / 3 = 341 events each. */
+    CHECK(kept <= 3 * 341);
+    CHECK(dropped > 0);
+    uint64_t spans = count(t, "\"name\":\"read\"") + count(t, "\"name\":\"next\"") +
+                     count(t, "\"name\":\"batch ready\"");
+    CHECK_EQ(spans, kept);
+    /* Everything recorded was kept or dropped: every read, 376 next() calls
+     * (375 batches and the end), and a "ready" per batch filled (375, plus
+     * at most the ring's 4 of the next epoch). */
+    uint64_t floor = field(t, "read_items") + 376 + 375;
+    CHECK(kept + dropped >= floor);
+    CHECK(kept + dropped <= floor + 4);
+    free(t);
+}
+
+static void test_bad_path_fails_the_open(void)
+{
+    const char *src = records(10);
+    stk_loader *l = NULL;
+    tu_cfg c = {.path = src, .record = REC, .bs = 2,
+                .options = {"trace", "/nonexistent-dir/trace.json", NULL}};
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EIO);
+    CHECK(l && strstr(stk_loader_errmsg(l), "/nonexistent-dir/trace.json"));
+    stk_loader_close(l);
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set(o, "trace_events", "100"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "trace", ""), STK_OK); /* off */
+    stk_options_destroy(o);
+}
+
+int main(void)
+{
+    tu_begin("test_trace", 120);
+    RUN(test_complete_trace_matches_counters);
+    RUN(test_ring_keeps_latest_and_counts_drops);
+    RUN(test_bad_path_fails_the_open);
+    return tu_end();
+}

@@ -1,0 +1,871 @@
+/*
+ * doctor.c -- `stoker doctor PATH [bench options]`: which stage bounds
+ * throughput, and what to change.
+ *
+ * The method is the one people apply by hand: cache the pipeline's output at
+ * each stage in turn and watch where throughput drops. Each level runs for a
+ * few seconds (--seconds, 3 by default) on the user's dataset and options:
+ *
+ *   storage   the loader with no transform: each sample's stored bytes through
+ *             the real read path (files, shards, the fetch stage and cache),
+ *             twice (the second pass finds the page cache warm when the
+ *             samples fit in it);
+ *   decode    bytes held in memory (copied from the storage pass) through the
+ *             user's transform on 1..N threads: the decode+augment ceiling per
+ *             thread and for the pool (the thread sweep);
+ *   batching  processed samples held in memory (a record file of the decode
+ *             level's outputs, in page cache) through the loader: the ring,
+ *             the copy into batch slots and the hand-off;
+ *   full      the user's pipeline as `stoker bench` runs it.
+ *
+ * The verdict models a sample's cost as the sum of its stages' costs (a
+ * worker reads, then decodes, then stores, one after the other), except for
+ * remote data, whose fetch stage runs ahead on its own thread and overlaps
+ * the workers: then storage bounds when its rate is below the workers'. The
+ * stage with the largest share of the time bounds throughput.
+ */
+#include "stoker.h"
+
+#include "commands.h"
+#include "codec/codec.h"
+#include "image.h"
+#include "internal.h"
+#include "options.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_SECONDS 3.0
+#define CACHE_BYTES     (256u << 20) /* bytes held for the decode level */
+#define CACHE_SAMPLES   4096u
+#define BATCH_FILE_MAX  (256u << 20) /* bytes of the batching level's records */
+#define MAX_SWEEP       16
+
+typedef struct level {
+    bool done;
+    char note[512]; /* why it was not measured, or a remark */
+    double open_s, seconds;
+    uint64_t samples, bytes, skipped;
+    double rate;  /* samples/s after the first batch (steady state) */
+    double cpu;   /* cores busy on average (user + system time / wall time) */
+    double starve; /* share of the wall time next() waited */
+    uint64_t memory_bound;
+    stk_fetch_stats fetch;
+    bool remote;
+} level;
+
+typedef struct sweep_pt {
+    unsigned threads;
+    double rate, cpu, eff;
+} sweep_pt;
+
+typedef struct held {
+    uint8_t *bytes;
+    size_t len;
+} held;
+
+typedef struct doctor {
+    int argc;
+    char **argv;
+    bench_args a;
+    double secs;
+    bool live;
+    unsigned step, steps;
+    /* What the full pipeline is: from a first parse of the arguments. */
+    stk_options *o;
+    unsigned threads, cpus;
+    /* The storage pass's samples, held for the decode level. */
+    held *hold;
+    size_t nhold, hold_bytes;
+    uint64_t src_pixels; /* summed over held images whose header parses */
+    size_t src_images;
+    /* The decode level's outputs, for the batching level. */
+    uint8_t *outs;
+    size_t nouts, outs_cap, out_bytes;
+    int out_dense;
+    int64_t out_shape[4];
+    unsigned out_ndim;
+    int out_dtype;
+    level storage, storage2, decode, batching, full;
+    sweep_pt sweep[MAX_SWEEP];
+    unsigned nsweep;
+    const char *source_kind;
+    uint64_t num_samples, num_classes;
+    uint64_t mem_available;
+} doctor;
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+}
+
+static uint64_t mem_available(void)
+{
+    uint64_t kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "MemAvailable:", 13))
+                kb = strtoull(line + 13, NULL, 10);
+        fclose(f);
+    }
+    return kb * 1024u;
+}
+
+static void progress(doctor *d, const char *what, double t)
+{
+    if (!d->live)
+        return;
+    fprintf(stderr, "\r\033[Kstoker doctor: [%u/%u] %s %.1f s", d->step, d->steps, what, t);
+    fflush(stderr);
+}
+
+/* A fresh copy of the user's options (parsing the arguments again is the one
+ * way to copy an stk_options). */
+static stk_options *options_again(doctor *d)
+{
+    stk_options *o = NULL;
+    bench_args a = {0};
+    if (stk_options_create(&o))
+        return NULL;
+    if (stoker_parse_bench(d->argc, d->argv, o, &a)) {
+        stk_options_destroy(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* Keeps a copy of each sample's bytes (storage pass) for the decode level. */
+static void hold_batch(doctor *d, const stk_batch *b)
+{
+    for (size_t k = 0; k < b->size && d->nhold < CACHE_SAMPLES; k++) {
+        const uint8_t *p;
+        size_t n;
+        if (b->kind == STK_BATCH_DENSE) {
+            p = (const uint8_t *)b->data + k * b->sample_bytes;
+            n = b->sample_bytes;
+        } else {
+            p = (const uint8_t *)b->data + b->offsets[k];
+            n = (size_t)b->lengths[k];
+        }
+        if (!n || d->hold_bytes + n > CACHE_BYTES)
+            return;
+        uint8_t *c = malloc(n);
+        if (!c)
+            return;
+        memcpy(c, p, n);
+        d->hold[d->nhold++] = (held){c, n};
+        d->hold_bytes += n;
+        /* The stored image's size, for the pack --max-side advice. */
+        const stk__codec *codecs[] = {&stk__codec_jpeg, &stk__codec_png};
+        for (int j = 0; j < 2; j++) {
+            if (!codecs[j]->sniff(c, n))
+                continue;
+            void *st = NULL;
+            stk__imginfo info = {0};
+            stk__codec_opts co = {0};
+            char err[128];
+            if (codecs[j]->open(&st, c, n, &co, &info, err, sizeof err) == STK_OK) {
+                d->src_pixels += (uint64_t)info.width * info.height;
+                d->src_images++;
+            }
+            if (st)
+                codecs[j]->close(st);
+            break;
+        }
+    }
+}
+
+/* Runs one loader level for d->secs (at least one batch, at most the time):
+ * open included in the wall time, the rate measured from the first batch. */
+static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, bool hold)
+{
+    stk_loader *l = NULL;
+    double c0 = cpu_seconds(), t0 = stoker_now();
+    int rc = stk_loader_open(&l, o);
+    lv->open_s = stoker_now() - t0;
+    if (rc != STK_OK) {
+        snprintf(lv->note, sizeof lv->note, "cannot open: %s (%s)",
+                 l ? stk_loader_errmsg(l) : "out of memory", stk_strerror(rc));
+        stk_loader_close(l);
+        return;
+    }
+    stk_info info = {.struct_size = sizeof info};
+    stk_loader_info(l, &info);
+    lv->memory_bound = stk_loader_memory_bound(l);
+    double first = -1, last = t0;
+    uint64_t first_samples = 0;
+    for (;;) {
+        stk_batch *b = NULL;
+        double t = stoker_now();
+        if (t - t0 >= d->secs && first >= 0)
+            break;
+        if (t - t0 >= 10 * d->secs + 30) {
+            snprintf(lv->note, sizeof lv->note, "no batch within %.0f s", t - t0);
+            break;
+        }
+        progress(d, what, t - t0);
+        rc = stk_loader_next_timeout(l, &b, 100);
+        if (rc == STK_TIMEOUT || rc == STK_END)
+            continue;
+        if (rc == STK_ESAMPLE) {
+            lv->skipped++;
+            continue;
+        }
+        if (rc != STK_OK) {
+            snprintf(lv->note, sizeof lv->note, "%s: %s", stk_strerror(rc), stk_loader_errmsg(l));
+            break;
+        }
+        last = stoker_now();
+        if (first < 0) {
+            first = last;
+            first_samples = b->size;
+        }
+        lv->samples += b->size;
+        if (b->kind == STK_BATCH_DENSE)
+            lv->bytes += b->size * b->sample_bytes;
+        else
+            for (size_t k = 0; k < b->size; k++)
+                lv->bytes += b->lengths[k];
+        if (hold)
+            hold_batch(d, b);
+        stk_batch_release(b);
+    }
+    double wall = stoker_now() - t0;
+    stk_stats st = {.struct_size = sizeof st};
+    stk_loader_stats(l, &st);
+    lv->skipped += st.samples_skipped;
+    lv->fetch.struct_size = sizeof lv->fetch;
+    lv->remote = stk_loader_fetch_stats(l, &lv->fetch) == STK_OK;
+    lv->cpu = wall > 0 ? (cpu_seconds() - c0) / wall : 0;
+    lv->starve = wall > 0 ? (double)st.consumer_wait_ns * 1e-9 / wall : 0;
+    lv->seconds = wall;
+    if (first >= 0 && last > first)
+        lv->rate = (double)(lv->samples - first_samples) / (last - first);
+    else if (first >= 0 && wall > 0)
+        lv->rate = (double)lv->samples / wall;
+    lv->done = first >= 0;
+    if (!d->source_kind) {
+        d->source_kind = info.source_kind;
+        d->num_samples = info.num_samples;
+        d->num_classes = info.num_classes;
+    }
+    stk_loader_close(l);
+}
+
+/* ---- The decode level --------------------------------------------------- */
+
+typedef struct dec_job {
+    doctor *d;
+    const stk__imgpipe *pipe;
+    unsigned id, n;
+    size_t out_cap;
+    _Atomic int *stop;
+    uint64_t done, failed;
+    bool keep; /* thread 0 of the first run keeps its outputs */
+} dec_job;
+
+static void *dec_main(void *arg)
+{
+    dec_job *j = arg;
+    doctor *d = j->d;
+    stk__scratch sc = {.limit = (size_t)1 << 31};
+    uint8_t *out = malloc(j->out_cap);
+    if (!out)
+        return NULL;
+    size_t k = d->nhold * j->id / j->n;
+    for (uint64_t it = 0; !atomic_load_explicit(j->stop, memory_order_relaxed); it++) {
+        const held *h = &d->hold[k];
+        stk__rng rng = stk__rng_for(0x646f63746f72ULL, it, k);
+        size_t len = 0;
+        int32_t dims[3];
+        char err[256];
+        if (stk__imgpipe_run(j->pipe, h->bytes, h->len, &rng, &sc, out, j->out_cap, &len, dims,
+                             err, sizeof err) == STK_OK) {
+            j->done++;
+            if (j->keep && d->out_dense && d->nouts < d->outs_cap && len == d->out_bytes) {
+                memcpy(d->outs + d->nouts * d->out_bytes, out, len);
+                d->nouts++;
+            }
+        } else {
+            j->failed++;
+        }
+        k = k + 1 < d->nhold ? k + 1 : 0;
+    }
+    stk__scratch_free(&sc);
+    free(out);
+    return NULL;
+}
+
+/* Decodes the held samples on n threads for secs: samples/s and cores busy. */
+static int decode_run(doctor *d, const stk__imgpipe *pipe, size_t out_cap, unsigned n,
+                      double secs, bool keep, sweep_pt *pt, uint64_t *failed)
+{
+    dec_job jobs[256];
+    pthread_t tid[256];
+    _Atomic int stop = 0;
+    unsigned started = 0;
+    double c0 = cpu_seconds(), t0 = stoker_now();
+    for (unsigned i = 0; i < n; i++) {
+        jobs[i] = (dec_job){.d = d, .pipe = pipe, .id = i, .n = n, .out_cap = out_cap,
+                            .stop = &stop, .keep = keep && i == 0};
+        if (pthread_create(&tid[i], NULL, dec_main, &jobs[i]))
+            break;
+        started++;
+    }
+    char what[64];
+    snprintf(what, sizeof what, "decode+augment from memory, %u thread%s", n, n == 1 ? "" : "s");
+    for (double t; (t = stoker_now() - t0) < secs;) {
+        progress(d, what, t);
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&stop, 1);
+    uint64_t total = 0;
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(tid[i], NULL);
+        total += jobs[i].done;
+        *failed += jobs[i].failed;
+    }
+    double wall = stoker_now() - t0;
+    pt->threads = n;
+    pt->rate = wall > 0 ? (double)total / wall : 0;
+    pt->cpu = wall > 0 ? (cpu_seconds() - c0) / wall : 0;
+    return started == n ? STK_OK : STK_ENOMEM;
+}
+
+static void decode_level(doctor *d)
+{
+    level *lv = &d->decode;
+    const char *spec = d->o->transform;
+    if (!spec || !*spec || !strcmp(spec, "none")) {
+        snprintf(lv->note, sizeof lv->note, "no transform: nothing to decode");
+        return;
+    }
+    if (!d->nhold) {
+        snprintf(lv->note, sizeof lv->note, "the storage level delivered no sample to decode");
+        return;
+    }
+    stk__imgpipe *pipe = NULL;
+    stk__imgpipe_params prm = {d->o->dtype, d->o->nchw, d->o->size, d->o->exif, d->o->max_dim};
+    char err[512];
+    if (stk__imgpipe_create(&pipe, spec, &prm, err, sizeof err) != STK_OK) {
+        snprintf(lv->note, sizeof lv->note, "%s", err);
+        return;
+    }
+    stk__imgpipe_set_strict(pipe, d->o->strict);
+    stk__imgpipe_set_jpeg_memory(pipe, d->o->jpeg_memory);
+    size_t sb = 0, out_cap;
+    d->out_dense =
+        stk__imgpipe_dense(pipe, &d->out_ndim, d->out_shape, &d->out_dtype, &sb);
+    if (d->out_dense) {
+        out_cap = sb;
+        d->out_bytes = sb;
+        size_t n = d->nhold;
+        if (n > BATCH_FILE_MAX / sb)
+            n = BATCH_FILE_MAX / sb;
+        d->outs = n ? malloc(n * sb) : NULL;
+        d->outs_cap = d->outs ? n : 0;
+    } else {
+        out_cap = (size_t)256 << 20; /* decoded pixels of any image up to 85 Mpx */
+    }
+    /* The sweep: 1, 2, 4, ... and every count up to 8, always the pool's. */
+    unsigned counts[MAX_SWEEP], nc = 0;
+    for (unsigned t = 1; t <= d->cpus && nc + 1 < MAX_SWEEP; t = t < 8 ? t + 1 : t * 2)
+        counts[nc++] = t;
+    if (d->threads > d->cpus && nc < MAX_SWEEP)
+        counts[nc++] = d->threads;
+    else if (nc && counts[nc - 1] != d->cpus && nc < MAX_SWEEP)
+        counts[nc++] = d->cpus;
+    double per = d->secs * 2 / (nc + 1);
+    if (per < 0.5)
+        per = 0.5;
+    uint64_t failed = 0;
+    for (unsigned i = 0; i < nc; i++) {
+        if (decode_run(d, pipe, out_cap, counts[i], per, i == 0, &d->sweep[i], &failed)) {
+            snprintf(lv->note, sizeof lv->note, "cannot start %u threads", counts[i]);
+            break;
+        }
+        d->nsweep = i + 1;
+    }
+    for (unsigned i = 0; i < d->nsweep; i++)
+        d->sweep[i].eff = d->sweep[0].rate > 0
+                              ? d->sweep[i].rate / (d->sweep[i].threads * d->sweep[0].rate)
+                              : 0;
+    /* The level's figure is the pool's: the sweep point at the loader's
+     * thread count (or the nearest below it). */
+    const sweep_pt *at = NULL;
+    for (unsigned i = 0; i < d->nsweep; i++)
+        if (!at || d->sweep[i].threads <= d->threads)
+            at = &d->sweep[i];
+    lv->skipped = failed;
+    if (at && at->rate > 0) {
+        lv->rate = at->rate;
+        lv->cpu = at->cpu;
+        lv->done = true;
+        snprintf(lv->note, sizeof lv->note, "%u thread%s", at->threads, at->threads == 1 ? "" : "s");
+    } else if (at) {
+        snprintf(lv->note, sizeof lv->note, "every sample failed to decode");
+    }
+    stk__imgpipe_destroy(pipe);
+}
+
+/* ---- The batching level ---------------------------------------------------- */
+
+static void batching_level(doctor *d)
+{
+    level *lv = &d->batching;
+    if (!d->out_dense || !d->nouts) {
+        snprintf(lv->note, sizeof lv->note, "%s",
+                 d->decode.done ? "variable-size output: measured within the full pipeline"
+                                : "no processed samples to batch");
+        return;
+    }
+    const char *tmp = getenv("TMPDIR");
+    struct stat sbuf;
+    if (!tmp || !*tmp)
+        tmp = stat("/dev/shm", &sbuf) == 0 && S_ISDIR(sbuf.st_mode) ? "/dev/shm" : "/tmp";
+    char path[4096];
+    snprintf(path, sizeof path, "%s/stoker-doctor-XXXXXX", tmp);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        snprintf(lv->note, sizeof lv->note, "cannot create a file in %.200s: %s", tmp, strerror(errno));
+        return;
+    }
+    /* At least four batches' worth, repeating the outputs. */
+    size_t batch = d->o->batch_size, want = d->nouts;
+    while (want < 4 * batch && (want + d->nouts) * d->out_bytes <= BATCH_FILE_MAX)
+        want += d->nouts;
+    bool ok = true;
+    for (size_t k = 0; k < want && ok; k++) {
+        const uint8_t *p = d->outs + (k % d->nouts) * d->out_bytes;
+        for (size_t off = 0; off < d->out_bytes && ok;) {
+            ssize_t w = write(fd, p + off, d->out_bytes - off);
+            if (w < 0 && errno == EINTR)
+                continue;
+            ok = w > 0;
+            off += w > 0 ? (size_t)w : 0;
+        }
+    }
+    close(fd);
+    stk_options *o = NULL;
+    if (!ok) {
+        snprintf(lv->note, sizeof lv->note, "cannot write %.200s: %s", path, strerror(errno));
+    } else if (stk_options_create(&o) || stk_options_set_source(o, path) ||
+               stk_options_set_records(o, d->out_bytes, 0, 0) ||
+               stk_options_set_batch_size(o, want < batch ? want : batch) ||
+               stk_options_set_threads(o, d->threads) ||
+               stk_options_set_depth(o, d->o->depth) || stk_options_set_seed(o, d->o->seed)) {
+        snprintf(lv->note, sizeof lv->note, "cannot set up the batching level");
+    } else {
+        run_loader(d, o, lv, "batching from memory", false);
+    }
+    stk_options_destroy(o);
+    unlink(path);
+}
+
+/* ---- Verdict --------------------------------------------------------------- */
+
+typedef struct verdict {
+    const char *bound; /* "storage", "decode", "batching", or NULL */
+    double share[3];   /* of a sample's time: storage, decode, batching */
+    double predicted;  /* samples/s the stages predict together */
+    bool overlapped;   /* storage runs ahead (remote) */
+} verdict;
+
+static const char *const stage_names[3] = {"storage", "decode", "batching"};
+
+static verdict judge(const doctor *d)
+{
+    verdict v = {0};
+    const level *lv[3] = {&d->storage, &d->decode, &d->batching};
+    double inv[3] = {0}, sum = 0;
+    for (int i = 0; i < 3; i++)
+        if (lv[i]->done && lv[i]->rate > 0) {
+            inv[i] = 1.0 / lv[i]->rate;
+            sum += inv[i];
+        }
+    if (sum <= 0)
+        return v;
+    v.overlapped = d->storage.remote;
+    if (v.overlapped && inv[0] > 0) {
+        /* The fetch stage runs ahead of the workers on its own thread. */
+        double work = inv[1] + inv[2];
+        v.predicted = work > 0 ? fmin(d->storage.rate, 1.0 / work) : d->storage.rate;
+        double tot = inv[0] + work;
+        for (int i = 0; i < 3; i++)
+            v.share[i] = inv[i] / tot;
+        v.bound = work <= 0 || inv[0] >= work ? "storage" : inv[1] >= inv[2] ? "decode" : "batching";
+        return v;
+    }
+    v.predicted = 1.0 / sum;
+    int best = 0;
+    for (int i = 0; i < 3; i++) {
+        v.share[i] = inv[i] / sum;
+        if (v.share[i] > v.share[best])
+            best = i;
+    }
+    v.bound = stage_names[best];
+    return v;
+}
+
+typedef struct advice {
+    const char *stage, *action;
+    char why[512];
+    double expected; /* samples/s after the change, 0 = not estimated */
+} advice;
+
+static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
+{
+    size_t n = 0;
+    double full = d->full.done ? d->full.rate : v->predicted;
+#define ADD(st, act, exp, ...)                                                                     \
+    do {                                                                                           \
+        if (n < max) {                                                                             \
+            out[n].stage = (st);                                                                   \
+            out[n].action = (act);                                                                 \
+            out[n].expected = (exp);                                                               \
+            snprintf(out[n].why, sizeof out[n].why, __VA_ARGS__);                                  \
+            n++;                                                                                   \
+        }                                                                                          \
+    } while (0)
+    bool decode_bound = v->bound && !strcmp(v->bound, "decode");
+    bool storage_bound = v->bound && !strcmp(v->bound, "storage");
+    if (decode_bound && d->threads < d->cpus && d->nsweep) {
+        const sweep_pt *best = &d->sweep[d->nsweep - 1];
+        double gain = d->decode.rate > 0 ? best->rate / d->decode.rate : 0;
+        ADD("decode", "more threads", gain > 1.05 ? full * gain : 0,
+            "--threads %u (threads=%u in Python): decode+augment scaled to %.0f samples/s on %u "
+            "threads against %.0f on %u",
+            best->threads, best->threads, best->rate, best->threads, d->decode.rate, d->threads);
+    }
+    if (d->threads > d->cpus)
+        ADD("all", "fewer threads", 0,
+            "%u threads share %u usable CPUs: the extra threads only add switching; use "
+            "--threads %u",
+            d->threads, d->cpus, d->cpus);
+    if (decode_bound && d->src_images && d->out_dense && d->out_ndim == 3) {
+        double src = (double)d->src_pixels / (double)d->src_images;
+        int64_t h = d->out_shape[d->o->nchw ? 1 : 0], w = d->out_shape[d->o->nchw ? 2 : 1];
+        double outpx = (double)h * (double)w;
+        if (outpx > 0 && src > 4 * outpx) {
+            unsigned side = (unsigned)(2 * (h > w ? h : w));
+            ADD("decode", "pack --max-side", 0,
+                "stored images average %.1f Mpx for %lldx%lld outputs (%.0fx the pixels): "
+                "`stoker pack SRC OUT --max-side %u` stores them smaller once, and decode cost "
+                "follows the pixels decoded (docs/images.md)",
+                src * 1e-6, (long long)h, (long long)w, src / outpx, side);
+        }
+    }
+    if (storage_bound && d->source_kind && !strcmp(d->source_kind, "folder"))
+        ADD("storage", "stoker pack", 0,
+            "each sample is a file of its own (an open, a read and a close each): `stoker pack "
+            "%s OUT` writes .stk shards read as byte ranges of few large files (docs/shards.md)",
+            d->a.path);
+    if (storage_bound && d->storage.remote) {
+        if (!d->o->shard_order || !d->o->cache_dir)
+            ADD("storage", "shard-aware order and a cache", 0,
+                "remote samples are fetched by ranged requests (%" PRIu64 " requests for %" PRIu64
+                " samples); --order shards --cache-dir DIR reads whole shards once and keeps "
+                "them on local disk (docs/remote.md)",
+                d->storage.fetch.requests, d->storage.samples);
+        unsigned conc = d->o->fetch_concurrency ? d->o->fetch_concurrency : 64;
+        if (d->storage.fetch.inflight_peak >= conc)
+            ADD("storage", "more requests in flight", 0,
+                "the fetch stage kept all %u requests in flight: raise --fetch-concurrency", conc);
+    }
+    uint64_t bound = d->full.memory_bound;
+    if (bound && d->mem_available && bound > d->mem_available / 2 && d->o->depth > 1)
+        ADD("memory", "lower depth", 0,
+            "the memory bound (%.0f MiB) is over half of the memory available (%.0f MiB): "
+            "--depth 1 keeps one batch in preparation instead of %u",
+            (double)bound / 1048576.0, (double)d->mem_available / 1048576.0, d->o->depth);
+    if (d->out_dense && d->out_dtype != STK_DTYPE_UINT8)
+        ADD("batching", "uint8 output, normalise on the GPU", 0,
+            "%s output makes each batch %dx the bytes of uint8 (copied into the ring, to the "
+            "device, and through the consumer): deliver uint8 and normalise on the device",
+            d->out_dtype == STK_DTYPE_FLOAT32 ? "float32" : "16-bit float",
+            d->out_dtype == STK_DTYPE_FLOAT32 ? 4 : 2);
+    unsigned usable = d->threads < d->cpus ? d->threads : d->cpus;
+    if (v->predicted > 0 && d->full.done && d->full.rate < 0.7 * v->predicted &&
+        d->full.cpu < 0.75 * usable && d->full.starve > 0.2)
+        ADD("all", "free the CPUs", 0,
+            "the full pipeline ran at %.0f samples/s, %.0f%% of the %.0f its stages predict, "
+            "while its %u workers got only %.1f CPUs and the consumer waited %.0f%% of the "
+            "time: other processes on this machine are using the CPUs (see top), or the "
+            "workers block on I/O",
+            d->full.rate, 100 * d->full.rate / v->predicted, v->predicted, usable, d->full.cpu,
+            100 * d->full.starve);
+    else if (v->predicted > 0 && d->full.done && d->full.rate < 0.7 * v->predicted)
+        ADD("all", "look for contention", 0,
+            "the full pipeline ran at %.0f samples/s, %.0f%% of the %.0f its stages predict "
+            "together: the stages compete for something (CPUs, memory bandwidth, the disk)",
+            d->full.rate, 100 * d->full.rate / v->predicted, v->predicted);
+#undef ADD
+    return n;
+}
+
+/* ---- Report ------------------------------------------------------------------ */
+
+static void json_level(const char *name, const level *lv, bool comma)
+{
+    printf("%s\"%s\":{\"measured\":%s", comma ? "," : "", name, lv->done ? "true" : "false");
+    if (lv->done)
+        printf(",\"samples_per_s\":%.3f,\"bytes_per_s\":%.1f,\"cpu_cores\":%.3f,\"seconds\":%.3f,"
+               "\"open_s\":%.4f,\"samples\":%" PRIu64 ",\"skipped\":%" PRIu64
+               ",\"starvation\":%.4f,\"memory_bound_bytes\":%" PRIu64,
+               lv->rate, lv->seconds > 0 ? (double)lv->bytes / lv->seconds : 0.0, lv->cpu,
+               lv->seconds, lv->open_s, lv->samples, lv->skipped, lv->starve, lv->memory_bound);
+    if (lv->remote)
+        printf(",\"requests\":%" PRIu64 ",\"fetched_bytes\":%" PRIu64 ",\"inflight_peak\":%" PRIu64
+               ",\"fetch_wait_s\":%.4f,\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f",
+               lv->fetch.requests, lv->fetch.bytes, lv->fetch.inflight_peak,
+               (double)lv->fetch.wait_ns * 1e-9,
+               lv->fetch.completed ? (double)lv->fetch.request_ns * 1e-9 / (double)lv->fetch.completed : 0.0,
+               lv->fetch.completed ? (double)lv->fetch.first_byte_ns * 1e-9 / (double)lv->fetch.completed : 0.0);
+    if (lv->note[0]) {
+        printf(",\"note\":");
+        stoker_json_str(stdout, lv->note);
+    }
+    printf("}");
+}
+
+static void text_level(const char *name, const level *lv, bool bytes)
+{
+    if (!lv->done) {
+        printf("  %-34s %12s  %s\n", name, "-", lv->note[0] ? lv->note : "not measured");
+        return;
+    }
+    char mb[32] = "-";
+    if (bytes && lv->seconds > 0)
+        snprintf(mb, sizeof mb, "%.1f", (double)lv->bytes / lv->seconds / 1e6);
+    printf("  %-34s %12.1f %9s %8.2f", name, lv->rate, mb, lv->cpu);
+    if (lv->skipped)
+        printf("  %" PRIu64 " samples failed", lv->skipped);
+    if (lv->note[0])
+        printf("  %s", lv->note);
+    printf("\n");
+}
+
+static void report(doctor *d)
+{
+    verdict v = judge(d);
+    advice adv[16];
+    size_t nadv = advise(d, &v, adv, 16);
+    char buf[4096];
+    const char *shown = stoker_display_path(d->a.path, buf, sizeof buf);
+    if (d->a.json) {
+        printf("{\"path\":");
+        stoker_json_str(stdout, shown);
+        printf(",\"source\":\"%s\",\"samples\":%" PRIu64 ",\"transform\":",
+               d->source_kind ? d->source_kind : "unknown", d->num_samples);
+        stoker_json_str(stdout, d->a.transform ? d->a.transform : "none");
+        printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%.2f,"
+               "\"levels\":{",
+               d->threads, d->cpus, d->o->batch_size, d->o->depth, d->secs);
+        json_level("storage", &d->storage, false);
+        json_level("storage_warm", &d->storage2, true);
+        json_level("decode", &d->decode, true);
+        json_level("batching", &d->batching, true);
+        json_level("full", &d->full, true);
+        printf("},\"sweep\":[");
+        for (unsigned i = 0; i < d->nsweep; i++)
+            printf("%s{\"threads\":%u,\"samples_per_s\":%.3f,\"cpu_percent\":%.1f,"
+                   "\"efficiency\":%.4f}",
+                   i ? "," : "", d->sweep[i].threads, d->sweep[i].rate, 100 * d->sweep[i].cpu,
+                   d->sweep[i].eff);
+        printf("],\"verdict\":{\"bound\":");
+        if (v.bound)
+            printf("\"%s\"", v.bound);
+        else
+            printf("null");
+        printf(",\"shares\":{\"storage\":%.4f,\"decode\":%.4f,\"batching\":%.4f},"
+               "\"predicted_samples_per_s\":%.3f,\"storage_overlaps\":%s,\"headroom\":{",
+               v.share[0], v.share[1], v.share[2], v.predicted, v.overlapped ? "true" : "false");
+        const level *lv[3] = {&d->storage, &d->decode, &d->batching};
+        bool first = true;
+        for (int i = 0; i < 3; i++)
+            if (lv[i]->done && d->full.done && d->full.rate > 0) {
+                printf("%s\"%s\":%.3f", first ? "" : ",", stage_names[i],
+                       lv[i]->rate / d->full.rate);
+                first = false;
+            }
+        printf("}},\"memory\":{\"bound_bytes\":%" PRIu64 ",\"doctor_peak_rss_bytes\":%ld,"
+               "\"available_bytes\":%" PRIu64 "},\"advice\":[",
+               d->full.memory_bound, stoker_peak_rss(), d->mem_available);
+        for (size_t i = 0; i < nadv; i++) {
+            printf("%s{\"stage\":\"%s\",\"action\":\"%s\",\"why\":", i ? "," : "", adv[i].stage,
+                   adv[i].action);
+            stoker_json_str(stdout, adv[i].why);
+            if (adv[i].expected > 0)
+                printf(",\"expected_samples_per_s\":%.1f}", adv[i].expected);
+            else
+                printf(",\"expected_samples_per_s\":null}");
+        }
+        printf("]}\n");
+        return;
+    }
+    printf("stoker doctor: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", shown,
+           d->source_kind ? d->source_kind : "?", d->num_samples, d->num_classes);
+    printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n\n",
+           d->a.transform ? d->a.transform : "none", d->o->batch_size, d->threads, d->cpus,
+           d->o->depth, d->secs);
+    printf("  %-34s %12s %9s %8s\n", "level", "samples/s", "MB/s", "CPUs");
+    text_level("storage (first read)", &d->storage, true);
+    text_level("storage (second read, warm)", &d->storage2, true);
+    text_level("decode+augment, bytes in memory", &d->decode, false);
+    text_level("batching, samples in memory", &d->batching, true);
+    text_level("full pipeline", &d->full, false);
+    if (d->storage.remote && d->storage.done)
+        printf("  remote: %" PRIu64 " requests (%.1f ms each on average, %.1f ms to the first "
+               "byte), %.1f MB received, %" PRIu64
+               " at most in flight, workers waited %.2f s for the network\n",
+               d->storage.fetch.requests,
+               d->storage.fetch.completed ? (double)d->storage.fetch.request_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
+               d->storage.fetch.completed ? (double)d->storage.fetch.first_byte_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
+               (double)d->storage.fetch.bytes / 1e6,
+               d->storage.fetch.inflight_peak, (double)d->storage.fetch.wait_ns * 1e-9);
+    if (d->nsweep) {
+        printf("\n  thread sweep (decode+augment from memory)\n");
+        printf("    %7s %12s %8s %11s\n", "threads", "samples/s", "CPU %", "efficiency");
+        for (unsigned i = 0; i < d->nsweep; i++)
+            printf("    %7u %12.1f %7.0f%% %11.2f\n", d->sweep[i].threads, d->sweep[i].rate,
+                   100 * d->sweep[i].cpu, d->sweep[i].eff);
+    }
+    printf("\n");
+    if (!v.bound) {
+        printf("  verdict: no stage could be measured (see the notes above)\n");
+    } else {
+        static const char *const upper[3] = {"STORAGE", "DECODE+AUGMENT", "BATCHING"};
+        int b = !strcmp(v.bound, "storage") ? 0 : !strcmp(v.bound, "decode") ? 1 : 2;
+        if (v.overlapped)
+            printf("  verdict: %s bounds throughput (the fetch stage overlaps the workers: "
+                   "storage %.0f samples/s, workers %.0f)\n",
+                   upper[b], d->storage.rate,
+                   v.share[1] + v.share[2] > 0 && d->storage.rate > 0
+                       ? 1.0 / ((v.share[1] + v.share[2]) / v.share[0] / d->storage.rate)
+                       : 0.0);
+        else
+            printf("  verdict: %s bounds throughput: %.0f%% of each sample's time (storage %.0f%%, "
+                   "decode+augment %.0f%%, batching %.0f%%)\n",
+                   upper[b], 100 * v.share[b], 100 * v.share[0], 100 * v.share[1],
+                   100 * v.share[2]);
+        if (d->full.done)
+            printf("  the full pipeline ran at %.0f samples/s; its stages predict %.0f (%.0f%%)\n",
+                   d->full.rate, v.predicted,
+                   v.predicted > 0 ? 100 * d->full.rate / v.predicted : 0.0);
+        const level *lv[3] = {&d->storage, &d->decode, &d->batching};
+        if (d->full.done && d->full.rate > 0) {
+            printf("  headroom:");
+            for (int i = 0; i < 3; i++)
+                if (lv[i]->done)
+                    printf(" %s %.1fx", stage_names[i], lv[i]->rate / d->full.rate);
+            printf(" (each stage alone vs the full pipeline)\n");
+        }
+    }
+    char b1[32], b3[32];
+    printf("  memory: the loader's bound %s, %s available\n",
+           stoker_human_bytes((double)d->full.memory_bound, b1, sizeof b1),
+           stoker_human_bytes((double)d->mem_available, b3, sizeof b3));
+    if (d->full.done)
+        printf("  CPU: the full pipeline kept %.1f of %u usable CPUs busy\n", d->full.cpu, d->cpus);
+    printf("\n  advice:%s\n", nadv ? "" : " none: no change is expected to help");
+    for (size_t i = 0; i < nadv; i++) {
+        printf("  - %s: %s", adv[i].action, adv[i].why);
+        if (adv[i].expected > 0)
+            printf(" (expected about %.0f samples/s)", adv[i].expected);
+        printf("\n");
+    }
+}
+
+int stoker_cmd_doctor(int argc, char **argv)
+{
+    doctor d = {.argc = argc, .argv = argv};
+    int status = 0;
+    if (stk_options_create(&d.o)) {
+        fprintf(stderr, "stoker: out of memory\n");
+        return 1;
+    }
+    if ((status = stoker_parse_bench(argc, argv, d.o, &d.a)))
+        goto out;
+    d.secs = d.a.seconds > 0 ? d.a.seconds : DEFAULT_SECONDS;
+    d.live = d.a.progress_set ? d.a.progress : isatty(STDERR_FILENO);
+    d.steps = 5;
+    d.mem_available = mem_available();
+    char err[256];
+    if (stk__default_threads(&d.cpus, err, sizeof err) != STK_OK || !d.cpus)
+        d.cpus = 1;
+    d.threads = d.o->threads ? d.o->threads : d.cpus;
+    d.hold = calloc(CACHE_SAMPLES, sizeof *d.hold);
+    if (!d.hold) {
+        fprintf(stderr, "stoker: out of memory\n");
+        status = 1;
+        goto out;
+    }
+
+    /* 1-2. Storage: the stored bytes through the loader, twice. */
+    stk_options *o = options_again(&d);
+    if (!o) {
+        status = 1;
+        goto out;
+    }
+    stk_options_set_transform(o, "none");
+    stk_options_set(o, "trace", ""); /* only the full pipeline is traced */
+    o->dtype = STK_DTYPE_UINT8;
+    o->size = 0;
+    stk_options_set_on_error(o, STK_ON_ERROR_SKIP);
+    if (o->max_sample_bytes < o->max_input_bytes)
+        stk_options_set_max_sample_bytes(o, o->max_input_bytes);
+    d.step = 1;
+    run_loader(&d, o, &d.storage, "storage, first read", true);
+    d.step = 2;
+    run_loader(&d, o, &d.storage2, "storage, second read", false);
+    stk_options_destroy(o);
+    if (!d.storage.done && !d.storage2.done && d.storage.note[0] &&
+        !strncmp(d.storage.note, "cannot open", 11)) {
+        if (d.live)
+            fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "stoker: doctor: %s: %s\n", d.a.path, d.storage.note);
+        status = 1;
+        goto out;
+    }
+    /* 3. Decode + augment from memory, with the thread sweep. */
+    d.step = 3;
+    decode_level(&d);
+    /* 4. Batching of processed samples. */
+    d.step = 4;
+    batching_level(&d);
+    /* 5. The full pipeline. */
+    d.step = 5;
+    o = options_again(&d);
+    if (o) {
+        run_loader(&d, o, &d.full, "full pipeline", false);
+        stk_options_destroy(o);
+    }
+    if (d.live)
+        fprintf(stderr, "\r\033[K");
+    report(&d);
+out:
+    for (size_t k = 0; k < d.nhold; k++)
+        free(d.hold[k].bytes);
+    free(d.hold);
+    free(d.outs);
+    stk_options_destroy(d.o);
+    return status;
+}
