@@ -26,6 +26,7 @@
  * to the decoder (which reports what it can).
  */
 #include "source/stkformat.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -562,11 +563,11 @@ static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
     int rc = STK_EFORMAT;
     uint8_t *buf = NULL;
     char why[128];
-    int fd = open(cpath, O_RDONLY | O_CLOEXEC);
+    int fd = stk__open(cpath, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return STK_ENOENT;
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < TIDX_HEAD + 8 || st.st_size > (1LL << 40))
+    if (stk__fstat(fd, &st) != 0 || st.st_size < TIDX_HEAD + 8 || st.st_size > (1LL << 40))
         goto out;
     size_t n = (size_t)st.st_size;
     if (!(buf = stk__malloc(n))) {
@@ -621,7 +622,7 @@ out:
         t->keys = NULL;
     }
     stk__free(buf);
-    close(fd);
+    stk__close(fd);
     return rc;
 }
 
@@ -664,10 +665,10 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
     stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
              (unsigned long long)stk__now_ns());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
         rc = stk__write_full(fd, buf, n);
-        if (close(fd) != 0)
+        if (stk__close(fd) != 0)
             rc = STK_EIO;
         if (rc == STK_OK && rename(tmp, cpath) != 0)
             rc = STK_EIO;
@@ -762,13 +763,13 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
         return rc;
     }
     int fd = t->fd;
-    if (fd < 0 && (fd = open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
+    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
         return STK_EIO;
     }
     rc = stk__pread_full(fd, buf, e->len, e->off, err, errlen);
     if (fd != t->fd)
-        close(fd);
+        stk__close(fd);
     if (rc)
         return rc;
     *data = buf;
@@ -810,7 +811,7 @@ static void tar_close(stk__source *s)
         return;
     for (size_t k = 0; k < d->n; k++) {
         if (d->shards[k].fd >= 0)
-            close(d->shards[k].fd);
+            stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
         stk__free(d->shards[k].e);
         stk__free(d->shards[k].keys);
@@ -847,13 +848,15 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             rc = STK_ENOMEM;
             goto out;
         }
-        int fd = open(t->path, O_RDONLY | O_CLOEXEC);
+        int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            stk__fmt(err, errlen, "%s: %s", t->path, fd < 0 ? strerror(errno) : "not a file");
-            rc = fd < 0 && errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
+        if (sr != 0 || !S_ISREG(st.st_mode)) {
+            int e = errno;
+            stk__fmt(err, errlen, "%s: %s", t->path, sr ? strerror(e) : "not a file");
+            rc = fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
             if (fd >= 0)
-                close(fd);
+                stk__close(fd);
             goto out;
         }
         t->bytes = (uint64_t)st.st_size;
@@ -861,7 +864,7 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
         if (keep && rc == STK_OK)
             t->fd = fd;
         else
-            close(fd);
+            stk__close(fd);
         if (rc)
             goto out;
         t->first = total;
