@@ -206,7 +206,7 @@ int stk__closedir(DIR *d)
     return closedir(d);
 }
 
-ssize_t stk__pread_all(int fd, void *buf, size_t n, off_t off)
+ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off)
 {
     size_t got = 0;
     while (got < n) {

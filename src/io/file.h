@@ -12,7 +12,7 @@
  *
  * Same contracts as the system calls, except that none returns EINTR. Reads
  * may still be short (as the system calls may be): callers loop, or use
- * stk__pread_all.
+ * stk__pread_upto.
  */
 #ifndef STK_IO_FILE_H
 #define STK_IO_FILE_H
@@ -39,7 +39,7 @@ int stk__closedir(DIR *d);
 
 /* Reads up to n bytes at off, looping over short reads: fewer than n only at
  * end of file. -1 with errno on an error. */
-ssize_t stk__pread_all(int fd, void *buf, size_t n, off_t off);
+ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off);
 
 /* ---- Fault injection (test hooks; exported, not part of the API) --------
  * stk__iofault_arm(kind, n, sticky): the n-th next call (0 = the very next)

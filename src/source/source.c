@@ -135,7 +135,7 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
     ssize_t got = 0;
     int fail = stk__fstat(fd, &st) != 0 ? errno : 0;
     /* A short read is not the end of the file: read the whole head. */
-    if (!fail && S_ISREG(st.st_mode) && (got = stk__pread_all(fd, b, sizeof b, 0)) < 0)
+    if (!fail && S_ISREG(st.st_mode) && (got = stk__pread_upto(fd, b, sizeof b, 0)) < 0)
         fail = errno;
     stk__close(fd);
     if (fail) {
