@@ -3,7 +3,8 @@
  * and live library allocations stay flat.
  *
  * One cycle opens a loader on each local source kind (folder, records, .stk,
- * tar, CIFAR), runs two epochs (the second after a seek back to epoch 0 via
+ * tar, CIFAR, and a folder of JPEGs and PNGs decoded and augmented), runs two
+ * epochs (the second after a seek back to epoch 0 via
  * set_epoch), reads stats and errors, and closes; a loader that stays open for
  * the whole soak runs one more epoch per cycle. After a warm-up (a fifth of
  * the cycles, at least 3), every checkpoint must show the warm-up's fds,
@@ -21,6 +22,8 @@
 
 #include "source/stkformat.h"
 
+#include <jpeglib.h>
+#include <spng.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -52,6 +55,74 @@ static const char *make_folder(void)
         size_t n = 500 + (size_t)k * 57;
         fill(buf, n, (unsigned)k);
         tu_write_file(p, buf, n);
+    }
+    return root;
+}
+
+/* 24 JPEGs (baseline and progressive) and 8 PNGs of 40..100 x 30..75. */
+static void write_jpeg(const char *path, uint32_t w, uint32_t h, int progressive, unsigned seed)
+{
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *mem = NULL;
+    unsigned long len = 0;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &mem, &len);
+    c.image_width = w;
+    c.image_height = h;
+    c.input_components = 3;
+    c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 90, TRUE);
+    if (progressive)
+        jpeg_simple_progression(&c);
+    jpeg_start_compress(&c, TRUE);
+    uint8_t row[300];
+    while (c.next_scanline < h) {
+        fill(row, (size_t)w * 3, seed + c.next_scanline);
+        JSAMPROW r = row;
+        jpeg_write_scanlines(&c, &r, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    tu_write_file(path, mem, len);
+    free(mem);
+}
+
+static void write_png(const char *path, uint32_t w, uint32_t h, unsigned seed)
+{
+    spng_ctx *ctx = spng_ctx_new(SPNG_CTX_ENCODER);
+    struct spng_ihdr ih = {w, h, 8, SPNG_COLOR_TYPE_TRUECOLOR, 0, 0, 0};
+    spng_set_option(ctx, SPNG_ENCODE_TO_BUFFER, 1);
+    spng_set_ihdr(ctx, &ih);
+    size_t n = (size_t)w * h * 3;
+    uint8_t *px = malloc(n);
+    fill(px, n, seed);
+    REQUIRE(spng_encode_image(ctx, px, n, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE) == 0);
+    size_t len = 0;
+    int err = 0;
+    void *out = spng_get_png_buffer(ctx, &len, &err);
+    REQUIRE(out && !err);
+    tu_write_file(path, out, len);
+    free(out);
+    free(px);
+    spng_ctx_free(ctx);
+}
+
+static const char *make_images(void)
+{
+    const char *root = tu_path("images");
+    char p[1024];
+    for (int k = 0; k < 32; k++) {
+        snprintf(p, sizeof p, "%s/c%d", root, k % 3);
+        tu_mkdirs(p);
+        uint32_t w = 40 + (uint32_t)(k * 7) % 61, h = 30 + (uint32_t)(k * 11) % 46;
+        snprintf(p + strlen(p), sizeof p - strlen(p), "/f%03d.%s", k, k < 24 ? "jpg" : "png");
+        if (k < 24)
+            write_jpeg(p, w, h, k % 2, (unsigned)k);
+        else
+            write_png(p, w, h, (unsigned)k);
     }
     return root;
 }
@@ -175,7 +246,8 @@ static figures measure(void)
 
 static void test_soak(void)
 {
-    tu_cfg cfgs[5];
+    enum { NCFG = 6 };
+    tu_cfg cfgs[NCFG];
     memset(cfgs, 0, sizeof cfgs);
     cfgs[0].path = make_folder();
     cfgs[1].path = make_records();
@@ -184,8 +256,8 @@ static void test_soak(void)
     cfgs[2].path = make_stk();
     cfgs[3].path = make_tar();
     cfgs[4].path = make_cifar();
-    const uint64_t samples[5] = {60, 400, 200, 100, 50};
-    for (int k = 0; k < 5; k++) {
+    const uint64_t samples[NCFG] = {60, 400, 200, 100, 50, 32};
+    for (int k = 0; k < NCFG; k++) {
         cfgs[k].bs = 7;
         cfgs[k].threads = 3;
         cfgs[k].depth = 2;
@@ -193,6 +265,9 @@ static void test_soak(void)
         cfgs[k].shuffle = 1;
         cfgs[k].max_sample = 8192;
     }
+    /* Decoded and augmented images: the codecs' and the pipeline's memory. */
+    cfgs[5].path = make_images();
+    cfgs[5].transform = "RandomResizedCrop(24)|RandomHorizontalFlip()|Normalize(0.5, 0.25)";
     /* The loader that stays open: its threads count in every checkpoint. */
     stk_loader *stay;
     REQUIRE(tu_open_cfg(&stay, &cfgs[1]) == STK_OK);
@@ -209,7 +284,7 @@ static void test_soak(void)
         uint64_t now = (uint64_t)time(NULL);
         if (seconds ? now - t0 >= (uint64_t)seconds : c >= cycles)
             break;
-        for (int k = 0; k < 5; k++) {
+        for (int k = 0; k < NCFG; k++) {
             stk_loader *l;
             REQUIRE(tu_open_cfg(&l, &cfgs[k]) == STK_OK);
             CHECK_EQ(epoch(l), samples[k]);
@@ -253,7 +328,7 @@ static void test_soak(void)
     REQUIRE(have_base);
     printf("    %ld cycles (%ld loaders opened and closed), %llu samples: RSS %.1f MiB after "
            "warm-up, peak %.1f MiB (+%.1f)%s; fds %d, threads %d flat\n",
-           c, c * 5, (unsigned long long)total, (double)base.rss / 1048576.0,
+           c, c * NCFG, (unsigned long long)total, (double)base.rss / 1048576.0,
            (double)peak.rss / 1048576.0, (double)(peak.rss - base.rss) / 1048576.0,
            JUDGE_RSS ? "" : " (not judged under a sanitizer)", base.fds, base.threads);
 }
