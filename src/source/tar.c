@@ -192,8 +192,10 @@ static bool is_label_ext(const char *ext)
 }
 
 /* Adds one regular-file member (name, data offset, size) to the index. */
+/* STK_EIO (reason in why) when a label member cannot be read: an I/O error
+ * must fail the index, never be recorded (and cached) as a bad label. */
 static int add_member(builder *b, const src_rd *r, const char *name, uint64_t off, uint64_t size,
-                      bool truncated)
+                      bool truncated, char *why, size_t wl)
 {
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
@@ -237,10 +239,10 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
             return STK_OK; /* .cls wins over .json; first of each kind */
         uint8_t small[TAR_LABEL_MAX];
         size_t n = size > TAR_LABEL_MAX ? TAR_LABEL_MAX : (size_t)size;
-        char why[128];
         int64_t v = -1;
-        bool ok = rd_get(r, off, small, n, why, sizeof why) == STK_OK &&
-                  (cls ? parse_int_text(small, n, &v) : json_label(small, n, &v)) && v >= 0 &&
+        if ((rc = rd_get(r, off, small, n, why, wl)))
+            return rc;
+        bool ok = (cls ? parse_int_text(small, n, &v) : json_label(small, n, &v)) && v >= 0 &&
                   v <= INT32_MAX;
         cur->state |= 0x100;
         cur->state &= ~(uint64_t)0x200;
@@ -401,8 +403,8 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
                     stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin",
                              (unsigned long long)off);
                 }
-                if ((rc = add_member(b, r, name, off, 0, true)))
-                    goto out;
+                if ((rc = add_member(b, r, name, off, 0, true, why, sizeof why)))
+                    goto member_failed;
             }
             break;
         }
@@ -471,15 +473,15 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
         }
         have_next = have_size = false;
         if (type == '0' || type == '\0' || type == '7') {
-            if ((rc = add_member(b, r, name, data, size, truncated)))
-                goto out;
+            if ((rc = add_member(b, r, name, data, size, truncated, why, sizeof why)))
+                goto member_failed;
         } else if (truncated) {
             /* Another kind of member running past the end: the tar was cut
              * (or lies); report it as a failed sample rather than dropping
              * whatever followed without a word. */
             stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin", (unsigned long long)off);
-            if ((rc = add_member(b, r, name, off, 0, true)))
-                goto out;
+            if ((rc = add_member(b, r, name, off, 0, true, why, sizeof why)))
+                goto member_failed;
         }
         if (truncated)
             break;
@@ -491,6 +493,9 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
     }
     finish_states(b);
     goto out;
+member_failed:
+    if (rc != STK_EIO)
+        goto out;
 io:
     stk__fmt(err, errlen, "%s: %s", tag, why);
 out:
