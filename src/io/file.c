@@ -9,8 +9,10 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-/* Relaxed, as in alloc.c: the countdown only needs each decrement to be
- * atomic; which thread's call is the n-th does not matter. */
+/* The countdown only needs each decrement to be atomic (which thread's call
+ * is the n-th does not matter); the kind is published last, with release, so
+ * a call that sees it armed sees the countdown it was armed with (arming
+ * while a loader's threads run, as the mid-run sweep does). */
 static atomic_int g_kind;
 static atomic_int g_sticky;
 static atomic_long g_left = -1;
@@ -30,7 +32,7 @@ void stk__iofault_arm(int kind, long n, int sticky)
     atomic_store_explicit(&g_left, n, memory_order_relaxed);
     atomic_store_explicit(&g_sticky, sticky, memory_order_relaxed);
     if (n >= 0 && kind > STK__IOF_NONE && kind <= STK__IOF_ENOENT)
-        atomic_store_explicit(&g_kind, kind, memory_order_relaxed);
+        atomic_store_explicit(&g_kind, kind, memory_order_release);
 }
 
 long stk__iofault_calls(void)
@@ -47,7 +49,7 @@ long stk__iofault_fired(void)
  * that apply to the call. */
 static int fault(unsigned mask)
 {
-    int k = atomic_load_explicit(&g_kind, memory_order_relaxed);
+    int k = atomic_load_explicit(&g_kind, memory_order_acquire);
     if (k == STK__IOF_NONE || !(mask & M((unsigned)k)))
         return STK__IOF_NONE;
     atomic_fetch_add_explicit(&g_calls, 1, memory_order_relaxed);
@@ -85,7 +87,8 @@ static size_t shorten(int f, size_t n)
 int stk__open(const char *path, int flags, ...)
 {
     mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
+    /* O_TMPFILE includes O_DIRECTORY's bit: test it whole. */
+    if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
         va_list ap;
         va_start(ap, flags);
         mode = (mode_t)va_arg(ap, unsigned);
