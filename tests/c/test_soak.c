@@ -302,6 +302,7 @@ static void test_soak(void)
         if (!have_base && (warm >= 0 ? c + 1 == warm : now - t0 >= 60)) {
             base = peak = measure();
             have_base = 1;
+            last = now;
             printf("    warm after %ld cycles: RSS %.1f MiB, %d fds, %d threads, %ld live "
                    "allocations\n",
                    c + 1, (double)base.rss / 1048576.0, base.fds, base.threads, base.live);

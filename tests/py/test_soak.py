@@ -99,6 +99,7 @@ def soak(ds, cycles=40, seconds=None, url=None, log=print):
             if base is None:
                 if (c == warm_after) if warm_after else now - t0 >= 60:
                     base = peak = figures()
+                    last = now
                     log(f"    warm after {c} cycles: RSS {base['rss'] / 2**20:.1f} MiB, "
                         f"{base['fds']} fds, {base['threads']} threads")
                 continue
