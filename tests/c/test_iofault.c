@@ -59,6 +59,7 @@ typedef struct run {
     uint64_t failed; /* stats: samples skipped or failed */
     size_t nerrors;
     int errors_ok; /* every error names a path and a reason */
+    char reasons[4][256]; /* the first few reasons */
     uint64_t esample; /* STK_ESAMPLE answers (raise policy) */
 } run;
 
@@ -174,6 +175,8 @@ static void session(const scenario *sc, run *r, const mode *m, long n)
         CHECK_EQ(stk_loader_error_get(l, k, &e), STK_OK);
         if (!e.path || !e.path[0] || !e.reason || !e.reason[0])
             r->errors_ok = 0;
+        else if (k < 4)
+            stk__fmt(r->reasons[k], sizeof r->reasons[k], "%s", e.reason);
     }
     stk_loader_close(l);
 }
@@ -244,6 +247,11 @@ static int judge(const run *base, const run *r, int kind)
             why = "samples missing without an error";
         else if (r->nerrors != r->failed || !r->errors_ok)
             why = "a failed sample without a reported error (path and reason)";
+        for (size_t k = 0; k < r->nerrors && k < 4 && !why; k++)
+            if (!strstr(r->reasons[k], strerror(kind == STK__IOF_EIO ? EIO : ENOENT))) {
+                fprintf(stderr, "    reason: %s\n", r->reasons[k]);
+                why = "a sample error's reason does not give the OS reason";
+            }
     } else if (!r->end_msg[0]) {
         why = "the epoch ended with an error but no message";
     }
