@@ -1,5 +1,6 @@
 /* cache.c -- the local disk cache of whole remote shards (see cache.h). */
 #include "cache/cache.h"
+#include "io/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -79,23 +80,23 @@ static void unlock_dir(stk__cache *c)
 /* Removes KEY.part files whose writer is gone (their flock is free). */
 static void remove_stale_parts(stk__cache *c)
 {
-    DIR *d = opendir(c->dir);
+    DIR *d = stk__opendir(c->dir);
     if (!d)
         return;
     struct dirent *e;
     char path[4096];
-    while ((e = readdir(d))) {
+    while ((e = stk__readdir(d))) {
         if (!ends_with(e->d_name, PART_SUFFIX))
             continue;
         stk__fmt(path, sizeof path, "%s/%s", c->dir, e->d_name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
             continue;
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
             unlink(path);
-        close(fd);
+        stk__close(fd);
     }
-    closedir(d);
+    stk__closedir(d);
 }
 
 int stk__cache_open(stk__cache **out, const char *dir, uint64_t limit, char *err, size_t errlen)
@@ -122,7 +123,7 @@ int stk__cache_open(stk__cache **out, const char *dir, uint64_t limit, char *err
     }
     pthread_mutex_init(&c->mu, NULL);
     stk__fmt(path, sizeof path, "%s/%s", dir, LOCK_NAME);
-    c->lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    c->lockfd = stk__open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (c->lockfd < 0) {
         stk__fmt(err, errlen, "cache directory %s: cannot create its lock file: %s", dir,
                  strerror(errno));
@@ -138,16 +139,16 @@ int stk__cache_open(stk__cache **out, const char *dir, uint64_t limit, char *err
     if (!limit) {
         struct statvfs v;
         uint64_t held = 0;
-        DIR *d = opendir(dir);
+        DIR *d = stk__opendir(dir);
         struct dirent *e;
-        while (d && (e = readdir(d))) {
+        while (d && (e = stk__readdir(d))) {
             struct stat st;
             stk__fmt(path, sizeof path, "%s/%s", dir, e->d_name);
-            if (e->d_name[0] != '.' && stat(path, &st) == 0 && S_ISREG(st.st_mode))
+            if (e->d_name[0] != '.' && stk__stat(path, &st) == 0 && S_ISREG(st.st_mode))
                 held += (uint64_t)st.st_size;
         }
         if (d)
-            closedir(d);
+            stk__closedir(d);
         limit = held;
         if (statvfs(dir, &v) == 0)
             limit += (uint64_t)v.f_bavail * v.f_frsize / 10 * 9;
@@ -161,7 +162,7 @@ void stk__cache_close(stk__cache *c)
 {
     if (!c)
         return;
-    close(c->lockfd);
+    stk__close(c->lockfd);
     pthread_mutex_destroy(&c->mu);
     stk__free(c->dir);
     stk__free(c);
@@ -171,15 +172,15 @@ int stk__cache_pin(stk__cache *c, const char *key, int *fd)
 {
     char path[4096];
     stk__cache_path(c, key, path, sizeof path);
-    int f = open(path, O_RDONLY | O_CLOEXEC);
+    int f = stk__open(path, O_RDONLY | O_CLOEXEC);
     if (f < 0)
         return STK_ENOENT;
     while (flock(f, LOCK_SH) != 0 && errno == EINTR) {
     }
     /* Evicted between open and lock? Then the name no longer points here. */
     struct stat a, b;
-    if (fstat(f, &a) != 0 || stat(path, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
-        close(f);
+    if (stk__fstat(f, &a) != 0 || stk__stat(path, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) {
+        stk__close(f);
         return STK_ENOENT;
     }
     futimens(f, NULL); /* recency for LRU; best effort */
@@ -193,7 +194,7 @@ int stk__cache_pin(stk__cache *c, const char *key, int *fd)
 void stk__cache_unpin(int fd)
 {
     if (fd >= 0)
-        close(fd); /* releases the shared lock */
+        stk__close(fd); /* releases the shared lock */
 }
 
 typedef struct victim {
@@ -233,12 +234,12 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
         goto out;
     }
     /* Someone downloading it? */
-    int pf = open(part, O_RDONLY | O_CLOEXEC);
+    int pf = stk__open(part, O_RDONLY | O_CLOEXEC);
     if (pf >= 0) {
         bool live = flock(pf, LOCK_EX | LOCK_NB) != 0;
         if (!live)
             unlink(part);
-        close(pf);
+        stk__close(pf);
         if (live) {
             rc = STK_EBUSY;
             goto out;
@@ -246,20 +247,20 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
     }
     /* Usage now, and the candidates. */
     uint64_t used = 0;
-    DIR *d = opendir(c->dir);
+    DIR *d = stk__opendir(c->dir);
     if (!d) {
         stk__fmt(err, errlen, "cannot list the cache directory %s: %s", c->dir, strerror(errno));
         rc = STK_EIO;
         goto out;
     }
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while ((e = stk__readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
         char p[4096];
         struct stat st;
         stk__fmt(p, sizeof p, "%s/%s", c->dir, e->d_name);
-        if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
+        if (stk__stat(p, &st) != 0 || !S_ISREG(st.st_mode))
             continue;
         used += (uint64_t)st.st_size;
         if (ends_with(e->d_name, PART_SUFFIX) || strlen(e->d_name) >= sizeof v->name)
@@ -268,7 +269,7 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
             size_t nc = cap ? cap * 2 : 64;
             victim *q = stk__realloc(v, nc * sizeof *q);
             if (!q) {
-                closedir(d);
+                stk__closedir(d);
                 rc = STK_ENOMEM;
                 goto out;
             }
@@ -281,21 +282,21 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
         v[nv].next = next_use ? next_use(ctx, e->d_name) : UINT64_MAX;
         nv++;
     }
-    closedir(d);
+    stk__closedir(d);
     if (used + size > c->limit) {
         if (nv)
             qsort(v, nv, sizeof *v, cmp_victim);
         for (size_t k = 0; k < nv && used + size > c->limit; k++) {
             char p[4096];
             stk__fmt(p, sizeof p, "%s/%s", c->dir, v[k].name);
-            int vf = open(p, O_RDONLY | O_CLOEXEC);
+            int vf = stk__open(p, O_RDONLY | O_CLOEXEC);
             if (vf < 0)
                 continue;
             if (flock(vf, LOCK_EX | LOCK_NB) == 0 && unlink(p) == 0) {
                 used -= v[k].size;
                 c->evictions++;
             }
-            close(vf);
+            stk__close(vf);
         }
     }
     if (used + size > c->limit) {
@@ -306,12 +307,12 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
         rc = STK_ETOOBIG;
         goto out;
     }
-    fd = open(part, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd = stk__open(part, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 || flock(fd, LOCK_EX) != 0 || ftruncate(fd, (off_t)size) != 0) {
         stk__fmt(err, errlen, "cannot create %s: %s", part, strerror(errno));
         if (fd >= 0) {
             unlink(part);
-            close(fd);
+            stk__close(fd);
         }
         fd = -1;
         rc = STK_EIO;
@@ -349,7 +350,7 @@ void stk__cache_abort(stk__cache *c, const char *key, int fd)
     stk__fmt(part + n, sizeof part - n, "%s", PART_SUFFIX);
     unlink(part);
     if (fd >= 0)
-        close(fd);
+        stk__close(fd);
 }
 
 void stk__cache_stats_get(stk__cache *c, stk__cache_stats *st)

@@ -14,6 +14,7 @@
 #include "fetch/fetch.h"
 #include "io/remote.h"
 #include "cache/cache.h"
+#include "io/file.h"
 
 #include <unistd.h>
 
@@ -399,7 +400,7 @@ static int stk__pread_all(int fd, uint8_t *buf, size_t n, uint64_t off, char *er
 {
     size_t got = 0;
     while (got < n) {
-        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        ssize_t r = stk__pread(fd, buf + got, n - got, (off_t)(off + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {

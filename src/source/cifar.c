@@ -14,6 +14,7 @@
  * A label outside the dataset's class range is reported at read time.
  */
 #include "source/stkformat.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -112,7 +113,7 @@ static void cifar_close(stk__source *s)
         return;
     for (size_t k = 0; k < c->n; k++) {
         if (c->files[k].fd >= 0)
-            close(c->files[k].fd);
+            stk__close(c->files[k].fd);
         stk__free(c->files[k].path);
     }
     stk__free(c->files);
@@ -145,11 +146,12 @@ int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, c
             rc = STK_ENOMEM;
             goto out;
         }
-        f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+        f->fd = stk__open(f->path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        if (f->fd < 0 || fstat(f->fd, &st) != 0) {
-            stk__fmt(err, errlen, "%s: %s", f->path, strerror(errno));
-            rc = errno == ENOENT ? STK_ENOENT : STK_EIO;
+        if (f->fd < 0 || stk__fstat(f->fd, &st) != 0) {
+            int e = errno;
+            stk__fmt(err, errlen, "%s: %s", f->path, strerror(e));
+            rc = e == ENOENT ? STK_ENOENT : STK_EIO;
             goto out;
         }
         f->bytes = (uint64_t)st.st_size;

@@ -12,6 +12,7 @@
  * os.walk skips it silently.
  */
 #include "source/source.h"
+#include "io/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -103,15 +104,25 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Is the entry a directory, following symlinks (as DirEntry.is_dir())? */
-static bool entry_is_dir(const char *path, const struct dirent *d)
+/* Is the entry a directory, following symlinks (as DirEntry.is_dir())? A
+ * dangling symlink is not; any other stat failure is an error (STK_EIO with
+ * the reason), never a silently dropped entry. */
+static int entry_is_dir(const char *path, const struct dirent *d, bool *is_dir, char *err,
+                        size_t errlen)
 {
-    if (d->d_type == DT_DIR)
-        return true;
+    *is_dir = d->d_type == DT_DIR;
     if (d->d_type != DT_LNK && d->d_type != DT_UNKNOWN)
-        return false;
+        return STK_OK;
     struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stk__stat(path, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ELOOP)
+            return STK_OK;
+        stk__fmt(err, errlen, "%s: %s", path, strerror(e));
+        return STK_EIO;
+    }
+    *is_dir = S_ISDIR(st.st_mode);
+    return STK_OK;
 }
 
 /* Walks dir (os.walk order does not matter: entries are sorted afterwards),
@@ -126,8 +137,9 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
     char path[4096];
 
     struct stat st;
-    if (stat(dir, &st) != 0) {
-        stk__fmt(sc->err, sc->errlen, "%s: %s", dir, strerror(errno));
+    if (stk__stat(dir, &st) != 0) {
+        int e = errno;
+        stk__fmt(sc->err, sc->errlen, "%s: %s", dir, strerror(e));
         return STK_EIO;
     }
     for (int k = 0; k < depth; k++) {
@@ -143,9 +155,10 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
     stack[depth].dev = st.st_dev;
     stack[depth].ino = st.st_ino;
 
-    d = opendir(dir);
+    d = stk__opendir(dir);
     if (!d) {
-        stk__fmt(sc->err, sc->errlen, "cannot list %s: %s", dir, strerror(errno));
+        int e = errno;
+        stk__fmt(sc->err, sc->errlen, "cannot list %s: %s", dir, strerror(e));
         return STK_EIO;
     }
     uint64_t root = sc->text.len;
@@ -154,10 +167,11 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
     struct dirent *e;
     for (;;) {
         errno = 0;
-        e = readdir(d);
+        e = stk__readdir(d);
         if (!e) {
             if (errno) {
-                stk__fmt(sc->err, sc->errlen, "cannot list %s: %s", dir, strerror(errno));
+                int ee = errno;
+                stk__fmt(sc->err, sc->errlen, "cannot list %s: %s", dir, strerror(ee));
                 rc = STK_EIO;
                 goto out;
             }
@@ -167,7 +181,10 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
             continue;
         if ((rc = join_path(path, sizeof path, dir, e->d_name, sc->err, sc->errlen)))
             goto out;
-        if (entry_is_dir(path, e)) {
+        bool is_dir;
+        if ((rc = entry_is_dir(path, e, &is_dir, sc->err, sc->errlen)))
+            goto out;
+        if (is_dir) {
             if (nsub == capsub) {
                 capsub = capsub ? capsub * 2 : 16;
                 char **p = stk__realloc(subdirs, capsub * sizeof *p);
@@ -189,13 +206,13 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
                 goto out;
         }
     }
-    closedir(d);
+    stk__closedir(d);
     d = NULL;
     for (size_t k = 0; k < nsub && !rc; k++)
         rc = walk(sc, subdirs[k], label, stack, depth + 1);
 out:
     if (d)
-        closedir(d);
+        stk__closedir(d);
     for (size_t k = 0; k < nsub; k++)
         stk__free(subdirs[k]);
     stk__free(subdirs);
@@ -254,18 +271,30 @@ static int find_classes(const char *root, char ***names, size_t *count, char *er
     char path[4096];
     char **v = NULL;
     size_t n = 0, cap = 0;
-    DIR *d = opendir(root);
+    DIR *d = stk__opendir(root);
     if (!d) {
-        stk__fmt(err, errlen, "cannot list %s: %s", root, strerror(errno));
-        return errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int ee = errno;
+        stk__fmt(err, errlen, "cannot list %s: %s", root, strerror(ee));
+        return ee == ENOENT ? STK_ENOENT : STK_EIO;
     }
     struct dirent *e;
-    while ((e = readdir(d))) {
+    for (;;) {
+        if (!(e = stk__readdir(d))) {
+            if (errno) {
+                int ee = errno;
+                stk__fmt(err, errlen, "cannot list %s: %s", root, strerror(ee));
+                rc = STK_EIO;
+            }
+            break;
+        }
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
             continue;
         if ((rc = join_path(path, sizeof path, root, e->d_name, err, errlen)))
             goto out;
-        if (!entry_is_dir(path, e))
+        bool is_dir;
+        if ((rc = entry_is_dir(path, e, &is_dir, err, errlen)))
+            goto out;
+        if (!is_dir)
             continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
@@ -282,10 +311,10 @@ static int find_classes(const char *root, char ***names, size_t *count, char *er
         }
         n++;
     }
-    if (n)
+    if (n && !rc)
         qsort(v, n, sizeof *v, cmp_str);
 out:
-    closedir(d);
+    stk__closedir(d);
     if (rc) {
         for (size_t k = 0; k < n; k++)
             stk__free(v[k]);

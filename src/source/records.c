@@ -6,6 +6,7 @@
  * gives a short read and a clear error rather than SIGBUS, as mmap would).
  */
 #include "source/source.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -40,11 +41,11 @@ static int records_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **d
     while (got < r->record_bytes) {
         ssize_t k;
         if (got == 0)
-            k = preadv(r->fd, iov, 2, off);
+            k = stk__preadv(r->fd, iov, 2, off);
         else if (got < r->label_bytes)
-            k = pread(r->fd, lab + got, r->label_bytes - got, off + (off_t)got);
+            k = stk__pread(r->fd, lab + got, r->label_bytes - got, off + (off_t)got);
         else
-            k = pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got, off + (off_t)got);
+            k = stk__pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got, off + (off_t)got);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
@@ -85,7 +86,7 @@ static void records_close(stk__source *s)
     if (!r)
         return;
     if (r->fd >= 0)
-        close(r->fd);
+        stk__close(r->fd);
     stk__free(r->path);
     stk__free(r);
     s->impl = NULL;
@@ -115,15 +116,17 @@ int stk__source_records_open(stk__source *s, const char *path, const stk__source
     r->record_bytes = prm->record_bytes;
     r->header_bytes = prm->header_bytes;
     r->label_bytes = lb;
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    r->fd = stk__open(path, O_RDONLY | O_CLOEXEC);
     if (r->fd < 0) {
-        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
-        rc = errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int e = errno;
+        stk__fmt(err, errlen, "%s: %s", path, strerror(e));
+        rc = e == ENOENT ? STK_ENOENT : STK_EIO;
         goto out;
     }
     struct stat st;
-    if (fstat(r->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        stk__fmt(err, errlen, "%s: not a regular file", path);
+    int sr = stk__fstat(r->fd, &st);
+    if (sr != 0 || !S_ISREG(st.st_mode)) {
+        stk__fmt(err, errlen, "%s: %s", path, sr ? strerror(errno) : "not a regular file");
         rc = STK_EIO;
         goto out;
     }

@@ -3,6 +3,7 @@
 #include "io/remote.h"
 #include "cache/cache.h"
 #include "source/stkformat.h"
+#include "io/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -124,18 +125,23 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
     uint8_t b[512];
     *kind = K_NONE;
     /* O_NONBLOCK: opening a FIFO must not block the open of a dataset. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
-        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
-        return errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int e = errno;
+        stk__fmt(err, errlen, "%s: %s", path, strerror(e));
+        return e == ENOENT ? STK_ENOENT : STK_EIO;
     }
     struct stat st;
     ssize_t got = 0;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        while ((got = pread(fd, b, sizeof b, 0)) < 0 && errno == EINTR) {
-        }
+    int fail = stk__fstat(fd, &st) != 0 ? errno : 0;
+    /* A short read is not the end of the file: read the whole head. */
+    if (!fail && S_ISREG(st.st_mode) && (got = stk__pread_upto(fd, b, sizeof b, 0)) < 0)
+        fail = errno;
+    stk__close(fd);
+    if (fail) {
+        stk__fmt(err, errlen, "%s: %s", path, strerror(fail));
+        return STK_EIO;
     }
-    close(fd);
     bool train;
     if (got >= 8 && !memcmp(b, "\x89STK\r\n\x1a\n", 8))
         *kind = K_STK;
@@ -237,21 +243,39 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
     int rc = STK_OK;
     pathlist lists[K_COUNT] = {{0}};
     pathlist cifar_all = {0};
-    DIR *d = opendir(dir);
+    DIR *d = stk__opendir(dir);
     if (!d) {
-        stk__fmt(err, errlen, "cannot list %s: %s", dir, strerror(errno));
+        int ee = errno;
+        stk__fmt(err, errlen, "cannot list %s: %s", dir, strerror(ee));
         return STK_EIO;
     }
     struct dirent *e;
     char path[4096];
-    while ((e = readdir(d))) {
+    for (;;) {
+        if (!(e = stk__readdir(d))) {
+            if (errno) {
+                int ee = errno;
+                stk__fmt(err, errlen, "cannot list %s: %s", dir, strerror(ee));
+                rc = STK_EIO;
+                goto out;
+            }
+            break;
+        }
         const char *name = e->d_name;
         if (!strcmp(name, ".") || !strcmp(name, ".."))
             continue;
         stk__fmt(path, sizeof path, "%s/%s", dir, name);
         struct stat st;
-        if (stat(path, &st) != 0)
-            continue;
+        if (stk__stat(path, &st) != 0) {
+            /* Gone since listed, or a dangling symlink: not part of the
+             * dataset. Any other failure must not drop a file silently. */
+            int ee = errno;
+            if (ee == ENOENT || ee == ELOOP)
+                continue;
+            stk__fmt(err, errlen, "%s: %s", path, strerror(ee));
+            rc = STK_EIO;
+            goto out;
+        }
         bool train;
         int kind = K_NONE;
         if (S_ISDIR(st.st_mode))
@@ -297,7 +321,7 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
         goto out;
     }
     if (found == K_FOLDER || found == K_NONE) {
-        closedir(d);
+        stk__closedir(d);
         d = NULL;
         rc = stk__source_folder_open(s, dir, err, errlen);
         goto out;
@@ -306,7 +330,7 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
     rc = open_kind(s, found, &lists[found], dir, err, errlen);
 out:
     if (d)
-        closedir(d);
+        stk__closedir(d);
     for (int k = 0; k < K_COUNT; k++)
         pl_free(&lists[k]);
     pl_free(&cifar_all);
@@ -476,7 +500,7 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
     if (stk__is_url(path))
         return open_url(s, path, prm, err, errlen);
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (stk__stat(path, &st) != 0) {
         int e = errno;
         if (strchr(path, '{') && !prm->record_bytes)
             return open_pattern(s, path, err, errlen);
@@ -547,13 +571,13 @@ int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *le
     /* O_NONBLOCK: opening a FIFO (or a device) named like an image must not
      * block the worker forever; it has no effect on regular files, and the
      * fstat check below refuses anything else. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         stk__fmt(err, errlen, "cannot open: %s", strerror(errno));
         return STK_EIO;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (stk__fstat(fd, &st) != 0) {
         stk__fmt(err, errlen, "cannot stat: %s", strerror(errno));
         rc = STK_EIO;
         goto out;
@@ -580,7 +604,7 @@ int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *le
     size_t cap = sink->grow ? sink->grow->cap : sink->cap;
     size_t got = 0;
     while (got < cap) {
-        ssize_t r = read(fd, buf + got, cap - got);
+        ssize_t r = stk__read(fd, buf + got, cap - got);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -600,6 +624,6 @@ int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *le
     *data = buf;
     *len = got;
 out:
-    close(fd);
+    stk__close(fd);
     return rc;
 }

@@ -12,6 +12,7 @@
  */
 #include "source/stkformat.h"
 #include "io/remote.h"
+#include "io/file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -130,7 +131,7 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
     }
     int fd = s->fd;
     if (fd < 0) {
-        fd = open(s->path, O_RDONLY | O_CLOEXEC);
+        fd = stk__open(s->path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
             return STK_EIO;
@@ -138,7 +139,7 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
     }
     rc = stk__pread_full(fd, buf, e.length, e.offset, err, errlen);
     if (fd != s->fd)
-        close(fd);
+        stk__close(fd);
     if (rc)
         return rc;
 check:
@@ -228,7 +229,7 @@ static void stk_close(stk__source *src)
         return;
     for (size_t k = 0; k < d->n; k++) {
         if (d->shards[k].fd >= 0)
-            close(d->shards[k].fd);
+            stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
         stk__free(d->shards[k].obj);
         stk__free(d->shards[k].region);
@@ -273,14 +274,16 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
     int rc = STK_OK;
     char why[STK_ERRMSG_MAX];
     uint8_t hdr[STK_HEADER_SIZE], foot[STK_FOOTER_SIZE];
-    int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+    int fd = stk__open(s->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        stk__fmt(err, errlen, "%s: %s", s->path, strerror(errno));
-        return errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int e = errno;
+        stk__fmt(err, errlen, "%s: %s", s->path, strerror(e));
+        return e == ENOENT ? STK_ENOENT : STK_EIO;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        stk__fmt(err, errlen, "%s: not a regular file", s->path);
+    int sr = stk__fstat(fd, &st);
+    if (sr != 0 || !S_ISREG(st.st_mode)) {
+        stk__fmt(err, errlen, "%s: %s", s->path, sr ? strerror(errno) : "not a regular file");
         rc = STK_EIO;
         goto out;
     }
@@ -311,7 +314,7 @@ fail:
     stk__fmt(err, errlen, "%s: %s", s->path, why);
 out:
     if (fd >= 0)
-        close(fd);
+        stk__close(fd);
     return rc;
 }
 
@@ -364,16 +367,16 @@ static int check_distinct(const stkset *d, char *err, size_t errlen)
 static bool unfinished_pack(const char *dir)
 {
     bool found = false;
-    DIR *dp = opendir(dir);
+    DIR *dp = stk__opendir(dir);
     if (!dp)
         return false;
     struct dirent *e;
-    while (!found && (e = readdir(dp))) {
+    while (!found && (e = stk__readdir(dp))) {
         size_t l = strlen(e->d_name);
         found = !strcmp(e->d_name, STK_PACK_MARKER) ||
                 (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
     }
-    closedir(dp);
+    stk__closedir(dp);
     return found;
 }
 

@@ -5,6 +5,7 @@
  * the specification this follows.
  */
 #include "source/stkformat.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -249,7 +250,7 @@ int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t
 {
     size_t got = 0;
     while (got < n) {
-        ssize_t k = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
+        ssize_t k = stk__pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
         if (k < 0) {
             if (errno == EINTR)
                 continue;
@@ -271,7 +272,7 @@ int stk__write_full(int fd, const void *buf, size_t n)
 {
     size_t done = 0;
     while (done < n) {
-        ssize_t k = write(fd, (const uint8_t *)buf + done, n - done);
+        ssize_t k = stk__write_fd(fd, (const uint8_t *)buf + done, n - done);
         if (k < 0) {
             if (errno == EINTR)
                 continue;
@@ -294,10 +295,10 @@ static void fsync_parent(const char *path)
         *slash = '\0';
     else
         stk__fmt(dir, sizeof dir, ".");
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int fd = stk__open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         (void)fsync(fd);
-        close(fd);
+        stk__close(fd);
     }
 }
 
@@ -384,7 +385,7 @@ static int wzero(stk__stk_writer *w, uint64_t n)
 static void writer_free(stk__stk_writer *w)
 {
     if (w->fd >= 0)
-        close(w->fd);
+        stk__close(w->fd);
     stk__free(w->path);
     stk__free(w->tmp);
     stk__free(w->buf);
@@ -412,7 +413,7 @@ int stk__stkw_open(stk__stk_writer **out, const char *path, const stk__stk_heade
     }
     memcpy(w->tmp, path, pl);
     memcpy(w->tmp + pl, ".tmp", 5);
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    w->fd = stk__open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
         stk__fmt(err, errlen, "%s: cannot create: %s", w->tmp, strerror(errno));
         rc = STK_EIO;
@@ -522,7 +523,7 @@ int stk__stkw_finish(stk__stk_writer *w, uint64_t num_classes, uint64_t *file_si
         goto io;
     if (fsync(w->fd) != 0)
         goto io;
-    if (close(w->fd) != 0) {
+    if (stk__close(w->fd) != 0) {
         w->fd = -1;
         goto io;
     }
@@ -550,7 +551,7 @@ void stk__stkw_abort(stk__stk_writer *w)
     if (!w)
         return;
     if (w->fd >= 0) {
-        close(w->fd);
+        stk__close(w->fd);
         w->fd = -1;
     }
     unlink(w->tmp);
@@ -628,7 +629,7 @@ static int slurp(const char *path, size_t limit, char **out, size_t *len, char *
 {
     int rc = STK_OK;
     char *buf = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno == ENOENT)
             return STK_ENOENT;
@@ -636,7 +637,12 @@ static int slurp(const char *path, size_t limit, char **out, size_t *len, char *
         return STK_EIO;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > limit) {
+    if (stk__fstat(fd, &st) != 0) {
+        stk__fmt(err, errlen, "%s: %s", path, strerror(errno));
+        rc = STK_EIO;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > limit) {
         stk__fmt(err, errlen, "%s: not a regular file of at most %zu bytes", path, limit);
         rc = STK_EFORMAT;
         goto out;
@@ -654,7 +660,7 @@ static int slurp(const char *path, size_t limit, char **out, size_t *len, char *
     buf = NULL;
 out:
     stk__free(buf);
-    close(fd);
+    stk__close(fd);
     return rc;
 }
 

@@ -26,6 +26,7 @@
  * to the decoder (which reports what it can).
  */
 #include "source/stkformat.h"
+#include "io/file.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -191,8 +192,10 @@ static bool is_label_ext(const char *ext)
 }
 
 /* Adds one regular-file member (name, data offset, size) to the index. */
+/* STK_EIO (reason in why) when a label member cannot be read: an I/O error
+ * must fail the index, never be recorded (and cached) as a bad label. */
 static int add_member(builder *b, const src_rd *r, const char *name, uint64_t off, uint64_t size,
-                      bool truncated)
+                      bool truncated, char *why, size_t wl)
 {
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
@@ -236,10 +239,10 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
             return STK_OK; /* .cls wins over .json; first of each kind */
         uint8_t small[TAR_LABEL_MAX];
         size_t n = size > TAR_LABEL_MAX ? TAR_LABEL_MAX : (size_t)size;
-        char why[128];
         int64_t v = -1;
-        bool ok = rd_get(r, off, small, n, why, sizeof why) == STK_OK &&
-                  (cls ? parse_int_text(small, n, &v) : json_label(small, n, &v)) && v >= 0 &&
+        if ((rc = rd_get(r, off, small, n, why, wl)))
+            return rc;
+        bool ok = (cls ? parse_int_text(small, n, &v) : json_label(small, n, &v)) && v >= 0 &&
                   v <= INT32_MAX;
         cur->state |= 0x100;
         cur->state &= ~(uint64_t)0x200;
@@ -400,8 +403,8 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
                     stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin",
                              (unsigned long long)off);
                 }
-                if ((rc = add_member(b, r, name, off, 0, true)))
-                    goto out;
+                if ((rc = add_member(b, r, name, off, 0, true, why, sizeof why)))
+                    goto member_failed;
             }
             break;
         }
@@ -470,15 +473,15 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
         }
         have_next = have_size = false;
         if (type == '0' || type == '\0' || type == '7') {
-            if ((rc = add_member(b, r, name, data, size, truncated)))
-                goto out;
+            if ((rc = add_member(b, r, name, data, size, truncated, why, sizeof why)))
+                goto member_failed;
         } else if (truncated) {
             /* Another kind of member running past the end: the tar was cut
              * (or lies); report it as a failed sample rather than dropping
              * whatever followed without a word. */
             stk__fmt(name, TAR_NAME_MAX, "truncated-member-at-%llu.bin", (unsigned long long)off);
-            if ((rc = add_member(b, r, name, off, 0, true)))
-                goto out;
+            if ((rc = add_member(b, r, name, off, 0, true, why, sizeof why)))
+                goto member_failed;
         }
         if (truncated)
             break;
@@ -490,6 +493,9 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
     }
     finish_states(b);
     goto out;
+member_failed:
+    if (rc != STK_EIO)
+        goto out;
 io:
     stk__fmt(err, errlen, "%s: %s", tag, why);
 out:
@@ -562,11 +568,11 @@ static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
     int rc = STK_EFORMAT;
     uint8_t *buf = NULL;
     char why[128];
-    int fd = open(cpath, O_RDONLY | O_CLOEXEC);
+    int fd = stk__open(cpath, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return STK_ENOENT;
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < TIDX_HEAD + 8 || st.st_size > (1LL << 40))
+    if (stk__fstat(fd, &st) != 0 || st.st_size < TIDX_HEAD + 8 || st.st_size > (1LL << 40))
         goto out;
     size_t n = (size_t)st.st_size;
     if (!(buf = stk__malloc(n))) {
@@ -621,7 +627,7 @@ out:
         t->keys = NULL;
     }
     stk__free(buf);
-    close(fd);
+    stk__close(fd);
     return rc;
 }
 
@@ -664,10 +670,10 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
     stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
              (unsigned long long)stk__now_ns());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
         rc = stk__write_full(fd, buf, n);
-        if (close(fd) != 0)
+        if (stk__close(fd) != 0)
             rc = STK_EIO;
         if (rc == STK_OK && rename(tmp, cpath) != 0)
             rc = STK_EIO;
@@ -762,13 +768,13 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
         return rc;
     }
     int fd = t->fd;
-    if (fd < 0 && (fd = open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
+    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
         return STK_EIO;
     }
     rc = stk__pread_full(fd, buf, e->len, e->off, err, errlen);
     if (fd != t->fd)
-        close(fd);
+        stk__close(fd);
     if (rc)
         return rc;
     *data = buf;
@@ -810,7 +816,7 @@ static void tar_close(stk__source *s)
         return;
     for (size_t k = 0; k < d->n; k++) {
         if (d->shards[k].fd >= 0)
-            close(d->shards[k].fd);
+            stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
         stk__free(d->shards[k].e);
         stk__free(d->shards[k].keys);
@@ -847,13 +853,15 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             rc = STK_ENOMEM;
             goto out;
         }
-        int fd = open(t->path, O_RDONLY | O_CLOEXEC);
+        int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            stk__fmt(err, errlen, "%s: %s", t->path, fd < 0 ? strerror(errno) : "not a file");
-            rc = fd < 0 && errno == ENOENT ? STK_ENOENT : STK_EIO;
+        int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
+        if (sr != 0 || !S_ISREG(st.st_mode)) {
+            int e = errno;
+            stk__fmt(err, errlen, "%s: %s", t->path, sr ? strerror(e) : "not a file");
+            rc = fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
             if (fd >= 0)
-                close(fd);
+                stk__close(fd);
             goto out;
         }
         t->bytes = (uint64_t)st.st_size;
@@ -861,7 +869,7 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
         if (keep && rc == STK_OK)
             t->fd = fd;
         else
-            close(fd);
+            stk__close(fd);
         if (rc)
             goto out;
         t->first = total;
