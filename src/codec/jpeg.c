@@ -27,6 +27,7 @@
  * by jpeg_destroy_decompress in close().
  */
 #include "codec/codec.h"
+#include "codec/jpeg_restart.h"
 
 #include <limits.h>
 #include <setjmp.h>
@@ -53,6 +54,13 @@ typedef struct jstate {
     int cmyk;
     int strict;
     size_t max_memory;
+    /* Restart-indexed files (jpeg_restart.h): the index, and the sub-image a
+     * crop decodes instead of the whole file, at (dx, dy) in it. */
+    stk__rst rst;
+    uint8_t *sub;
+    uint32_t dx, dy;
+    const uint8_t *src; /* the file (the caller keeps it until close) */
+    size_t src_len;
 } jstate;
 
 static int jpeg_sniff(const uint8_t *b, size_t n)
@@ -185,6 +193,15 @@ static int jpeg_open(void **out, const uint8_t *b, size_t n, const stk__codec_op
     if (o->exif)
         jpeg_save_markers(&s->cinfo, JPEG_APP0 + 1, 0xffff);
     jpeg_read_header(&s->cinfo, TRUE);
+    /* A restart index that does not match its file is the sample's error, so
+     * a lying index can never decode to a wrong image. */
+    int found = stk__rst_find(b, n, &s->rst, err, errlen);
+    if (found < 0) {
+        rc = found;
+        goto out;
+    }
+    s->src = b;
+    s->src_len = n;
 
     switch (s->cinfo.jpeg_color_space) {
     case JCS_GRAYSCALE:
@@ -231,6 +248,53 @@ static void jpeg_scaled_size(void *st, unsigned m, uint32_t *w, uint32_t *h)
     *h = (uint32_t)(((uint64_t)s->cinfo.image_height * m + 7) / 8);
 }
 
+/* For a restart-indexed file: when the region r (scaled pixels at m/8)
+ * needs fewer MCUs than the whole image, switches the decoder to the
+ * sub-image of the MCU rows and segment columns around it, with one MCU of
+ * margin each side (fancy upsampling reads one chroma row and column beyond
+ * a pixel; the margin keeps every pixel of r what a whole decode gives), and
+ * moves r into the sub-image's coordinates. libjpeg's longjmp lands in the
+ * caller's frame. */
+static int use_sub(jstate *s, unsigned m, stk__rect *r, char *err, size_t errlen)
+{
+    const stk__rst *x = &s->rst;
+    uint32_t mws = x->mcu_w * m / 8, mhs = x->mcu_h * m / 8;
+    if (!mws || !mhs)
+        return STK_OK;
+    uint32_t x0 = r->x ? r->x - 1 : 0, x1 = r->x + r->w + 1;
+    uint32_t r0 = r->y / mhs, r1 = (r->y + r->h + mhs - 1) / mhs;
+    uint32_t c0 = x0 / mws, c1 = (x1 + mws - 1) / mws;
+    r0 = r0 ? r0 - 1 : 0;
+    c0 = c0 ? c0 - 1 : 0;
+    r1 = r1 + 1 < x->mcus_h ? r1 + 1 : x->mcus_h;
+    c1 = c1 + 1 < x->mcus_w ? c1 + 1 : x->mcus_w;
+    c0 -= c0 % x->k;
+    c1 = (c1 + x->k - 1) / x->k * x->k;
+    if (c1 > x->mcus_w)
+        c1 = x->mcus_w;
+    if (r0 == 0 && r1 == x->mcus_h && c0 == 0 && c1 == x->mcus_w)
+        return STK_OK; /* the whole image: nothing to gain */
+    s->sub = stk__malloc(s->src_len);
+    if (!s->sub) {
+        stk__fmt(err, errlen, "out of memory for a JPEG sub-image");
+        return STK_ENOMEM;
+    }
+    size_t len = 0;
+    int rc = stk__rst_sub(s->src, s->src_len, x, r0, r1, c0, c1, s->sub, s->src_len, &len, err,
+                          errlen);
+    if (rc)
+        return rc;
+    jpeg_abort_decompress(&s->cinfo);
+    jpeg_mem_src(&s->cinfo, s->sub, (unsigned long)len);
+    jpeg_read_header(&s->cinfo, TRUE);
+    s->cinfo.out_color_space = s->cmyk ? JCS_CMYK : JCS_RGB;
+    s->dx = c0 * mws;
+    s->dy = r0 * mhs;
+    r->x -= s->dx;
+    r->y -= s->dy;
+    return STK_OK;
+}
+
 static int jpeg_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, char *err,
                       size_t errlen)
 {
@@ -241,6 +305,9 @@ static int jpeg_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, cha
         rc = s->code;
         goto out;
     }
+    /* Strict decoding checks the whole stream: the whole file it is. */
+    if (s->rst.nseg && !s->strict && (rc = use_sub(s, m, r, err, errlen)))
+        goto out;
     s->cinfo.scale_num = m;
     s->cinfo.scale_denom = 8;
     jpeg_start_decompress(&s->cinfo);
@@ -259,12 +326,18 @@ static int jpeg_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, cha
             x0--;
         if (x1 < ow)
             x1++;
+        /* A window of one or two columns at the left edge of a 4:2:0 image
+         * (one chroma column) comes out of libjpeg-turbo's upsampling
+         * different from a whole decode (tests/c/test_restart.c found it):
+         * decode at least four columns. */
+        if (x1 - x0 < 4)
+            x1 = x0 + 4 < ow ? x0 + 4 : ow;
         if (x0 > 0 || x1 < ow) {
             JDIMENSION xoff = x0, cw = x1 - x0;
             jpeg_crop_scanline(&s->cinfo, &xoff, &cw);
             x0 = xoff;
         }
-        r->x = x0;
+        r->x = x0 + s->dx;
         r->w = s->cinfo.output_width;
         if (r->y > 0) {
             JDIMENSION skipped = jpeg_skip_scanlines(&s->cinfo, r->y);
@@ -274,6 +347,7 @@ static int jpeg_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, cha
                 goto out;
             }
         }
+        r->y += s->dy;
         s->r = *r;
         /* CMYK rows are converted from tmp; strict mode reads the image's
          * last row into it. */
@@ -356,6 +430,7 @@ static void jpeg_close(void *st)
         return;
     if (s->created)
         jpeg_destroy_decompress(&s->cinfo);
+    stk__free(s->sub);
     stk__free(s);
 }
 
