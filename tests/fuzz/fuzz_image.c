@@ -3,7 +3,10 @@
  * conversions, crop-aware and DCT-scaled decoding), the EXIF orientation
  * parser, and every transform writing into a slot. Each input runs through
  * several pipelines; any result but a clean success or a clean per-sample
- * error aborts, as does an output that breaks its own contract. Linked with
+ * error aborts, as does an output that breaks its own contract. A strict
+ * decode (the whole stream, never a restart index's sub-image) is the oracle
+ * for the crop-aware one: when both succeed their pixels must be equal, so a
+ * restart index that lies can never give a wrong image. Linked with
  * replay_main.c it replays the corpus as a regular test. */
 #include "image.h"
 
@@ -23,8 +26,8 @@ static const char *const k_specs[NPIPES] = {
     "RandomCrop(24,padding=4,pad_if_needed=True)|RandomVerticalFlip()|RandomHorizontalFlip()",
 };
 
-static stk__imgpipe *g_pipes[NPIPES];
-static uint8_t *g_out;
+static stk__imgpipe *g_pipes[NPIPES], *g_strict;
+static uint8_t *g_out, *g_ref;
 static stk__scratch g_scratch;
 
 static void setup(void)
@@ -36,9 +39,14 @@ static void setup(void)
         if (stk__imgpipe_create(&g_pipes[k], k_specs[k], &prm, err, sizeof err) != STK_OK)
             abort();
     }
+    stk__imgpipe_params prm = {STK_DTYPE_UINT8, 1, 0, 1, MAX_DIM};
+    if (stk__imgpipe_create(&g_strict, k_specs[1], &prm, err, sizeof err) != STK_OK)
+        abort();
+    stk__imgpipe_set_strict(g_strict, 1);
     g_out = malloc(OUT_CAP);
+    g_ref = malloc(OUT_CAP);
     g_scratch.limit = 64u << 20;
-    if (!g_out)
+    if (!g_out || !g_ref)
         abort();
 }
 
@@ -46,6 +54,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!g_out)
         setup();
+    /* The oracle first: imagenet-train decoding the whole stream. */
+    size_t ref_len = 0;
+    int32_t ref_dims[3];
+    char ref_err[STK_ERRMSG_MAX];
+    stk__rng ref_rng = stk__rng_for(7, 1, size);
+    int ref_rc = stk__imgpipe_run(g_strict, data, size, &ref_rng, &g_scratch, g_ref, OUT_CAP,
+                                  &ref_len, ref_dims, ref_err, sizeof ref_err);
     for (int k = 0; k < NPIPES; k++) {
         char err[STK_ERRMSG_MAX];
         err[0] = '\0';
@@ -64,6 +79,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (stk__imgpipe_dense(g_pipes[k], &ndim, shape, &dtype, &sb)) {
                 if (len != sb)
                     abort();
+                if (k == 1 && ref_rc == STK_OK && memcmp(g_out, g_ref, len))
+                    abort(); /* the crop decode disagrees with the whole-stream one */
             } else if (len != (size_t)dims[0] * (size_t)dims[1] * 3) {
                 abort();
             }
