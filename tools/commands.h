@@ -47,6 +47,7 @@ typedef struct stoker_pack_opts {
     uint64_t shard_size;               /* target payload bytes per shard (256 MiB) */
     unsigned max_side;                 /* > 0: re-encode images larger than this */
     unsigned quality;                  /* JPEG quality of re-encoded images (90) */
+    int restart;                       /* 1: JPEGs rewritten restart-indexed (lossless) */
     unsigned raw_h, raw_w, raw_c;      /* raw tensors of this shape when raw_c > 0 */
     unsigned threads;                  /* 0 = online cores */
     unsigned align;                    /* page alignment of payloads, 0 = none */

@@ -4,6 +4,7 @@
  * or unreadable one by shard, index and key).
  */
 #include "commands.h"
+#include "codec/jpeg_restart.h"
 
 #include "source/source.h"
 #include "source/stkformat.h"
@@ -151,6 +152,12 @@ int stoker_cmd_info(int argc, char **argv)
     }
     if (s.fixed_len)
         printf("sample    %zu bytes each (dense batches)\n", s.fixed_len);
+    if (di.restart_indexed >= 0)
+        printf("restart   %" PRId64 " of %" PRIu64 " samples restart-indexed (crops decode only "
+               "their MCUs; docs/images.md)\n",
+               di.restart_indexed, s.count);
+    else if (!strcmp(di.format, "stk"))
+        printf("restart   not recorded (packed without --restart)\n");
     printf("index     %" PRIu64 " bytes in memory\n", s.index_bytes);
     stk__source_close(&s);
     return 0;
@@ -165,6 +172,7 @@ typedef struct vstate {
     uint64_t uncounted_shards; /* of those, ones whose sample count is unknown */
     uint64_t manifest;         /* manifest disagreements (each listed) */
     uint64_t foreign;          /* images in formats stoker does not decode */
+    uint64_t indexed;          /* JPEGs with a restart index (checked) */
     const char *foreign_format;
 } vstate;
 
@@ -183,6 +191,15 @@ static void verify_source(stk__source *s, const char *root, vstate *v)
         int64_t label;
         const char *format = NULL;
         int rc = s->ops->read(s, i, &sink, &data, &len, &label, err, sizeof err);
+        if (rc == STK_OK && len >= 3 && data[0] == 0xFF && data[1] == 0xD8) {
+            /* A restart index must match its payload in full. */
+            stk__rst x;
+            int f = stk__rst_find(data, len, &x, err, sizeof err);
+            if (f < 0 || (f == 1 && stk__rst_verify(data, len, &x, err, sizeof err)))
+                rc = STK_EFORMAT;
+            else
+                v->indexed += (uint64_t)f;
+        }
         if (rc == STK_OK && images) {
             if (images == 2)
                 stk__source_key(s, root, i, key, sizeof key);
@@ -389,6 +406,12 @@ int stoker_cmd_verify(int argc, char **argv)
         }
         verify_source(&s, path, &v);
         stk__source_close(&s);
+        if (have_man && man.has_restart && man.restart_indexed != v.indexed && !v.corrupt) {
+            printf("manifest  %s: %" PRIu64 " samples carry a restart index, the manifest says "
+                   "%" PRIu64 "\n",
+                   path, v.indexed, man.restart_indexed);
+            v.manifest++;
+        }
     } else {
         /* The dataset as a whole does not open: check shard by shard, so one
          * broken shard does not hide the state of the others, and count
@@ -440,6 +463,8 @@ int stoker_cmd_verify(int argc, char **argv)
     if (have_man)
         stk__manifest_free(&man);
     printf("verify    %" PRIu64 " samples checked, %" PRIu64 " corrupt", v.checked, v.corrupt);
+    if (v.indexed)
+        printf(", %" PRIu64 " restart indexes checked", v.indexed);
     if (v.bad_shards) {
         printf(", %" PRIu64 " unreadable in %" PRIu64 " shard%s", v.unreadable, v.bad_shards,
                v.bad_shards == 1 ? "" : "s");

@@ -23,6 +23,7 @@
  * packing, where the training pipeline resizes again.
  */
 #include "commands.h"
+#include "codec/jpeg_restart.h"
 
 #include "source/source.h"
 #include "source/stkformat.h"
@@ -413,6 +414,7 @@ typedef struct slot {
     uint32_t w, h;
     int rc;
     bool done;
+    bool indexed; /* --restart: the payload carries a restart index */
     char err[PACK_ERR];
 } slot;
 
@@ -438,8 +440,46 @@ typedef struct worker {
     image im, im2;
 } worker;
 
+/* --restart: rewrites the JPEG payload in s->out with restart markers and
+ * their index (src/codec/jpeg_restart.h), losslessly. A JPEG that cannot be
+ * rewritten (12-bit, arithmetic-coded, ...) is kept as it is. */
+static int add_restart_index(slot *s)
+{
+    s->indexed = false;
+    if (s->out.len < 3 || s->out.p[0] != 0xFF || s->out.p[1] != 0xD8)
+        return 0;
+    uint8_t *t = NULL;
+    size_t tn = 0;
+    uint32_t k;
+    char why[256];
+    int rc = stk__rst_transcode(s->out.p, s->out.len, &t, &tn, &k, why, sizeof why);
+    if (rc == STK_ENOMEM)
+        return rc;
+    if (rc == STK_OK) {
+        if (bytes_reserve(&s->out, tn)) {
+            stk__free(t);
+            return STK_ENOMEM;
+        }
+        memcpy(s->out.p, t, tn);
+        s->out.len = tn;
+        s->indexed = true;
+    }
+    stk__free(t);
+    return 0;
+}
+
+static int make_sample_payload(worker *wk, uint64_t i, slot *s);
+
 /* Produces sample i's payload into s. */
 static int make_sample(worker *wk, uint64_t i, slot *s)
+{
+    int rc = make_sample_payload(wk, i, s);
+    if (rc == 0 && wk->p->o->restart)
+        rc = add_restart_index(s);
+    return rc;
+}
+
+static int make_sample_payload(worker *wk, uint64_t i, slot *s)
 {
     pack *p = wk->p;
     const stoker_pack_opts *o = p->o;
@@ -868,7 +908,7 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     size_t shard_cap = 0;
     char why[STK_ERRMSG_MAX], path[4096], key[4096];
     bool locks = false, marker = false, created = false;
-    uint64_t skipped = 0, bytes_out = 0;
+    uint64_t skipped = 0, bytes_out = 0, indexed = 0;
     double t0 = now_s(), last = 0;
     bool tty = o->progress < 0 ? isatty(2) : o->progress > 0;
 
@@ -897,6 +937,7 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     }
     man.classes = p.src.num_classes;
     man.kind = p.kind;
+    man.has_restart = o->restart != 0;
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cond_space, NULL);
     pthread_cond_init(&p.cond_done, NULL);
@@ -949,6 +990,7 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
                     i, key, s->err);
             skipped++;
         } else {
+            indexed += s->indexed;
             if (w && stk__stkw_count(w) &&
                 stk__stkw_payload_bytes(w) + s->out.len > o->shard_size) {
                 uint64_t fsize;
@@ -1039,6 +1081,7 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
         man.shards[man.nshards - 1].bytes = fsize;
         bytes_out += fsize;
     }
+    man.restart_indexed = indexed;
     if ((rc = stk__manifest_write(o->out, &man, why, sizeof why))) {
         stk__fmt(err, errlen, "%s", why);
         goto out;
@@ -1048,12 +1091,17 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
     if (tty)
         progress(&p, p.src.count, bytes_out, t0, true);
     double dt = now_s() - t0;
-    if (!o->quiet)
+    if (!o->quiet) {
         printf("packed %" PRIu64 " samples (%" PRIu64 " skipped) into %zu shard(s), %.1f MiB, "
                "%s payloads, in %.2f s: %.0f samples/s, %.1f MiB/s -> %s\n",
                man.samples, skipped, man.nshards, (double)bytes_out / 1048576.0,
                stk__payload_kind_name(p.kind), dt, dt > 0 ? (double)man.samples / dt : 0.0,
                dt > 0 ? (double)bytes_out / 1048576.0 / dt : 0.0, o->out);
+        if (o->restart)
+            printf("restart-indexed %" PRIu64 " of %" PRIu64 " samples (the others are not "
+                   "8-bit Huffman JPEGs and are stored as they are)\n",
+                   indexed, man.samples);
+    }
     status = 0;
 out:
     if (locks) {
@@ -1145,6 +1193,8 @@ int stoker_cmd_pack(int argc, char **argv)
                 return 2;
             o.max_side = (unsigned)v;
             i++;
+        } else if (!strcmp(k, "--restart")) {
+            o.restart = 1;
         } else if (!strcmp(k, "--quality")) {
             if (!stoker_parse_opt(k, val, 1, 100, &v))
                 return 2;

@@ -29,6 +29,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: stoker bench PATH [options]\n"
                "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
                "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
+               "                   [--restart]\n"
                "                   [--quiet] [--progress]\n"
                "       stoker doctor PATH [bench options] [--seconds S]\n"
                "       stoker info PATH\n"

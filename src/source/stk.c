@@ -215,6 +215,7 @@ void stk__stk_describe(const stk__source *src, stk__dataset_info *di)
     di->payload = stk__payload_kind_name(d->shards[0].h.kind);
     di->shards = d->n;
     di->bytes = d->total_bytes;
+    di->restart_indexed = d->man.has_restart ? (int64_t)d->man.restart_indexed : -1;
     if (d->shards[0].h.kind == STK_PAYLOAD_RAW) {
         di->raw_h = d->shards[0].h.raw_h;
         di->raw_w = d->shards[0].h.raw_w;

@@ -580,6 +580,8 @@ int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size
     for (uint64_t c = 0; m->class_names && c < m->classes; c++)
         if (m->class_names[c])
             fprintf(f, "class %llu %s\n", (unsigned long long)c, m->class_names[c]);
+    if (m->has_restart)
+        fprintf(f, "restart-indexed %llu\n", (unsigned long long)m->restart_indexed);
     if (fflush(f) != 0 || fsync(fileno(f)) != 0)
         rc = STK_EIO;
     if (fclose(f) != 0)
@@ -761,6 +763,11 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
             s->count = b;
             s->bytes = c;
             m->nshards++;
+        } else if (!strncmp(line, "restart-indexed ", 16)) {
+            if (!parse_dec(line + 16, &e, &a) || *e)
+                goto bad;
+            m->has_restart = true;
+            m->restart_indexed = a;
         } else if (!strncmp(line, "class ", 6)) {
             if (!parse_dec(line + 6, &e, &a) || *e != ' ')
                 goto bad;
@@ -791,6 +798,7 @@ out:
 void stk__source_describe(const stk__source *s, stk__dataset_info *di)
 {
     memset(di, 0, sizeof *di);
+    di->restart_indexed = -1;
     const char *kind = s->ops ? s->ops->kind : "";
     if (!strcmp(kind, "stk"))
         stk__stk_describe(s, di);

@@ -138,6 +138,10 @@ typedef struct stk__manifest {
     stk__manifest_shard *shards;
     size_t nshards;
     char **class_names; /* classes entries, NULL where not named */
+    /* "restart-indexed N": samples pack --restart rewrote with a restart
+     * index (src/codec/jpeg_restart.h); has_restart false: no such line. */
+    bool has_restart;
+    uint64_t restart_indexed;
 } stk__manifest;
 
 /* Writes DIR/stoker.manifest atomically (tmp, fsync, rename, fsync dir). */
@@ -163,6 +167,8 @@ typedef struct stk__dataset_info {
     uint64_t shards;              /* files behind the source */
     uint64_t bytes;               /* their total size */
     uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
+    int64_t restart_indexed;      /* stk: samples with a restart index per the
+                                     manifest; -1 when it does not say */
 } stk__dataset_info;
 
 /* Fills di for a source opened by stk__source_open. */
