@@ -31,6 +31,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -1268,12 +1270,67 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer);
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
-        per_thread += o->max_input_bytes + o->scratch_bytes + o->jpeg_memory;
+        /* the encoded input, and the sub-image a restart-indexed JPEG's crop
+         * decodes from (never larger than the input) */
+        per_thread += 2 * o->max_input_bytes + o->scratch_bytes + o->jpeg_memory;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* failures waiting in ring buffers for delivery */
            (uint64_t)c->nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
+}
+
+/* depth "auto": the deepest ring, up to AUTO_DEPTH_MAX batches ahead, whose
+ * memory bound (with the fetch stage's buffer and the trace) fits the budget:
+ * memory_budget, or a quarter of MemAvailable divided among the ranks of the
+ * node (LOCAL_WORLD_SIZE). */
+#define AUTO_DEPTH_MAX 8
+static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    uint64_t budget = o->memory_budget;
+    if (!budget) {
+        uint64_t kb = 0;
+        FILE *f = fopen("/proc/meminfo", "re");
+        if (f) {
+            char line[256];
+            while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "MemAvailable:", 13))
+                    kb = strtoull(line + 13, NULL, 10);
+            fclose(f);
+        }
+        const char *lws = getenv("LOCAL_WORLD_SIZE");
+        unsigned long ranks = lws ? strtoul(lws, NULL, 10) : 1;
+        budget = kb * 1024 / 4 / (ranks ? ranks : 1);
+        if (!budget)
+            budget = (uint64_t)1 << 30; /* no /proc: 1 GiB */
+    }
+    uint64_t extra = 0;
+    if (c->src.remote)
+        extra += o->fetch_buffer ? o->fetch_buffer : (uint64_t)64 << 20;
+    if (o->trace)
+        extra += stk__trace_bytes(o->trace_events);
+    unsigned best = 0;
+    uint64_t need1 = 0;
+    for (unsigned d = 1; d <= AUTO_DEPTH_MAX; d++) {
+        c->nbufs = d + 1;
+        uint64_t need = memory_bound(c, o) + extra;
+        if (d == 1)
+            need1 = need;
+        if (need <= budget)
+            best = d;
+    }
+    if (!best) {
+        stk__fmt(err, errlen,
+                 "%s: depth \"auto\" finds no depth within the memory budget of %llu bytes: "
+                 "depth 1 needs %llu (batch %zu x %zu bytes a sample, %u threads); raise "
+                 "memory_budget or lower batch_size",
+                 o->source, (unsigned long long)budget, (unsigned long long)need1, c->batch_size,
+                 c->sample_bytes, c->nthreads);
+        return STK_ETOOBIG;
+    }
+    c->depth = best;
+    c->nbufs = best + 1;
+    return STK_OK;
 }
 
 static int open_core(stk_loader *l, const stk_options *o)
@@ -1348,6 +1405,8 @@ static int open_core(stk_loader *l, const stk_options *o)
                  o->drop_last ? " with drop_last" : "");
         goto fail;
     }
+    if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
+        goto fail;
     /* Runs of slots amortise the claim lock; small enough that the threads
      * still share one batch. */
     c->run = c->batch_size / (4 * (size_t)c->nthreads);

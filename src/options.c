@@ -93,6 +93,7 @@ int stk_options_set_depth(stk_options *o, unsigned n)
     if (!o || n < 1 || n > 63)
         return STK_EINVAL;
     o->depth = n;
+    o->depth_auto = false;
     return STK_OK;
 }
 
@@ -242,6 +243,26 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         return set_str(&o->region, value);
     if (!strcmp(key, "cache_dir"))
         return set_str(&o->cache_dir, value);
+    /* depth "auto": the deepest ring (1..8) whose memory bound fits
+     * memory_budget (docs/memory.md); a number sets depth as
+     * stk_options_set_depth does. */
+    if (!strcmp(key, "depth")) {
+        if (!strcmp(value, "auto")) {
+            o->depth_auto = true;
+            return STK_OK;
+        }
+        if (parse_size(value, 63, &n) || n < 1)
+            return STK_EINVAL;
+        o->depth_auto = false;
+        o->depth = (unsigned)n;
+        return STK_OK;
+    }
+    if (!strcmp(key, "memory_budget")) {
+        if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
+            return STK_EINVAL;
+        o->memory_budget = n;
+        return STK_OK;
+    }
     /* Trace (docs/diagnosis.md); "" turns it off. */
     if (!strcmp(key, "trace")) {
         if (!*value) {

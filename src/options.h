@@ -42,6 +42,9 @@ struct stk_options {
     /* Trace (docs/diagnosis.md): Chrome trace-event JSON written at close. */
     char *trace;            /* file, or NULL: no trace */
     bool autotune;          /* threads is a cap; the active count adapts */
+    bool depth_auto;        /* depth chosen from memory_budget at open */
+    uint64_t memory_budget; /* bytes for the loader's bound (0: a quarter of the
+                               memory available, shared by LOCAL_WORLD_SIZE) */
     uint64_t trace_events;  /* events kept in all (the ring's size) */
 };
 

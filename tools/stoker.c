@@ -56,7 +56,9 @@ static void usage(FILE *f)
                "  --batch-size N      samples per batch (256)\n"
                "  --threads N         worker threads (0 = CPUs this process may use); auto or\n"
                "                      auto:N keeps the fewest working that feed the consumer\n"
-               "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1\n"
+               "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1;\n"
+               "                      auto: the deepest (up to 8) within --memory-budget\n"
+               "  --memory-budget N   bytes for --depth auto (a quarter of available memory)\n"
                "  --epochs N          epochs to run (1)\n"
                "  --seed S            shuffle and augmentation seed (0)\n"
                "  --no-shuffle        natural order\n"
@@ -259,6 +261,14 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--threads")) {
             NUM(0, 256);
             rc = stk_options_set_threads(o, (unsigned)v);
+        } else if (!strcmp(k, "--depth") && val && !strcmp(val, "auto")) {
+            rc = stk_options_set(o, "depth", "auto");
+            i++;
+        } else if (!strcmp(k, "--memory-budget")) {
+            NUM(1, (uint64_t)1 << 50);
+            char num[32];
+            snprintf(num, sizeof num, "%" PRIu64, v);
+            rc = stk_options_set(o, "memory_budget", num);
         } else if (!strcmp(k, "--depth")) {
             NUM(1, 63);
             rc = stk_options_set_depth(o, (unsigned)v);

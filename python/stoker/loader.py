@@ -44,11 +44,13 @@ OPTION_KEYS = {
     # Diagnosis (docs/diagnosis.md).
     "trace": "Chrome trace-event JSON file written at close (the trace argument)",
     "autotune": "0 or 1: threads is a cap and the active count adapts (threads=\"auto\")",
+    "memory_budget": "bytes the loader's memory bound may take when depth=\"auto\" picks the "
+                     "depth, K/M/G suffixes (default: a quarter of the available memory)",
     "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
 }
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
-_ARGUMENT_KEYS = ("layout", "dtype", "size")
+_ARGUMENT_KEYS = ("layout", "dtype", "size", "depth")
 #: Presets whose output size size= sets (docs/transforms.md).
 _SIZED_PRESETS = ("imagenet-train", "imagenet-val", "cifar-train")
 
@@ -240,7 +242,9 @@ class Loader:
         loader keeps working the fewest that keep your loop from waiting
         (same batches as any fixed count; docs/diagnosis.md). depth: batches prepared
         ahead; the ring has depth + 1 buffers, one for the batch your loop
-        still holds.
+        still holds. depth="auto": the deepest ring (up to 8) whose memory
+        bound fits memory_budget (bytes; default a quarter of the available
+        memory, shared by LOCAL_WORLD_SIZE ranks).
     output: "torch" (tensors through DLPack) or "numpy".
     layout, dtype: image output options (dtype "bfloat16" needs torch).
     size: output size of the presets imagenet-train, imagenet-val and
@@ -287,7 +291,7 @@ class Loader:
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
-                 trace=None):
+                 trace=None, memory_budget=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -306,7 +310,8 @@ class Loader:
         elif threads is not None:
             threads = _int(threads, "threads (None: all cores, \"auto\" or \"auto:N\": "
                            "autotune)", 1, 256)
-        depth = _int(depth, "depth", 1, 63)
+        depth_auto = depth == "auto"
+        depth = 2 if depth_auto else _int(depth, "depth", 1, 63)
         seed = _int(seed, "seed", 0, _U64_MAX)
         rank, world_size, where = _default_partition(rank, world_size)
         if not (1 <= world_size < 2 ** 32 and 0 <= rank < world_size):
@@ -329,6 +334,10 @@ class Loader:
             self._from_dlpack = torch.utils.dlpack.from_dlpack
 
         opts = {"layout": layout, "dtype": dtype}
+        if depth_auto:
+            opts["depth"] = "auto"
+        if memory_budget is not None:
+            opts["memory_budget"] = str(_int(memory_budget, "memory_budget (bytes)", 1, 2 ** 50))
         if autotune:
             opts["autotune"] = "1"
         if size is not None:
@@ -377,6 +386,7 @@ class Loader:
             on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
             records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
         self._info = self._engine.info()
+        self.depth = self._info["depth"]
         self._classes = None
         self.threads = self._info["threads"]
         self._lock = threading.Lock()

@@ -1,6 +1,7 @@
 /* test_autotune.c -- threads "auto" (docs/diagnosis.md): batches bit-identical
  * to fixed thread counts whatever the controller does, and a consumer slower
- * than the pool makes it give workers back. Also run under TSan. */
+ * than the pool makes it give workers back; depth "auto" from a memory
+ * budget. Also run under TSan. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -87,12 +88,59 @@ static void test_slow_consumer_gives_workers_back(void)
     CHECK_EQ(active, 4);
 }
 
+/* depth "auto": the deepest ring (1..8) whose bound fits memory_budget. */
+static void test_depth_from_memory_budget(void)
+{
+    const char *src = records(4000);
+    uint64_t bound_of[9] = {0};
+    for (unsigned d = 1; d <= 8; d++) {
+        stk_loader *l = NULL;
+        char depth[8];
+        snprintf(depth, sizeof depth, "%u", d);
+        tu_cfg c = {.path = src, .record = REC, .bs = 64, .threads = 2,
+                    .options = {"depth", depth, NULL}};
+        REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+        bound_of[d] = stk_loader_memory_bound(l);
+        stk_loader_close(l);
+    }
+    CHECK(bound_of[8] > bound_of[1]);
+    struct {
+        uint64_t budget;
+        unsigned depth; /* 0: refused */
+    } cases[] = {{bound_of[8] * 4, 8}, {bound_of[8], 8}, {bound_of[5], 5},
+                 {bound_of[5] + 1, 5}, {bound_of[1], 1}, {bound_of[1] - 1, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char budget[32];
+        snprintf(budget, sizeof budget, "%llu", (unsigned long long)cases[k].budget);
+        stk_loader *l = NULL;
+        tu_cfg c = {.path = src, .record = REC, .bs = 64, .threads = 2,
+                    .options = {"depth", "auto", "memory_budget", budget, NULL}};
+        int rc = tu_open_cfg(&l, &c);
+        if (cases[k].depth) {
+            CHECK_EQ(rc, STK_OK);
+            stk_info in = {.struct_size = sizeof in};
+            stk_loader_info(l, &in);
+            CHECK_EQ(in.depth, cases[k].depth);
+            CHECK(stk_loader_memory_bound(l) <= cases[k].budget);
+        } else {
+            CHECK_EQ(rc, STK_ETOOBIG);
+            CHECK(strstr(stk_loader_errmsg(l), "memory budget"));
+        }
+        stk_loader_close(l);
+    }
+}
+
 static void test_option_values(void)
 {
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
     CHECK_EQ(stk_options_set(o, "autotune", "1"), STK_OK);
     CHECK_EQ(stk_options_set(o, "autotune", "yes"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "depth", "auto"), STK_OK);
+    CHECK_EQ(stk_options_set(o, "depth", "0"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "depth", "64"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "memory_budget", "0"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "memory_budget", "2G"), STK_OK);
     stk_options_destroy(o);
 }
 
@@ -101,6 +149,7 @@ int main(void)
     tu_begin("test_autotune", 300);
     RUN(test_same_batches_as_fixed_threads);
     RUN(test_slow_consumer_gives_workers_back);
+    RUN(test_depth_from_memory_budget);
     RUN(test_option_values);
     return tu_end();
 }

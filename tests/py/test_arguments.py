@@ -122,7 +122,7 @@ def test_unknown_option_key_is_named_with_the_known_ones(make_records):
         stoker.Loader(make_records(4), 2, output="numpy", options={"max_dim": "huge"})
 
 
-@pytest.mark.parametrize("key", ["dtype", "layout", "size"])
+@pytest.mark.parametrize("key", ["dtype", "layout", "size", "depth"])
 def test_options_that_are_arguments_point_to_the_argument(make_records, key):
     with pytest.raises(ValueError, match=f"'{key}' is a Loader argument: pass {key}="):
         stoker.Loader(make_records(4), 2, output="numpy", options={key: "1"})
@@ -137,7 +137,7 @@ def test_option_keys_cover_the_librarys():
     body = src[src.index("int stk_options_set(stk_options *o, const char *key"):]
     body = body[:body.index("\n}\n")]
     keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', body))
-    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size"}
+    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size", "depth"}
 
 
 def test_load_state_dict_negative_epoch_names_the_epoch(make_records):

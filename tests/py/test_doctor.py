@@ -280,3 +280,18 @@ def test_autotune_argument_errors(small):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert 1 <= json.loads(r.stdout)["threads_active"]
+
+
+def test_depth_auto_from_a_memory_budget(small):
+    with stoker.Loader(str(small), 4, transform="imagenet-val", size=32, depth=1,
+                       output="numpy") as one:
+        need1 = one.info()["memory_bound_bytes"]
+    with stoker.Loader(str(small), 4, transform="imagenet-val", size=32, depth="auto",
+                       memory_budget=10 * need1, output="numpy") as auto:
+        assert auto.depth == auto.info()["depth"] == 8
+        assert auto.info()["memory_bound_bytes"] <= 10 * need1
+    with pytest.raises(stoker.Error, match="memory budget"):
+        stoker.Loader(str(small), 4, transform="imagenet-val", size=32, depth="auto",
+                      memory_budget=need1 - 1)
+    with pytest.raises(TypeError, match="depth"):
+        stoker.Loader(str(small), 4, depth="deep")
