@@ -245,6 +245,18 @@ typedef struct stk_info {
     unsigned ring_buffers;   /* depth + 1 */
 } stk_info;
 
+/* One world an epoch ran under before the current one (elastic resume,
+ * docs/engine.md): its size, ranks per node, batch size, and the batches each
+ * of its ranks delivered. */
+typedef struct stk_state_generation {
+    uint32_t world_size;
+    uint32_t local_world_size;
+    uint64_t batch_size;
+    uint64_t batches;
+} stk_state_generation;
+
+#define STK_STATE_HISTORY 16 /* worlds an epoch may change through */
+
 /* Loader position, and the fingerprint of the configuration it is a position
  * in: resume by restoring it (extensible: set struct_size). */
 typedef struct stk_state {
@@ -262,6 +274,14 @@ typedef struct stk_state {
     uint64_t transform; /* 64-bit FNV-1a hash of the transform spec and the
                            image options (size, layout, dtype, exif, strict);
                            stable across builds and platforms */
+    /* Added after the first version: elastic resume (docs/engine.md). `batch`
+     * counts the batches of the current world (world_size,
+     * local_world_size, batch_size); history lists the worlds this epoch ran
+     * under before it, oldest first. */
+    uint32_t local_world_size; /* ranks per node (stk_options_set
+                                  "local_world_size"); world_size: one node */
+    uint32_t history_len;
+    stk_state_generation history[STK_STATE_HISTORY];
 } stk_state;
 
 /* One stage's counters (extensible: set struct_size). */
@@ -337,11 +357,17 @@ STK_API int stk_loader_set_epoch(stk_loader *l, uint64_t epoch);
 STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
 
 /* Restores a position read by stk_loader_get_state, possibly from another
- * process. The seed and every fingerprint field must match this loader's, so
- * a resumed run cannot silently deliver other batches: a mismatch is
- * STK_EINVAL with a message naming the field and both values. batch must be
- * <= batches_per_epoch. Fields appended in later versions are checked only
- * when st->struct_size covers them. STK_OK, STK_EINVAL, STK_EMISUSE. */
+ * process. The seed, num_samples, shuffle, drop_last and transform must match
+ * this loader's, so a resumed run cannot silently deliver other batches: a
+ * mismatch is STK_EINVAL with a message naming the field and both values.
+ * world_size, local_world_size and batch_size may differ (elastic resume):
+ * the rest of the epoch is then laid out over this loader's world, and every
+ * sample the saved world had not delivered is delivered exactly once across
+ * the new ranks (docs/engine.md); rank is not checked, since in lockstep
+ * training every rank's state is the same (save it from rank 0 alone). At
+ * most STK_STATE_HISTORY changes of world in one epoch. Fields appended in
+ * later versions are read only when st->struct_size covers them.
+ * STK_OK, STK_EINVAL, STK_EMISUSE. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
 /* Fill *info / *st (set struct_size first; see "Extensible result structs").

@@ -119,6 +119,12 @@ struct core {
     uint64_t errors_epoch;
     uint64_t memory_bound;
     stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
+    /* Elastic resume: the epoch a restored state continued under another
+     * world, laid out by its generations (order.h). Published with release
+     * and never freed before close, since the fetch stage's planner reads it
+     * without the lock; `resumed_all` keeps every one made. */
+    _Atomic(struct resumed *) resumed;
+    struct resumed *resumed_all;
     /* Autotune: workers with id >= active wait; the consumer's next() moves
      * active by one after windows of starvation (up) or of plenty (down). */
     bool autotune;
@@ -128,6 +134,14 @@ struct core {
     unsigned at_calm;                /* consecutive windows with spare batches */
     uint64_t at_min_ahead;           /* fewest batches ready ahead seen in the window */
 };
+
+/* An epoch continued from a saved state under another world: its batches
+ * [off, batches) of the epoch are the last generation's 0.. */
+typedef struct resumed {
+    stk__layout lay;
+    uint64_t epoch, off;
+    struct resumed *next; /* resumed_all */
+} resumed;
 
 struct stk_loader {
     core *c;
@@ -193,6 +207,11 @@ static void core_free(core *c)
     stk__fetch_destroy(c->fetch);
     stk__shard_orders_destroy(c->sorder);
     stk__trace_destroy(c->trace);
+    for (resumed *r = c->resumed_all, *n; r; r = n) {
+        n = r->next;
+        stk__layout_free(&r->lay);
+        stk__free(r);
+    }
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -280,6 +299,38 @@ static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64
     return stk__order_at(ord, pos);
 }
 
+/* The resumed epoch's layout when global batch g belongs to it, else NULL;
+ * *bi gets g's batch within its generation then. */
+static const resumed *resumed_for(const core *c, uint64_t g, uint64_t *bi)
+{
+    const resumed *r = atomic_load_explicit(&c->resumed, memory_order_acquire);
+    uint64_t e = g / c->part.batches, b = g % c->part.batches;
+    if (!r || r->epoch != e)
+        return NULL;
+    *bi = b >= r->off ? b - r->off : UINT64_MAX;
+    return r;
+}
+
+/* Samples in global batch g (0 for the batches a resumed epoch skips). */
+static uint64_t batch_len_at(const core *c, uint64_t g)
+{
+    uint64_t bi;
+    const resumed *r = resumed_for(c, g, &bi);
+    if (r)
+        return bi == UINT64_MAX ? 0 : stk__layout_batch_len(&r->lay, bi);
+    return stk__partition_batch_len(&c->part, g % c->part.batches);
+}
+
+/* Position in its epoch's order of slot `slot` of global batch g. */
+static uint64_t pos_at(const core *c, uint64_t g, uint64_t slot)
+{
+    uint64_t bi;
+    const resumed *r = resumed_for(c, g, &bi);
+    if (r)
+        return stk__layout_pos(&r->lay, bi * c->batch_size + slot);
+    return stk__partition_pos(&c->part, (g % c->part.batches) * c->batch_size + slot);
+}
+
 /* Takes the next run of slots to fill. Called and returns with c->lock held.
  * Returns false when the loader is closing. */
 static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *slot0,
@@ -317,7 +368,7 @@ static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *sl
                 buffer *b = &c->bufs[f];
                 b->state = BUF_FILLING;
                 b->g = c->assigned_end_g;
-                b->size = stk__partition_batch_len(&c->part, b->g % c->part.batches);
+                b->size = batch_len_at(c, b->g);
                 b->filled = b->failed = 0;
                 b->reported = false;
                 c->inflight[b->g % c->nbufs] = b;
@@ -346,13 +397,13 @@ static void *worker_main(void *arg)
         c->busy++;
         pthread_mutex_unlock(&c->lock);
 
-        uint64_t epoch = g / c->part.batches, bi = g % c->part.batches;
+        uint64_t epoch = g / c->part.batches;
         stk__order ord;
         stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
         slot_err *errs = NULL;
         size_t nfailed = 0;
         for (size_t s = slot0; s < slot0 + count; s++) {
-            uint64_t pos = stk__partition_pos(&c->part, bi * c->batch_size + s);
+            uint64_t pos = pos_at(c, g, s);
             uint64_t i = sample_at(c, &ord, epoch, pos);
             if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
                 nfailed++;
@@ -695,11 +746,12 @@ void stk_batch_release(stk_batch *bv)
 
 /* Moves the production cursor to batch `batch` of `epoch`, dropping work
  * prefetched elsewhere. Waits for workers to leave the slots they write. */
-static void seek(core *c, uint64_t epoch, uint64_t batch)
+static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool set_lay)
 {
     pthread_mutex_lock(&c->lock);
     uint64_t target = epoch * c->part.batches + batch;
-    if (target != c->deliver_g || epoch != c->cur_epoch) {
+    const resumed *cur = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+    if (target != c->deliver_g || epoch != c->cur_epoch || (set_lay && lay != cur)) {
         c->seeking = true;
         while (c->busy)
             stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
@@ -712,6 +764,15 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
                 b->errs = NULL;
             }
             c->inflight[k] = NULL;
+        }
+        if (set_lay) {
+            /* Workers are out of their slots (busy is 0) and no batch is
+             * being assigned: the new layout takes effect from here. */
+            if (lay) {
+                lay->next = c->resumed_all;
+                c->resumed_all = lay;
+            }
+            atomic_store_explicit(&c->resumed, lay, memory_order_release);
         }
         c->claim_g = c->assigned_end_g = c->deliver_g = target;
         c->claim_slot = 0;
@@ -727,6 +788,13 @@ static void seek(core *c, uint64_t epoch, uint64_t batch)
         pthread_cond_broadcast(&c->cond_work);
     }
     pthread_mutex_unlock(&c->lock);
+}
+
+/* Moves the production cursor to batch `batch` of `epoch` under the normal
+ * layout (a resumed epoch's layout no longer applies). */
+static void seek(core *c, uint64_t epoch, uint64_t batch)
+{
+    seek_to(c, epoch, batch, NULL, true);
 }
 
 int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
@@ -785,10 +853,27 @@ static stk_state own_state(const core *c)
     st.num_samples = c->src.count;
     st.batch_size = c->batch_size;
     st.world_size = c->part.world;
+    st.local_world_size = c->part.local;
     st.rank = c->part.rank;
     st.shuffle = c->shuffle;
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
+    const resumed *r = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+    if (r && r->epoch == c->cur_epoch) {
+        if (st.batch >= c->part.batches) {
+            /* The resumed epoch is over: the next one starts afresh. */
+            st.epoch++;
+            st.batch = 0;
+        } else {
+            st.batch -= r->off;
+            st.history_len = (uint32_t)(r->lay.ngens - 1);
+            for (size_t i = 0; i + 1 < r->lay.ngens; i++) {
+                const stk__gen_spec *g = &r->lay.gens[i].spec;
+                st.history[i] = (stk_state_generation){g->world, g->local, g->batch_size,
+                                                       g->steps};
+            }
+        }
+    }
     return st;
 }
 
@@ -814,9 +899,6 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
     } fields[] = {
         {"seed", offsetof(stk_state, seed), sizeof(uint64_t)},
         {"num_samples (the dataset's size)", offsetof(stk_state, num_samples), sizeof(uint64_t)},
-        {"batch_size", offsetof(stk_state, batch_size), sizeof(uint64_t)},
-        {"world_size", offsetof(stk_state, world_size), sizeof(uint32_t)},
-        {"rank", offsetof(stk_state, rank), sizeof(uint32_t)},
         {"shuffle", offsetof(stk_state, shuffle), sizeof(uint32_t)},
         {"drop_last", offsetof(stk_state, drop_last), sizeof(uint32_t)},
         {"transform", offsetof(stk_state, transform), sizeof(uint64_t)},
@@ -871,18 +953,81 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
     pthread_mutex_unlock(&c->lock);
     if ((rc = check_fingerprint(l, st, &own)))
         return rc;
-    if (st->batch > c->part.batches) {
-        stk__fmt(l->errmsg, sizeof l->errmsg,
-                 "state batch %llu is past this loader's %llu batches per epoch",
-                 (unsigned long long)st->batch, (unsigned long long)c->part.batches);
-        return STK_EINVAL;
-    }
     if (st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "state epoch %llu is too large",
                  (unsigned long long)st->epoch);
         return STK_EINVAL;
     }
-    seek(c, st->epoch, st->batch);
+    /* The worlds of the saved epoch: its history, then its current world
+     * (fields of later versions only when struct_size covers them). */
+    size_t end = offsetof(stk_state, history);
+    uint32_t nhist = 0, saved_local = st->world_size;
+    if (st->struct_size >= offsetof(stk_state, local_world_size) + sizeof(uint32_t) &&
+        st->local_world_size)
+        saved_local = st->local_world_size;
+    if (st->struct_size >= offsetof(stk_state, history_len) + sizeof(uint32_t))
+        nhist = st->history_len;
+    if (nhist > STK_STATE_HISTORY ||
+        (nhist && st->struct_size < end + nhist * sizeof(stk_state_generation))) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state history of %u worlds: at most %d fit in stk_state (struct_size %zu)",
+                 nhist, STK_STATE_HISTORY, st->struct_size);
+        return STK_EINVAL;
+    }
+    bool same = st->world_size == c->part.world && saved_local == c->part.local &&
+                st->batch_size == c->batch_size;
+    if (same && nhist == 0) {
+        /* The same world: the plain position. */
+        if (st->batch > c->part.batches) {
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state batch %llu is past this loader's %llu batches per epoch",
+                     (unsigned long long)st->batch, (unsigned long long)c->part.batches);
+            return STK_EINVAL;
+        }
+        seek(c, st->epoch, st->batch);
+        return STK_OK;
+    }
+    stk__gen_spec gens[STK_STATE_HISTORY + 2];
+    size_t ng = 0;
+    for (uint32_t i = 0; i < nhist; i++)
+        gens[ng++] = (stk__gen_spec){st->history[i].world_size, st->history[i].local_world_size,
+                                     st->history[i].batch_size, st->history[i].batches};
+    uint64_t steps = 0;
+    if (same) {
+        steps = st->batch; /* the saved world continues */
+    } else {
+        gens[ng++] = (stk__gen_spec){st->world_size, saved_local, st->batch_size, st->batch};
+    }
+    gens[ng++] = (stk__gen_spec){c->part.world, c->part.local, c->batch_size, 0};
+    resumed *r = stk__calloc(1, sizeof *r);
+    if (!r)
+        return STK_ENOMEM;
+    char why[STK_ERRMSG_MAX];
+    if ((rc = stk__layout_build(&r->lay, c->part.n, gens, ng, c->part.rank, c->drop_last, why,
+                                sizeof why))) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "cannot resume this state: %s", why);
+        stk__free(r);
+        return rc;
+    }
+    const stk__gen *last = &r->lay.gens[ng - 1];
+    if (steps > last->batches || last->batches > c->part.batches) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "state batch %llu is past the %llu batches left of the epoch",
+                 (unsigned long long)steps, (unsigned long long)last->batches);
+        stk__layout_free(&r->lay);
+        stk__free(r);
+        return STK_EINVAL;
+    }
+    if (last->batches == steps) {
+        /* Nothing left of that epoch for this world: the next one. */
+        stk__layout_free(&r->lay);
+        stk__free(r);
+        seek(c, st->epoch + 1, 0);
+        return STK_OK;
+    }
+    r->epoch = st->epoch;
+    r->off = c->part.batches - last->batches;
+    seek_to(c, st->epoch, r->off + steps, r, true);
     return STK_OK;
 }
 
@@ -1171,17 +1316,16 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
 /* The fetch stage's view of the future (pure functions of g and slot). */
 static uint64_t plan_batch_len(void *ctx, uint64_t g)
 {
-    core *c = ctx;
-    return stk__partition_batch_len(&c->part, g % c->part.batches);
+    return batch_len_at(ctx, g);
 }
 
 static uint64_t plan_sample_at(void *ctx, uint64_t g, uint64_t slot)
 {
     core *c = ctx;
-    uint64_t epoch = g / c->part.batches, bi = g % c->part.batches;
+    uint64_t epoch = g / c->part.batches;
     stk__order ord;
     stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
-    return sample_at(c, &ord, epoch, stk__partition_pos(&c->part, bi * c->batch_size + slot));
+    return sample_at(c, &ord, epoch, pos_at(c, g, slot));
 }
 
 /* For the cache's eviction: how many sample positions after global batch
@@ -1193,8 +1337,9 @@ static bool plan_next_uses(void *ctx, uint64_t g, uint64_t *next, size_t nshards
     if (!c->sorder)
         return false;
     uint64_t epoch = g / c->part.batches;
-    /* This rank's position in the epoch's global order. */
-    uint64_t now = stk__partition_pos(&c->part, (g % c->part.batches) * c->batch_size);
+    /* This rank's position in the epoch's global order (positions grow with
+     * its samples; with several nodes, within its node's part of it). */
+    uint64_t now = batch_len_at(c, g) ? pos_at(c, g, 0) : 0;
     for (size_t k = 0; k < nshards; k++)
         next[k] = UINT64_MAX;
     for (uint64_t e = epoch; e < epoch + 2; e++) {
@@ -1398,6 +1543,14 @@ static int open_core(stk_loader *l, const stk_options *o)
                                          c->shard_window, o->seed, o->shuffle)))
             goto fail;
     }
+    if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
+        stk__fmt(err, errlen,
+                 "local_world_size %u does not divide world_size %u: a world is a whole number "
+                 "of nodes of local_world_size ranks each",
+                 o->local_world, o->world);
+        rc = STK_EINVAL;
+        goto fail;
+    }
     if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
@@ -1405,6 +1558,8 @@ static int open_core(stk_loader *l, const stk_options *o)
                  o->drop_last ? " with drop_last" : "");
         goto fail;
     }
+    if (o->local_world)
+        c->part.local = o->local_world;
     if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
         goto fail;
     /* Runs of slots amortise the claim lock; small enough that the threads

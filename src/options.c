@@ -257,6 +257,14 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         o->depth = (unsigned)n;
         return STK_OK;
     }
+    /* Ranks per node: each node reads a contiguous part of the order
+     * (docs/engine.md); must divide the world size at open. */
+    if (!strcmp(key, "local_world_size")) {
+        if (parse_size(value, 1u << 20, &n))
+            return STK_EINVAL;
+        o->local_world = (unsigned)n;
+        return STK_OK;
+    }
     if (!strcmp(key, "memory_budget")) {
         if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
             return STK_EINVAL;

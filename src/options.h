@@ -13,6 +13,7 @@ struct stk_options {
     uint64_t seed;
     bool shuffle, drop_last;
     unsigned rank, world;
+    unsigned local_world; /* ranks per node (0: the world is one node) */
     int on_error;
     size_t max_sample_bytes;
     char *transform;

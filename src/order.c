@@ -59,12 +59,144 @@ int stk__partition_init(stk__partition *p, uint64_t n, unsigned rank, unsigned w
     p->n = n;
     p->rank = rank;
     p->world = world;
+    p->local = world;
     p->batch_size = batch_size;
     p->per_rank = drop_last ? n / world : (n + world - 1) / world;
     p->batches = drop_last ? p->per_rank / batch_size : (p->per_rank + batch_size - 1) / batch_size;
     if (drop_last)
         p->per_rank = p->batches * batch_size;
     return p->batches ? STK_OK : STK_EEMPTY;
+}
+
+/* ---- Elastic layouts ---------------------------------------------------- */
+
+static void gen_sizes(stk__gen *g, bool drop_last)
+{
+    uint64_t W = g->spec.world, B = g->spec.batch_size;
+    g->per_rank = drop_last ? g->R / W : (g->R + W - 1) / W;
+    g->batches = drop_last ? g->per_rank / B : (g->per_rank + B - 1) / B;
+    if (drop_last)
+        g->per_rank = g->batches * B;
+}
+
+void stk__layout_free(stk__layout *lay)
+{
+    for (size_t i = 0; i < lay->ngens; i++) {
+        stk__free(lay->gens[i].start);
+        stk__free(lay->gens[i].src);
+    }
+    memset(lay, 0, sizeof *lay);
+}
+
+int stk__layout_build(stk__layout *lay, uint64_t n, const stk__gen_spec *gens, size_t ngens,
+                      unsigned rank, bool drop_last, char *err, size_t errlen)
+{
+    memset(lay, 0, sizeof *lay);
+    if (!ngens || ngens > STK_LAYOUT_MAX_GENS) {
+        stk__fmt(err, errlen, "a resumed epoch may change worlds at most %d times, not %zu",
+                 STK_LAYOUT_MAX_GENS - 1, ngens ? ngens - 1 : 0);
+        return STK_EINVAL;
+    }
+    lay->rank = rank;
+    lay->drop_last = drop_last;
+    for (size_t i = 0; i < ngens; i++) {
+        stk__gen *g = &lay->gens[i];
+        g->spec = gens[i];
+        if (!g->spec.world || !g->spec.local || g->spec.world % g->spec.local ||
+            !g->spec.batch_size) {
+            stk__fmt(err, errlen,
+                     "generation %zu of the state: world %u, %u ranks a node, batch size %llu "
+                     "(the world must be a whole number of nodes)",
+                     i, g->spec.world, g->spec.local, (unsigned long long)g->spec.batch_size);
+            stk__layout_free(lay);
+            return STK_EINVAL;
+        }
+        lay->ngens = i + 1;
+        if (i == 0) {
+            g->R = n;
+        } else {
+            /* What generation i - 1 left, piece by piece. */
+            const stk__gen *p = &lay->gens[i - 1];
+            uint64_t L = p->spec.local, nodes = p->spec.world / L, chunk = p->per_rank * L;
+            uint64_t used = p->spec.steps * p->spec.batch_size * L;
+            if (used > chunk)
+                used = chunk;
+            g->start = stk__malloc((nodes + 2) * sizeof *g->start);
+            g->src = stk__malloc((nodes + 1) * sizeof *g->src);
+            if (!g->start || !g->src) {
+                stk__layout_free(lay);
+                return STK_ENOMEM;
+            }
+            uint64_t at = 0;
+            for (uint64_t j = 0; j <= nodes; j++) {
+                uint64_t lo, hi;
+                if (j < nodes) {
+                    lo = j * chunk + used;
+                    hi = (j + 1) * chunk;
+                } else {
+                    lo = nodes * chunk; /* never given to a rank (drop_last) */
+                    hi = p->R;
+                }
+                if (hi > p->R)
+                    hi = p->R;
+                if (lo >= hi)
+                    continue;
+                g->start[g->npieces] = at;
+                g->src[g->npieces] = lo;
+                g->npieces++;
+                at += hi - lo;
+            }
+            g->start[g->npieces] = at;
+            g->R = at;
+        }
+        gen_sizes(g, drop_last);
+        if (i + 1 < ngens && g->spec.steps > g->batches) {
+            stk__fmt(err, errlen,
+                     "generation %zu of the state delivered %llu batches, but it had only %llu",
+                     i, (unsigned long long)g->spec.steps, (unsigned long long)g->batches);
+            stk__layout_free(lay);
+            return STK_EINVAL;
+        }
+    }
+    if (rank >= lay->gens[ngens - 1].spec.world) {
+        stk__fmt(err, errlen, "rank %u is outside the world of %u", rank,
+                 lay->gens[ngens - 1].spec.world);
+        stk__layout_free(lay);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
+uint64_t stk__layout_pos(const stk__layout *lay, uint64_t k)
+{
+    const stk__gen *g = &lay->gens[lay->ngens - 1];
+    uint64_t L = g->spec.local;
+    uint64_t x = (uint64_t)(lay->rank / L) * g->per_rank * L + lay->rank % L + k * L;
+    if (g->R)
+        x %= g->R; /* padding wraps around this generation's sequence */
+    for (size_t i = lay->ngens - 1; i > 0; i--) {
+        const stk__gen *c = &lay->gens[i];
+        size_t lo = 0, hi = c->npieces;
+        while (hi - lo > 1) { /* the piece holding x */
+            size_t mid = lo + (hi - lo) / 2;
+            if (c->start[mid] <= x)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        x = c->src[lo] + (x - c->start[lo]);
+    }
+    return x;
+}
+
+uint64_t stk__layout_batch_len(const stk__layout *lay, uint64_t b)
+{
+    const stk__gen *g = &lay->gens[lay->ngens - 1];
+    uint64_t start = b * g->spec.batch_size;
+    if (start >= g->per_rank)
+        return 0;
+    uint64_t left = g->per_rank - start;
+    return left < g->spec.batch_size ? left : g->spec.batch_size;
 }
 
 /* ---- Shard-aware order ---------------------------------------------------- */

@@ -32,26 +32,37 @@ void stk__order_init(stk__order *o, uint64_t n, uint64_t seed, uint64_t epoch, b
 /* The sample at position k (k < n). */
 uint64_t stk__order_at(const stk__order *o, uint64_t k);
 
-/* How an epoch of n samples is split over world ranks. */
+/* How an epoch of n samples is split over world ranks.
+ *
+ * The ranks form world / local nodes of `local` ranks each (ranks
+ * node * local .. node * local + local - 1, as torchrun numbers them). Each
+ * node takes a contiguous chunk of per_rank * local positions of the epoch's
+ * order, and the ranks of a node interleave within it: rank r's k-th sample
+ * is position (r / local) * per_rank * local + r % local + k * local. With
+ * one node (local = world, the default) that is k * world + r, torch's
+ * DistributedSampler; with several, the ranks of a node read nearby parts of
+ * the order (with the shard-aware order, the same windows of shards), so a
+ * cache shared on the node fetches each shard about once. */
 typedef struct stk__partition {
     uint64_t n;
     uint64_t per_rank; /* samples each rank delivers per epoch */
     uint64_t batches;  /* batches each rank delivers per epoch */
     uint64_t batch_size;
-    unsigned rank, world;
+    unsigned rank, world, local;
 } stk__partition;
 
 /* drop_last: floor(n / world) per rank and whole batches only; otherwise
  * ceil(n / world) per rank (padding wraps around the epoch's order) and a
- * partial last batch. Returns STK_EEMPTY when a rank would get no batch. */
+ * partial last batch. Returns STK_EEMPTY when a rank would get no batch.
+ * local starts as world (one node). */
 int stk__partition_init(stk__partition *p, uint64_t n, unsigned rank, unsigned world,
                         uint64_t batch_size, bool drop_last);
 
-/* Position in the epoch's order of this rank's k-th sample (k < per_rank):
- * ranks interleave (rank, rank + world, ...), as torch's DistributedSampler. */
+/* Position in the epoch's order of this rank's k-th sample (k < per_rank). */
 static inline uint64_t stk__partition_pos(const stk__partition *p, uint64_t k)
 {
-    uint64_t pos = k * p->world + p->rank;
+    uint64_t pos = (uint64_t)(p->rank / p->local) * p->per_rank * p->local + p->rank % p->local +
+                   k * p->local;
     return pos < p->n ? pos : pos % p->n;
 }
 
@@ -62,6 +73,56 @@ static inline uint64_t stk__partition_batch_len(const stk__partition *p, uint64_
     uint64_t left = p->per_rank - start;
     return left < p->batch_size ? left : p->batch_size;
 }
+
+/* ---- Elastic resume: an epoch continued by other worlds -------------------
+ * A state saved mid-epoch is a few integers: in lockstep data parallelism
+ * every rank has delivered the same number of batches, so what an epoch has
+ * consumed follows from the worlds it ran under and their step counts.
+ *
+ * Generation 0 lays the epoch's order out as above. Generation i + 1 is what
+ * generation i left: each node's chunk without the first steps * batch_size *
+ * local positions its ranks delivered (and without padding), then (with
+ * drop_last) the positions no rank was given, in that order; it is laid out
+ * over its own world the same way. A lookup maps a position of the last
+ * generation's sequence back through the pieces of each generation to the
+ * epoch's order: O(generations x log nodes). */
+#define STK_LAYOUT_MAX_GENS 17 /* 16 saved generations and the current one */
+
+typedef struct stk__gen_spec {
+    uint32_t world, local;
+    uint64_t batch_size;
+    uint64_t steps; /* batches each rank delivered (ignored for the last) */
+} stk__gen_spec;
+
+typedef struct stk__gen {
+    stk__gen_spec spec;
+    uint64_t R;                /* positions in this generation's sequence */
+    uint64_t per_rank, batches;
+    size_t npieces;            /* pieces of the previous generation's sequence */
+    uint64_t *start, *src;     /* piece p: [start[p], start[p+1]) -> src[p] + ... */
+} stk__gen;
+
+typedef struct stk__layout {
+    size_t ngens;
+    stk__gen gens[STK_LAYOUT_MAX_GENS];
+    unsigned rank;
+    bool drop_last;
+} stk__layout;
+
+/* Builds the layout of an epoch of n positions from its generations
+ * (ngens >= 1, the last one the loader's own) for rank `rank` of the last.
+ * STK_OK; STK_EINVAL with the reason in err (a world or batch size of 0, a
+ * local size that does not divide its world, steps past a generation's
+ * batches, too many generations); STK_ENOMEM. The last generation may have
+ * no batch (the epoch is over): batches 0. */
+int stk__layout_build(stk__layout *lay, uint64_t n, const stk__gen_spec *gens, size_t ngens,
+                      unsigned rank, bool drop_last, char *err, size_t errlen);
+void stk__layout_free(stk__layout *lay);
+/* Position in the epoch's order of this rank's k-th sample of the last
+ * generation (k < its per_rank). */
+uint64_t stk__layout_pos(const stk__layout *lay, uint64_t k);
+/* Samples in batch b of the last generation. */
+uint64_t stk__layout_batch_len(const stk__layout *lay, uint64_t b);
 
 /* ---- Shard-aware order ----------------------------------------------------
  * For a dataset read from shards through a cache much smaller than the
