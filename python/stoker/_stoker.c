@@ -986,6 +986,7 @@ static const struct {
     {"shuffle", offsetof(stk_state, shuffle), 0},
     {"drop_last", offsetof(stk_state, drop_last), 0},
     {"transform_hash", offsetof(stk_state, transform), 1},
+    {"local_world_size", offsetof(stk_state, local_world_size), 0},
 };
 #define N_FP_FIELDS (sizeof fp_fields / sizeof fp_fields[0])
 
@@ -1021,7 +1022,74 @@ static PyObject *Engine_fingerprint(EngineObject *self, PyObject *unused)
             Py_CLEAR(d);
         Py_XDECREF(v);
     }
+    /* The worlds this epoch ran under before this one (elastic resume). */
+    PyObject *h = d ? PyList_New(0) : NULL;
+    for (uint32_t i = 0; h && i < st.history_len && i < STK_STATE_HISTORY; i++) {
+        PyObject *g = Py_BuildValue(
+            "{s:I,s:I,s:K,s:K}", "world_size", st.history[i].world_size, "local_world_size",
+            st.history[i].local_world_size, "batch_size",
+            (unsigned long long)st.history[i].batch_size, "batches",
+            (unsigned long long)st.history[i].batches);
+        if (!g || PyList_Append(h, g) < 0)
+            Py_CLEAR(h);
+        Py_XDECREF(g);
+    }
+    if (!h || PyDict_SetItemString(d, "history", h) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(h);
+    /* Where the state stands: the engine normalises an epoch it finished. */
+    PyObject *e = d ? Py_BuildValue("(KK)", (unsigned long long)st.epoch,
+                                    (unsigned long long)st.batch)
+                    : NULL;
+    if (!e || PyDict_SetItemString(d, "position", e) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(e);
     return d;
+}
+
+/* Fills st's history from a list of dicts (world_size, local_world_size,
+ * batch_size, batches). 0 or -1 with a ValueError/TypeError set. */
+static int history_from(PyObject *list, stk_state *st)
+{
+    if (!PyList_Check(list) && !PyTuple_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "state dict history must be a list of dicts");
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Size(list);
+    if (n > STK_STATE_HISTORY) {
+        PyErr_Format(PyExc_ValueError,
+                     "state dict history has %zd worlds; an epoch may change worlds at most %d "
+                     "times",
+                     n, STK_STATE_HISTORY);
+        return -1;
+    }
+    static const char *const keys[4] = {"world_size", "local_world_size", "batch_size",
+                                        "batches"};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *g = PySequence_GetItem(list, i);
+        if (!g)
+            return -1;
+        unsigned long long v[4];
+        for (int k = 0; k < 4; k++) {
+            PyObject *x = PyDict_Check(g) ? PyDict_GetItemString(g, keys[k]) : NULL;
+            PyObject *ix = x ? PyNumber_Index(x) : NULL;
+            v[k] = ix ? PyLong_AsUnsignedLongLong(ix) : (unsigned long long)-1;
+            Py_XDECREF(ix);
+            if (!ix || PyErr_Occurred() || (k < 2 && v[k] > UINT32_MAX)) {
+                PyErr_Clear();
+                Py_DECREF(g);
+                PyErr_Format(PyExc_ValueError,
+                             "state dict history[%zd] needs an integer %s (world_size, "
+                             "local_world_size, batch_size, batches)",
+                             i, keys[k]);
+                return -1;
+            }
+        }
+        Py_DECREF(g);
+        st->history[i] = (stk_state_generation){(uint32_t)v[0], (uint32_t)v[1], v[2], v[3]};
+    }
+    st->history_len = (uint32_t)n;
+    return 0;
 }
 
 /* set_state(seed, epoch, batch, fingerprint=None): fingerprint is a dict with
@@ -1070,6 +1138,14 @@ static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
         } else {
             uint32_t w = (uint32_t)x;
             memcpy(p, &w, sizeof w);
+        }
+    }
+    st.history_len = 0;
+    if (fp != Py_None) {
+        PyObject *h = PyDict_GetItemString(fp, "history"); /* borrowed */
+        if (h && h != Py_None && history_from(h, &st) < 0) {
+            rc = STK_EINVAL;
+            goto out;
         }
     }
     Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_state(self->l, &st);

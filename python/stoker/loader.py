@@ -44,6 +44,7 @@ OPTION_KEYS = {
     # Diagnosis (docs/diagnosis.md).
     "trace": "Chrome trace-event JSON file written at close (the trace argument)",
     "autotune": "0 or 1: threads is a cap and the active count adapts (threads=\"auto\")",
+    "local_world_size": "ranks per node (the local_world_size argument)",
     "memory_budget": "bytes the loader's memory bound may take when depth=\"auto\" picks the "
                      "depth, K/M/G suffixes (default: a quarter of the available memory)",
     "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
@@ -91,7 +92,7 @@ def _int(value, name, lo, hi):
         raise ValueError(f"{name} must be in {lo} .. {hi}, got {_describe(value)}")
     return v
 _FINGERPRINT_KEYS = ("num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last",
-                     "transform_hash")
+                     "transform_hash", "local_world_size")
 
 
 class Records:
@@ -291,7 +292,7 @@ class Loader:
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
-                 trace=None, memory_budget=None):
+                 trace=None, memory_budget=None, local_world_size=None):
         self._engine = None
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
@@ -357,6 +358,18 @@ class Loader:
             opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
         if trace is not None:
             opts["trace"] = os.fspath(trace)
+        # Ranks per node: each node reads its own contiguous part of the
+        # order, so with the shard-aware order a node-shared cache fetches
+        # each shard about once per node (docs/distributed.md). By default
+        # torchrun's LOCAL_WORLD_SIZE when order="shards", else one node.
+        if local_world_size is None and order == "shards" and world_size > 1:
+            local_world_size = _env_int("LOCAL_WORLD_SIZE")
+        if local_world_size is not None:
+            local_world_size = _int(local_world_size, "local_world_size", 1, world_size)
+            if world_size % local_world_size:
+                raise ValueError(f"local_world_size={local_world_size} does not divide "
+                                 f"world_size={world_size}: a world is a whole number of nodes")
+            opts["local_world_size"] = str(local_world_size)
         records = None
         if isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)
@@ -377,6 +390,7 @@ class Loader:
         self.transform = spec
         self.depth, self.output, self.layout, self.dtype = depth, output, layout, dtype
         self.on_error, self.rank, self.world_size = on_error, rank, world_size
+        self.local_world_size = local_world_size or world_size
         self.return_indices = bool(return_indices)
         self._engine = _stoker.Engine(
             path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
@@ -475,40 +489,53 @@ class Loader:
     def state_dict(self):
         """The position as a dict: resume exactly with load_state_dict(). It
         counts batches already handed out, so save it after finishing the
-        step on the last batch you took."""
+        step on the last batch you took. In lockstep data-parallel training
+        every rank's dict is the same: saving rank 0's is enough, and it
+        restores onto any world size (elastic resume, docs/engine.md)."""
         self._check_open()
-        seed, epoch, batch = self._engine.get_state()
-        if batch >= len(self):   # every batch of the epoch was handed out
-            epoch, batch = epoch + 1, 0
+        seed = self._engine.get_state()[0]
         fp = self._engine.fingerprint()
+        epoch, batch = fp["position"]
+        if not fp["history"] and batch >= len(self):   # the epoch was handed out
+            epoch, batch = epoch + 1, 0
         return {"seed": seed, "epoch": epoch, "batch": batch, "batch_size": self.batch_size,
                 "num_samples": self.num_samples, "rank": self.rank,
-                "world_size": self.world_size, "drop_last": self.drop_last,
-                "shuffle": self.shuffle, "transform_hash": fp["transform_hash"]}
+                "world_size": self.world_size, "local_world_size": fp["local_world_size"],
+                "drop_last": self.drop_last, "shuffle": self.shuffle,
+                "transform_hash": fp["transform_hash"], "history": fp["history"]}
 
     def load_state_dict(self, state):
         """Restores a position from state_dict() (possibly saved by another
-        process). The next iteration continues from it exactly.
+        process, or by a world of another size). The next iteration continues
+        from it exactly.
 
-        The engine checks the seed and the fingerprint (num_samples,
-        batch_size, world_size, rank, shuffle, drop_last, transform_hash) and
-        refuses a mismatch naming the field. A fingerprint key missing from
-        the dict (state dicts saved by older versions lack transform_hash) is
-        not checked."""
+        The engine checks the seed and the fingerprint (num_samples, shuffle,
+        drop_last, transform_hash) and refuses a mismatch naming the field. A
+        fingerprint key missing from the dict (state dicts saved by older
+        versions lack transform_hash, local_world_size and history) is not
+        checked. world_size, local_world_size and batch_size may differ from
+        this loader's: the rest of the epoch is laid out over this world and
+        every sample the saved world had not delivered comes exactly once
+        across the new ranks (elastic resume, docs/engine.md); rank is not
+        checked, since every rank's state is the same in lockstep training."""
         for k in _STATE_KEYS:
             if k not in state:
                 raise ValueError(f"state dict lacks {k!r}")
-        for k in ("batch_size", "num_samples", "world_size", "drop_last", "shuffle"):
+        for k in ("num_samples", "drop_last", "shuffle"):
             if k in state and state[k] != getattr(self, k):
                 raise ValueError(f"state was saved with {k}={state[k]!r} but this loader has "
                                  f"{k}={getattr(self, k)!r}: resuming would not be exact")
-        if "rank" in state and state["rank"] != self.rank:
-            raise ValueError(f"state was saved by rank {state['rank']}, this loader is rank "
-                             f"{self.rank}")
         seed = _int(state["seed"], "state dict seed", 0, _U64_MAX)
         epoch = _int(state["epoch"], "state dict epoch", 0, self._max_epoch())
-        batch = _int(state["batch"], f"state dict batch (this loader has {len(self)} batches "
-                     f"per epoch)", 0, len(self))
+        same_world = (state.get("world_size", self.world_size) == self.world_size and
+                      state.get("batch_size", self.batch_size) == self.batch_size and
+                      state.get("local_world_size", self.local_world_size) ==
+                      self.local_world_size and not state.get("history"))
+        if same_world:
+            batch = _int(state["batch"], f"state dict batch (this loader has {len(self)} "
+                         f"batches per epoch)", 0, len(self))
+        else:  # another world's count: the engine checks it against that world
+            batch = _int(state["batch"], "state dict batch", 0, 2 ** 62)
         fp = {}
         for k in _FINGERPRINT_KEYS:
             if k in state:
@@ -516,6 +543,8 @@ class Loader:
                     fp[k] = operator.index(state[k])
                 except TypeError:
                     fp[k] = state[k]  # the engine names the field and the value
+        if state.get("history") is not None:
+            fp["history"] = list(state["history"])
         with self._lock:
             self._check_open()
             self._engine.set_state(seed, epoch, batch, fp)
