@@ -1,0 +1,89 @@
+"""One rank of the torchrun tests (tests/py/test_distributed.py): reads its
+share of an epoch with stoker.Loader under torch.distributed (gloo, CPU),
+in lockstep (a barrier per step, as DDP's all-reduce would), and writes what
+it delivered to OUT/rank-R.json: per batch, the step, the labels and a hash
+of the bytes. Rank 0 saves the loader's state dict to OUT/state.json after
+--save-at steps; --resume STATE restores one first; --stop-after N stops
+there (else at the end of the epoch); --sleep-after N makes every rank
+stop after step N and sleep (to be killed). Each rank writes its pid to
+OUT/pid-R first."""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import stoker  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("out")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-shuffle", action="store_true")
+    ap.add_argument("--order", default="global")
+    ap.add_argument("--cache-dir")
+    ap.add_argument("--transform")
+    ap.add_argument("--save-at", type=int)
+    ap.add_argument("--stop-after", type=int)
+    ap.add_argument("--resume")
+    ap.add_argument("--sleep-after", type=int)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    with open(os.path.join(a.out, f"pid-{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    kw = {}
+    if a.cache_dir:
+        kw["cache_dir"] = a.cache_dir
+    if a.transform:
+        kw["transform"] = a.transform
+        kw["size"] = 32
+    data = a.data
+    if data.startswith("records:"):  # records:PATH:RECORD_BYTES:LABEL_BYTES
+        path, rb, lb = data[len("records:"):].rsplit(":", 2)
+        data = stoker.Records(path, int(rb), label_bytes=int(lb))
+    loader = stoker.Loader(data, a.batch_size, seed=a.seed, shuffle=not a.no_shuffle,
+                           order=a.order, output="numpy", threads=1, **kw)
+    assert loader.rank == rank and loader.world_size == dist.get_world_size()
+    if a.resume:
+        with open(a.resume) as f:
+            loader.load_state_dict(json.load(f))
+    out = {"rank": rank, "world_size": loader.world_size, "batches": [],
+           "local_world_size": loader.local_world_size}
+    step = 0
+    for data, labels in loader:
+        h = hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
+        out["batches"].append({"step": step, "labels": [int(x) for x in labels], "hash": h})
+        step += 1
+        dist.barrier()
+        if a.save_at is not None and step == a.save_at and rank == 0:
+            tmp = os.path.join(a.out, "state.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump(loader.state_dict(), f)
+            os.rename(tmp, os.path.join(a.out, "state.json"))
+        if a.stop_after is not None and step >= a.stop_after:
+            break
+        if a.sleep_after is not None and step >= a.sleep_after:
+            with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
+                json.dump(out, f)
+            time.sleep(300)  # killed here by the test
+    out["stats_fetch"] = loader.stats()["fetch"]
+    with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
+        json.dump(out, f)
+    loader.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""torchrun processes (gloo, CPU) reading one dataset with stoker.Loader
+(docs/distributed.md): every sample of an epoch exactly once across ranks,
+equal batch counts, each rank's batches bit-identical to a single-process
+Loader opened as that rank; elastic resume after a rank is killed with
+SIGKILL, onto fewer and more ranks; two ranks sharing one cache directory
+download each shard once. Each rank is tests/py/dist_worker.py."""
+
+import collections
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import stoker
+
+pytest.importorskip("torch.distributed")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "servers"))
+STOKER = os.path.join(ROOT, "build", "release", "stoker")
+WORKER = os.path.join(ROOT, "tests", "py", "dist_worker.py")
+
+import stk_servers  # noqa: E402
+
+
+def torchrun(nproc, out, *args, wait=True):
+    """Starts torchrun with nproc local ranks of dist_worker.py. The
+    --redirects/--tee/--log_dir flags work around Debian's torch 1.13 on
+    Python 3.11 (../shared/FACTS.md)."""
+    os.makedirs(out, exist_ok=True)
+    cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "--redirects", "2", "--tee", "2", "--log_dir",
+           os.path.join(out, "logs"), WORKER, *[str(a) for a in args]]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, start_new_session=True)
+    if not wait:
+        return p
+    try:
+        log, _ = p.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise
+    assert p.returncode == 0, log[-4000:]
+    return [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(nproc)]
+
+
+@pytest.fixture(scope="module")
+def rec(tmp_path_factory):
+    """A record file of 103 samples whose label is the sample's index."""
+    path = tmp_path_factory.mktemp("dist") / "data.rec"
+    with open(path, "wb") as f:
+        for i in range(103):
+            f.write(i.to_bytes(8, "little") + bytes((i * 7 + k) % 256 for k in range(8)))
+    return path
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_each_sample_once_and_same_batches_as_one_process(rec, tmp_path, nproc, shuffle):
+    # dist_worker reads records through a Records source: pass it by path and
+    # record size in the environment-free way the worker knows.
+    args = [_records_spec(rec), tmp_path / "out", "--seed", "7"]
+    if not shuffle:
+        args.append("--no-shuffle")
+    ranks = torchrun(nproc, tmp_path / "out", *args)
+    counts = [len(r["batches"]) for r in ranks]
+    assert len(set(counts)) == 1, counts
+    seen = collections.Counter(x for r in ranks for b in r["batches"] for x in b["labels"])
+    assert set(seen) == set(range(103))
+    assert sum(seen.values()) - 103 < nproc  # DistributedSampler-style padding only
+    # Each rank's batches are what one process opened as that rank delivers.
+    for r in ranks:
+        with stoker.Loader(stoker.Records(rec, 16, label_bytes=8), 4, seed=7, shuffle=shuffle,
+                           rank=r["rank"], world_size=nproc, output="numpy",
+                           threads=1) as L:
+            want = [(hashlib.sha1(np.ascontiguousarray(d).tobytes()).hexdigest(),
+                     [int(x) for x in y]) for d, y in L]
+        assert [(b["hash"], b["labels"]) for b in r["batches"]] == want
+
+
+def _records_spec(rec):
+    return f"records:{rec}:16:8"
+
+
+def _first_run_deliveries(out, nproc, upto):
+    seen = collections.Counter()
+    for r in range(nproc):
+        with open(os.path.join(out, f"rank-{r}.json")) as f:
+            for b in json.load(f)["batches"]:
+                if b["step"] < upto:
+                    seen.update(b["labels"])
+    return seen
+
+
+@pytest.mark.parametrize("new_world", [2, 4])
+@pytest.mark.parametrize("seed,cut,shuffle", [(1, 3, True), (5, 6, False)])
+def test_elastic_resume_after_a_rank_is_killed(rec, tmp_path, new_world, seed, cut, shuffle):
+    first = tmp_path / "first"
+    args = [_records_spec(rec), first, "--seed", seed, "--save-at", cut, "--sleep-after",
+            cut + 1]
+    if not shuffle:
+        args.append("--no-shuffle")
+    p = torchrun(3, first, *args, wait=False)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not all(
+                os.path.exists(first / f"rank-{r}.json") for r in range(3)):
+            time.sleep(0.1)
+        assert (first / "state.json").exists(), "rank 0 saved no state"
+        os.kill(int((first / "pid-1").read_text()), signal.SIGKILL)  # a node dies
+        try:
+            p.wait(timeout=60)  # torchrun's agent stops the other ranks
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+    state = json.loads((first / "state.json").read_text())
+    assert state["batch"] == cut and state["world_size"] == 3
+    seen = _first_run_deliveries(first, 3, cut)
+    second = tmp_path / "second"
+    args = [_records_spec(rec), second, "--seed", seed, "--resume", first / "state.json"]
+    if not shuffle:
+        args.append("--no-shuffle")
+    ranks = torchrun(new_world, second, *args)
+    counts = [len(r["batches"]) for r in ranks]
+    assert len(set(counts)) == 1, counts
+    for r in ranks:
+        for b in r["batches"]:
+            seen.update(b["labels"])
+    assert set(seen) == set(range(103))  # none skipped
+    assert sum(seen.values()) - 103 <= (3 - 1) + (new_world - 1)  # padding only
+
+
+def test_two_ranks_share_one_cache_and_download_each_shard_once(tmp_path):
+    from PIL import Image
+    src = tmp_path / "src"
+    rng = np.random.default_rng(3)
+    for c in range(3):
+        (src / f"c{c}").mkdir(parents=True)
+        for k in range(16):
+            Image.fromarray(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)).save(
+                src / f"c{c}" / f"{k}.jpg")
+    www = tmp_path / "www"
+    www.mkdir()
+    subprocess.run([STOKER, "pack", str(src), str(www / "ds"), "--shard-size", "8K", "--quiet"],
+                   check=True)
+    shards = sorted(p.name for p in (www / "ds").iterdir() if p.name.endswith(".stk"))
+    assert len(shards) >= 4
+    cache = tmp_path / "cache"
+    with stk_servers.Nginx(www) as srv:
+        ranks = torchrun(2, tmp_path / "out", f"{srv.url}/ds", tmp_path / "out", "--cache-dir",
+                         cache, "--order", "shards", "--transform", "imagenet-val")
+        whole = [r for r in srv.requests() if r["path"].endswith(".stk") and not r["range"]]
+    seen = collections.Counter(x for r in ranks for b in r["batches"] for x in b["labels"])
+    assert sum(seen.values()) >= 48
+    # Each shard downloaded whole exactly once, over both ranks.
+    assert sorted(r["path"].rsplit("/", 1)[1] for r in whole) == shards
+    assert sum(r["stats_fetch"]["cache_misses"] for r in ranks) == len(shards)
