@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--no-shuffle", action="store_true")
     ap.add_argument("--order", default="global")
     ap.add_argument("--cache-dir")
+    ap.add_argument("--endpoint")
     ap.add_argument("--transform")
     ap.add_argument("--save-at", type=int)
     ap.add_argument("--stop-after", type=int)
@@ -45,6 +46,8 @@ def main():
     kw = {}
     if a.cache_dir:
         kw["cache_dir"] = a.cache_dir
+    if a.endpoint:
+        kw["options"] = {"endpoint": a.endpoint}
     if a.transform:
         kw["transform"] = a.transform
         kw["size"] = 32

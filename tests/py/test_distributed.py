@@ -29,7 +29,7 @@ WORKER = os.path.join(ROOT, "tests", "py", "dist_worker.py")
 import stk_servers  # noqa: E402
 
 
-def torchrun(nproc, out, *args, wait=True):
+def torchrun(nproc, out, *args, wait=True, env=None):
     """Starts torchrun with nproc local ranks of dist_worker.py. The
     --redirects/--tee/--log_dir flags work around Debian's torch 1.13 on
     Python 3.11 (../shared/FACTS.md)."""
@@ -37,7 +37,8 @@ def torchrun(nproc, out, *args, wait=True):
     cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={nproc}", "--redirects", "2", "--tee", "2", "--log_dir",
            os.path.join(out, "logs"), WORKER, *[str(a) for a in args]]
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
+               **(env or {}))
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=env, start_new_session=True)
     if not wait:
@@ -158,12 +159,20 @@ def test_two_ranks_share_one_cache_and_download_each_shard_once(tmp_path):
     shards = sorted(p.name for p in (www / "ds").iterdir() if p.name.endswith(".stk"))
     assert len(shards) >= 4
     cache = tmp_path / "cache"
-    with stk_servers.Nginx(www) as srv:
-        ranks = torchrun(2, tmp_path / "out", f"{srv.url}/ds", tmp_path / "out", "--cache-dir",
-                         cache, "--order", "shards", "--transform", "imagenet-val")
-        whole = [r for r in srv.requests() if r["path"].endswith(".stk") and not r["range"]]
+    key, secret = "distkey", "distsecret"
+    env = {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret, "HOME": str(tmp_path)}
+    with stk_servers.S3Server(key, secret) as srv:
+        srv.create_bucket("bkt")
+        srv.put_dir("bkt", "ds", www / "ds")
+        srv.clear_requests()
+        ranks = torchrun(2, tmp_path / "out", "s3://bkt/ds", tmp_path / "out", "--cache-dir",
+                         cache, "--order", "shards", "--transform", "imagenet-val",
+                         "--endpoint", srv.endpoint, env=env)
+        reqs = srv.requests()
+    whole = [r for r in reqs if r["path"].endswith(".stk") and not r.get("range")
+             and r.get("method", "GET") == "GET"]
     seen = collections.Counter(x for r in ranks for b in r["batches"] for x in b["labels"])
     assert sum(seen.values()) >= 48
-    # Each shard downloaded whole exactly once, over both ranks.
-    assert sorted(r["path"].rsplit("/", 1)[1] for r in whole) == shards
+    # Each shard downloaded whole exactly once, over both ranks (counted at the server).
+    assert sorted(r["path"].rsplit("/", 1)[1] for r in whole) == shards, whole
     assert sum(r["stats_fetch"]["cache_misses"] for r in ranks) == len(shards)
