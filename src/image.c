@@ -1282,6 +1282,8 @@ typedef struct layout {
     size_t dec, tmp, orient, stage, rest_buf, rest_aux, total;
 } layout;
 
+_Thread_local uint64_t stk__imgpipe_decoded_at;
+
 int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen)
@@ -1457,6 +1459,7 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
     if (direct) {
         if ((rc = codec->read(st, out, (size_t)r.w * 3, m_tmp, err, errlen)))
             goto out;
+        stk__imgpipe_decoded_at = stk__now_ns();
         dims[0] = (int32_t)r.h;
         dims[1] = (int32_t)r.w;
         dims[2] = 3;
@@ -1466,6 +1469,7 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
     stk__view dec = {m_dec, (size_t)r.w * 3, r.w, r.h};
     if ((rc = codec->read(st, dec.p, dec.stride, m_tmp, err, errlen)))
         goto out;
+    stk__imgpipe_decoded_at = stk__now_ns();
     codec->close(st);
     st = NULL;
 

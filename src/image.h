@@ -59,6 +59,11 @@ int stk__imgpipe_dense(const stk__imgpipe *p, unsigned *ndim, int64_t shape[4], 
  * (GIF, BMP, TIFF, WebP, AVIF, HEIC/HEIF, JPEG 2000, JPEG XL, QOI), or NULL. */
 const char *stk__image_other_format(const uint8_t *b, size_t n);
 
+/* When the calling thread's last stk__imgpipe_run finished decoding (before
+ * its transforms), on stk__now_ns's clock: the trace splits a sample's
+ * processing into decode and transform with it. */
+extern _Thread_local uint64_t stk__imgpipe_decoded_at;
+
 int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen);

@@ -251,14 +251,25 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
     if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
+        stk__imgpipe_decoded_at = 0;
         size_t out_len = 0;
         rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes, &out_len,
                               dims, err, sizeof err);
         len = out_len;
         uint64_t t2 = stk__now_ns();
         stage_add(w, STK_STAGE_PROCESS, t2 - t1);
-        if (c->trace)
-            stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g, (uint32_t)s);
+        if (c->trace) {
+            uint64_t td = stk__imgpipe_decoded_at;
+            if (td >= t1 && td <= t2) {
+                stk__trace_event(c->trace, 1 + w->id, STK__TR_DECODE, t1, td, i, b->g,
+                                 (uint32_t)s);
+                stk__trace_event(c->trace, 1 + w->id, STK__TR_TRANSFORM, td, t2, i, b->g,
+                                 (uint32_t)s);
+            } else { /* failed before the decode ended */
+                stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g,
+                                 (uint32_t)s);
+            }
+        }
     } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
         stk__fmt(err, sizeof err, "sample is %zu bytes, expected %zu", len, c->sample_bytes);
         rc = STK_EFORMAT;

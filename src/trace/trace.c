@@ -100,13 +100,16 @@ uint64_t stk__trace_dropped(const stk__trace *t)
 
 static void put_event(FILE *f, unsigned tid, const event *e, uint64_t batch_size)
 {
-    static const char *const names[STK__TR_KINDS] = {"read", "process", "batch ready", "next"};
+    static const char *const names[STK__TR_KINDS] = {"read", "process", "batch ready", "next",
+                                                     "decode", "transform"};
     /* Microseconds with nanosecond digits: the unit trace viewers expect. */
     fprintf(f, ",\n{\"name\":\"%s\",\"pid\":1,\"tid\":%u,\"ts\":%" PRIu64 ".%03u", names[e->kind],
             tid, e->t0 / 1000, (unsigned)(e->t0 % 1000));
     switch (e->kind) {
     case STK__TR_READ:
     case STK__TR_PROCESS:
+    case STK__TR_DECODE:
+    case STK__TR_TRANSFORM:
         fprintf(f,
                 ",\"ph\":\"X\",\"cat\":\"stage\",\"dur\":%" PRIu64 ".%03u,\"args\":{\"sample\":%" PRIu64
                 ",\"batch\":%" PRIu64 ",\"slot\":%u}}",

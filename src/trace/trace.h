@@ -22,9 +22,11 @@ typedef struct stk__trace stk__trace;
 
 enum {
     STK__TR_READ,    /* span: a worker read a sample's bytes (file or fetch stage) */
-    STK__TR_PROCESS, /* span: decode + transform, written into the slot */
+    STK__TR_PROCESS, /* span: decode + transform (when they cannot be told apart) */
     STK__TR_READY,   /* instant: a worker filled a batch's last slot */
     STK__TR_NEXT,    /* span: the consumer's next() call, waiting included */
+    STK__TR_DECODE,  /* span: decoding the image (its needed region) */
+    STK__TR_TRANSFORM, /* span: crops, resizes, flips, normalisation, into the slot */
     STK__TR_KINDS
 };
 

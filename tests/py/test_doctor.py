@@ -207,12 +207,18 @@ def test_trace_parses_and_covers_the_delivered_samples(small, tmp_path):
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (tid, a, b)
     # Every delivered sample was read and processed on a worker track.
     reads = [e for e in spans if e["name"] == "read"]
-    procs = [e for e in spans if e["name"] == "process"]
-    assert delivered <= {e["args"]["sample"] for e in procs}
+    decs = [e for e in spans if e["name"] == "decode"]
+    trans = [e for e in spans if e["name"] == "transform"]
+    assert delivered <= {e["args"]["sample"] for e in decs}
+    assert delivered <= {e["args"]["sample"] for e in trans}
     assert delivered <= {e["args"]["sample"] for e in reads}
+    # The process stage is a decode then a transform, back to back.
+    ends = {(e["tid"], e["args"]["sample"], e["args"]["batch"]): e["ts"] + e["dur"] for e in decs}
+    for e in trans:
+        assert abs(ends[(e["tid"], e["args"]["sample"], e["args"]["batch"])] - e["ts"]) < 1e-3
     # The counts are the stage counters at close (>= those read before it).
     assert len(reads) == meta["read_items"] >= st["stages"]["read"]["items"]
-    assert len(procs) == meta["process_items"] >= st["stages"]["process"]["items"]
+    assert len(decs) == len(trans) == meta["process_items"] >= st["stages"]["process"]["items"]
     assert meta["samples_delivered"] == 60
     nexts = [e for e in spans if e["name"] == "next"]
     assert sum(e["args"]["result"] == "delivered" for e in nexts) == 9  # ceil(60 / 7)
