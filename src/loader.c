@@ -24,7 +24,7 @@
 #include "internal.h"
 #include "options.h"
 #include "order.h"
-#include "source/source.h"
+#include "source/dataset.h"
 #include "io/remote.h"
 
 #include <errno.h>

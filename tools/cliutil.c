@@ -3,6 +3,7 @@
 
 #include "codec/codec.h"
 #include "image.h"
+#include "source/dataset.h"
 #include "source/stkformat.h"
 
 #include <errno.h>

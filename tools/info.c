@@ -5,7 +5,8 @@
  */
 #include "commands.h"
 
-#include "source/source.h"
+#include "source/dataset.h"
+#include "source/manifest.h"
 #include "source/stkformat.h"
 #include "io/remote.h"
 
