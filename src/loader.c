@@ -1319,6 +1319,7 @@ const char *stk_strerror(int code)
     case STK_EEMPTY: return "no samples";
     case STK_EUNSUPPORTED: return "unsupported";
     case STK_ESAMPLE: return "a sample failed";
+    case STK_ECANCELED: return "canceled";
     default: return "unknown error";
     }
 }
