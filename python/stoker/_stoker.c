@@ -120,6 +120,7 @@ static const char *code_name(int code)
     case STK_EEMPTY: return "EEMPTY";
     case STK_EUNSUPPORTED: return "EUNSUPPORTED";
     case STK_ESAMPLE: return "ESAMPLE";
+    case STK_ECANCELED: return "ECANCELED";
     default: return "?";
     }
 }
@@ -1305,7 +1306,136 @@ static PyObject *mod_strerror(PyObject *m, PyObject *args)
     return PyUnicode_FromString(stk_strerror(code));
 }
 
+
+/* ---- pack ------------------------------------------------------------------
+ * stk_pack runs without the GIL. Its progress callback comes on this same
+ * thread: it takes the GIL back, checks for signals (Ctrl-C cancels the pack,
+ * which removes what it wrote, and KeyboardInterrupt is raised), records a
+ * skipped sample, and calls the user's progress function if any (an
+ * exception there cancels too and is raised). */
+typedef struct pack_ctx {
+    PyThreadState *ts;
+    PyObject *progress; /* callable or None (borrowed) */
+    PyObject *skipped;  /* list of (index, key, reason) */
+    int failed;         /* a Python exception is set */
+} pack_ctx;
+
+static PyObject *fs_str(const char *s)
+{
+    return PyUnicode_DecodeFSDefault(s);
+}
+
+static int pack_progress_cb(const stk_pack_progress *pr, void *user)
+{
+    pack_ctx *c = user;
+    int stop = 0;
+    PyEval_RestoreThread(c->ts);
+    if (PyErr_CheckSignals() < 0) {
+        c->failed = 1;
+        stop = 1;
+        goto out;
+    }
+    if (pr->skipped_key) {
+        PyObject *t = Py_BuildValue("(KNN)", (unsigned long long)pr->skipped_index,
+                                    fs_str(pr->skipped_key), fs_str(pr->skipped_reason));
+        if (!t || PyList_Append(c->skipped, t) < 0) {
+            Py_XDECREF(t);
+            c->failed = 1;
+            stop = 1;
+            goto out;
+        }
+        Py_DECREF(t);
+    }
+    if (c->progress != Py_None) {
+        PyObject *d = Py_BuildValue(
+            "{s:K,s:K,s:K,s:K,s:K,s:d}", "done", (unsigned long long)pr->done, "total",
+            (unsigned long long)pr->total, "skipped", (unsigned long long)pr->skipped, "bytes",
+            (unsigned long long)pr->bytes, "shards", (unsigned long long)pr->shards, "seconds",
+            pr->seconds);
+        PyObject *r = d ? PyObject_CallOneArg(c->progress, d) : NULL;
+        Py_XDECREF(d);
+        if (!r) {
+            c->failed = 1;
+            stop = 1;
+            goto out;
+        }
+        /* A true return value asks to stop, as in C. */
+        int truth = r == Py_None ? 0 : PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (truth < 0) {
+            c->failed = 1;
+            stop = 1;
+        } else if (truth) {
+            stop = 1;
+        }
+    }
+out:
+    c->ts = PyEval_SaveThread();
+    return stop;
+}
+
+static PyObject *mod_pack(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *src = NULL, *out = NULL, *progress;
+    unsigned long long shard_size, record_bytes, header_bytes;
+    unsigned max_side, quality, raw_h, raw_w, raw_c, threads, align, label_bytes;
+    int skip_bad;
+    if (!PyArg_ParseTuple(args, "O&O&KIIIIIIIpKKIO", PyUnicode_FSConverter, &src,
+                          PyUnicode_FSConverter, &out, &shard_size, &max_side, &quality, &raw_h,
+                          &raw_w, &raw_c, &threads, &align, &skip_bad, &record_bytes,
+                          &header_bytes, &label_bytes, &progress)) {
+        Py_XDECREF(src);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    pack_ctx c = {NULL, progress, PyList_New(0), 0};
+    if (!c.skipped)
+        goto done;
+    stk_pack_options o = {.struct_size = sizeof o};
+    o.shard_size = shard_size;
+    o.max_side = max_side;
+    o.quality = quality;
+    o.raw_h = raw_h;
+    o.raw_w = raw_w;
+    o.raw_c = raw_c;
+    o.threads = threads;
+    o.align = align;
+    o.skip_bad = skip_bad;
+    o.record_bytes = (size_t)record_bytes;
+    o.header_bytes = (size_t)header_bytes;
+    o.label_bytes = label_bytes;
+    o.progress = pack_progress_cb;
+    o.progress_user = &c;
+    stk_pack_result r = {.struct_size = sizeof r};
+    char err[1024] = "";
+    c.ts = PyEval_SaveThread();
+    int rc = stk_pack(PyBytes_AS_STRING(src), PyBytes_AS_STRING(out), &o, &r, err, sizeof err);
+    PyEval_RestoreThread(c.ts);
+    if (c.failed) /* the exception from the callback (KeyboardInterrupt, ...) */
+        goto done;
+    if (rc) {
+        raise_code(rc, err);
+        goto done;
+    }
+    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    ret = Py_BuildValue("{s:K,s:K,s:K,s:K,s:s,s:d,s:O}", "samples", (unsigned long long)r.samples,
+                        "skipped", (unsigned long long)r.skipped, "shards",
+                        (unsigned long long)r.shards, "bytes", (unsigned long long)r.bytes,
+                        "payload", r.payload < 3 ? kinds[r.payload] : "unknown", "seconds",
+                        r.seconds, "skipped_samples", c.skipped);
+done:
+    Py_XDECREF(c.skipped);
+    Py_DECREF(src);
+    Py_DECREF(out);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
+    {"pack", mod_pack, METH_VARARGS,
+     "pack(src, out, shard_size, max_side, quality, raw_h, raw_w, raw_c, threads, align, "
+     "skip_bad, record_bytes, header_bytes, label_bytes, progress) -> dict (see stoker.pack)"},
     {"version", mod_version, METH_NOARGS, "The C library's version string."},
     {"strerror", mod_strerror, METH_VARARGS, "Static text of a return code."},
     {NULL, NULL, 0, NULL},
