@@ -21,7 +21,8 @@
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
  *
- * Outside src/source/, the loader and the packer (src/pack/) use dataset.h.
+ * Outside src/source/, the loader, `stoker info` and the packer (src/pack/)
+ * use dataset.h.
  */
 #ifndef STK_SOURCE_H
 #define STK_SOURCE_H
