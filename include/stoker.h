@@ -465,6 +465,50 @@ typedef struct stk_pack_result {
 STK_API int stk_pack(const char *src, const char *out, const stk_pack_options *o,
                      stk_pack_result *res, char *err, size_t errlen);
 
+/* ---- Writing .stk shards sample by sample --------------------------------
+ * For programs that produce samples themselves (no dataset on disk to pack):
+ * open a writer on an output directory, add samples in order, finish. The
+ * shards, the manifest and the crash safety are stk_pack's (docs/format.md);
+ * the result opens with stk_options_set_source like any packed dataset. One
+ * writer is used by one thread at a time. */
+typedef struct stk_writer stk_writer;
+
+typedef struct stk_writer_options {
+    size_t struct_size;   /* sizeof(stk_writer_options); zero the rest */
+    uint64_t shard_size;  /* target payload bytes per shard (0: 256 MiB) */
+    unsigned align;       /* 0, or payload alignment: a power of two, 512..1 MiB */
+    unsigned raw_h, raw_w, raw_c; /* raw_c 1 or 3: every sample is an HxWxC uint8
+                                   * tensor (HWC) of exactly H*W*C bytes; 0: samples
+                                   * are encoded files (images or any bytes) */
+    uint64_t num_classes; /* labels are -1 (none) or 0..num_classes-1 */
+} stk_writer_options;
+
+/* Creates the writer: dir is created if missing and must not hold a packed
+ * dataset. o may be NULL (encoded samples, no labels). On failure *out is
+ * NULL and the reason is in err. STK_OK, STK_EINVAL, STK_EIO, STK_ENOMEM. */
+STK_API int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options *o,
+                            char *err, size_t errlen);
+/* Appends one sample: len bytes at data (copied), its label, and its key
+ * (NULL: none; at most 4095 bytes; the name `info`/`verify` and error
+ * messages use). STK_OK; STK_EINVAL (a label out of range, a raw sample of
+ * the wrong size: nothing written, the writer stays usable); STK_EIO,
+ * STK_ENOMEM (the writer has failed: later calls return STK_EMISUSE);
+ * STK_EMISUSE after finish or a failure. */
+STK_API int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label,
+                           const char *key);
+/* Names class c (< num_classes) in the manifest (copied; no newline).
+ * STK_OK, STK_EINVAL, STK_ENOMEM, STK_EMISUSE. */
+STK_API int stk_writer_set_class_name(stk_writer *w, uint64_t c, const char *name);
+/* Finishes the last shard and writes the manifest; res (may be NULL; set
+ * struct_size) gets the counts. STK_OK; STK_EEMPTY (no sample added);
+ * STK_EIO; STK_ENOMEM; STK_EMISUSE (already finished or failed). */
+STK_API int stk_writer_finish(stk_writer *w, stk_pack_result *res);
+/* The last error's message ("" when none); valid until the next call. */
+STK_API const char *stk_writer_errmsg(const stk_writer *w);
+/* Frees the writer. Without a successful finish it removes the shards it
+ * wrote and the directory if it created it. NULL is harmless. */
+STK_API void stk_writer_close(stk_writer *w);
+
 #ifdef __cplusplus
 }
 #endif

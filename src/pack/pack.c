@@ -1244,3 +1244,301 @@ out:
     stk__source_close(&p.src);
     return status;
 }
+
+/* ---- stk_writer: samples added one by one ------------------------------- */
+
+struct stk_writer {
+    char *dir;
+    stk_writer_options o;
+    stk__stk_header h;
+    stk__stk_writer *w; /* the shard being written, or NULL */
+    stk__manifest man;
+    size_t shard_cap;
+    uint64_t bytes;
+    double t0;
+    bool created, marker, finished, failed;
+    char err[STK_ERRMSG_MAX];
+};
+
+int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options *opts, char *err,
+                    size_t errlen)
+{
+    char dummy[1];
+    if (!err || !errlen) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    err[0] = '\0';
+    if (!out) {
+        stk__fmt(err, errlen, "stk_writer_open needs somewhere to put the writer");
+        return STK_EINVAL;
+    }
+    *out = NULL;
+    stk_writer_options o;
+    memset(&o, 0, sizeof o);
+    if (opts) {
+        if (opts->struct_size < offsetof(stk_writer_options, num_classes) + sizeof(uint64_t)) {
+            stk__fmt(err, errlen,
+                     "stk_writer_options.struct_size is %zu; set it to "
+                     "sizeof(stk_writer_options)",
+                     opts->struct_size);
+            return STK_EINVAL;
+        }
+        memcpy(&o, opts, opts->struct_size < sizeof o ? opts->struct_size : sizeof o);
+    }
+    o.struct_size = sizeof o;
+    if (!o.shard_size)
+        o.shard_size = 256ull << 20;
+    if (!dir || !*dir) {
+        stk__fmt(err, errlen, "stk_writer_open needs an output directory");
+        return STK_EINVAL;
+    }
+    if (o.align && (o.align < 512 || o.align > (1u << 20) || (o.align & (o.align - 1)))) {
+        stk__fmt(err, errlen, "align takes 0 or a power of two in 512..1048576, got %u", o.align);
+        return STK_EINVAL;
+    }
+    if ((o.raw_h || o.raw_w || o.raw_c) &&
+        (!o.raw_h || !o.raw_w || o.raw_h > 65535 || o.raw_w > 65535 ||
+         (o.raw_c != 1 && o.raw_c != 3))) {
+        stk__fmt(err, errlen, "raw shape %ux%ux%u: H and W must be in 1..65535 and C 1 or 3",
+                 o.raw_h, o.raw_w, o.raw_c);
+        return STK_EINVAL;
+    }
+    if (o.num_classes > (1u << 24)) {
+        stk__fmt(err, errlen, "num_classes %llu is more than the format's %u",
+                 (unsigned long long)o.num_classes, 1u << 24);
+        return STK_EINVAL;
+    }
+    stk_writer *w = stk__calloc(1, sizeof *w);
+    if (!w || !(w->dir = stk__strdup(dir)) ||
+        (o.num_classes && !(w->man.class_names = stk__calloc(o.num_classes, sizeof(char *))))) {
+        if (w)
+            stk__free(w->dir);
+        stk__free(w);
+        stk__fmt(err, errlen, "out of memory");
+        return STK_ENOMEM;
+    }
+    w->o = o;
+    w->t0 = now_s();
+    w->man.classes = o.num_classes;
+    w->man.kind = o.raw_c ? STK_PAYLOAD_RAW : STK_PAYLOAD_ENCODED;
+    w->h.kind = w->man.kind;
+    w->h.flags = STK_FLAG_HAS_META | (o.align ? STK_FLAG_ALIGNED : 0);
+    w->h.align = o.align;
+    w->h.raw_h = o.raw_h;
+    w->h.raw_w = o.raw_w;
+    w->h.raw_c = o.raw_c;
+    int rc = check_out_dir(dir, &w->created, err, errlen);
+    if (!rc && set_marker(dir, true)) {
+        stk__fmt(err, errlen, "%s: cannot write: %s", dir, strerror(errno));
+        rc = STK_EIO;
+    }
+    if (rc) {
+        if (w->created)
+            rmdir(dir);
+        w->created = false;
+        stk_writer_close(w);
+        return rc;
+    }
+    w->marker = true;
+    *out = w;
+    return STK_OK;
+}
+
+/* Finishes the shard being written into the manifest's last entry. */
+static int writer_end_shard(stk_writer *w)
+{
+    uint64_t fsize, cnt = stk__stkw_count(w->w);
+    int rc = stk__stkw_finish(w->w, w->o.num_classes, &fsize, w->err, sizeof w->err);
+    w->w = NULL;
+    if (rc)
+        return rc;
+    w->man.shards[w->man.nshards - 1].count = cnt;
+    w->man.shards[w->man.nshards - 1].bytes = fsize;
+    w->bytes += fsize;
+    return STK_OK;
+}
+
+int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, const char *key)
+{
+    if (!w)
+        return STK_EINVAL;
+    w->err[0] = '\0';
+    if (w->finished || w->failed) {
+        stk__fmt(w->err, sizeof w->err, "the writer has %s",
+                 w->finished ? "finished" : "failed; close it");
+        return STK_EMISUSE;
+    }
+    uint64_t i = w->man.samples;
+    if (!data && len) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": no data for %zu bytes", i, len);
+        return STK_EINVAL;
+    }
+    if (label < -1 || (label >= 0 && (uint64_t)label >= w->o.num_classes)) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 " (%s): label %lld is outside -1..%lld (num_classes %llu)", i,
+                 key ? key : "", (long long)label, (long long)w->o.num_classes - 1,
+                 (unsigned long long)w->o.num_classes);
+        return STK_EINVAL;
+    }
+    if (key && strlen(key) >= STK_KEY_MAX) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": key of %zu bytes (at most %d)", i,
+                 strlen(key), STK_KEY_MAX - 1);
+        return STK_EINVAL;
+    }
+    uint32_t sw = 0, sh = 0;
+    if (w->o.raw_c) {
+        size_t want = (size_t)w->o.raw_h * w->o.raw_w * w->o.raw_c;
+        if (len != want) {
+            stk__fmt(w->err, sizeof w->err,
+                     "sample %" PRIu64 " (%s): %zu bytes, but a raw %ux%ux%u sample has %zu", i,
+                     key ? key : "", len, w->o.raw_h, w->o.raw_w, w->o.raw_c, want);
+            return STK_EINVAL;
+        }
+        sw = w->o.raw_w;
+        sh = w->o.raw_h;
+    } else {
+        sniff_size(data, len, &sw, &sh);
+    }
+    int rc = STK_OK;
+    char why[STK_ERRMSG_MAX], path[4096];
+    if (w->w && stk__stkw_count(w->w) && stk__stkw_payload_bytes(w->w) + len > w->o.shard_size &&
+        (rc = writer_end_shard(w)))
+        goto fail;
+    if (!w->w) {
+        if (w->man.nshards == w->shard_cap) {
+            size_t cap = w->shard_cap ? 2 * w->shard_cap : 64;
+            stk__manifest_shard *q = stk__realloc(w->man.shards, cap * sizeof *q);
+            if (!q) {
+                rc = STK_ENOMEM;
+                stk__fmt(w->err, sizeof w->err, "out of memory");
+                goto fail;
+            }
+            w->man.shards = q;
+            w->shard_cap = cap;
+        }
+        char name[64];
+        snprintf(name, sizeof name, "part-%06zu.stk", w->man.nshards);
+        stk__manifest_shard *ms = &w->man.shards[w->man.nshards];
+        ms->count = ms->bytes = 0;
+        if (!(ms->name = stk__strdup(name))) {
+            rc = STK_ENOMEM;
+            stk__fmt(w->err, sizeof w->err, "out of memory");
+            goto fail;
+        }
+        w->man.nshards++;
+        stk__fmt(path, sizeof path, "%s/%s", w->dir, name);
+        if ((rc = stk__stkw_open(&w->w, path, &w->h, w->err, sizeof w->err)))
+            goto fail;
+    }
+    if ((rc = stk__stkw_add(w->w, data, len, label, key, sw, sh, why, sizeof why))) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 " (%s): %s", i, key ? key : "", why);
+        goto fail;
+    }
+    w->man.samples++;
+    return STK_OK;
+fail:
+    w->failed = true;
+    return rc;
+}
+
+int stk_writer_set_class_name(stk_writer *w, uint64_t c, const char *name)
+{
+    if (!w)
+        return STK_EINVAL;
+    w->err[0] = '\0';
+    if (w->finished || w->failed) {
+        stk__fmt(w->err, sizeof w->err, "the writer has %s",
+                 w->finished ? "finished" : "failed; close it");
+        return STK_EMISUSE;
+    }
+    if (c >= w->o.num_classes || !name || !*name || strchr(name, '\n')) {
+        stk__fmt(w->err, sizeof w->err,
+                 "class %llu: needs a non-empty name without a newline and a class below "
+                 "num_classes %llu",
+                 (unsigned long long)c, (unsigned long long)w->o.num_classes);
+        return STK_EINVAL;
+    }
+    char *copy = stk__strdup(name);
+    if (!copy) {
+        stk__fmt(w->err, sizeof w->err, "out of memory");
+        return STK_ENOMEM;
+    }
+    stk__free(w->man.class_names[c]);
+    w->man.class_names[c] = copy;
+    return STK_OK;
+}
+
+int stk_writer_finish(stk_writer *w, stk_pack_result *res)
+{
+    if (!w)
+        return STK_EINVAL;
+    w->err[0] = '\0';
+    if (w->finished || w->failed) {
+        stk__fmt(w->err, sizeof w->err, "the writer has %s",
+                 w->finished ? "finished" : "failed; close it");
+        return STK_EMISUSE;
+    }
+    if (res && res->struct_size < sizeof(stk_pack_result)) { /* the first version's size */
+        stk__fmt(w->err, sizeof w->err,
+                 "stk_pack_result.struct_size is %zu; set it to sizeof(stk_pack_result)",
+                 res->struct_size);
+        return STK_EINVAL;
+    }
+    if (!w->w) {
+        stk__fmt(w->err, sizeof w->err, "%s: no samples were added", w->dir);
+        return STK_EEMPTY;
+    }
+    int rc = writer_end_shard(w);
+    if (!rc)
+        rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err);
+    if (rc) {
+        w->failed = true;
+        return rc;
+    }
+    set_marker(w->dir, false);
+    w->marker = false;
+    w->finished = true;
+    if (res) {
+        stk_pack_result r = {0};
+        r.samples = w->man.samples;
+        r.shards = w->man.nshards;
+        r.bytes = w->bytes;
+        r.payload = w->man.kind;
+        r.seconds = now_s() - w->t0;
+        size_t n = res->struct_size < sizeof r ? res->struct_size : sizeof r;
+        r.struct_size = n;
+        memcpy(res, &r, n);
+    }
+    return STK_OK;
+}
+
+const char *stk_writer_errmsg(const stk_writer *w)
+{
+    return w ? w->err : "";
+}
+
+void stk_writer_close(stk_writer *w)
+{
+    if (!w)
+        return;
+    stk__stkw_abort(w->w);
+    if (!w->finished && w->marker) {
+        char path[4096];
+        for (size_t k = 0; k < w->man.nshards; k++) {
+            stk__fmt(path, sizeof path, "%s/%s", w->dir, w->man.shards[k].name);
+            unlink(path);
+        }
+        set_marker(w->dir, false);
+        if (w->created)
+            rmdir(w->dir);
+    }
+    for (size_t k = 0; k < w->man.nshards; k++)
+        stk__free(w->man.shards[k].name);
+    stk__free(w->man.shards);
+    for (uint64_t c = 0; w->man.class_names && c < w->man.classes; c++)
+        stk__free(w->man.class_names[c]);
+    stk__free(w->man.class_names);
+    stk__free(w->dir);
+    stk__free(w);
+}

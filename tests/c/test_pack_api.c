@@ -1,9 +1,10 @@
 /* test_pack_api.c -- stk_pack, the public packing API (include/stoker.h):
  * the same bytes for any thread count, a packed dataset a loader reads back
  * exactly, the progress callback (final call, skipped samples with their
- * keys, cancellation that takes back what was written), and errors that
- * name what is wrong: a missing source, an OUT inside SRC, bad options, a
- * failing sample. Only the public header is used. */
+ * keys, cancellation that takes back what was written), errors that name
+ * what is wrong (a missing source, an OUT inside SRC, bad options, a failing
+ * sample); and stk_writer, which writes the same bytes sample by sample.
+ * Only the public header is used. */
 #include "testutil.h"
 
 #include <dirent.h>
@@ -288,6 +289,132 @@ static void test_errors(void)
     CHECK(!strcmp(stk_strerror(STK_ECANCELED), "canceled"));
 }
 
+
+/* A writer fed the same samples, keys, labels and class names as stk_pack
+ * reads from a folder writes the same bytes: one shard writer behind both. */
+static void test_writer_matches_pack(void)
+{
+    char root[512], a[512], b[512], err[1024];
+    snprintf(root, sizeof root, "%s", tu_path("w-src"));
+    snprintf(a, sizeof a, "%s", tu_path("w-pack"));
+    snprintf(b, sizeof b, "%s", tu_path("w-writer"));
+    make_tree(root);
+    stk_pack_options po = {.struct_size = sizeof po};
+    po.shard_size = 5000;
+    REQUIRE(stk_pack(root, a, &po, NULL, err, sizeof err) == STK_OK);
+
+    stk_writer_options wo = {.struct_size = sizeof wo};
+    wo.shard_size = 5000;
+    wo.num_classes = 3;
+    stk_writer *w;
+    REQUIRE(stk_writer_open(&w, b, &wo, err, sizeof err) == STK_OK);
+    for (int c = 0; c < 3; c++) {
+        char name[32];
+        snprintf(name, sizeof name, "class%d", c);
+        CHECK_EQ(stk_writer_set_class_name(w, (uint64_t)c, name), STK_OK);
+        for (int k = 0; k < 10; k++) {
+            char p[700], key[64];
+            snprintf(p, sizeof p, "%s/class%d/img%02d.jpg", root, c, k);
+            snprintf(key, sizeof key, "class%d/img%02d.jpg", c, k);
+            size_t n;
+            uint8_t *d = tu_read_file(p, &n);
+            REQUIRE(d);
+            CHECK_EQ(stk_writer_add(w, d, n, c, key), STK_OK);
+            free(d);
+        }
+    }
+    /* A rejected sample leaves the writer usable and writes nothing. */
+    CHECK_EQ(stk_writer_add(w, "x", 1, 3, "bad-label"), STK_EINVAL);
+    CHECK(strstr(stk_writer_errmsg(w), "label 3 is outside -1..2") != NULL);
+    CHECK_EQ(stk_writer_set_class_name(w, 5, "x"), STK_EINVAL);
+    stk_pack_result r = {.struct_size = sizeof r};
+    REQUIRE(stk_writer_finish(w, &r) == STK_OK);
+    CHECK_EQ(r.samples, 30);
+    CHECK_EQ(r.payload, 0);
+    CHECK_EQ(stk_writer_add(w, "x", 1, 0, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_writer_finish(w, NULL), STK_EMISUSE);
+    stk_writer_close(w);
+    CHECK_EQ(count_entries(a), count_entries(b));
+    CHECK_EQ(count_entries(b), (int)r.shards + 1);
+    char x[700], y[700];
+    snprintf(x, sizeof x, "%s/stoker.manifest", a);
+    snprintf(y, sizeof y, "%s/stoker.manifest", b);
+    CHECK(same_file(x, y));
+    for (uint64_t sh = 0; sh < r.shards; sh++) {
+        snprintf(x, sizeof x, "%s/part-%06llu.stk", a, (unsigned long long)sh);
+        snprintf(y, sizeof y, "%s/part-%06llu.stk", b, (unsigned long long)sh);
+        CHECK(same_file(x, y));
+    }
+}
+
+/* Raw tensors: a dense dataset the loader reads back exactly; samples of
+ * the wrong size are refused; an unfinished writer takes back its shards. */
+static void test_writer_raw_and_abort(void)
+{
+    char dir[512], err[1024];
+    snprintf(dir, sizeof dir, "%s", tu_path("w-raw"));
+    stk_writer_options wo = {.struct_size = sizeof wo};
+    wo.raw_h = 4;
+    wo.raw_w = 5;
+    wo.raw_c = 3;
+    wo.num_classes = 10;
+    wo.shard_size = 200;
+    stk_writer *w;
+    REQUIRE(stk_writer_open(&w, dir, &wo, err, sizeof err) == STK_OK);
+    uint8_t px[60];
+    for (int i = 0; i < 25; i++) {
+        for (int j = 0; j < 60; j++)
+            px[j] = (uint8_t)(i * 7 + j);
+        CHECK_EQ(stk_writer_add(w, px, sizeof px, i % 10, NULL), STK_OK);
+    }
+    CHECK_EQ(stk_writer_add(w, px, 59, 0, "short"), STK_EINVAL);
+    CHECK(strstr(stk_writer_errmsg(w), "59 bytes, but a raw 4x5x3 sample has 60") != NULL);
+    REQUIRE(stk_writer_finish(w, NULL) == STK_OK);
+    stk_writer_close(w);
+
+    stk_options *opt;
+    REQUIRE(stk_options_create(&opt) == STK_OK);
+    stk_options_set_source(opt, dir);
+    stk_options_set_batch_size(opt, 5);
+    stk_options_set_shuffle(opt, 0);
+    stk_loader *l;
+    REQUIRE(stk_loader_open(&l, opt) == STK_OK);
+    stk_options_destroy(opt);
+    stk_batch *b;
+    int got = 0;
+    while (stk_loader_next(l, &b) == STK_OK) {
+        CHECK_EQ(b->sample_bytes, 60);
+        for (size_t k = 0; k < b->size; k++, got++) {
+            const uint8_t *d = (const uint8_t *)b->data + k * 60;
+            CHECK_EQ(b->labels[k], got % 10);
+            CHECK(d[0] == (uint8_t)(got * 7) && d[59] == (uint8_t)(got * 7 + 59));
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(got, 25);
+    stk_loader_close(l);
+
+    /* Open on a packed dataset: refused. Closing unfinished: nothing left. */
+    CHECK_EQ(stk_writer_open(&w, dir, &wo, err, sizeof err), STK_EINVAL);
+    CHECK(w == NULL);
+    CHECK(strstr(err, "already holds a packed dataset") != NULL);
+    char dir2[512];
+    snprintf(dir2, sizeof dir2, "%s", tu_path("w-abort"));
+    REQUIRE(stk_writer_open(&w, dir2, &wo, err, sizeof err) == STK_OK);
+    for (int i = 0; i < 10; i++)
+        CHECK_EQ(stk_writer_add(w, px, sizeof px, -1, NULL), STK_OK);
+    stk_writer_close(w);
+    CHECK(access(dir2, F_OK) != 0);
+    REQUIRE(stk_writer_open(&w, dir2, &wo, err, sizeof err) == STK_OK);
+    CHECK_EQ(stk_writer_finish(w, NULL), STK_EEMPTY);
+    stk_writer_close(w);
+    CHECK(access(dir2, F_OK) != 0);
+    wo.raw_c = 2;
+    CHECK_EQ(stk_writer_open(&w, dir2, &wo, err, sizeof err), STK_EINVAL);
+    CHECK(strstr(err, "C 1 or 3") != NULL);
+    stk_writer_close(NULL);
+}
+
 static void *noop_thread(void *arg)
 {
     return arg;
@@ -304,5 +431,7 @@ int main(void)
     RUN(test_pack_threads_roundtrip);
     RUN(test_skip_and_cancel);
     RUN(test_errors);
+    RUN(test_writer_matches_pack);
+    RUN(test_writer_raw_and_abort);
     return tu_end();
 }
