@@ -13,8 +13,8 @@ API reference.
 from . import _stoker, transforms
 from ._stoker import Error, SampleError
 from .loader import Loader, Records
-from .packing import pack
+from .packing import Writer, pack
 
 __version__ = _stoker.version()
 
-__all__ = ["Loader", "Records", "pack", "Error", "SampleError", "transforms", "__version__"]
+__all__ = ["Loader", "Records", "pack", "Writer", "Error", "SampleError", "transforms", "__version__"]

@@ -1289,6 +1289,136 @@ static PyTypeObject Engine_Type = {
     .tp_new = Engine_new,
 };
 
+
+/* ---- ShardWriter: one stk_writer (stoker.Writer wraps it) ------------------
+ * Calls keep the GIL: each is short (a copy into the writer's buffer, now
+ * and then a 1 MiB write), and holding it serialises the calls, which the C
+ * writer requires. */
+typedef struct {
+    PyObject_HEAD stk_writer *w;
+} ShardWriterObject;
+
+static void ShardWriter_dealloc(ShardWriterObject *self)
+{
+    stk_writer_close(self->w); /* unfinished: takes back what it wrote */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ShardWriter_init(ShardWriterObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)kwargs;
+    PyObject *dir = NULL;
+    unsigned long long shard_size, num_classes;
+    unsigned align, raw_h, raw_w, raw_c;
+    if (self->w) {
+        PyErr_SetString(PyExc_RuntimeError, "ShardWriter already open");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O&KIIIIK", PyUnicode_FSConverter, &dir, &shard_size, &align,
+                          &raw_h, &raw_w, &raw_c, &num_classes))
+        return -1;
+    stk_writer_options o = {.struct_size = sizeof o};
+    o.shard_size = shard_size;
+    o.align = align;
+    o.raw_h = raw_h;
+    o.raw_w = raw_w;
+    o.raw_c = raw_c;
+    o.num_classes = num_classes;
+    char err[1024] = "";
+    int rc = stk_writer_open(&self->w, PyBytes_AS_STRING(dir), &o, err, sizeof err);
+    Py_DECREF(dir);
+    if (rc) {
+        raise_code(rc, err);
+        return -1;
+    }
+    return 0;
+}
+
+static stk_writer *writer_of(ShardWriterObject *self)
+{
+    if (!self->w)
+        PyErr_SetString(g_Error, "the writer is closed");
+    return self->w;
+}
+
+static PyObject *ShardWriter_add(ShardWriterObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long label;
+    PyObject *key = Py_None, *kb = NULL;
+    stk_writer *w = writer_of(self);
+    if (!w || !PyArg_ParseTuple(args, "y*L|O", &buf, &label, &key))
+        return NULL;
+    if (key != Py_None && !PyUnicode_FSConverter(key, &kb)) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int rc = stk_writer_add(w, buf.buf, (size_t)buf.len, label, kb ? PyBytes_AS_STRING(kb) : NULL);
+    PyBuffer_Release(&buf);
+    Py_XDECREF(kb);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardWriter_set_class_name(ShardWriterObject *self, PyObject *args)
+{
+    unsigned long long c;
+    const char *name;
+    stk_writer *w = writer_of(self);
+    if (!w || !PyArg_ParseTuple(args, "Ks", &c, &name))
+        return NULL;
+    int rc = stk_writer_set_class_name(w, c, name);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardWriter_finish(ShardWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    stk_writer *w = writer_of(self);
+    if (!w)
+        return NULL;
+    stk_pack_result r = {.struct_size = sizeof r};
+    int rc = stk_writer_finish(w, &r);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    return Py_BuildValue("{s:K,s:K,s:K,s:s}", "samples", (unsigned long long)r.samples, "shards",
+                         (unsigned long long)r.shards, "bytes", (unsigned long long)r.bytes,
+                         "payload", r.payload < 3 ? kinds[r.payload] : "unknown");
+}
+
+static PyObject *ShardWriter_close(ShardWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    stk_writer_close(self->w);
+    self->w = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ShardWriter_methods[] = {
+    {"add", (PyCFunction)ShardWriter_add, METH_VARARGS, "add(bytes_like, label, key=None)"},
+    {"set_class_name", (PyCFunction)ShardWriter_set_class_name, METH_VARARGS,
+     "set_class_name(c, name)"},
+    {"finish", (PyCFunction)ShardWriter_finish, METH_NOARGS, "-> dict of counts"},
+    {"close", (PyCFunction)ShardWriter_close, METH_NOARGS,
+     "Frees the writer; unfinished, it removes what it wrote."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ShardWriter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoker._stoker.ShardWriter",
+    .tp_basicsize = sizeof(ShardWriterObject),
+    .tp_dealloc = (destructor)ShardWriter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A libstoker stk_writer (internal; use stoker.Writer).",
+    .tp_methods = ShardWriter_methods,
+    .tp_init = (initproc)ShardWriter_init,
+    .tp_new = PyType_GenericNew,
+};
+
 /* ---- module --------------------------------------------------------------- */
 static PyObject *mod_version(PyObject *m, PyObject *unused)
 {
@@ -1458,7 +1588,7 @@ PyMODINIT_FUNC PyInit__stoker(void);
 PyMODINIT_FUNC PyInit__stoker(void)
 {
     if (PyType_Ready(&View_Type) < 0 || PyType_Ready(&Batch_Type) < 0 ||
-        PyType_Ready(&Engine_Type) < 0)
+        PyType_Ready(&Engine_Type) < 0 || PyType_Ready(&ShardWriter_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
@@ -1482,7 +1612,9 @@ PyMODINIT_FUNC PyInit__stoker(void)
     Py_INCREF(&Engine_Type);
     Py_INCREF(&Batch_Type);
     Py_INCREF(&View_Type);
+    Py_INCREF(&ShardWriter_Type);
     if (PyModule_AddObject(m, "Error", g_Error) < 0 ||
+        PyModule_AddObject(m, "ShardWriter", (PyObject *)&ShardWriter_Type) < 0 ||
         PyModule_AddObject(m, "SampleError", g_SampleError) < 0 ||
         PyModule_AddObject(m, "Engine", (PyObject *)&Engine_Type) < 0 ||
         PyModule_AddObject(m, "Batch", (PyObject *)&Batch_Type) < 0 ||

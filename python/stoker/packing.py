@@ -10,7 +10,7 @@ import os
 from . import _stoker
 from .loader import Records, _U64_MAX, _int, _is_bool
 
-__all__ = ["pack"]
+__all__ = ["pack", "Writer"]
 
 
 def _raw_shape(raw):
@@ -87,3 +87,61 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
     return _stoker.pack(source, out, shard_size, max_side, quality, raw_h, raw_w, raw_c,
                         threads, align, bool(skip_bad), record_bytes, header_bytes,
                         label_bytes, progress)
+
+
+class Writer:
+    """Writes .stk shards sample by sample (stk_writer): for samples a program
+    makes itself. The result opens with stoker.Loader like any packed dataset.
+
+        with stoker.Writer("out", num_classes=10) as w:
+            w.set_class_name(0, "cat")
+            w.add(jpeg_bytes, label=0, key="cat/0001.jpg")
+        # leaving the block finishes (shards + manifest); an exception
+        # instead removes what was written
+
+    out: a directory, created if missing, not holding a packed dataset.
+    raw: (H, W, C) or "HxWxC" (C 1 or 3): every sample is exactly H*W*C bytes
+        of HWC uint8 (dense batches when read); None: samples are files
+        (encoded images or any bytes).
+    num_classes: labels are -1 (none) or 0 .. num_classes-1.
+    shard_size, align: as for stoker.pack.
+
+    add(data, label=-1, key=None): data is any bytes-like object (bytes,
+    a contiguous NumPy uint8 array). A bad sample (label out of range, wrong
+    raw size) raises ValueError naming it and writes nothing; the writer
+    stays usable. finish() -> dict (samples, shards, bytes, payload);
+    close() without finish() removes the shards. Use from one thread at a
+    time.
+    """
+
+    def __init__(self, out, *, raw=None, num_classes=0, shard_size=256 << 20, align=0):
+        shard_size = _int(shard_size, "shard_size", 1, _U64_MAX)
+        num_classes = _int(num_classes, "num_classes", 0, 1 << 24)
+        align = _int(align, "align", 0, 1 << 20)
+        raw_h, raw_w, raw_c = (0, 0, 0) if raw is None else _raw_shape(raw)
+        self._w = _stoker.ShardWriter(os.fspath(out), shard_size, align, raw_h, raw_w, raw_c,
+                                      num_classes)
+
+    def add(self, data, label=-1, key=None):
+        label = _int(label, "label", -1, 2 ** 63 - 1)
+        self._w.add(data, label, None if key is None else os.fspath(key))
+
+    def set_class_name(self, c, name):
+        self._w.set_class_name(_int(c, "class", 0, _U64_MAX), str(name))
+
+    def finish(self):
+        return self._w.finish()
+
+    def close(self):
+        self._w.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None:
+                self.finish()
+        finally:
+            self.close()
+        return False

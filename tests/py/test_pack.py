@@ -178,3 +178,37 @@ def test_pack_ctrl_c_without_progress_function(tmp_path):
     finally:
         t.cancel()
     assert not out.exists()
+
+
+def test_writer_equals_pack_and_reads_back(tmp_path):
+    src = _jpeg_folder(tmp_path / "src")
+    ref = stoker.pack(src, tmp_path / "packed", shard_size=4000)
+    with stoker.Writer(tmp_path / "written", num_classes=3, shard_size=4000) as w:
+        for c in range(3):
+            w.set_class_name(c, f"class{c}")
+            for k in range(8):
+                key = f"class{c}/img{k:02d}.jpg"
+                w.add((src / key).read_bytes(), label=np.int64(c), key=key)
+        with pytest.raises(ValueError, match="label 3 is outside -1..2"):
+            w.add(b"x", label=3)
+    assert _tree_bytes(tmp_path / "written") == _tree_bytes(tmp_path / "packed")
+    assert ref["samples"] == 24
+
+    raw = np.arange(10 * 4 * 4 * 3, dtype=np.uint8).reshape(10, 4, 4, 3)
+    with stoker.Writer(tmp_path / "raw", raw=(4, 4, 3), num_classes=2) as w:
+        for i in range(10):
+            w.add(raw[i], label=i % 2)
+        with pytest.raises(ValueError, match="47 bytes, but a raw 4x4x3 sample has 48"):
+            w.add(b"\0" * 47)
+    with stoker.Loader(tmp_path / "raw", 5, shuffle=False, output="numpy") as L:
+        xs, ys = zip(*[(x.copy(), y.copy()) for x, y in L])
+    assert np.array_equal(np.concatenate(xs).reshape(10, 4, 4, 3), raw)
+    assert np.concatenate(ys).tolist() == [i % 2 for i in range(10)]
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with stoker.Writer(tmp_path / "aborted") as w:
+            w.add(b"some bytes", key="a")
+            raise RuntimeError("boom")
+    assert not (tmp_path / "aborted").exists()
+    with pytest.raises(ValueError, match="already holds a packed dataset"):
+        stoker.Writer(tmp_path / "raw")
