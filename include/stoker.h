@@ -413,9 +413,10 @@ typedef struct stk_pack_progress {
     uint64_t skipped_index;
 } stk_pack_progress;
 
-/* Called by stk_pack on the calling thread: at least every 100 ms while it
- * runs (also while waiting on a slow sample), for each skipped sample, and
- * once at the end (done == total). Returning nonzero stops the pack: it
+/* Called by stk_pack on the calling thread: after the first sample, then
+ * about every 100 ms while it runs (also while waiting on a slow sample),
+ * for each skipped sample, and once at the end (done == total) when the
+ * pack succeeded. Returning nonzero stops the pack: it
  * removes what it wrote and returns STK_ECANCELED. */
 typedef int (*stk_pack_progress_fn)(const stk_pack_progress *p, void *user);
 

@@ -927,7 +927,7 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     char why[STK_ERRMSG_MAX], path[4096], key[4096], dummy[1];
     bool locks = false, marker = false, created = false;
     uint64_t skipped = 0, bytes_out = 0;
-    double t0 = now_s(), last = t0;
+    double t0 = now_s(), last = 0; /* the first sample done is reported at once */
     stk_pack_progress pr;
     memset(&pr, 0, sizeof pr);
     pr.struct_size = sizeof pr;
