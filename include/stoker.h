@@ -68,6 +68,7 @@ extern "C" {
 #define STK_EEMPTY       (-9)  /* the dataset (or this rank's share) has no samples */
 #define STK_EUNSUPPORTED (-10) /* a feature or format this build lacks */
 #define STK_ESAMPLE      (-11) /* a sample failed under the raise policy; see errmsg */
+#define STK_ECANCELED    (-12) /* stk_pack: the progress callback asked to stop */
 
 /* Returns a static, never-NULL description of a return code. Thread-safe. */
 STK_API const char *stk_strerror(int code);
@@ -445,6 +446,126 @@ STK_API const char *stk_loader_errmsg(stk_loader *l);
  * still held stay valid until released; the last release frees them. NULL is
  * harmless. */
 STK_API void stk_loader_close(stk_loader *l);
+
+/* ---- Packing ------------------------------------------------------------ */
+
+/* Progress of stk_pack, passed to the callback (read-only, valid during the
+ * call). Extensible: check struct_size before reading a field added later. */
+typedef struct stk_pack_progress {
+    size_t struct_size; /* sizeof the struct the library filled */
+    uint64_t done;      /* samples handled so far (written or skipped), in order */
+    uint64_t total;     /* samples in the source */
+    uint64_t skipped;   /* samples skipped so far (skip_bad) */
+    uint64_t bytes;     /* bytes written so far (finished shards + payloads) */
+    uint64_t shards;    /* shards started so far */
+    double seconds;     /* since stk_pack started */
+    /* Non-NULL when this call reports a sample just skipped under skip_bad:
+     * its index in the source, key (path or shard key) and the reason. */
+    const char *skipped_key, *skipped_reason;
+    uint64_t skipped_index;
+} stk_pack_progress;
+
+/* Called by stk_pack on the calling thread: after the first sample, then
+ * about every 100 ms while it runs (also while waiting on a slow sample),
+ * for each skipped sample, and once at the end (done == total) when the
+ * pack succeeded. Returning nonzero stops the pack: it
+ * removes what it wrote and returns STK_ECANCELED. */
+typedef int (*stk_pack_progress_fn)(const stk_pack_progress *p, void *user);
+
+/* What stk_pack does (extensible: set struct_size = sizeof, zero the rest;
+ * fields are only appended). Zero means the default for every field. */
+typedef struct stk_pack_options {
+    size_t struct_size;
+    uint64_t shard_size;           /* target payload bytes per shard (0: 256 MiB) */
+    unsigned max_side;             /* 1..65535: re-encode images larger than this as JPEG */
+    unsigned quality;              /* JPEG quality of re-encoded images, 1..100 (0: 90) */
+    unsigned raw_h, raw_w, raw_c;  /* raw_c 1 or 3: decode to HxWxC uint8 tensors */
+    unsigned threads;              /* workers, 0..256 (0: online cores) */
+    unsigned align;                /* 0, or payload alignment: a power of two, 512..1 MiB */
+    int skip_bad;                  /* 1: skip failing samples (reported), 0: fail */
+    size_t record_bytes;           /* > 0: read SRC as fixed-size records ... */
+    size_t header_bytes;           /* ... after a header of this size ... */
+    unsigned label_bytes;          /* ... each starting with a label (0, 1, 2, 4, 8) */
+    stk_pack_progress_fn progress; /* may be NULL */
+    void *progress_user;
+    /* Added after the first version: */
+    int restart; /* 1: rewrite JPEG payloads losslessly with restart markers and
+                    a segment index (docs/images.md); others stay as they are */
+} stk_pack_options;
+
+/* What a finished stk_pack wrote (extensible: set struct_size). */
+typedef struct stk_pack_result {
+    size_t struct_size; /* in: sizeof(stk_pack_result); out: bytes filled */
+    uint64_t samples;   /* samples written */
+    uint64_t skipped;   /* samples skipped (skip_bad) */
+    uint64_t shards;
+    uint64_t bytes;     /* total size of the shards */
+    uint32_t payload;   /* 0 encoded, 1 resized, 2 raw (docs/format.md) */
+    double seconds;
+    /* Added after the first version: */
+    uint64_t restart_indexed; /* payloads rewritten restart-indexed (restart) */
+} stk_pack_result;
+
+/* Packs the dataset at src (any source stk_options_set_source takes, local)
+ * into .stk shards plus a manifest in the directory out (created if missing;
+ * it must not hold a packed dataset, and must neither be src, lie inside it
+ * nor contain it): docs/shards.md. Worker threads read and transform the
+ * samples; the output is byte-identical whatever the thread count. Crash
+ * safe: a marker file stays in out until the manifest is written; on failure
+ * or cancellation stk_pack removes the shards it wrote (and out if it created
+ * it). o may be NULL (all defaults); res may be NULL. Blocks until done; any
+ * thread; independent calls may run at once (distinct outputs).
+ * Returns STK_OK; STK_EINVAL (bad options or paths, out not usable);
+ * STK_ENOENT, STK_EIO, STK_EFORMAT, STK_EEMPTY (src cannot be opened, a
+ * sample cannot be read or converted: the message names the sample's index
+ * and key); STK_EUNSUPPORTED; STK_ENOMEM; STK_ECANCELED. The message is
+ * written to err (errlen bytes, may be 0). */
+STK_API int stk_pack(const char *src, const char *out, const stk_pack_options *o,
+                     stk_pack_result *res, char *err, size_t errlen);
+
+/* ---- Writing .stk shards sample by sample --------------------------------
+ * For programs that produce samples themselves (no dataset on disk to pack):
+ * open a writer on an output directory, add samples in order, finish. The
+ * shards, the manifest and the crash safety are stk_pack's (docs/format.md);
+ * the result opens with stk_options_set_source like any packed dataset. One
+ * writer is used by one thread at a time. */
+typedef struct stk_writer stk_writer;
+
+typedef struct stk_writer_options {
+    size_t struct_size;   /* sizeof(stk_writer_options); zero the rest */
+    uint64_t shard_size;  /* target payload bytes per shard (0: 256 MiB) */
+    unsigned align;       /* 0, or payload alignment: a power of two, 512..1 MiB */
+    unsigned raw_h, raw_w, raw_c; /* raw_c 1 or 3: every sample is an HxWxC uint8
+                                   * tensor (HWC) of exactly H*W*C bytes; 0: samples
+                                   * are encoded files (images or any bytes) */
+    uint64_t num_classes; /* labels are -1 (none) or 0..num_classes-1 */
+} stk_writer_options;
+
+/* Creates the writer: dir is created if missing and must not hold a packed
+ * dataset. o may be NULL (encoded samples, no labels). On failure *out is
+ * NULL and the reason is in err. STK_OK, STK_EINVAL, STK_EIO, STK_ENOMEM. */
+STK_API int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options *o,
+                            char *err, size_t errlen);
+/* Appends one sample: len bytes at data (copied), its label, and its key
+ * (NULL: none; at most 4095 bytes; the name `info`/`verify` and error
+ * messages use). STK_OK; STK_EINVAL (a label out of range, a raw sample of
+ * the wrong size: nothing written, the writer stays usable); STK_EIO,
+ * STK_ENOMEM (the writer has failed: later calls return STK_EMISUSE);
+ * STK_EMISUSE after finish or a failure. */
+STK_API int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label,
+                           const char *key);
+/* Names class c (< num_classes) in the manifest (copied; no newline).
+ * STK_OK, STK_EINVAL, STK_ENOMEM, STK_EMISUSE. */
+STK_API int stk_writer_set_class_name(stk_writer *w, uint64_t c, const char *name);
+/* Finishes the last shard and writes the manifest; res (may be NULL; set
+ * struct_size) gets the counts. STK_OK; STK_EEMPTY (no sample added);
+ * STK_EIO; STK_ENOMEM; STK_EMISUSE (already finished or failed). */
+STK_API int stk_writer_finish(stk_writer *w, stk_pack_result *res);
+/* The last error's message ("" when none); valid until the next call. */
+STK_API const char *stk_writer_errmsg(const stk_writer *w);
+/* Frees the writer. Without a successful finish it removes the shards it
+ * wrote and the directory if it created it. NULL is harmless. */
+STK_API void stk_writer_close(stk_writer *w);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,7 @@
 #include "internal.h"
 #include "options.h"
 #include "order.h"
-#include "source/source.h"
+#include "source/dataset.h"
 #include "io/remote.h"
 #include "trace/trace.h"
 
@@ -1659,6 +1659,7 @@ const char *stk_strerror(int code)
     case STK_EEMPTY: return "no samples";
     case STK_EUNSUPPORTED: return "unsupported";
     case STK_ESAMPLE: return "a sample failed";
+    case STK_ECANCELED: return "canceled";
     default: return "unknown error";
     }
 }

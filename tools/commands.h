@@ -25,21 +25,6 @@ const char *stoker_display_path(const char *path, char *buf, size_t n);
  * escape \udcXX (XX its value), as Python's surrogateescape decodes it, so
  * os.fsencode(json.loads(out)) gives the original bytes back (docs/cli.md). */
 void stoker_json_str(FILE *f, const char *s);
-/* True if name ends with one of the image extensions the folder reader
- * takes (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). */
-bool stoker_image_name(const char *name);
-/* Checks that the n bytes at b are an image: JPEG or PNG (the formats
- * stoker decodes) whose header parses, or another known image format by its
- * signature (GIF, BMP, TIFF, WebP, PNM, ...). Returns 0 with *format (may be
- * NULL) set to the format's name, or -1 with the reason in err ("not an
- * image: unknown signature ..." for text and other non-images). */
-int stoker_check_image(const uint8_t *b, size_t n, const char **format, char *err, size_t errlen);
-/* Which samples of an open source claim to be images, to be checked with
- * stoker_check_image before they are packed or passed by verify: 0 none, 1
- * all (a folder, a resized .stk), 2 those whose key is an image's file name
- * (stoker_image_name; an encoded .stk). */
-typedef struct stk__source stk__source;
-int stoker_images_of(const stk__source *s);
 
 /* What `stoker pack` does, parsed from its arguments (tests fill it directly). */
 typedef struct stoker_pack_opts {
@@ -58,8 +43,9 @@ typedef struct stoker_pack_opts {
     unsigned label_bytes;
 } stoker_pack_opts;
 
-/* Packs opts->src into .stk shards in opts->out. Returns 0, or 1 with a
- * message in err. */
+/* Packs opts->src into .stk shards in opts->out through stk_pack, drawing
+ * the progress bar, listing skipped samples and printing the summary line
+ * as `stoker pack` does. Returns 0, or 1 with a message in err. */
 int stoker_pack(const stoker_pack_opts *opts, char *err, size_t errlen);
 
 /* What `stoker bench` (and `stoker doctor`) parsed besides the loader options. */

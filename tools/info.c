@@ -6,7 +6,9 @@
 #include "commands.h"
 #include "codec/jpeg_restart.h"
 
-#include "source/source.h"
+#include "pack/pack.h"
+#include "source/dataset.h"
+#include "source/manifest.h"
 #include "source/stkformat.h"
 #include "io/remote.h"
 
@@ -177,13 +179,13 @@ typedef struct vstate {
 } vstate;
 
 /* Reads every sample of s, printing each failure; samples that claim to be
- * images (stoker_images_of) must also be images. root: the path s was
+ * images (stk__images_of) must also be images. root: the path s was
  * opened from (for keys). */
 static void verify_source(stk__source *s, const char *root, vstate *v)
 {
     stk__scratch sc = {NULL, 0, 1u << 30};
     char err[STK_ERRMSG_MAX], name[4096], key[4096];
-    int images = stoker_images_of(s);
+    int images = stk__images_of(s);
     for (uint64_t i = 0; i < s->count; i++) {
         stk__sink sink = {NULL, 0, &sc};
         uint8_t *data;
@@ -203,8 +205,8 @@ static void verify_source(stk__source *s, const char *root, vstate *v)
         if (rc == STK_OK && images) {
             if (images == 2)
                 stk__source_key(s, root, i, key, sizeof key);
-            if ((images == 1 || stoker_image_name(key)) &&
-                stoker_check_image(data, len, &format, err, sizeof err))
+            if ((images == 1 || stk__image_name(key)) &&
+                stk__check_image(data, len, &format, err, sizeof err))
                 rc = STK_EFORMAT;
             else if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") && !v->foreign++)
                 v->foreign_format = format;

@@ -14,7 +14,9 @@ from . import _stoker, transforms
 from ._stoker import Error, SampleError
 from .loader import Loader, Records
 from .diagnose import diagnose, Diagnosis
+from .packing import Writer, pack
 
 __version__ = _stoker.version()
 
-__all__ = ["Loader", "Records", "diagnose", "Diagnosis", "Error", "SampleError", "transforms", "__version__"]
+__all__ = ["Loader", "Records", "pack", "Writer", "diagnose", "Diagnosis", "Error", "SampleError",
+           "transforms", "__version__"]

@@ -120,6 +120,7 @@ static const char *code_name(int code)
     case STK_EEMPTY: return "EEMPTY";
     case STK_EUNSUPPORTED: return "EUNSUPPORTED";
     case STK_ESAMPLE: return "ESAMPLE";
+    case STK_ECANCELED: return "ECANCELED";
     default: return "?";
     }
 }
@@ -1368,6 +1369,136 @@ static PyTypeObject Engine_Type = {
     .tp_new = Engine_new,
 };
 
+
+/* ---- ShardWriter: one stk_writer (stoker.Writer wraps it) ------------------
+ * Calls keep the GIL: each is short (a copy into the writer's buffer, now
+ * and then a 1 MiB write), and holding it serialises the calls, which the C
+ * writer requires. */
+typedef struct {
+    PyObject_HEAD stk_writer *w;
+} ShardWriterObject;
+
+static void ShardWriter_dealloc(ShardWriterObject *self)
+{
+    stk_writer_close(self->w); /* unfinished: takes back what it wrote */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ShardWriter_init(ShardWriterObject *self, PyObject *args, PyObject *kwargs)
+{
+    (void)kwargs;
+    PyObject *dir = NULL;
+    unsigned long long shard_size, num_classes;
+    unsigned align, raw_h, raw_w, raw_c;
+    if (self->w) {
+        PyErr_SetString(PyExc_RuntimeError, "ShardWriter already open");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O&KIIIIK", PyUnicode_FSConverter, &dir, &shard_size, &align,
+                          &raw_h, &raw_w, &raw_c, &num_classes))
+        return -1;
+    stk_writer_options o = {.struct_size = sizeof o};
+    o.shard_size = shard_size;
+    o.align = align;
+    o.raw_h = raw_h;
+    o.raw_w = raw_w;
+    o.raw_c = raw_c;
+    o.num_classes = num_classes;
+    char err[1024] = "";
+    int rc = stk_writer_open(&self->w, PyBytes_AS_STRING(dir), &o, err, sizeof err);
+    Py_DECREF(dir);
+    if (rc) {
+        raise_code(rc, err);
+        return -1;
+    }
+    return 0;
+}
+
+static stk_writer *writer_of(ShardWriterObject *self)
+{
+    if (!self->w)
+        PyErr_SetString(g_Error, "the writer is closed");
+    return self->w;
+}
+
+static PyObject *ShardWriter_add(ShardWriterObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    long long label;
+    PyObject *key = Py_None, *kb = NULL;
+    stk_writer *w = writer_of(self);
+    if (!w || !PyArg_ParseTuple(args, "y*L|O", &buf, &label, &key))
+        return NULL;
+    if (key != Py_None && !PyUnicode_FSConverter(key, &kb)) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int rc = stk_writer_add(w, buf.buf, (size_t)buf.len, label, kb ? PyBytes_AS_STRING(kb) : NULL);
+    PyBuffer_Release(&buf);
+    Py_XDECREF(kb);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardWriter_set_class_name(ShardWriterObject *self, PyObject *args)
+{
+    unsigned long long c;
+    const char *name;
+    stk_writer *w = writer_of(self);
+    if (!w || !PyArg_ParseTuple(args, "Ks", &c, &name))
+        return NULL;
+    int rc = stk_writer_set_class_name(w, c, name);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    Py_RETURN_NONE;
+}
+
+static PyObject *ShardWriter_finish(ShardWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    stk_writer *w = writer_of(self);
+    if (!w)
+        return NULL;
+    stk_pack_result r = {.struct_size = sizeof r};
+    int rc = stk_writer_finish(w, &r);
+    if (rc)
+        return raise_code(rc, stk_writer_errmsg(w));
+    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    return Py_BuildValue("{s:K,s:K,s:K,s:s}", "samples", (unsigned long long)r.samples, "shards",
+                         (unsigned long long)r.shards, "bytes", (unsigned long long)r.bytes,
+                         "payload", r.payload < 3 ? kinds[r.payload] : "unknown");
+}
+
+static PyObject *ShardWriter_close(ShardWriterObject *self, PyObject *unused)
+{
+    (void)unused;
+    stk_writer_close(self->w);
+    self->w = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ShardWriter_methods[] = {
+    {"add", (PyCFunction)ShardWriter_add, METH_VARARGS, "add(bytes_like, label, key=None)"},
+    {"set_class_name", (PyCFunction)ShardWriter_set_class_name, METH_VARARGS,
+     "set_class_name(c, name)"},
+    {"finish", (PyCFunction)ShardWriter_finish, METH_NOARGS, "-> dict of counts"},
+    {"close", (PyCFunction)ShardWriter_close, METH_NOARGS,
+     "Frees the writer; unfinished, it removes what it wrote."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ShardWriter_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "stoker._stoker.ShardWriter",
+    .tp_basicsize = sizeof(ShardWriterObject),
+    .tp_dealloc = (destructor)ShardWriter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A libstoker stk_writer (internal; use stoker.Writer).",
+    .tp_methods = ShardWriter_methods,
+    .tp_init = (initproc)ShardWriter_init,
+    .tp_new = PyType_GenericNew,
+};
+
 /* ---- module --------------------------------------------------------------- */
 static PyObject *mod_version(PyObject *m, PyObject *unused)
 {
@@ -1385,7 +1516,140 @@ static PyObject *mod_strerror(PyObject *m, PyObject *args)
     return PyUnicode_FromString(stk_strerror(code));
 }
 
+
+/* ---- pack ------------------------------------------------------------------
+ * stk_pack runs without the GIL. Its progress callback comes on this same
+ * thread: it takes the GIL back, checks for signals (Ctrl-C cancels the pack,
+ * which removes what it wrote, and KeyboardInterrupt is raised), records a
+ * skipped sample, and calls the user's progress function if any (an
+ * exception there cancels too and is raised). */
+typedef struct pack_ctx {
+    PyThreadState *ts;
+    PyObject *progress; /* callable or None (borrowed) */
+    PyObject *skipped;  /* list of (index, key, reason) */
+    int failed;         /* a Python exception is set */
+} pack_ctx;
+
+static PyObject *fs_str(const char *s)
+{
+    return PyUnicode_DecodeFSDefault(s);
+}
+
+static int pack_progress_cb(const stk_pack_progress *pr, void *user)
+{
+    pack_ctx *c = user;
+    int stop = 0;
+    PyEval_RestoreThread(c->ts);
+    if (PyErr_CheckSignals() < 0) {
+        c->failed = 1;
+        stop = 1;
+        goto out;
+    }
+    if (pr->skipped_key) {
+        PyObject *t = Py_BuildValue("(KNN)", (unsigned long long)pr->skipped_index,
+                                    fs_str(pr->skipped_key), fs_str(pr->skipped_reason));
+        if (!t || PyList_Append(c->skipped, t) < 0) {
+            Py_XDECREF(t);
+            c->failed = 1;
+            stop = 1;
+            goto out;
+        }
+        Py_DECREF(t);
+    }
+    if (c->progress != Py_None) {
+        PyObject *d = Py_BuildValue(
+            "{s:K,s:K,s:K,s:K,s:K,s:d}", "done", (unsigned long long)pr->done, "total",
+            (unsigned long long)pr->total, "skipped", (unsigned long long)pr->skipped, "bytes",
+            (unsigned long long)pr->bytes, "shards", (unsigned long long)pr->shards, "seconds",
+            pr->seconds);
+        PyObject *r = d ? PyObject_CallOneArg(c->progress, d) : NULL;
+        Py_XDECREF(d);
+        if (!r) {
+            c->failed = 1;
+            stop = 1;
+            goto out;
+        }
+        /* A true return value asks to stop, as in C. */
+        int truth = r == Py_None ? 0 : PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (truth < 0) {
+            c->failed = 1;
+            stop = 1;
+        } else if (truth) {
+            stop = 1;
+        }
+    }
+out:
+    c->ts = PyEval_SaveThread();
+    return stop;
+}
+
+static PyObject *mod_pack(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *src = NULL, *out = NULL, *progress;
+    unsigned long long shard_size, record_bytes, header_bytes;
+    unsigned max_side, quality, raw_h, raw_w, raw_c, threads, align, label_bytes;
+    int skip_bad, restart = 0;
+    if (!PyArg_ParseTuple(args, "O&O&KIIIIIIIpKKIO|p", PyUnicode_FSConverter, &src,
+                          PyUnicode_FSConverter, &out, &shard_size, &max_side, &quality, &raw_h,
+                          &raw_w, &raw_c, &threads, &align, &skip_bad, &record_bytes,
+                          &header_bytes, &label_bytes, &progress, &restart)) {
+        Py_XDECREF(src);
+        Py_XDECREF(out);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    pack_ctx c = {NULL, progress, PyList_New(0), 0};
+    if (!c.skipped)
+        goto done;
+    stk_pack_options o = {.struct_size = sizeof o};
+    o.shard_size = shard_size;
+    o.max_side = max_side;
+    o.quality = quality;
+    o.raw_h = raw_h;
+    o.raw_w = raw_w;
+    o.raw_c = raw_c;
+    o.threads = threads;
+    o.align = align;
+    o.skip_bad = skip_bad;
+    o.record_bytes = (size_t)record_bytes;
+    o.header_bytes = (size_t)header_bytes;
+    o.label_bytes = label_bytes;
+    o.restart = restart;
+    o.progress = pack_progress_cb;
+    o.progress_user = &c;
+    stk_pack_result r = {.struct_size = sizeof r};
+    char err[1024] = "";
+    c.ts = PyEval_SaveThread();
+    int rc = stk_pack(PyBytes_AS_STRING(src), PyBytes_AS_STRING(out), &o, &r, err, sizeof err);
+    PyEval_RestoreThread(c.ts);
+    if (c.failed) /* the exception from the callback (KeyboardInterrupt, ...) */
+        goto done;
+    if (rc) {
+        raise_code(rc, err);
+        goto done;
+    }
+    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    ret = Py_BuildValue("{s:K,s:K,s:K,s:K,s:s,s:d,s:O,s:K}", "samples",
+                        (unsigned long long)r.samples, "skipped", (unsigned long long)r.skipped,
+                        "shards", (unsigned long long)r.shards, "bytes",
+                        (unsigned long long)r.bytes, "payload",
+                        r.payload < 3 ? kinds[r.payload] : "unknown", "seconds", r.seconds,
+                        "skipped_samples", c.skipped, "restart_indexed",
+                        (unsigned long long)r.restart_indexed);
+done:
+    Py_XDECREF(c.skipped);
+    Py_DECREF(src);
+    Py_DECREF(out);
+    return ret;
+}
+
 static PyMethodDef module_methods[] = {
+    {"pack", mod_pack, METH_VARARGS,
+     "pack(src, out, shard_size, max_side, quality, raw_h, raw_w, raw_c, threads, align, "
+     "skip_bad, record_bytes, header_bytes, label_bytes, progress, restart=False) -> dict (see "
+     "stoker.pack)"},
     {"version", mod_version, METH_NOARGS, "The C library's version string."},
     {"strerror", mod_strerror, METH_VARARGS, "Static text of a return code."},
     {NULL, NULL, 0, NULL},
@@ -1408,7 +1672,7 @@ PyMODINIT_FUNC PyInit__stoker(void);
 PyMODINIT_FUNC PyInit__stoker(void)
 {
     if (PyType_Ready(&View_Type) < 0 || PyType_Ready(&Batch_Type) < 0 ||
-        PyType_Ready(&Engine_Type) < 0)
+        PyType_Ready(&Engine_Type) < 0 || PyType_Ready(&ShardWriter_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (!m)
@@ -1432,7 +1696,9 @@ PyMODINIT_FUNC PyInit__stoker(void)
     Py_INCREF(&Engine_Type);
     Py_INCREF(&Batch_Type);
     Py_INCREF(&View_Type);
+    Py_INCREF(&ShardWriter_Type);
     if (PyModule_AddObject(m, "Error", g_Error) < 0 ||
+        PyModule_AddObject(m, "ShardWriter", (PyObject *)&ShardWriter_Type) < 0 ||
         PyModule_AddObject(m, "SampleError", g_SampleError) < 0 ||
         PyModule_AddObject(m, "Engine", (PyObject *)&Engine_Type) < 0 ||
         PyModule_AddObject(m, "Batch", (PyObject *)&Batch_Type) < 0 ||

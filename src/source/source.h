@@ -8,6 +8,21 @@
  * Formats live one per file in src/source/, each exporting one open function
  * that fills a stk__source with its ops table, the way curl keeps its TLS
  * backends.
+ *
+ * Module map of src/source/ (each layer includes only the layers above it):
+ *
+ *   source.h, common.c      this interface and the helpers every reader uses
+ *   stkformat.h/.c          .stk bytes: header, footer, index, shard writer
+ *   manifest.h/.c           a packed dataset's stoker.manifest
+ *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
+ *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
+ *   tar_remote.c
+ *   dataset.h, detect.c     which kind a path names, opening it, describing
+ *                           an open source (info, pack); calls the readers,
+ *                           which never call it
+ *
+ * Outside src/source/, the loader, `stoker info` and the packer (src/pack/)
+ * use dataset.h.
  */
 #ifndef STK_SOURCE_H
 #define STK_SOURCE_H
@@ -93,10 +108,6 @@ typedef struct stk__source_params {
     uint64_t cache_limit;
 } stk__source_params;
 
-/* Opens the dataset at path, choosing the source kind from what is there.
- * On failure writes a message naming the path and the reason into err. */
-int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
-                     size_t errlen);
 void stk__source_close(stk__source *s);
 /* Frees what every source may hold besides its impl (shard tables, the
  * remote store) and zeroes those fields: for failure paths. */
@@ -129,6 +140,40 @@ int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const cha
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen);
+
+/* ---- Per-kind accessors (stk.c, tar.c, cifar.c) for describing a source */
+typedef struct stk__dataset_info {
+    const char *format;           /* "stk", "tar", "cifar", "folder", "records" */
+    const char *payload;          /* stk: payload kind name; else NULL */
+    uint64_t shards;              /* files behind the source */
+    uint64_t bytes;               /* their total size */
+    uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
+    int64_t restart_indexed;      /* stk: samples with a restart index per the
+                                     manifest; -1 when it does not say */
+} stk__dataset_info;
+
+void stk__stk_describe(const stk__source *s, stk__dataset_info *di);
+void stk__stk_key(const stk__source *s, uint64_t i, char *buf, size_t n);
+const char *stk__stk_class_name(const stk__source *s, uint64_t c);
+int stk__stk_meta(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
+void stk__tar_describe(const stk__source *s, stk__dataset_info *di);
+void stk__tar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
+void stk__cifar_describe(const stk__source *s, stk__dataset_info *di);
+void stk__cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
+
+/* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
+ * groups samples, then checks every entry lies inside buf. Returns STK_OK,
+ * STK_EFORMAT, or STK_EINVAL if an entry does not (a parser bug). */
+int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
+                          size_t errlen);
+
+/* ---- Helpers shared by readers (common.c) ------------------------------ */
+/* pread exactly n bytes at off. STK_EIO with reason (short read = truncated). */
+int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen);
+/* Writes exactly n bytes. */
+int stk__write_full(int fd, const void *buf, size_t n);
+/* fsyncs the directory holding path, so a rename in it is durable. */
+void stk__fsync_parent(const char *path);
 
 /* Reads a whole file into a sink (open, fstat, read, close): the shared helper
  * for sources whose samples are files. */

@@ -10,6 +10,7 @@
  * and closes its shard, so a dataset of thousands of shards never exhausts
  * the process's descriptor limit.
  */
+#include "source/manifest.h"
 #include "source/stkformat.h"
 #include "io/remote.h"
 #include "io/file.h"

@@ -1,7 +1,7 @@
 /*
  * stkformat.h -- the .stk shard format (docs/format.md): constants, little-
- * endian field access, header/footer parsing, the shard writer used by
- * `stoker pack`, the manifest, and the helpers the readers share.
+ * endian field access, header/footer parsing, and the shard writer used by
+ * packing. The manifest is manifest.h's.
  *
  * Everything that parses bytes from a file here treats them as untrusted:
  * every length and offset is checked before use, and a failure returns
@@ -25,9 +25,6 @@
 #define STK_KEY_MAX           4096
 #define STK_FLAG_ALIGNED      1u
 #define STK_FLAG_HAS_META     2u
-#define STK_MANIFEST          "stoker.manifest"
-/* Kept in the output directory while `stoker pack` works. */
-#define STK_PACK_MARKER ".stoker-pack-incomplete"
 
 enum stk__payload_kind { STK_PAYLOAD_ENCODED = 0, STK_PAYLOAD_RESIZED = 1, STK_PAYLOAD_RAW = 2 };
 
@@ -125,73 +122,5 @@ int stk__stkw_finish(stk__stk_writer *w, uint64_t num_classes, uint64_t *file_si
                      size_t errlen);
 /* Removes the tmp file and frees w. NULL is harmless. */
 void stk__stkw_abort(stk__stk_writer *w);
-
-/* ---- Manifest ---------------------------------------------------------- */
-typedef struct stk__manifest_shard {
-    char *name;
-    uint64_t count, bytes;
-} stk__manifest_shard;
-
-typedef struct stk__manifest {
-    uint32_t kind;
-    uint64_t samples, classes;
-    stk__manifest_shard *shards;
-    size_t nshards;
-    char **class_names; /* classes entries, NULL where not named */
-    /* "restart-indexed N": samples pack --restart rewrote with a restart
-     * index (src/codec/jpeg_restart.h); has_restart false: no such line. */
-    bool has_restart;
-    uint64_t restart_indexed;
-} stk__manifest;
-
-/* Writes DIR/stoker.manifest atomically (tmp, fsync, rename, fsync dir). */
-int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size_t errlen);
-/* Reads DIR/stoker.manifest. STK_ENOENT if there is none (err untouched). */
-int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errlen);
-/* Parses a manifest's text (modified in place; NUL-terminated at tlen);
- * path names it in messages. */
-int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest *m, char *err,
-                        size_t errlen);
-void stk__manifest_free(stk__manifest *m);
-
-/* ---- Helpers shared by readers ---------------------------------------- */
-/* pread exactly n bytes at off. STK_EIO with reason (short read = truncated). */
-int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen);
-/* Writes exactly n bytes. */
-int stk__write_full(int fd, const void *buf, size_t n);
-
-/* ---- Describing an open dataset (stoker info / pack) ------------------ */
-typedef struct stk__dataset_info {
-    const char *format;           /* "stk", "tar", "cifar", "folder", "records" */
-    const char *payload;          /* stk: payload kind name; else NULL */
-    uint64_t shards;              /* files behind the source */
-    uint64_t bytes;               /* their total size */
-    uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
-    int64_t restart_indexed;      /* stk: samples with a restart index per the
-                                     manifest; -1 when it does not say */
-} stk__dataset_info;
-
-/* Fills di for a source opened by stk__source_open. */
-void stk__source_describe(const stk__source *s, stk__dataset_info *di);
-/* Writes a short key for sample i: the .stk or tar key, CIFAR's
- * "file#record", or for other kinds the name with the leading "root/"
- * removed (a folder's path relative to its root). */
-void stk__source_key(const stk__source *s, const char *root, uint64_t i, char *buf, size_t n);
-
-/* Per-kind accessors (implemented in stk.c, tar.c, cifar.c). */
-void stk__stk_describe(const stk__source *s, stk__dataset_info *di);
-void stk__stk_key(const stk__source *s, uint64_t i, char *buf, size_t n);
-const char *stk__stk_class_name(const stk__source *s, uint64_t c);
-int stk__stk_meta(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
-void stk__tar_describe(const stk__source *s, stk__dataset_info *di);
-void stk__tar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
-void stk__cifar_describe(const stk__source *s, stk__dataset_info *di);
-void stk__cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
-
-/* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
- * groups samples, then checks every entry lies inside buf. Returns STK_OK,
- * STK_EFORMAT, or STK_EINVAL if an entry does not (a parser bug). */
-int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
-                          size_t errlen);
 
 #endif

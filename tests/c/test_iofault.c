@@ -23,6 +23,7 @@
 #include "testutil.h"
 
 #include "io/file.h"
+#include "source/manifest.h"
 #include "source/stkformat.h"
 
 #include <dirent.h>

@@ -18,18 +18,18 @@ static void make_tree(const char *root)
             tu_mkdirs(dir);
             snprintf(p, sizeof p, "%s/f%03d.jpg", dir, k);
             /* A small real JPEG of varying size and content. */
-            image im = {{0}, 24 + (uint32_t)k, 16 + (uint32_t)c * 3, 3};
-            bytes out = {0};
-            char err[256];
-            REQUIRE(bytes_reserve(&im.px, (size_t)im.w * im.h * 3) == 0);
-            for (size_t j = 0; j < (size_t)im.w * im.h * 3; j++) {
+            uint32_t w = 24 + (uint32_t)k, h = 16 + (uint32_t)c * 3;
+            uint8_t *px = malloc((size_t)w * h * 3);
+            REQUIRE(px);
+            for (size_t j = 0; j < (size_t)w * h * 3; j++) {
                 x = x * 6364136223846793005ULL + 1;
-                im.px.p[j] = (uint8_t)(x >> 56);
+                px[j] = (uint8_t)(x >> 56);
             }
-            REQUIRE(encode_jpeg(&im, 80, &out, err, sizeof err) == 0);
-            tu_write_file(p, out.p, out.len);
-            free(out.p);
-            free(im.px.p);
+            size_t n;
+            uint8_t *jpg = tu_jpeg(px, w, h, 80, &n);
+            tu_write_file(p, jpg, n);
+            free(jpg);
+            free(px);
         }
     }
 }

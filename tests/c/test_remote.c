@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include "../../src/io/remote.h"
+#include "../../src/source/manifest.h"
 #include "../../src/source/stkformat.h"
 
 #include <arpa/inet.h>

@@ -25,19 +25,16 @@ static uint8_t rnd8(void)
 /* A real JPEG of w x h (smooth gradient plus noise). Caller frees. */
 static uint8_t *make_jpeg(uint32_t w, uint32_t h, size_t *n)
 {
-    image im = {{0}, w, h, 3};
-    bytes out = {0};
-    char err[256];
-    REQUIRE(bytes_reserve(&im.px, (size_t)w * h * 3) == 0);
+    uint8_t *px = malloc((size_t)w * h * 3);
+    REQUIRE(px);
     for (uint32_t y = 0; y < h; y++)
         for (uint32_t x = 0; x < w; x++)
             for (int c = 0; c < 3; c++)
-                im.px.p[((size_t)y * w + x) * 3 + (unsigned)c] =
+                px[((size_t)y * w + x) * 3 + (unsigned)c] =
                     (uint8_t)((x * 255 / w + y * 128 / h + (unsigned)c * 40 + (rnd8() & 15)) & 255);
-    REQUIRE(encode_jpeg(&im, 90, &out, err, sizeof err) == 0);
-    free(im.px.p);
-    *n = out.len;
-    return out.p;
+    uint8_t *out = tu_jpeg(px, w, h, 90, n);
+    free(px);
+    return out;
 }
 
 /* A file that passes as a JPEG up to its image data (the headers of a real
@@ -275,7 +272,7 @@ static void test_deterministic_and_aligned(void)
         int64_t l;
         REQUIRE(read_sample(&s, i, &d, &n, &l, err, sizeof err) == 0);
         uint32_t w, h, ow, oh;
-        sniff_size(d, n, &w, &h);
+        tu_jpeg_size(d, n, &w, &h);
         CHECK(stk__stk_meta(&s, i, &ow, &oh) == 0);
         CHECK(w == 256 || h == 256);
         CHECK(w <= 256 && h <= 256);

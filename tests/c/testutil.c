@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <jpeglib.h>
+#include <setjmp.h>
 
 long stk__alloc_live(void);
 
@@ -253,4 +255,72 @@ int tu_end(void)
     }
     printf("%s: %d tests, %d checks, %d failed checks\n", g_name, g_tests, tu_checks, tu_failures);
     return tu_failures ? 1 : 0;
+}
+
+typedef struct tu_jerr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+} tu_jerr;
+
+static void tu_jerr_exit(j_common_ptr c)
+{
+    longjmp(((tu_jerr *)(void *)c->err)->jb, 1);
+}
+
+uint8_t *tu_jpeg(const uint8_t *rgb, uint32_t w, uint32_t h, int quality, size_t *n)
+{
+    struct jpeg_compress_struct ci;
+    tu_jerr je;
+    unsigned char *mem = NULL;
+    unsigned long len = 0;
+    memset(&ci, 0, sizeof ci);
+    ci.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = tu_jerr_exit;
+    if (setjmp(je.jb)) {
+        jpeg_destroy_compress(&ci);
+        fprintf(stderr, "tu_jpeg: libjpeg failed\n");
+        abort();
+    }
+    jpeg_create_compress(&ci);
+    jpeg_mem_dest(&ci, &mem, &len);
+    ci.image_width = w;
+    ci.image_height = h;
+    ci.input_components = 3;
+    ci.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&ci);
+    jpeg_set_quality(&ci, quality, TRUE);
+    jpeg_start_compress(&ci, TRUE);
+    while (ci.next_scanline < h) {
+        JSAMPROW row = (JSAMPROW)(uintptr_t)(rgb + (size_t)ci.next_scanline * w * 3);
+        jpeg_write_scanlines(&ci, &row, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    uint8_t *out = malloc(len);
+    if (!out)
+        abort();
+    memcpy(out, mem, len);
+    free(mem);
+    *n = len;
+    return out;
+}
+
+void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
+{
+    struct jpeg_decompress_struct ci;
+    tu_jerr je;
+    *w = *h = 0;
+    memset(&ci, 0, sizeof ci);
+    ci.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = tu_jerr_exit;
+    if (setjmp(je.jb)) {
+        jpeg_destroy_decompress(&ci);
+        return;
+    }
+    jpeg_create_decompress(&ci);
+    jpeg_mem_src(&ci, b, (unsigned long)n);
+    jpeg_read_header(&ci, TRUE);
+    *w = ci.image_width;
+    *h = ci.image_height;
+    jpeg_destroy_decompress(&ci);
 }

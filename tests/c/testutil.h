@@ -90,4 +90,10 @@ int tu_open_cfg(stk_loader **l, const tu_cfg *c);
 /* 64-bit FNV-1a, for comparing batch contents cheaply. */
 uint64_t tu_hash(uint64_t h, const void *p, size_t n);
 
+/* Encodes w x h RGB pixels as a baseline JPEG (libjpeg) of the given
+ * quality. Returns a malloc'd buffer (caller frees), its size in *n. */
+uint8_t *tu_jpeg(const uint8_t *rgb, uint32_t w, uint32_t h, int quality, size_t *n);
+/* A JPEG's size from its header (libjpeg); 0x0 if it does not parse. */
+void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
+
 #endif

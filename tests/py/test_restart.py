@@ -146,3 +146,13 @@ def test_lying_index_is_a_sample_error(packed, tmp_path):
     (d / "bad.jpg").write_bytes(bytes(off))
     r = subprocess.run([STOKER, "verify", str(tmp_path / "f")], capture_output=True, text=True)
     assert r.returncode == 1 and "bad.jpg" in r.stdout and "restart index" in r.stdout, r.stdout
+
+
+def test_stoker_pack_restart_equals_the_cli(corpus, packed, tmp_path):
+    _, indexed = packed
+    r = stoker.pack(corpus, tmp_path / "py", restart=True)
+    assert r["restart_indexed"] == 32
+    names = sorted(os.listdir(indexed))
+    assert names == sorted(os.listdir(tmp_path / "py"))
+    for n in names:
+        assert (tmp_path / "py" / n).read_bytes() == (indexed / n).read_bytes(), n

@@ -1,7 +1,14 @@
-/* source.c -- picks the source kind for a path, and helpers shared by sources. */
-#include "source/source.h"
+/*
+ * detect.c -- what a dataset path names: picks the source kind from what is
+ * there (a directory, a shard or batch file, a record file, a brace pattern,
+ * a URL) and opens that reader; and describes an open source for `stoker
+ * info` and packing. This is the top of src/source/: it calls the readers,
+ * and no reader calls back into it (the module map is in source.h).
+ */
+#include "source/dataset.h"
 #include "io/remote.h"
 #include "cache/cache.h"
+#include "source/manifest.h"
 #include "source/stkformat.h"
 #include "io/file.h"
 
@@ -13,21 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
-{
-    if (s->grow) {
-        *rc = stk__scratch_reserve(s->grow, n ? n : 1);
-        return *rc ? NULL : s->grow->p;
-    }
-    if (n > s->cap) {
-        *rc = STK_ETOOBIG;
-        return NULL;
-    }
-    *rc = STK_OK;
-    return s->dst;
-}
-
 /* ---- Naming a dataset ----------------------------------------------------
  * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, or
  * ImageFolder class subfolders), a single shard or batch file, a file of
@@ -533,97 +525,45 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
     return STK_EINVAL;
 }
 
-void stk__source_free_common(stk__source *s)
+/* ---- Describing sources -------------------------------------------------- */
+
+void stk__source_describe(const stk__source *s, stk__dataset_info *di)
 {
-    if (s->shard_objs)
-        for (size_t k = 0; k < s->nshards_objs_; k++)
-            stk__free(s->shard_objs[k]);
-    stk__free(s->shard_objs);
-    stk__free(s->shard_bytes);
-    stk__free(s->shard_first);
-    stk__remote_close(s->remote);
-    for (size_t k = 0; k < s->npins; k++)
-        stk__cache_unpin(s->pins[k]);
-    stk__free(s->pins);
-    stk__cache_close(s->cache);
-    s->pins = NULL;
-    s->npins = 0;
-    s->cache = NULL;
-    s->shard_objs = NULL;
-    s->shard_bytes = NULL;
-    s->shard_first = NULL;
-    s->remote = NULL;
-    s->nshards = s->nshards_objs_ = 0;
+    memset(di, 0, sizeof *di);
+    di->restart_indexed = -1;
+    const char *kind = s->ops ? s->ops->kind : "";
+    if (!strcmp(kind, "stk"))
+        stk__stk_describe(s, di);
+    else if (!strcmp(kind, "tar"))
+        stk__tar_describe(s, di);
+    else if (!strcmp(kind, "cifar"))
+        stk__cifar_describe(s, di);
+    else
+        di->format = kind;
 }
 
-void stk__source_close(stk__source *s)
+void stk__source_key(const stk__source *s, const char *root, uint64_t i, char *buf, size_t n)
 {
-    if (s->ops && s->ops->close)
-        s->ops->close(s);
-    stk__source_free_common(s);
-    memset(s, 0, sizeof *s);
-}
-
-int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,
-                   size_t errlen)
-{
-    int rc = STK_OK;
-    /* O_NONBLOCK: opening a FIFO (or a device) named like an image must not
-     * block the worker forever; it has no effect on regular files, and the
-     * fstat check below refuses anything else. */
-    int fd = stk__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        stk__fmt(err, errlen, "cannot open: %s", strerror(errno));
-        return STK_EIO;
+    const char *kind = s->ops->kind;
+    if (!strcmp(kind, "stk")) {
+        stk__stk_key(s, i, buf, n);
+        return;
     }
-    struct stat st;
-    if (stk__fstat(fd, &st) != 0) {
-        stk__fmt(err, errlen, "cannot stat: %s", strerror(errno));
-        rc = STK_EIO;
-        goto out;
+    if (!strcmp(kind, "tar")) {
+        stk__tar_key(s, i, buf, n);
+        return;
     }
-    if (!S_ISREG(st.st_mode)) {
-        stk__fmt(err, errlen, "not a regular file");
-        rc = STK_EIO;
-        goto out;
+    if (!strcmp(kind, "cifar")) {
+        stk__cifar_key(s, i, buf, n);
+        return;
     }
-    size_t size = (size_t)st.st_size;
-    /* One byte more than the size, so a file that grew since fstat is noticed
-     * instead of being silently truncated. */
-    uint8_t *buf = stk__sink_reserve(sink, size + 1, &rc);
-    if (!buf && rc == STK_ETOOBIG && !sink->grow && size <= sink->cap)
-        buf = stk__sink_reserve(sink, size, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "file is %zu bytes, over the per-sample budget of %zu bytes",
-                     size, sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %zu bytes", size);
-        goto out;
-    }
-    size_t cap = sink->grow ? sink->grow->cap : sink->cap;
-    size_t got = 0;
-    while (got < cap) {
-        ssize_t r = stk__read(fd, buf + got, cap - got);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            stk__fmt(err, errlen, "read failed at byte %zu: %s", got, strerror(errno));
-            rc = STK_EIO;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    if (got != size) {
-        stk__fmt(err, errlen, "file changed size while reading (%zu bytes, read %zu)", size, got);
-        rc = got > size && got >= cap ? STK_ETOOBIG : STK_EIO;
-        goto out;
-    }
-    *data = buf;
-    *len = got;
-out:
-    stk__close(fd);
-    return rc;
+    char name[4096];
+    s->ops->name(s, i, name, sizeof name);
+    size_t rl = root ? strlen(root) : 0;
+    while (rl > 1 && root[rl - 1] == '/')
+        rl--;
+    if (rl && !strncmp(name, root, rl) && name[rl] == '/')
+        stk__fmt(buf, n, "%s", name + rl + 1);
+    else
+        stk__fmt(buf, n, "%s", name);
 }

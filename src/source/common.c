@@ -1,0 +1,184 @@
+/*
+ * common.c -- helpers every source kind may use: the sink a read fills, whole-
+ * file and positioned reads, full writes, and freeing what all sources hold.
+ * It depends on nothing in src/source/ but source.h, so every reader can use
+ * it without importing another reader or the detection in detect.c.
+ */
+#include "source/source.h"
+#include "cache/cache.h"
+#include "io/remote.h"
+#include "io/file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
+{
+    if (s->grow) {
+        *rc = stk__scratch_reserve(s->grow, n ? n : 1);
+        return *rc ? NULL : s->grow->p;
+    }
+    if (n > s->cap) {
+        *rc = STK_ETOOBIG;
+        return NULL;
+    }
+    *rc = STK_OK;
+    return s->dst;
+}
+
+
+void stk__source_free_common(stk__source *s)
+{
+    if (s->shard_objs)
+        for (size_t k = 0; k < s->nshards_objs_; k++)
+            stk__free(s->shard_objs[k]);
+    stk__free(s->shard_objs);
+    stk__free(s->shard_bytes);
+    stk__free(s->shard_first);
+    stk__remote_close(s->remote);
+    for (size_t k = 0; k < s->npins; k++)
+        stk__cache_unpin(s->pins[k]);
+    stk__free(s->pins);
+    stk__cache_close(s->cache);
+    s->pins = NULL;
+    s->npins = 0;
+    s->cache = NULL;
+    s->shard_objs = NULL;
+    s->shard_bytes = NULL;
+    s->shard_first = NULL;
+    s->remote = NULL;
+    s->nshards = s->nshards_objs_ = 0;
+}
+
+void stk__source_close(stk__source *s)
+{
+    if (s->ops && s->ops->close)
+        s->ops->close(s);
+    stk__source_free_common(s);
+    memset(s, 0, sizeof *s);
+}
+
+int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,
+                   size_t errlen)
+{
+    int rc = STK_OK;
+    /* O_NONBLOCK: opening a FIFO (or a device) named like an image must not
+     * block the worker forever; it has no effect on regular files, and the
+     * fstat check below refuses anything else. */
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        stk__fmt(err, errlen, "cannot open: %s", strerror(errno));
+        return STK_EIO;
+    }
+    struct stat st;
+    if (stk__fstat(fd, &st) != 0) {
+        stk__fmt(err, errlen, "cannot stat: %s", strerror(errno));
+        rc = STK_EIO;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        stk__fmt(err, errlen, "not a regular file");
+        rc = STK_EIO;
+        goto out;
+    }
+    size_t size = (size_t)st.st_size;
+    /* One byte more than the size, so a file that grew since fstat is noticed
+     * instead of being silently truncated. */
+    uint8_t *buf = stk__sink_reserve(sink, size + 1, &rc);
+    if (!buf && rc == STK_ETOOBIG && !sink->grow && size <= sink->cap)
+        buf = stk__sink_reserve(sink, size, &rc);
+    if (!buf) {
+        if (rc == STK_ETOOBIG)
+            stk__fmt(err, errlen, "file is %zu bytes, over the per-sample budget of %zu bytes",
+                     size, sink->grow ? sink->grow->limit : sink->cap);
+        else
+            stk__fmt(err, errlen, "out of memory for %zu bytes", size);
+        goto out;
+    }
+    size_t cap = sink->grow ? sink->grow->cap : sink->cap;
+    size_t got = 0;
+    while (got < cap) {
+        ssize_t r = stk__read(fd, buf + got, cap - got);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            stk__fmt(err, errlen, "read failed at byte %zu: %s", got, strerror(errno));
+            rc = STK_EIO;
+            goto out;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    if (got != size) {
+        stk__fmt(err, errlen, "file changed size while reading (%zu bytes, read %zu)", size, got);
+        rc = got > size && got >= cap ? STK_ETOOBIG : STK_EIO;
+        goto out;
+    }
+    *data = buf;
+    *len = got;
+out:
+    stk__close(fd);
+    return rc;
+}
+
+int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = stk__pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            stk__fmt(err, errlen, "read of %zu bytes at offset %llu failed: %s", n,
+                     (unsigned long long)off, strerror(errno));
+            return STK_EIO;
+        }
+        if (k == 0) {
+            stk__fmt(err, errlen, "short read: %zu of %zu bytes at offset %llu (file truncated?)",
+                     got, n, (unsigned long long)off);
+            return STK_EIO;
+        }
+        got += (size_t)k;
+    }
+    return STK_OK;
+}
+
+int stk__write_full(int fd, const void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = stk__write_fd(fd, (const uint8_t *)buf + done, n - done);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return STK_EIO;
+        }
+        done += (size_t)k;
+    }
+    return STK_OK;
+}
+
+/* fsyncs the directory holding path, so a rename in it is durable. */
+void stk__fsync_parent(const char *path)
+{
+    char dir[4096];
+    stk__fmt(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = '\0';
+    else if (slash)
+        *slash = '\0';
+    else
+        stk__fmt(dir, sizeof dir, ".");
+    int fd = stk__open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        stk__close(fd);
+    }
+}

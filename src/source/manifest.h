@@ -1,0 +1,41 @@
+/*
+ * manifest.h -- the manifest of a packed dataset (stoker.manifest,
+ * docs/format.md). Below the readers: it uses only source.h's helpers.
+ */
+#ifndef STK_MANIFEST_H
+#define STK_MANIFEST_H
+
+#include "source/source.h"
+
+#define STK_MANIFEST "stoker.manifest"
+/* Kept in the output directory while packing works. */
+#define STK_PACK_MARKER ".stoker-pack-incomplete"
+
+typedef struct stk__manifest_shard {
+    char *name;
+    uint64_t count, bytes;
+} stk__manifest_shard;
+
+typedef struct stk__manifest {
+    uint32_t kind;
+    uint64_t samples, classes;
+    stk__manifest_shard *shards;
+    size_t nshards;
+    char **class_names; /* classes entries, NULL where not named */
+    /* "restart-indexed N": samples pack --restart rewrote with a restart
+     * index (src/codec/jpeg_restart.h); has_restart false: no such line. */
+    bool has_restart;
+    uint64_t restart_indexed;
+} stk__manifest;
+
+/* Writes DIR/stoker.manifest atomically (tmp, fsync, rename, fsync dir). */
+int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size_t errlen);
+/* Reads DIR/stoker.manifest. STK_ENOENT if there is none (err untouched). */
+int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errlen);
+/* Parses a manifest's text (modified in place; NUL-terminated at tlen);
+ * path names it in messages. */
+int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest *m, char *err,
+                        size_t errlen);
+void stk__manifest_free(stk__manifest *m);
+
+#endif

@@ -1,0 +1,214 @@
+"""stoker.pack: the library's packer from Python. Its output equals the
+command line's byte for byte; it reads back through a Loader; arguments,
+errors, skipped samples, progress and Ctrl-C behave as documented."""
+
+import os
+import pathlib
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+import stoker
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _stoker_bin():
+    env = os.environ.get("STOKER_BIN")
+    for c in ([env] if env else []) + [ROOT / "build/release/stoker"]:
+        if c and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def _jpeg_folder(root, classes=3, per=8):
+    from PIL import Image
+    rng = np.random.default_rng(5)
+    for c in range(classes):
+        d = root / f"class{c}"
+        d.mkdir(parents=True)
+        for k in range(per):
+            a = rng.integers(0, 256, (20 + k * 3, 24 + c * 5, 3), dtype=np.uint8)
+            Image.fromarray(a).save(d / f"img{k:02d}.jpg", quality=85)
+    return root
+
+
+def _tree_bytes(d):
+    return {p.name: p.read_bytes() for p in sorted(pathlib.Path(d).iterdir())}
+
+
+@pytest.mark.parametrize("opts,cli", [
+    ({}, []),
+    ({"max_side": 20, "quality": 80, "shard_size": 3000, "threads": 3},
+     ["--max-side", "20", "--quality", "80", "--shard-size", "3000", "--threads", "3"]),
+    ({"raw": (12, 10, 1), "align": 4096}, ["--raw", "12x10x1", "--align", "4096"]),
+])
+def test_pack_equals_cli_byte_for_byte(tmp_path, opts, cli):
+    exe = _stoker_bin()
+    if exe is None:
+        pytest.skip("build/release/stoker not built")
+    src = _jpeg_folder(tmp_path / "src")
+    r = stoker.pack(src, tmp_path / "py", **opts)
+    p = subprocess.run([exe, "pack", str(src), str(tmp_path / "cli"), "--quiet"] + cli,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    py, ref = _tree_bytes(tmp_path / "py"), _tree_bytes(tmp_path / "cli")
+    assert py == ref
+    assert r["samples"] == 24 and r["skipped"] == 0 and r["skipped_samples"] == []
+    assert r["shards"] == len(py) - 1
+    assert r["bytes"] == sum(len(v) for k, v in py.items() if k.endswith(".stk"))
+    assert r["payload"] == ("raw" if "raw" in opts else "resized" if "max_side" in opts
+                            else "encoded")
+
+
+def test_pack_records_reads_back(tmp_path, make_records):
+    recs = make_records(40)
+    out = tmp_path / "packed"
+    r = stoker.pack(recs, out, shard_size=100, threads=np.int64(2))
+    assert r["samples"] == 40 and r["shards"] > 1
+    with stoker.Loader(out, 8, shuffle=False, output="numpy") as L:
+        got = [(int(lab), bytes(s)) for x, y in L for s, lab in zip(x, y)]
+    from conftest import payload
+    assert got == [(i, payload(i)) for i in range(40)]
+
+
+def test_pack_skips_and_reports(tmp_path):
+    src = _jpeg_folder(tmp_path / "src")
+    (src / "class1" / "img03.jpg").write_bytes(b"plain text, not a JPEG")
+    with pytest.raises(stoker.Error) as ei:
+        stoker.pack(src, tmp_path / "out")
+    assert ei.value.code_name == "EFORMAT"
+    assert "sample 11 (class1/img03.jpg)" in str(ei.value)
+    assert not (tmp_path / "out").exists()
+    calls = []
+    r = stoker.pack(src, tmp_path / "out", skip_bad=True, progress=calls.append)
+    assert r["samples"] == 23 and r["skipped"] == 1
+    (idx, key, reason), = r["skipped_samples"]
+    assert (idx, key) == (11, "class1/img03.jpg") and "not an image" in reason
+    assert calls and calls[-1]["done"] == calls[-1]["total"] == 24
+    assert calls[-1]["skipped"] == 1
+
+
+def test_pack_errors(tmp_path):
+    src = _jpeg_folder(tmp_path / "src", classes=1, per=2)
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        stoker.pack(tmp_path / "nothing-here", tmp_path / "o")
+    with pytest.raises(ValueError, match="inside the source dataset"):
+        stoker.pack(src, src / "packed")
+    assert not (src / "packed").exists()
+    with pytest.raises(ValueError, match="source dataset itself"):
+        stoker.pack(src, src)
+    with pytest.raises(ValueError, match="quality must be in 1 .. 100"):
+        stoker.pack(src, tmp_path / "o", quality=0)
+    with pytest.raises(ValueError, match="raw C must be 1 or 3"):
+        stoker.pack(src, tmp_path / "o", raw="8x8x2")
+    with pytest.raises(ValueError, match="align"):
+        stoker.pack(src, tmp_path / "o", align=1000)
+    with pytest.raises(TypeError, match="progress"):
+        stoker.pack(src, tmp_path / "o", progress=3)
+    with pytest.raises(ValueError, match="exclude each other"):
+        stoker.pack(src, tmp_path / "o", raw=(8, 8, 3), max_side=16)
+    assert not (tmp_path / "o").exists()
+    stoker.pack(src, tmp_path / "o")
+    with pytest.raises(ValueError, match="already holds a packed dataset"):
+        stoker.pack(src, tmp_path / "o")
+
+
+def _bad_tree(tmp_path):
+    src = _jpeg_folder(tmp_path / "src")
+    for k in range(0, 8, 2):
+        (src / "class2" / f"img{k:02d}.jpg").write_bytes(b"not an image")
+    return src
+
+
+def test_pack_progress_exception_cancels(tmp_path):
+    src = _bad_tree(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def progress(d):
+        if d["skipped"]:
+            raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        stoker.pack(src, out, skip_bad=True, shard_size=500, threads=1, progress=progress)
+    assert list(out.iterdir()) == []        # shards written before are taken back
+    with pytest.raises(stoker.Error) as ei:
+        stoker.pack(src, out, skip_bad=True, threads=1, progress=lambda d: d["skipped"] > 0)
+    assert ei.value.code_name == "ECANCELED"
+    assert list(out.iterdir()) == []
+
+
+def test_pack_ctrl_c_raises_keyboard_interrupt(tmp_path):
+    src = _bad_tree(tmp_path)
+    out = tmp_path / "out"
+    sent = []
+
+    def progress(d):
+        if d["skipped"] and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)   # as Ctrl-C would
+
+    with pytest.raises(KeyboardInterrupt):
+        stoker.pack(src, out, skip_bad=True, shard_size=500, threads=2, progress=progress)
+    assert sent and not out.exists()
+
+
+def test_pack_ctrl_c_without_progress_function(tmp_path):
+    """SIGINT arriving while C works (GIL released): the pack notices within
+    its 0.1 s progress tick, stops, removes its output and raises."""
+    import threading
+    from PIL import Image
+    src = tmp_path / "big"
+    rng = np.random.default_rng(9)
+    for c in range(2):
+        d = src / f"c{c}"
+        d.mkdir(parents=True)
+        for k in range(150):
+            a = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+            Image.fromarray(a).save(d / f"{k:03d}.png")
+    out = tmp_path / "out"
+    t = threading.Timer(0.15, os.kill, (os.getpid(), signal.SIGINT))
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stoker.pack(src, out, raw=(64, 64, 3), threads=1)
+    finally:
+        t.cancel()
+    assert not out.exists()
+
+
+def test_writer_equals_pack_and_reads_back(tmp_path):
+    src = _jpeg_folder(tmp_path / "src")
+    ref = stoker.pack(src, tmp_path / "packed", shard_size=4000)
+    with stoker.Writer(tmp_path / "written", num_classes=3, shard_size=4000) as w:
+        for c in range(3):
+            w.set_class_name(c, f"class{c}")
+            for k in range(8):
+                key = f"class{c}/img{k:02d}.jpg"
+                w.add((src / key).read_bytes(), label=np.int64(c), key=key)
+        with pytest.raises(ValueError, match="label 3 is outside -1..2"):
+            w.add(b"x", label=3)
+    assert _tree_bytes(tmp_path / "written") == _tree_bytes(tmp_path / "packed")
+    assert ref["samples"] == 24
+
+    raw = np.arange(10 * 4 * 4 * 3, dtype=np.uint8).reshape(10, 4, 4, 3)
+    with stoker.Writer(tmp_path / "raw", raw=(4, 4, 3), num_classes=2) as w:
+        for i in range(10):
+            w.add(raw[i], label=i % 2)
+        with pytest.raises(ValueError, match="47 bytes, but a raw 4x4x3 sample has 48"):
+            w.add(b"\0" * 47)
+    with stoker.Loader(tmp_path / "raw", 5, shuffle=False, output="numpy") as L:
+        xs, ys = zip(*[(x.copy(), y.copy()) for x, y in L])
+    assert np.array_equal(np.concatenate(xs).reshape(10, 4, 4, 3), raw)
+    assert np.concatenate(ys).tolist() == [i % 2 for i in range(10)]
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with stoker.Writer(tmp_path / "aborted") as w:
+            w.add(b"some bytes", key="a")
+            raise RuntimeError("boom")
+    assert not (tmp_path / "aborted").exists()
+    with pytest.raises(ValueError, match="already holds a packed dataset"):
+        stoker.Writer(tmp_path / "raw")
