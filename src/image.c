@@ -845,6 +845,14 @@ out:
     return rc;
 }
 
+void stk__imgpipe_set_raw(stk__imgpipe *p, uint32_t h, uint32_t w, uint32_t c, int chw)
+{
+    p->copts.raw_h = h;
+    p->copts.raw_w = w;
+    p->copts.raw_c = c;
+    p->copts.raw_chw = chw;
+}
+
 void stk__imgpipe_set_strict(stk__imgpipe *p, int strict)
 {
     p->copts.strict = strict ? 1 : 0;
@@ -1297,7 +1305,9 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
     uint32_t W, H;
 
     *out_len = 0;
-    if ((rc = sniff(bytes, n, &codec, err, errlen)))
+    if (p->copts.raw_c)
+        codec = &stk__codec_raw; /* the source's raw tensors */
+    else if ((rc = sniff(bytes, n, &codec, err, errlen)))
         goto out;
     if ((rc = codec->open(&st, bytes, n, &p->copts, &info, err, errlen)))
         goto out;

@@ -31,6 +31,12 @@ int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe
                         char *err, size_t errlen);
 void stk__imgpipe_destroy(stk__imgpipe *p);
 
+/* Raw inputs: every sample is an uncompressed h x w x c uint8 image (c 1 or
+ * 3), channels interleaved (HWC) or planar (chw = 1, CIFAR), instead of an
+ * encoded file; the transforms run on it as on a decoded image. Call before
+ * the first run(). */
+void stk__imgpipe_set_raw(stk__imgpipe *p, uint32_t h, uint32_t w, uint32_t c, int chw);
+
 /* Strict decoding (off by default): check the whole compressed stream of
  * every image, not only the part the sample's crop needs, so a truncated or
  * corrupt file fails whatever the random crop. Call before the first run(). */

@@ -1312,6 +1312,8 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
         return rc;
     stk__imgpipe_set_strict(c->pipe, o->strict);
     stk__imgpipe_set_jpeg_memory(c->pipe, o->jpeg_memory);
+    if (c->src.raw_c)
+        stk__imgpipe_set_raw(c->pipe, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
     size_t sb = 0;
     if (stk__imgpipe_dense(c->pipe, &c->ndim, c->shape, &c->dtype, &sb)) {
         c->kind = STK_BATCH_DENSE;

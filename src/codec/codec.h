@@ -40,6 +40,11 @@ typedef struct stk__codec_opts {
     /* JPEG: cap on libjpeg's own working memory, which does not go through
      * stk__malloc (0: no cap). */
     size_t max_memory;
+    /* Raw images (stk__codec_raw): the shape the source knows, and whether
+     * the channels are planes (CHW, CIFAR) or interleaved (HWC). raw_c 0:
+     * not raw; the codec is chosen by the bytes' signature. */
+    uint32_t raw_h, raw_w, raw_c;
+    int raw_chw;
 } stk__codec_opts;
 
 typedef struct stk__codec {
@@ -63,5 +68,6 @@ typedef struct stk__codec {
 
 extern const stk__codec stk__codec_jpeg;
 extern const stk__codec stk__codec_png;
+extern const stk__codec stk__codec_raw;
 
 #endif

@@ -181,6 +181,9 @@ int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, c
     s->count = total;
     s->num_classes = c->label_bytes == 1 ? 10 : 100;
     s->fixed_len = CIFAR_IMAGE;
+    s->raw_h = s->raw_w = 32;
+    s->raw_c = 3;
+    s->raw_chw = 1;
     s->index_bytes = sizeof *c + n * sizeof *c->files;
     c = NULL;
 out:

@@ -79,6 +79,11 @@ struct stk__source {
     uint64_t index_bytes;
     /* Bytes of the largest sample when the index says (0: unknown). */
     uint64_t max_len;
+    /* Samples that are uncompressed images of one shape (CIFAR: 32x32x3
+     * planar; raw .stk: HWC): raw_c 0 when they are not. The image pipeline
+     * transforms them as decoded images. */
+    uint32_t raw_h, raw_w, raw_c;
+    int raw_chw;
     /* Shards (0 when the source has none): shard k holds samples
      * [shard_first[k], shard_first[k + 1]); shard_first has nshards + 1
      * entries. Used by shard-aware order and the fetch stage. */

@@ -450,8 +450,12 @@ static int finish_set(stk__source *src, stkset *d, bool man, const char *where, 
     src->num_classes = (uint64_t)(maxl + 1);
     if (d->man.classes > src->num_classes)
         src->num_classes = d->man.classes;
-    if (d->shards[0].h.kind == STK_PAYLOAD_RAW)
+    if (d->shards[0].h.kind == STK_PAYLOAD_RAW) {
         src->fixed_len = (size_t)d->shards[0].h.raw_h * d->shards[0].h.raw_w * d->shards[0].h.raw_c;
+        src->raw_h = d->shards[0].h.raw_h;
+        src->raw_w = d->shards[0].h.raw_w;
+        src->raw_c = d->shards[0].h.raw_c;
+    }
     src->index_bytes += sizeof *d + (d->n + 1) * sizeof *src->shard_first;
     d = NULL;
 out:
