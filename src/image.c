@@ -1292,71 +1292,105 @@ typedef struct layout {
 
 _Thread_local uint64_t stk__imgpipe_decoded_at;
 
-int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
-                     stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
-                     int32_t dims[3], char *err, size_t errlen)
-{
-    int rc = STK_OK;
-    const stk__codec *codec = NULL;
-    void *st = NULL;
+/* ---- Running the pipeline on one image --------------------------------------
+ * stk__imgpipe_run goes through named phases sharing one context:
+ *   open_image   - pick the codec, read the header, check the size, orientation
+ *   plan_stage   - the sample's random plan; fold its leading crops and first
+ *                  resize into one resampling stage; choose the DCT scale
+ *   size_rest    - buffer sizes for the ops after that stage
+ *   start_decode - commit the decoder to the region the stage reads; lay out
+ *                  the scratch buffer
+ *   decode       - decode the region (straight into the slot when nothing else
+ *                  runs)
+ *   run_stage    - orient, crop and resample the decoded region
+ *   run_rest     - the remaining crops, pads, flips and resizes
+ *   write_out    - convert and store into the slot (dtype, layout, flips) */
+
+typedef struct run_ctx {
+    const stk__imgpipe *p;
+    const uint8_t *bytes;
+    size_t n;
+    char *err;
+    size_t errlen;
+    const stk__codec *codec;
+    void *st;
     stk__imginfo info;
-    plan pl;
-    int orientation = 1;
+    int orientation;
     uint32_t W, H;
+    plan pl;
+    size_t esize;
+    /* the first stage: box in the source, its resized size, kept window */
+    uint32_t bx, by, bw, bh, rw, rh, wx, wy, ww, wh;
+    int resized;
+    unsigned k; /* first op after the stage */
+    unsigned m; /* DCT scale m/8 */
+    rsax ax, ay;
+    size_t rest_buf, rest_aux;
+    stk__rect r;
+    int direct;
+    layout L;
+    uint8_t *m_dec, *m_tmp, *m_orient, *m_stage, *m_rest0, *m_rest1, *m_aux;
+    stk__view cur;
+    int hf, vf;
+} run_ctx;
 
-    *out_len = 0;
+static int open_image(run_ctx *x)
+{
+    const stk__imgpipe *p = x->p;
+    int rc;
     if (p->copts.raw_c)
-        codec = &stk__codec_raw; /* the source's raw tensors */
-    else if ((rc = sniff(bytes, n, &codec, err, errlen)))
-        goto out;
-    if ((rc = codec->open(&st, bytes, n, &p->copts, &info, err, errlen)))
-        goto out;
-    if (info.width == 0 || info.height == 0) {
-        stk__fmt(err, errlen, "%s: image has zero size (%ux%u)", codec->name, info.width,
-                 info.height);
-        rc = STK_EFORMAT;
-        goto out;
+        x->codec = &stk__codec_raw; /* the source's raw tensors */
+    else if ((rc = sniff(x->bytes, x->n, &x->codec, x->err, x->errlen)))
+        return rc;
+    if ((rc = x->codec->open(&x->st, x->bytes, x->n, &p->copts, &x->info, x->err, x->errlen)))
+        return rc;
+    if (x->info.width == 0 || x->info.height == 0) {
+        stk__fmt(x->err, x->errlen, "%s: image has zero size (%ux%u)", x->codec->name,
+                 x->info.width, x->info.height);
+        return STK_EFORMAT;
     }
-    if (info.width > p->max_dim || info.height > p->max_dim) {
-        stk__fmt(err, errlen, "%s image is %ux%u, larger than max_dim %u", codec->name, info.width,
-                 info.height, p->max_dim);
-        rc = STK_ETOOBIG;
-        goto out;
+    if (x->info.width > p->max_dim || x->info.height > p->max_dim) {
+        stk__fmt(x->err, x->errlen, "%s image is %ux%u, larger than max_dim %u", x->codec->name,
+                 x->info.width, x->info.height, p->max_dim);
+        return STK_ETOOBIG;
     }
-    if (p->exif)
-        orientation = exif_orientation(info.exif, info.exif_len);
-    W = orientation >= 5 ? info.height : info.width;
-    H = orientation >= 5 ? info.width : info.height;
+    x->orientation = p->exif ? exif_orientation(x->info.exif, x->info.exif_len) : 1;
+    x->W = x->orientation >= 5 ? x->info.height : x->info.width;
+    x->H = x->orientation >= 5 ? x->info.width : x->info.height;
+    return STK_OK;
+}
 
-    if ((rc = make_plan(p, W, H, rng, &pl, err, errlen)))
-        goto out;
-    const size_t esize = stk__dtype_size(p->dtype);
-    const size_t need = (size_t)pl.w * pl.h * 3 * esize;
+static int plan_stage(run_ctx *x, stk__rng *rng, size_t out_cap)
+{
+    const stk__imgpipe *p = x->p;
+    int rc;
+    if ((rc = make_plan(p, x->W, x->H, rng, &x->pl, x->err, x->errlen)))
+        return rc;
+    x->esize = stk__dtype_size(p->dtype);
+    const size_t need = (size_t)x->pl.w * x->pl.h * 3 * x->esize;
     if (need > out_cap) {
-        stk__fmt(err, errlen, "output of %ux%u needs %zu bytes, the slot holds %zu", pl.w, pl.h,
-                 need, out_cap);
-        rc = STK_ETOOBIG;
-        goto out;
+        stk__fmt(x->err, x->errlen, "output of %ux%u needs %zu bytes, the slot holds %zu",
+                 x->pl.w, x->pl.h, need, out_cap);
+        return STK_ETOOBIG;
     }
 
     /* Fold the leading crops and the first resize into one stage. */
-    uint32_t bx = 0, by = 0, bw = W, bh = H; /* source box */
-    uint32_t rw = W, rh = H;                 /* its resized size */
-    uint32_t wx = 0, wy = 0, ww = W, wh = H; /* kept window of the resized box */
-    int resized = 0;
-    unsigned k = 0;
-    for (; k < pl.n; k++) {
-        const cop *c = &pl.ops[k];
+    x->bx = x->by = 0, x->bw = x->W, x->bh = x->H; /* source box */
+    x->rw = x->W, x->rh = x->H;                    /* its resized size */
+    x->wx = x->wy = 0, x->ww = x->W, x->wh = x->H; /* kept window of the resized box */
+    x->resized = 0;
+    for (x->k = 0; x->k < x->pl.n; x->k++) {
+        const cop *c = &x->pl.ops[x->k];
         if (c->kind == C_CROP) {
-            wx += c->a[0];
-            wy += c->a[1];
-            ww = c->a[2];
-            wh = c->a[3];
-        } else if (c->kind == C_RESIZE && !resized) {
-            bx += wx, by += wy, bw = ww, bh = wh;
-            rw = c->a[0], rh = c->a[1];
-            wx = wy = 0, ww = rw, wh = rh;
-            resized = 1;
+            x->wx += c->a[0];
+            x->wy += c->a[1];
+            x->ww = c->a[2];
+            x->wh = c->a[3];
+        } else if (c->kind == C_RESIZE && !x->resized) {
+            x->bx += x->wx, x->by += x->wy, x->bw = x->ww, x->bh = x->wh;
+            x->rw = c->a[0], x->rh = c->a[1];
+            x->wx = x->wy = 0, x->ww = x->rw, x->wh = x->rh;
+            x->resized = 1;
         } else {
             break;
         }
@@ -1366,148 +1400,165 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
      * SIMD IDCTs only for those and 8/8) at which the box still has
      * DCT_MARGIN times the resized resolution, so the resampler always
      * reduces by a little and its triangle filter shapes the result. */
-    unsigned m = 8;
-    if (resized && info.scalable && orientation == 1) {
+    x->m = 8;
+    if (x->resized && x->info.scalable && x->orientation == 1) {
         for (unsigned cand = 1; cand < 8; cand *= 2) {
-            if ((double)bw * cand / 8.0 >= DCT_MARGIN * rw &&
-                (double)bh * cand / 8.0 >= DCT_MARGIN * rh) {
-                m = cand;
+            if ((double)x->bw * cand / 8.0 >= DCT_MARGIN * x->rw &&
+                (double)x->bh * cand / 8.0 >= DCT_MARGIN * x->rh) {
+                x->m = cand;
                 break;
             }
         }
     }
-    uint32_t sw = W, sh = H;
-    if (m != 8)
-        codec->scaled_size(st, m, &sw, &sh);
+    uint32_t sw = x->W, sh = x->H;
+    if (x->m != 8)
+        x->codec->scaled_size(x->st, x->m, &sw, &sh);
 
-    rsax ax, ay;
-    {
-        const double f = (double)m / 8.0;
-        double x0 = bx * f, x1 = (bx + bw) * f, y0 = by * f, y1 = (by + bh) * f;
-        int32_t cx0 = (int32_t)floor(x0), cy0 = (int32_t)floor(y0);
-        uint32_t cx1 = (uint32_t)ceil(x1), cy1 = (uint32_t)ceil(y1);
-        if (cx1 > sw)
-            cx1 = sw;
-        if (cy1 > sh)
-            cy1 = sh;
-        rsax_plan(&ax, cx0, cx1 - (uint32_t)cx0, x0 - cx0, x1 - cx0, rw, wx, ww);
-        rsax_plan(&ay, cy0, cy1 - (uint32_t)cy0, y0 - cy0, y1 - cy0, rh, wy, wh);
-    }
+    const double f = (double)x->m / 8.0;
+    double x0 = x->bx * f, x1 = (x->bx + x->bw) * f, y0 = x->by * f, y1 = (x->by + x->bh) * f;
+    int32_t cx0 = (int32_t)floor(x0), cy0 = (int32_t)floor(y0);
+    uint32_t cx1 = (uint32_t)ceil(x1), cy1 = (uint32_t)ceil(y1);
+    if (cx1 > sw)
+        cx1 = sw;
+    if (cy1 > sh)
+        cy1 = sh;
+    rsax_plan(&x->ax, cx0, cx1 - (uint32_t)cx0, x0 - cx0, x1 - cx0, x->rw, x->wx, x->ww);
+    rsax_plan(&x->ay, cy0, cy1 - (uint32_t)cy0, y0 - cy0, y1 - cy0, x->rh, x->wy, x->wh);
+    return STK_OK;
+}
 
-    /* Size the rest of the plan: ping-pong buffers for pads and resizes,
-     * plus a resize's own needs. */
-    size_t rest_buf = 0, rest_aux = 0;
-    {
-        uint32_t cw = ww, ch = wh;
-        for (unsigned j = k; j < pl.n; j++) {
-            const cop *c = &pl.ops[j];
-            if (c->kind == C_CROP) {
-                cw = c->a[2], ch = c->a[3];
-            } else if (c->kind == C_PAD) {
-                cw += c->a[0] + c->a[2], ch += c->a[1] + c->a[3];
-                size_t b = align64((size_t)cw * ch * 3);
-                rest_buf = b > rest_buf ? b : rest_buf;
-            } else if (c->kind == C_RESIZE) {
-                rsax rx, ry;
-                rsax_plan(&rx, 0, cw, 0, cw, c->a[0], 0, c->a[0]);
-                rsax_plan(&ry, 0, ch, 0, ch, c->a[1], 0, c->a[1]);
-                size_t b = rs_bytes(&rx, &ry);
-                rest_aux = b > rest_aux ? b : rest_aux;
-                cw = c->a[0], ch = c->a[1];
-                b = align64((size_t)cw * ch * 3);
-                rest_buf = b > rest_buf ? b : rest_buf;
-            }
+/* Ping-pong buffers for the pads and resizes after the stage, plus a
+ * resize's own needs. */
+static void size_rest(run_ctx *x)
+{
+    x->rest_buf = x->rest_aux = 0;
+    uint32_t cw = x->ww, ch = x->wh;
+    for (unsigned j = x->k; j < x->pl.n; j++) {
+        const cop *c = &x->pl.ops[j];
+        if (c->kind == C_CROP) {
+            cw = c->a[2], ch = c->a[3];
+        } else if (c->kind == C_PAD) {
+            cw += c->a[0] + c->a[2], ch += c->a[1] + c->a[3];
+            size_t b = align64((size_t)cw * ch * 3);
+            x->rest_buf = b > x->rest_buf ? b : x->rest_buf;
+        } else if (c->kind == C_RESIZE) {
+            rsax rx, ry;
+            rsax_plan(&rx, 0, cw, 0, cw, c->a[0], 0, c->a[0]);
+            rsax_plan(&ry, 0, ch, 0, ch, c->a[1], 0, c->a[1]);
+            size_t b = rs_bytes(&rx, &ry);
+            x->rest_aux = b > x->rest_aux ? b : x->rest_aux;
+            cw = c->a[0], ch = c->a[1];
+            b = align64((size_t)cw * ch * 3);
+            x->rest_buf = b > x->rest_buf ? b : x->rest_buf;
         }
     }
+}
 
-    /* Commit the decoder to the region the stage reads. */
-    stk__rect r;
+/* Commits the decoder to the region the stage reads and lays out the
+ * scratch buffer. */
+static int start_decode(run_ctx *x, stk__scratch *scratch)
+{
+    const stk__imgpipe *p = x->p;
+    int rc;
     size_t tmp_bytes = 0;
-    if (orientation == 1) {
-        r.x = (uint32_t)(ax.c0 + ax.lo);
-        r.y = (uint32_t)(ay.c0 + ay.lo);
-        r.w = (uint32_t)(ax.hi - ax.lo);
-        r.h = (uint32_t)(ay.hi - ay.lo);
+    if (x->orientation == 1) {
+        x->r.x = (uint32_t)(x->ax.c0 + x->ax.lo);
+        x->r.y = (uint32_t)(x->ay.c0 + x->ay.lo);
+        x->r.w = (uint32_t)(x->ax.hi - x->ax.lo);
+        x->r.h = (uint32_t)(x->ay.hi - x->ay.lo);
     } else {
-        r.x = r.y = 0;
-        r.w = info.width;
-        r.h = info.height;
+        x->r.x = x->r.y = 0;
+        x->r.w = x->info.width;
+        x->r.h = x->info.height;
     }
-    const uint32_t want_x = r.x, want_w = r.w;
-    if ((rc = codec->start(st, m, &r, &tmp_bytes, err, errlen)))
-        goto out;
+    const uint32_t want_x = x->r.x, want_w = x->r.w;
+    if ((rc = x->codec->start(x->st, x->m, &x->r, &tmp_bytes, x->err, x->errlen)))
+        return rc;
 
     /* Decode-only (or all-identity) pipelines decode straight into the slot
      * when the decoder produces exactly the wanted pixels. */
-    const int direct = orientation == 1 && k == pl.n && ax.identity && ay.identity &&
-                       p->dtype == STK_DTYPE_UINT8 && !p->nchw && r.x == want_x && r.w == want_w &&
-                       r.w == ww && r.h == wh;
+    x->direct = x->orientation == 1 && x->k == x->pl.n && x->ax.identity && x->ay.identity &&
+                p->dtype == STK_DTYPE_UINT8 && !p->nchw && x->r.x == want_x &&
+                x->r.w == want_w && x->r.w == x->ww && x->r.h == x->wh;
 
-    layout L;
-    L.dec = direct ? 0 : align64((size_t)r.w * r.h * 3);
-    L.tmp = align64(tmp_bytes);
-    L.orient = orientation != 1 ? align64((size_t)W * H * 3) : 0;
-    L.stage = rs_bytes(&ax, &ay);
-    L.rest_buf = rest_buf;
-    L.rest_aux = rest_aux;
-    L.total = L.dec + L.tmp + L.orient + L.stage + 2 * L.rest_buf + L.rest_aux;
-    if ((rc = stk__scratch_reserve(scratch, L.total ? L.total : 1))) {
+    layout *L = &x->L;
+    L->dec = x->direct ? 0 : align64((size_t)x->r.w * x->r.h * 3);
+    L->tmp = align64(tmp_bytes);
+    L->orient = x->orientation != 1 ? align64((size_t)x->W * x->H * 3) : 0;
+    L->stage = rs_bytes(&x->ax, &x->ay);
+    L->rest_buf = x->rest_buf;
+    L->rest_aux = x->rest_aux;
+    L->total = L->dec + L->tmp + L->orient + L->stage + 2 * L->rest_buf + L->rest_aux;
+    if ((rc = stk__scratch_reserve(scratch, L->total ? L->total : 1))) {
         if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen,
+            stk__fmt(x->err, x->errlen,
                      "%ux%u image needs %zu bytes of scratch for this pipeline, more than the "
                      "limit of %zu (raise scratch_bytes or lower max_dim)",
-                     info.width, info.height, L.total, scratch->limit);
+                     x->info.width, x->info.height, L->total, scratch->limit);
         else
-            stk__fmt(err, errlen, "out of memory for %zu bytes of scratch", L.total);
-        goto out;
+            stk__fmt(x->err, x->errlen, "out of memory for %zu bytes of scratch", L->total);
+        return rc;
     }
     uint8_t *mem = scratch->p;
-    uint8_t *m_dec = mem, *m_tmp = m_dec + L.dec, *m_orient = m_tmp + L.tmp;
-    uint8_t *m_stage = m_orient + L.orient, *m_rest0 = m_stage + L.stage;
-    uint8_t *m_rest1 = m_rest0 + L.rest_buf, *m_aux = m_rest1 + L.rest_buf;
+    x->m_dec = mem, x->m_tmp = x->m_dec + L->dec, x->m_orient = x->m_tmp + L->tmp;
+    x->m_stage = x->m_orient + L->orient, x->m_rest0 = x->m_stage + L->stage;
+    x->m_rest1 = x->m_rest0 + L->rest_buf, x->m_aux = x->m_rest1 + L->rest_buf;
+    return STK_OK;
+}
 
-    if (direct) {
-        if ((rc = codec->read(st, out, (size_t)r.w * 3, m_tmp, err, errlen)))
-            goto out;
+/* Decodes the region: into the slot when direct, else into the scratch's
+ * decode buffer (*dec). */
+static int decode(run_ctx *x, uint8_t *out, stk__view *dec)
+{
+    int rc;
+    if (x->direct) {
+        if ((rc = x->codec->read(x->st, out, (size_t)x->r.w * 3, x->m_tmp, x->err, x->errlen)))
+            return rc;
         stk__imgpipe_decoded_at = stk__now_ns();
-        dims[0] = (int32_t)r.h;
-        dims[1] = (int32_t)r.w;
-        dims[2] = 3;
-        *out_len = (size_t)r.w * r.h * 3;
-        goto out;
+        return STK_OK;
     }
-    stk__view dec = {m_dec, (size_t)r.w * 3, r.w, r.h};
-    if ((rc = codec->read(st, dec.p, dec.stride, m_tmp, err, errlen)))
-        goto out;
+    *dec = (stk__view){x->m_dec, (size_t)x->r.w * 3, x->r.w, x->r.h};
+    if ((rc = x->codec->read(x->st, dec->p, dec->stride, x->m_tmp, x->err, x->errlen)))
+        return rc;
     stk__imgpipe_decoded_at = stk__now_ns();
-    codec->close(st);
-    st = NULL;
+    x->codec->close(x->st);
+    x->st = NULL;
+    return STK_OK;
+}
 
-    /* The stage's source: columns [lo, hi) and rows [lo, hi) of its axes. */
+/* The stage's source, columns [lo, hi) and rows [lo, hi) of its axes, oriented
+ * and resampled. */
+static void run_stage(run_ctx *x, const stk__view *dec)
+{
     stk__view src;
-    if (orientation == 1) {
-        src = stk__crop(&dec, (uint32_t)(ax.c0 + ax.lo) - r.x, 0, (uint32_t)(ax.hi - ax.lo),
-                        (uint32_t)(ay.hi - ay.lo));
+    if (x->orientation == 1) {
+        src = stk__crop(dec, (uint32_t)(x->ax.c0 + x->ax.lo) - x->r.x, 0,
+                        (uint32_t)(x->ax.hi - x->ax.lo), (uint32_t)(x->ay.hi - x->ay.lo));
     } else {
-        stk__view o = {m_orient, (size_t)W * 3, W, H};
-        orient(&dec, &o, orientation);
-        src = stk__crop(&o, (uint32_t)(ax.c0 + ax.lo), (uint32_t)(ay.c0 + ay.lo),
-                        (uint32_t)(ax.hi - ax.lo), (uint32_t)(ay.hi - ay.lo));
+        stk__view o = {x->m_orient, (size_t)x->W * 3, x->W, x->H};
+        orient(dec, &o, x->orientation);
+        src = stk__crop(&o, (uint32_t)(x->ax.c0 + x->ax.lo), (uint32_t)(x->ay.c0 + x->ay.lo),
+                        (uint32_t)(x->ax.hi - x->ax.lo), (uint32_t)(x->ay.hi - x->ay.lo));
     }
-    stk__view cur = rs_run(&ax, &ay, &src, m_stage);
+    x->cur = rs_run(&x->ax, &x->ay, &src, x->m_stage);
+}
 
-    /* The rest of the plan. Flips are deferred: crops and pads map through
-     * them exactly, and the writer applies them for free at the end; only a
-     * resize (whose rounding is not mirror-symmetric) makes them happen. */
-    int hf = 0, vf = 0, which = 0;
-    for (; k < pl.n; k++) {
-        const cop *c = &pl.ops[k];
-        uint8_t *dst = which ? m_rest1 : m_rest0;
+/* The rest of the plan. Flips are deferred: crops and pads map through them
+ * exactly, and the writer applies them for free at the end; only a resize
+ * (whose rounding is not mirror-symmetric) makes them happen. */
+static void run_rest(run_ctx *x)
+{
+    int which = 0;
+    stk__view cur = x->cur;
+    int hf = 0, vf = 0;
+    for (unsigned k = x->k; k < x->pl.n; k++) {
+        const cop *c = &x->pl.ops[k];
+        uint8_t *dst = which ? x->m_rest1 : x->m_rest0;
         switch (c->kind) {
         case C_CROP: {
-            uint32_t x = hf ? cur.w - c->a[0] - c->a[2] : c->a[0];
-            uint32_t y = vf ? cur.h - c->a[1] - c->a[3] : c->a[1];
-            cur = stk__crop(&cur, x, y, c->a[2], c->a[3]);
+            uint32_t cx = hf ? cur.w - c->a[0] - c->a[2] : c->a[0];
+            uint32_t cy = vf ? cur.h - c->a[1] - c->a[3] : c->a[1];
+            cur = stk__crop(&cur, cx, cy, c->a[2], c->a[3]);
             break;
         }
         case C_PAD: {
@@ -1532,7 +1583,7 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
             rsax_plan(&ry, 0, cur.h, 0, cur.h, c->a[1], 0, c->a[1]);
             stk__view s = stk__crop(&cur, (uint32_t)rx.lo, (uint32_t)ry.lo,
                                     (uint32_t)(rx.hi - rx.lo), (uint32_t)(ry.hi - ry.lo));
-            stk__view res = rs_run(&rx, &ry, &s, m_aux);
+            stk__view res = rs_run(&rx, &ry, &s, x->m_aux);
             /* Copy out of the aux area, which the next resize reuses. */
             stk__view o = {dst, (size_t)res.w * 3, res.w, res.h};
             for (uint32_t y = 0; y < res.h; y++)
@@ -1544,21 +1595,58 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
         default: break;
         }
     }
+    x->cur = cur;
+    x->hf = hf;
+    x->vf = vf;
+}
 
+static void write_out(const run_ctx *x, uint8_t *out, size_t *out_len, int32_t dims[3])
+{
     stk__writer wr;
-    wr.dtype = p->dtype;
-    wr.nchw = p->nchw;
-    wr.hflip = hf;
-    wr.vflip = vf;
-    wr.lut32 = p->lut32;
-    wr.lut16 = p->lut16;
-    stk__write(&cur, &wr, out);
-    dims[0] = (int32_t)cur.h;
-    dims[1] = (int32_t)cur.w;
+    wr.dtype = x->p->dtype;
+    wr.nchw = x->p->nchw;
+    wr.hflip = x->hf;
+    wr.vflip = x->vf;
+    wr.lut32 = x->p->lut32;
+    wr.lut16 = x->p->lut16;
+    stk__write(&x->cur, &wr, out);
+    dims[0] = (int32_t)x->cur.h;
+    dims[1] = (int32_t)x->cur.w;
     dims[2] = 3;
-    *out_len = (size_t)cur.w * cur.h * 3 * esize;
+    *out_len = (size_t)x->cur.w * x->cur.h * 3 * x->esize;
+}
+
+int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
+                     stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
+                     int32_t dims[3], char *err, size_t errlen)
+{
+    run_ctx x;
+    memset(&x, 0, sizeof x);
+    x.p = p;
+    x.bytes = bytes;
+    x.n = n;
+    x.err = err;
+    x.errlen = errlen;
+    *out_len = 0;
+    stk__view dec;
+    int rc;
+    if ((rc = open_image(&x)) || (rc = plan_stage(&x, rng, out_cap)))
+        goto out;
+    size_rest(&x);
+    if ((rc = start_decode(&x, scratch)) || (rc = decode(&x, out, &dec)))
+        goto out;
+    if (x.direct) {
+        dims[0] = (int32_t)x.r.h;
+        dims[1] = (int32_t)x.r.w;
+        dims[2] = 3;
+        *out_len = (size_t)x.r.w * x.r.h * 3;
+        goto out;
+    }
+    run_stage(&x, &dec);
+    run_rest(&x);
+    write_out(&x, out, out_len, dims);
 out:
-    if (codec && st)
-        codec->close(st);
+    if (x.codec && x.st)
+        x.codec->close(x.st);
     return rc;
 }
