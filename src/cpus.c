@@ -239,3 +239,17 @@ int stk__default_threads(unsigned *out, char *err, size_t errlen)
     *out = n < 1 ? 1 : n > 256 ? 256 : n;
     return STK_OK;
 }
+
+uint64_t stk__mem_available(void)
+{
+    uint64_t kb = 0;
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "MemAvailable:", 13))
+                kb = strtoull(line + 13, NULL, 10);
+        fclose(f);
+    }
+    return kb * 1024u;
+}

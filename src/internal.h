@@ -123,6 +123,8 @@ static inline uint64_t stk__rng_below(stk__rng *r, uint64_t n)
  * cgroup CPU quota, divided by LOCAL_WORLD_SIZE when set; 1..256. STK_OK, or
  * STK_EINVAL with a message for a malformed LOCAL_WORLD_SIZE. */
 int stk__default_threads(unsigned *out, char *err, size_t errlen);
+/* MemAvailable of /proc/meminfo in bytes (0 when it cannot be read). */
+uint64_t stk__mem_available(void);
 /* CPUs the cgroup quota allows (v2 cpu.max and v1 cfs quota, the tightest
  * along the cgroup's path; rounded up), reading the given /proc/self/cgroup
  * and mountinfo files; 0 when there is no limit. Exported for tests. */

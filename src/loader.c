@@ -1447,18 +1447,9 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
 {
     uint64_t budget = o->memory_budget;
     if (!budget) {
-        uint64_t kb = 0;
-        FILE *f = fopen("/proc/meminfo", "re");
-        if (f) {
-            char line[256];
-            while (fgets(line, sizeof line, f))
-                if (!strncmp(line, "MemAvailable:", 13))
-                    kb = strtoull(line + 13, NULL, 10);
-            fclose(f);
-        }
         const char *lws = getenv("LOCAL_WORLD_SIZE");
         unsigned long ranks = lws ? strtoul(lws, NULL, 10) : 1;
-        budget = kb * 1024 / 4 / (ranks ? ranks : 1);
+        budget = stk__mem_available() / 4 / (ranks ? ranks : 1);
         if (!budget)
             budget = (uint64_t)1 << 30; /* no /proc: 1 GiB */
     }

@@ -114,19 +114,6 @@ static double cpu_seconds(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
-static uint64_t mem_available(void)
-{
-    uint64_t kb = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "MemAvailable:", 13))
-                kb = strtoull(line + 13, NULL, 10);
-        fclose(f);
-    }
-    return kb * 1024u;
-}
 
 static void progress(doctor *d, const char *what, double t)
 {
@@ -807,7 +794,7 @@ int stoker_cmd_doctor(int argc, char **argv)
     d.secs = d.a.seconds > 0 ? d.a.seconds : DEFAULT_SECONDS;
     d.live = d.a.progress_set ? d.a.progress : isatty(STDERR_FILENO);
     d.steps = 5;
-    d.mem_available = mem_available();
+    d.mem_available = stk__mem_available();
     char err[256];
     if (stk__default_threads(&d.cpus, err, sizeof err) != STK_OK || !d.cpus)
         d.cpus = 1;
