@@ -100,12 +100,26 @@ def _first_run_deliveries(out, nproc, upto):
     return seen
 
 
-@pytest.mark.parametrize("new_world", [2, 4])
-@pytest.mark.parametrize("seed,cut,shuffle", [(1, 3, True), (5, 6, False)])
-def test_elastic_resume_after_a_rank_is_killed(rec, tmp_path, new_world, seed, cut, shuffle):
+@pytest.fixture(scope="module")
+def rec_stk(rec, tmp_path_factory):
+    """The same 103 samples packed into .stk shards of 8 (for order="shards")."""
+    out = tmp_path_factory.mktemp("dist-stk") / "ds"
+    subprocess.run([STOKER, "pack", str(rec), str(out), "--record-size", "16", "--label-bytes",
+                    "8", "--shard-size", str(8 * 8), "--quiet"], check=True)
+    return out
+
+
+@pytest.mark.parametrize("new_world,seed,cut,shuffle,order", [
+    (2, 1, 3, True, "global"), (4, 1, 3, True, "global"),
+    (2, 5, 6, False, "global"), (4, 5, 6, False, "global"),
+    (2, 2, 4, True, "shards"), (4, 3, 2, True, "shards"),
+])
+def test_elastic_resume_after_a_rank_is_killed(rec, rec_stk, tmp_path, new_world, seed, cut,
+                                               shuffle, order):
+    data = _records_spec(rec) if order == "global" else str(rec_stk)
     first = tmp_path / "first"
-    args = [_records_spec(rec), first, "--seed", seed, "--save-at", cut, "--sleep-after",
-            cut + 1]
+    args = [data, first, "--seed", seed, "--save-at", cut, "--sleep-after", cut + 1,
+            "--order", order]
     if not shuffle:
         args.append("--no-shuffle")
     p = torchrun(3, first, *args, wait=False)
@@ -130,7 +144,7 @@ def test_elastic_resume_after_a_rank_is_killed(rec, tmp_path, new_world, seed, c
     assert state["batch"] == cut and state["world_size"] == 3
     seen = _first_run_deliveries(first, 3, cut)
     second = tmp_path / "second"
-    args = [_records_spec(rec), second, "--seed", seed, "--resume", first / "state.json"]
+    args = [data, second, "--seed", seed, "--resume", first / "state.json", "--order", order]
     if not shuffle:
         args.append("--no-shuffle")
     ranks = torchrun(new_world, second, *args)
