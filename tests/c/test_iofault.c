@@ -454,30 +454,6 @@ static const char *make_stk(const char *rel, int nshards, int per)
     return dir;
 }
 
-static void tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
-{
-    size_t pad = (512 - len % 512) % 512;
-    *t = realloc(*t, *tn + 512 + len + pad);
-    uint8_t *h = *t + *tn;
-    memset(h, 0, 512);
-    snprintf((char *)h, 100, "%s", name);
-    memcpy(h + 100, "0000644", 8);
-    memcpy(h + 108, "0000000", 8);
-    memcpy(h + 116, "0000000", 8);
-    snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
-    snprintf((char *)h + 136, 12, "%011o", 0u);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int k = 0; k < 512; k++)
-        sum += h[k];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    memcpy(h + 512, data, len);
-    memset(h + 512 + len, 0, pad);
-    *tn += 512 + len + pad;
-}
-
 /* Two tar shards of 8 samples each (.png data + .cls label). */
 static const char *make_tar(void)
 {
@@ -492,10 +468,10 @@ static const char *make_tar(void)
             size_t n = 200 + (size_t)k * 40;
             fill(img, n, (unsigned)k + 7);
             snprintf(name, sizeof name, "s%04d.png", k);
-            tar_add(&t, &tn, name, img, n);
+            tu_tar_add(&t, &tn, name, img, n);
             snprintf(name, sizeof name, "s%04d.cls", k);
             snprintf(lab, sizeof lab, "%d\n", k % 3);
-            tar_add(&t, &tn, name, lab, strlen(lab));
+            tu_tar_add(&t, &tn, name, lab, strlen(lab));
         }
         t = realloc(t, tn + 1024);
         memset(t + tn, 0, 1024);

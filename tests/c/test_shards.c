@@ -626,29 +626,7 @@ typedef struct tbuf {
 
 static void tar_add(tbuf *t, const char *name, const void *data, size_t len)
 {
-    size_t pad = (512 - len % 512) % 512;
-    t->p = realloc(t->p, t->n + 512 + len + pad);
-    uint8_t *h = t->p + t->n;
-    memset(h, 0, 512);
-    snprintf((char *)h, 100, "%s", name);
-    snprintf((char *)h + 100, 8, "0000644");
-    snprintf((char *)h + 108, 8, "0000000");
-    snprintf((char *)h + 116, 8, "0000000");
-    snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
-    snprintf((char *)h + 136, 12, "%011o", 0u);
-    h[156] = '0';
-    memcpy(h + 257,
-           "ustar\0"
-           "00",
-           8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int k = 0; k < 512; k++)
-        sum += h[k];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    memcpy(h + 512, data, len);
-    memset(h + 512 + len, 0, pad);
-    t->n += 512 + len + pad;
+    tu_tar_add(&t->p, &t->n, name, data, len);
 }
 
 static void tar_end(tbuf *t)

@@ -155,30 +155,6 @@ static const char *make_stk(void)
     return dir;
 }
 
-static void tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
-{
-    size_t pad = (512 - len % 512) % 512;
-    *t = realloc(*t, *tn + 512 + len + pad);
-    uint8_t *h = *t + *tn;
-    memset(h, 0, 512);
-    snprintf((char *)h, 100, "%s", name);
-    memcpy(h + 100, "0000644", 8);
-    memcpy(h + 108, "0000000", 8);
-    memcpy(h + 116, "0000000", 8);
-    snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
-    snprintf((char *)h + 136, 12, "%011o", 0u);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int k = 0; k < 512; k++)
-        sum += h[k];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    memcpy(h + 512, data, len);
-    memset(h + 512 + len, 0, pad);
-    *tn += 512 + len + pad;
-}
-
 static const char *make_tar(void)
 {
     const char *p = tu_path("train-000000.tar");
@@ -190,10 +166,10 @@ static const char *make_tar(void)
         size_t n = 300 + (size_t)k * 17;
         fill(img, n, (unsigned)k);
         snprintf(name, sizeof name, "s%04d.png", k);
-        tar_add(&t, &tn, name, img, n);
+        tu_tar_add(&t, &tn, name, img, n);
         snprintf(name, sizeof name, "s%04d.cls", k);
         snprintf(lab, sizeof lab, "%d\n", k % 5);
-        tar_add(&t, &tn, name, lab, strlen(lab));
+        tu_tar_add(&t, &tn, name, lab, strlen(lab));
     }
     t = realloc(t, tn + 1024);
     memset(t + tn, 0, 1024);

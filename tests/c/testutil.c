@@ -40,9 +40,20 @@ void tu_begin(const char *name, unsigned timeout_s)
 {
     /* ThreadSanitizer starts a helper thread of its own when the first thread
      * is created; create one now so it exists before the baseline count. */
+    int before = tu_count_threads();
     pthread_t t;
     if (pthread_create(&t, NULL, noop_thread, NULL) == 0)
         pthread_join(t, NULL);
+    /* The joined thread stays counted until the kernel reaps it: wait for
+     * that, so the baseline is the threads that really remain (this one, and
+     * TSan's helper under TSan). */
+#if defined(__SANITIZE_THREAD__)
+    int expect = before + 1;
+#else
+    int expect = before;
+#endif
+    for (int i = 0; i < 100 && tu_count_threads() > expect; i++)
+        usleep(10000);
     g_name = name;
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGALRM, on_alarm);
@@ -239,12 +250,10 @@ int tu_end(void)
                 stk__alloc_live() - g_live0);
         tu_failures++;
     }
-    /* Threads are joined by close; give the kernel a moment to reap tasks.
-     * Only more threads than at the start is a leak: the baseline may still
-     * count tu_begin's own helper thread, joined but not yet reaped. */
-    for (int i = 0; i < 100 && tu_count_threads() > g_threads0; i++)
+    /* Threads are joined by close; give the kernel a moment to reap tasks. */
+    for (int i = 0; i < 100 && tu_count_threads() != g_threads0; i++)
         usleep(10000);
-    if (tu_count_threads() > g_threads0) {
+    if (tu_count_threads() != g_threads0) {
         fprintf(stderr, "%s: thread count %d, expected %d\n", g_name, tu_count_threads(),
                 g_threads0);
         tu_failures++;
@@ -323,4 +332,28 @@ void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
     *w = ci.image_width;
     *h = ci.image_height;
     jpeg_destroy_decompress(&ci);
+}
+
+void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
+{
+    size_t pad = (512 - len % 512) % 512;
+    *t = realloc(*t, *tn + 512 + len + pad);
+    uint8_t *h = *t + *tn;
+    memset(h, 0, 512);
+    snprintf((char *)h, 100, "%s", name);
+    memcpy(h + 100, "0000644", 8);
+    memcpy(h + 108, "0000000", 8);
+    memcpy(h + 116, "0000000", 8);
+    snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
+    snprintf((char *)h + 136, 12, "%011o", 0u);
+    h[156] = '0';
+    memcpy(h + 257, "ustar\0" "00", 8);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int k = 0; k < 512; k++)
+        sum += h[k];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    memcpy(h + 512, data, len);
+    memset(h + 512 + len, 0, pad);
+    *tn += 512 + len + pad;
 }

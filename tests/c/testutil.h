@@ -92,6 +92,10 @@ uint64_t tu_hash(uint64_t h, const void *p, size_t n);
 
 /* Encodes w x h RGB pixels as a baseline JPEG (libjpeg) of the given
  * quality. Returns a malloc'd buffer (caller frees), its size in *n. */
+/* Appends a tar member (ustar header, data, zero padding to 512 bytes) to the
+ * growing buffer *t of *tn bytes. */
+void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len);
+
 uint8_t *tu_jpeg(const uint8_t *rgb, uint32_t w, uint32_t h, int quality, size_t *n);
 /* A JPEG's size from its header (libjpeg); 0x0 if it does not parse. */
 void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
