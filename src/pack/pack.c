@@ -943,6 +943,72 @@ static int normalize(const stk_pack_options *in, stk_pack_options *o, char *err,
     return STK_OK;
 }
 
+/* ---- The shards being written ---------------------------------------------
+ * stk_pack and stk_writer write shards the same way: part-NNNNNN.stk, one at
+ * a time, each ended when the next payload would take it past shard_size,
+ * each recorded in the manifest with its count and size. */
+typedef struct shardout {
+    const char *dir;
+    const stk__stk_header *h;
+    uint64_t shard_size, num_classes;
+    stk__manifest *man;
+    stk__stk_writer *w; /* the shard being written, or NULL */
+    size_t cap;         /* entries allocated in man->shards */
+    uint64_t bytes;     /* size of the finished shards */
+} shardout;
+
+/* Finishes the shard being written and records its count and size. The
+ * reason of a failure goes to err. */
+static int shardout_end(shardout *so, char *err, size_t errlen)
+{
+    uint64_t fsize, cnt = stk__stkw_count(so->w);
+    int rc = stk__stkw_finish(so->w, so->num_classes, &fsize, err, errlen);
+    so->w = NULL;
+    if (rc)
+        return rc;
+    so->man->shards[so->man->nshards - 1].count = cnt;
+    so->man->shards[so->man->nshards - 1].bytes = fsize;
+    so->bytes += fsize;
+    return STK_OK;
+}
+
+/* Makes a shard ready for a payload of len bytes: ends the current one when
+ * the payload would take it past shard_size (a shard always takes at least
+ * one), starts the next one when none is open. The reason of a failure goes
+ * to err. */
+static int shardout_room(shardout *so, size_t len, char *err, size_t errlen)
+{
+    int rc;
+    if (so->w && stk__stkw_count(so->w) &&
+        stk__stkw_payload_bytes(so->w) + len > so->shard_size &&
+        (rc = shardout_end(so, err, errlen)))
+        return rc;
+    if (so->w)
+        return STK_OK;
+    stk__manifest *m = so->man;
+    if (m->nshards == so->cap) {
+        size_t cap = so->cap ? 2 * so->cap : 64;
+        stk__manifest_shard *q = stk__realloc(m->shards, cap * sizeof *q);
+        if (!q) {
+            stk__fmt(err, errlen, "out of memory");
+            return STK_ENOMEM;
+        }
+        m->shards = q;
+        so->cap = cap;
+    }
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "part-%06zu.stk", m->nshards);
+    stk__manifest_shard *ms = &m->shards[m->nshards];
+    ms->count = ms->bytes = 0;
+    if (!(ms->name = stk__strdup(name))) {
+        stk__fmt(err, errlen, "out of memory");
+        return STK_ENOMEM;
+    }
+    m->nshards++;
+    stk__fmt(path, sizeof path, "%s/%s", so->dir, name);
+    return stk__stkw_open(&so->w, path, so->h, err, errlen);
+}
+
 /* Calls the progress callback; nonzero when it asks to stop. */
 static int tell(const pack *p, stk_pack_progress *pr, double t0)
 {
@@ -962,13 +1028,12 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     worker *wks = NULL;
     pthread_t *tids = NULL;
     unsigned started = 0;
-    stk__stk_writer *w = NULL;
     stk__manifest man;
     memset(&man, 0, sizeof man);
-    size_t shard_cap = 0;
+    shardout so = {.man = &man};
     char why[STK_ERRMSG_MAX], path[4096], key[4096], dummy[1];
     bool locks = false, marker = false, created = false;
-    uint64_t skipped = 0, bytes_out = 0, indexed = 0;
+    uint64_t skipped = 0, indexed = 0;
     double t0 = now_s(), last = 0; /* the first sample done is reported at once */
     stk_pack_progress pr;
     memset(&pr, 0, sizeof pr);
@@ -1050,6 +1115,10 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
         h.max_side = o->max_side;
         h.quality = o->quality;
     }
+    so.dir = out_dir;
+    so.h = &h;
+    so.shard_size = o->shard_size;
+    so.num_classes = p.src.num_classes;
     if (p.kind == STK_PAYLOAD_RAW && !o->raw_c) { /* CIFAR/raw input without a raw shape */
         eff.raw_h = h.raw_h;
         eff.raw_w = h.raw_w;
@@ -1108,50 +1177,12 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
                 goto canceled;
         } else {
             indexed += s->indexed;
-            if (w && stk__stkw_count(w) &&
-                stk__stkw_payload_bytes(w) + s->out.len > o->shard_size) {
-                uint64_t fsize;
-                uint64_t cnt = stk__stkw_count(w);
-                rc = stk__stkw_finish(w, p.src.num_classes, &fsize, why, sizeof why);
-                w = NULL;
-                if (rc) {
-                    stk__fmt(err, errlen, "%s", why);
-                    status = rc;
-                    goto out;
-                }
-                man.shards[man.nshards - 1].count = cnt;
-                man.shards[man.nshards - 1].bytes = fsize;
-                bytes_out += fsize;
+            if ((rc = shardout_room(&so, s->out.len, why, sizeof why))) {
+                stk__fmt(err, errlen, "%s", why);
+                status = rc;
+                goto out;
             }
-            if (!w) {
-                if (man.nshards == shard_cap) {
-                    shard_cap = shard_cap ? 2 * shard_cap : 64;
-                    stk__manifest_shard *q = stk__realloc(man.shards, shard_cap * sizeof *q);
-                    if (!q) {
-                        stk__fmt(err, errlen, "out of memory");
-                        status = STK_ENOMEM;
-                        goto out;
-                    }
-                    man.shards = q;
-                }
-                char name[64];
-                snprintf(name, sizeof name, "part-%06zu.stk", man.nshards);
-                man.shards[man.nshards].name = stk__strdup(name);
-                man.shards[man.nshards].count = man.shards[man.nshards].bytes = 0;
-                if (!man.shards[man.nshards].name) {
-                    stk__fmt(err, errlen, "out of memory");
-                    status = STK_ENOMEM;
-                    goto out;
-                }
-                man.nshards++;
-                stk__fmt(path, sizeof path, "%s/%s", out_dir, name);
-                if ((rc = stk__stkw_open(&w, path, &h, why, sizeof why))) {
-                    stk__fmt(err, errlen, "%s", why);
-                    status = rc;
-                    goto out;
-                }
-            }
-            if ((rc = stk__stkw_add(w, s->out.p, s->out.len, s->label, key, s->w, s->h, why,
+            if ((rc = stk__stkw_add(so.w, s->out.p, s->out.len, s->label, key, s->w, s->h, why,
                                     sizeof why))) {
                 stk__fmt(err, errlen, "sample %" PRIu64 " (%s): %s", i, key, why);
                 status = rc;
@@ -1186,29 +1217,21 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
         if (o->progress && now_s() - last >= 0.1) {
             last = now_s();
             pr.done = i + 1;
-            pr.bytes = bytes_out + (w ? stk__stkw_payload_bytes(w) : 0);
+            pr.bytes = so.bytes + (so.w ? stk__stkw_payload_bytes(so.w) : 0);
             pr.shards = man.nshards;
             if (tell(&p, &pr, t0))
                 goto canceled;
         }
     }
-    if (!w) {
+    if (!so.w) {
         stk__fmt(err, errlen, "no samples to pack (all %" PRIu64 " skipped)", skipped);
         status = STK_EEMPTY;
         goto out;
     }
-    {
-        uint64_t fsize, cnt = stk__stkw_count(w);
-        rc = stk__stkw_finish(w, p.src.num_classes, &fsize, why, sizeof why);
-        w = NULL;
-        if (rc) {
-            stk__fmt(err, errlen, "%s", why);
-            status = rc;
-            goto out;
-        }
-        man.shards[man.nshards - 1].count = cnt;
-        man.shards[man.nshards - 1].bytes = fsize;
-        bytes_out += fsize;
+    if ((rc = shardout_end(&so, why, sizeof why))) {
+        stk__fmt(err, errlen, "%s", why);
+        status = rc;
+        goto out;
     }
     man.restart_indexed = indexed;
     if ((rc = stk__manifest_write(out_dir, &man, why, sizeof why))) {
@@ -1221,7 +1244,7 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     status = STK_OK;
     pr.done = p.src.count;
     pr.skipped = skipped;
-    pr.bytes = bytes_out;
+    pr.bytes = so.bytes;
     pr.shards = man.nshards;
     /* The pack is complete: a stop asked for now comes too late to matter. */
     (void)tell(&p, &pr, t0);
@@ -1231,7 +1254,7 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
         r.samples = man.samples;
         r.skipped = skipped;
         r.shards = man.nshards;
-        r.bytes = bytes_out;
+        r.bytes = so.bytes;
         r.payload = p.kind;
         r.seconds = now_s() - t0;
         r.restart_indexed = indexed;
@@ -1259,7 +1282,7 @@ out:
         pthread_cond_destroy(&p.cond_space);
         pthread_cond_destroy(&p.cond_done);
     }
-    stk__stkw_abort(w);
+    stk__stkw_abort(so.w);
     if (status && marker) {
         /* A pack that failed (not one that was killed) takes back what it
          * wrote, so running it again, say with skip_bad, just works. */
@@ -1297,10 +1320,8 @@ struct stk_writer {
     char *dir;
     stk_writer_options o;
     stk__stk_header h;
-    stk__stk_writer *w; /* the shard being written, or NULL */
     stk__manifest man;
-    size_t shard_cap;
-    uint64_t bytes;
+    shardout so; /* the shards, the one being written, their bytes */
     double t0;
     bool created, marker, finished, failed;
     char err[STK_ERRMSG_MAX];
@@ -1374,6 +1395,8 @@ int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options 
     w->h.raw_h = o.raw_h;
     w->h.raw_w = o.raw_w;
     w->h.raw_c = o.raw_c;
+    w->so = (shardout){.dir = w->dir, .h = &w->h, .shard_size = o.shard_size,
+                       .num_classes = o.num_classes, .man = &w->man};
     int rc = check_out_dir(dir, &w->created, err, errlen);
     if (!rc && set_marker(dir, true)) {
         stk__fmt(err, errlen, "%s: cannot write: %s", dir, strerror(errno));
@@ -1388,20 +1411,6 @@ int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options 
     }
     w->marker = true;
     *out = w;
-    return STK_OK;
-}
-
-/* Finishes the shard being written into the manifest's last entry. */
-static int writer_end_shard(stk_writer *w)
-{
-    uint64_t fsize, cnt = stk__stkw_count(w->w);
-    int rc = stk__stkw_finish(w->w, w->o.num_classes, &fsize, w->err, sizeof w->err);
-    w->w = NULL;
-    if (rc)
-        return rc;
-    w->man.shards[w->man.nshards - 1].count = cnt;
-    w->man.shards[w->man.nshards - 1].bytes = fsize;
-    w->bytes += fsize;
     return STK_OK;
 }
 
@@ -1447,37 +1456,10 @@ int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, c
         sniff_size(data, len, &sw, &sh);
     }
     int rc = STK_OK;
-    char why[STK_ERRMSG_MAX], path[4096];
-    if (w->w && stk__stkw_count(w->w) && stk__stkw_payload_bytes(w->w) + len > w->o.shard_size &&
-        (rc = writer_end_shard(w)))
+    char why[STK_ERRMSG_MAX];
+    if ((rc = shardout_room(&w->so, len, w->err, sizeof w->err)))
         goto fail;
-    if (!w->w) {
-        if (w->man.nshards == w->shard_cap) {
-            size_t cap = w->shard_cap ? 2 * w->shard_cap : 64;
-            stk__manifest_shard *q = stk__realloc(w->man.shards, cap * sizeof *q);
-            if (!q) {
-                rc = STK_ENOMEM;
-                stk__fmt(w->err, sizeof w->err, "out of memory");
-                goto fail;
-            }
-            w->man.shards = q;
-            w->shard_cap = cap;
-        }
-        char name[64];
-        snprintf(name, sizeof name, "part-%06zu.stk", w->man.nshards);
-        stk__manifest_shard *ms = &w->man.shards[w->man.nshards];
-        ms->count = ms->bytes = 0;
-        if (!(ms->name = stk__strdup(name))) {
-            rc = STK_ENOMEM;
-            stk__fmt(w->err, sizeof w->err, "out of memory");
-            goto fail;
-        }
-        w->man.nshards++;
-        stk__fmt(path, sizeof path, "%s/%s", w->dir, name);
-        if ((rc = stk__stkw_open(&w->w, path, &w->h, w->err, sizeof w->err)))
-            goto fail;
-    }
-    if ((rc = stk__stkw_add(w->w, data, len, label, key, sw, sh, why, sizeof why))) {
+    if ((rc = stk__stkw_add(w->so.w, data, len, label, key, sw, sh, why, sizeof why))) {
         stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 " (%s): %s", i, key ? key : "", why);
         goto fail;
     }
@@ -1531,11 +1513,11 @@ int stk_writer_finish(stk_writer *w, stk_pack_result *res)
                  res->struct_size);
         return STK_EINVAL;
     }
-    if (!w->w) {
+    if (!w->so.w) {
         stk__fmt(w->err, sizeof w->err, "%s: no samples were added", w->dir);
         return STK_EEMPTY;
     }
-    int rc = writer_end_shard(w);
+    int rc = shardout_end(&w->so, w->err, sizeof w->err);
     if (!rc)
         rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err);
     if (rc) {
@@ -1549,7 +1531,7 @@ int stk_writer_finish(stk_writer *w, stk_pack_result *res)
         stk_pack_result r = {0};
         r.samples = w->man.samples;
         r.shards = w->man.nshards;
-        r.bytes = w->bytes;
+        r.bytes = w->so.bytes;
         r.payload = w->man.kind;
         r.seconds = now_s() - w->t0;
         size_t n = res->struct_size < sizeof r ? res->struct_size : sizeof r;
@@ -1568,7 +1550,7 @@ void stk_writer_close(stk_writer *w)
 {
     if (!w)
         return;
-    stk__stkw_abort(w->w);
+    stk__stkw_abort(w->so.w);
     if (!w->finished && w->marker) {
         char path[4096];
         for (size_t k = 0; k < w->man.nshards; k++) {
