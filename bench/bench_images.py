@@ -119,10 +119,11 @@ def torch_run(path, transform, size, bs, epochs):
     return rate, sampler.peak
 
 
-def stoker_run(path, transform, size, bs, epochs):
-    out = subprocess.run([STOKER, "bench", path, "--transform", transform, "--size", str(size),
-                          "--batch-size", str(bs), "--threads", str(CORES), "--epochs", "1",
-                          "--json"], check=True, capture_output=True, text=True).stdout  # warm-up
+def stoker_run(path, transform, size, bs, epochs, warmup=True):
+    if warmup:
+        subprocess.run([STOKER, "bench", path, "--transform", transform, "--size", str(size),
+                        "--batch-size", str(bs), "--threads", str(CORES), "--epochs", "1",
+                        "--json"], check=True, capture_output=True, text=True)
     out = subprocess.run([STOKER, "bench", path, "--transform", transform, "--size", str(size),
                           "--batch-size", str(bs), "--threads", str(CORES), "--epochs", str(epochs),
                           "--json"], check=True, capture_output=True, text=True).stdout

@@ -37,14 +37,6 @@ def pack(src, out, *extra):
     return dt, size
 
 
-def bench(path, a):
-    out = subprocess.run([STOKER, "bench", path, "--transform", a.transform, "--size",
-                          str(a.size), "--batch-size", str(a.batch_size), "--threads",
-                          str(bi.CORES), "--epochs", str(a.epochs), "--json"],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kinds", default="web,q96,2mp")
@@ -78,7 +70,8 @@ def main():
             sums = set()
             for _ in range(a.runs):
                 for name, path in (("folder", src), ("stk", plain), ("rst", rst)):
-                    rep = bench(path, a)
+                    rep = bi.stoker_run(path, a.transform, a.size, a.batch_size, a.epochs,
+                                        warmup=False)
                     rates[name].append(rep["samples_per_s"])
                     sums.add(rep["checksum"])
             if len(sums) != 1:
