@@ -37,7 +37,7 @@ endif
 CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 # The libraries libstoker links, listed once: stoker.pc's Libs.private,
 # python/Makefile and setup.py (pip install) read this line.
-LIB_DEPS := -ljpeg -lspng -lxxhash -lcurl -lpthread -lm
+LIB_DEPS := -ljpeg -lspng -lxxhash -lcurl -ldl -lpthread -lm
 LDLIBS_ALL := $(LIB_DEPS) $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 
@@ -58,12 +58,30 @@ SOFILE := libstoker.so.$(VERSION)
 
 LIB_SRCS := $(sort $(wildcard src/*.c src/*/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(B)/obj/%.o)
+
+# CUDA: the device stage's conversion kernel (src/device/kernels.cu) is built
+# by nvcc when there is one (on PATH, or the toolkit in /usr/local/cuda), into
+# a fatbin the library carries as bytes (src/device/kernels_blob.S); nothing
+# links against CUDA, which is loaded at run time (src/device/cuda.c). Without
+# nvcc the library is built without kernels (`make NVCC=` forces that):
+# device="cuda" then copies uint8 batches but refuses float conversion.
+# SASS for Turing..Blackwell, plus PTX of the newest for GPUs after them.
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_ARCHS ?= 75 80 86 89 90 100 120
+NVCC_FLAGS := -O2 -Isrc $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+              -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
+ifneq ($(NVCC),)
+FATBIN := $(B)/gen/kernels.fatbin
+LIB_OBJS += $(B)/obj/src/device/kernels_blob.o
+CFLAGS_ALL += -DSTK_HAVE_CUDA_KERNELS=1
+endif
+
 TOOL_SRCS := $(sort $(wildcard tools/*.c))
 TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_UTIL := tests/c/testutil.c
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
 
-.PHONY: all lib tools tests deps run test clean python install uninstall
+.PHONY: all lib tools tests deps run test clean python install uninstall cuda-status
 all: lib tools tests
 
 lib: $(B)/libstoker.a $(B)/libstoker.so
@@ -73,6 +91,19 @@ tests: $(TEST_BINS)
 $(B)/obj/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -fvisibility=hidden -c $< -o $@
+
+$(B)/gen/kernels.fatbin: src/device/kernels.cu src/ops/convert.h
+	@mkdir -p $(dir $@)
+	$(NVCC) --fatbin $(NVCC_FLAGS) -o $@ $<
+
+$(B)/obj/src/device/kernels_blob.o: src/device/kernels_blob.S $(FATBIN)
+	@mkdir -p $(dir $@)
+	$(CC) -c -DSTK_FATBIN='"$(FATBIN)"' -o $@ $<
+
+# Which way the CUDA kernels were built, for `make test` to say.
+cuda-status:
+	@if [ -n "$(NVCC)" ]; then echo "CUDA kernels: built with $(NVCC) (sm $(CUDA_ARCHS) + PTX)"; \
+	 else echo "CUDA kernels: skipped (no nvcc found); device=\"cuda\" copies uint8 only"; fi
 
 $(B)/libstoker.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)

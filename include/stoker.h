@@ -69,6 +69,7 @@ extern "C" {
 #define STK_EUNSUPPORTED (-10) /* a feature or format this build lacks */
 #define STK_ESAMPLE      (-11) /* a sample failed under the raise policy; see errmsg */
 #define STK_ECANCELED    (-12) /* stk_pack: the progress callback asked to stop */
+#define STK_EDEVICE      (-13) /* the device (CUDA) failed a copy, kernel or allocation */
 
 /* Returns a static, never-NULL description of a return code. Thread-safe. */
 STK_API const char *stk_strerror(int code);
@@ -93,6 +94,15 @@ enum stk_dtype {
     STK_DTYPE_FLOAT32 = 1,
     STK_DTYPE_FLOAT16 = 2,
     STK_DTYPE_BFLOAT16 = 3
+};
+
+/* Where a batch's data lives (stk_options_set(o, "device", ...),
+ * docs/gpu.md). */
+enum stk_device {
+    STK_DEVICE_CPU = 0,  /* host memory (default) */
+    STK_DEVICE_CUDA = 1, /* CUDA device memory */
+    STK_DEVICE_FAKE = 2  /* the CPU stand-in for a device the tests use: host
+                            memory written later by another thread */
 };
 
 /* How a batch stores its samples. */
@@ -229,6 +239,11 @@ typedef struct stk_batch {
     const int32_t *dims;     /* variable: 3 per sample (h, w, c) or zeros */
     const int64_t *labels;   /* size entries; -1 where the source has none */
     const uint64_t *indices; /* dataset index of each sample */
+    /* Added after the first version (the library owns the struct, so
+     * callers built against the older header are unaffected): */
+    int device;    /* enum stk_device of `data`; labels, indices, offsets,
+                      lengths and dims are host memory always */
+    int device_id; /* which device, for CUDA and FAKE */
 } stk_batch;
 
 /* Static facts about an open loader (extensible: set struct_size). */
@@ -305,6 +320,8 @@ typedef struct stk_stats {
     /* Added after the first version: */
     unsigned threads_active; /* workers taking work now (< threads under autotune) */
     unsigned threads_max;    /* workers started */
+    uint64_t device_memory_bytes; /* the part of memory_bound_bytes that is
+                                     device memory (docs/gpu.md); 0 on the CPU */
 } stk_stats;
 
 /* One failed or skipped sample. Strings are owned by the loader and valid
@@ -343,8 +360,31 @@ STK_API int stk_loader_next(stk_loader *l, stk_batch **out);
  * as the Python module check for signals while it waits. */
 STK_API int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms);
 
-/* Gives a batch back to the ring. NULL is harmless. Any thread. */
+/* Gives a batch back to the ring. NULL is harmless. Any thread.
+ * A device batch (b->device is not STK_DEVICE_CPU) released this way may be
+ * overwritten as soon as work already queued on the legacy default stream
+ * has run: use stk_batch_release_stream when it was used on another stream. */
 STK_API void stk_batch_release(stk_batch *b);
+
+/* Device batches (docs/gpu.md). A device batch is handed out by
+ * stk_loader_next as soon as its copy (and conversion) is queued on the
+ * loader's copy stream, so the consumer must order its work after it:
+ *
+ * stk_batch_wait: makes `stream` (a CUstream / cudaStream_t; NULL is the
+ *   legacy default stream) wait on the device until the batch's data is
+ *   ready, without blocking the calling thread. For the FAKE device, whose
+ *   consumer is the host, NULL waits on the host as stk_batch_sync does.
+ * stk_batch_sync: blocks the calling thread until the data is ready.
+ * stk_batch_release_stream: releases the batch; its device memory is reused
+ *   only after the work queued on `stream` up to this call has run.
+ *
+ * All three are no-ops returning STK_OK for host batches. wait and sync
+ * return STK_EDEVICE (with the loader's message naming the batch, once the
+ * loader notices) when the batch's copy or conversion failed; STK_EINVAL for
+ * NULL. Any thread, while the batch is held. */
+STK_API int stk_batch_wait(stk_batch *b, void *stream);
+STK_API int stk_batch_sync(stk_batch *b);
+STK_API void stk_batch_release_stream(stk_batch *b, void *stream);
 
 /* Starts epoch e at its first batch (discarding prefetched work if the loader
  * was elsewhere). Held batches stay valid. Blocks briefly.

@@ -40,6 +40,9 @@ run_suite() {
 }
 
 mkdir -p build
+# Whether the CUDA kernels are built (nvcc found) or skipped: the device
+# stage's tests run on the fake backend either way (docs/gpu.md).
+make -s cuda-status
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}

@@ -776,27 +776,47 @@ static int finish_spec(stk__imgpipe *p, char *err, size_t errlen)
     return STK_OK;
 }
 
-/* The output value of each channel's 256 levels, computed in float32 in the
- * same order as torchvision's ToTensor (x / 255) and Normalize ((x - m) / s),
- * so the result is bit-exact with torch's float32 path. */
-static void build_luts(stk__imgpipe *p)
+void stk__imgpipe_convert(const stk__imgpipe *p, stk__convert *cv)
 {
     const xform *nx = NULL;
     for (unsigned k = 0; k < p->nx; k++)
         if (p->x[k].kind == T_NORMALIZE)
             nx = &p->x[k];
+    memset(cv, 0, sizeof *cv);
+    cv->dtype = p->dtype;
+    cv->nchw = p->nchw;
+    cv->scaled = p->normalize || p->totensor;
+    cv->normalize = nx != NULL;
     for (int c = 0; c < 3; c++) {
-        for (int v = 0; v < 256; v++) {
-            float f = (float)v;
-            if (p->normalize || p->totensor)
-                f = f / 255.0f;
-            if (nx)
-                f = (f - (float)nx->mean[c]) / (float)nx->std[c];
-            p->lut32[c * 256 + v] = f;
-            p->lut16[c * 256 + v] =
-                p->dtype == STK_DTYPE_BFLOAT16 ? stk__f32_to_bf16(f) : stk__f32_to_f16(f);
+        cv->mean[c] = nx ? (float)nx->mean[c] : 0.0f;
+        cv->std[c] = nx ? (float)nx->std[c] : 1.0f;
+    }
+    cv->h = p->out_h;
+    cv->w = p->out_w;
+}
+
+/* The output value of each channel's 256 levels, from the one definition of
+ * the math (ops/convert.h): float32 in the same order as torchvision's
+ * ToTensor (x / 255) and Normalize ((x - m) / s), so the result is bit-exact
+ * with torch's float32 path and with the device stage's kernel. */
+static void build_luts(stk__imgpipe *p)
+{
+    stk__convert cv;
+    stk__imgpipe_convert(p, &cv);
+    for (int c = 0; c < 3; c++) {
+        for (unsigned v = 0; v < 256; v++) {
+            float f = stk__norm_value(&cv, c, v);
+            p->lut32[c * 256 + (int)v] = f;
+            p->lut16[c * 256 + (int)v] =
+                p->dtype == STK_DTYPE_BFLOAT16 ? stk__bf16_from_f32(f) : stk__f16_from_f32(f);
         }
     }
+}
+
+void stk__imgpipe_set_host_uint8(stk__imgpipe *p)
+{
+    p->dtype = STK_DTYPE_UINT8;
+    p->nchw = 0;
 }
 
 int stk__imgpipe_create(stk__imgpipe **out, const char *spec, const stk__imgpipe_params *prm,

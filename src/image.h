@@ -11,6 +11,7 @@
 #define STK_IMAGE_H
 
 #include "internal.h"
+#include "ops/convert.h"
 
 typedef struct stk__imgpipe stk__imgpipe;
 
@@ -51,6 +52,16 @@ void stk__imgpipe_set_jpeg_memory(stk__imgpipe *p, size_t bytes);
  * outputs are HWC uint8 of the image's own size. */
 int stk__imgpipe_dense(const stk__imgpipe *p, unsigned *ndim, int64_t shape[4], int *dtype,
                        size_t *sample_bytes);
+
+/* The conversion the pipeline's last step applies to its uint8 pixels
+ * (dtype, layout, ToTensor/Normalize) and the dense output size: what the
+ * device stage does on the GPU instead. */
+void stk__imgpipe_convert(const stk__imgpipe *p, stk__convert *cv);
+
+/* From now on the pipeline writes uint8 HWC pixels (flips included) and
+ * leaves the conversion of stk__imgpipe_convert, asked for before this, to
+ * the device stage. Call before the first run(). */
+void stk__imgpipe_set_host_uint8(stk__imgpipe *p);
 
 /* Runs the pipeline on one encoded image.
  * bytes/n: the encoded file. rng: the sample's generator (keyed by seed, epoch,

@@ -19,6 +19,7 @@
  * Lifetime: the shared `core` is reference-counted by the loader handle and by
  * each held batch, so batches stay valid after stk_loader_close().
  */
+#include "device/stage.h"
 #include "fetch/fetch.h"
 #include "image.h"
 #include "internal.h"
@@ -133,6 +134,16 @@ struct core {
     uint64_t at_blocked;             /* ns next() blocked in the window (overhead excluded) */
     unsigned at_calm;                /* consecutive windows with spare batches */
     uint64_t at_min_ahead;           /* fewest batches ready ahead seen in the window */
+    /* Device stage (docs/gpu.md): with a device, the ring's buffers are the
+     * device's page-locked memory, the copy thread is the ring's consumer,
+     * and the user's position is where the device stage's consumer is. */
+    stk__dev *dev;
+    stk__devstage *dstage;
+    uint64_t dev_bytes;           /* device memory of the stage */
+    uint64_t cons_epoch, cons_g;  /* the user's position (lock held) */
+    int convert;                  /* the device converts uint8 HWC to the output */
+    stk__convert cv;
+    size_t out_sample_bytes;      /* one sample as delivered */
 };
 
 /* An epoch continued from a saved state under another world: its batches
@@ -175,10 +186,15 @@ static void clear_errors(core *c)
 
 static void core_free(core *c)
 {
+    /* The device stage first: it waits for the copies that read the ring. */
+    stk__devstage_destroy(c->dstage);
     if (c->bufs) {
         for (unsigned k = 0; k < c->nbufs; k++) {
             buffer *b = &c->bufs[k];
-            stk__free(b->data);
+            if (c->dev)
+                c->dev->ops->host_free(c->dev, b->data);
+            else
+                stk__free(b->data);
             stk__free(b->offsets);
             stk__free(b->lengths);
             stk__free(b->dims);
@@ -212,6 +228,7 @@ static void core_free(core *c)
         stk__layout_free(&r->lay);
         stk__free(r);
     }
+    stk__dev_close(c->dev);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
     pthread_cond_destroy(&c->cond_ready);
@@ -635,16 +652,14 @@ static void autotune_step(core *c, uint64_t now)
     c->at_min_ahead = UINT64_MAX;
 }
 
-static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
+/* The ring's next batch in order. `user`: the caller is the user (without a
+ * device), whose waiting is counted as starvation and traced; otherwise it
+ * is the device stage's copy thread. */
+static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, size_t errlen,
+                     bool user)
 {
-    int rc = check_handle(l);
-    if (out)
-        *out = NULL;
-    if (rc)
-        return rc;
-    if (!out)
-        return STK_EINVAL;
-    core *c = l->c;
+    int rc;
+    *out = NULL;
     buffer *pub = NULL;
     uint64_t start = stk__now_ns(), blocked_since = 0;
     pthread_mutex_lock(&c->lock);
@@ -663,7 +678,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
                 if (c->on_error == STK_ON_ERROR_RAISE) {
                     /* The message first: record_errors() takes the strings. */
                     const slot_err *e = first_err(b);
-                    stk__fmt(l->errmsg, sizeof l->errmsg, "sample %llu (%s): %s%s",
+                    stk__fmt(err, errlen, "sample %llu (%s): %s%s",
                              e ? (unsigned long long)e->sample : 0ULL, e && e->name ? e->name : "?",
                              e && e->reason ? e->reason : "failed",
                              b->failed > 1 ? " (and more failed samples in this batch)" : "");
@@ -689,7 +704,7 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
             break;
         }
         if (!b && c->free_count == 0) {
-            stk__fmt(l->errmsg, sizeof l->errmsg,
+            stk__fmt(err, errlen,
                      "all %u ring buffers are held by the consumer; release a batch before "
                      "asking for the next, or raise depth",
                      c->nbufs);
@@ -709,12 +724,13 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         stk__cond_wait_ns(&c->cond_ready, &c->lock, slice);
     }
     uint64_t end = stk__now_ns();
-    c->wait_ns += end - start;
+    if (user)
+        c->wait_ns += end - start;
     if (blocked_since)
         c->at_blocked += end - blocked_since;
     if (c->autotune && rc == STK_OK)
         autotune_step(c, end);
-    if (c->trace)
+    if (c->trace && user)
         stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
                          rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
     pthread_mutex_unlock(&c->lock);
@@ -725,21 +741,8 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     return rc;
 }
 
-int stk_loader_next(stk_loader *l, stk_batch **out)
+static void release_host(buffer *b)
 {
-    return next_impl(l, out, 0);
-}
-
-int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms)
-{
-    return next_impl(l, out, timeout_ms ? (uint64_t)timeout_ms * 1000000ULL : 1);
-}
-
-void stk_batch_release(stk_batch *bv)
-{
-    if (!bv)
-        return;
-    buffer *b = (buffer *)(void *)bv;
     core *c = b->core;
     pthread_mutex_lock(&c->lock);
     if (b->state != BUF_HELD) {
@@ -755,14 +758,131 @@ void stk_batch_release(stk_batch *bv)
         core_free(c);
 }
 
+/* The device stage's view of the ring. */
+static int stage_host_next(void *ctx, stk_batch **out, uint64_t timeout_ns, char *err,
+                           size_t errlen)
+{
+    return host_next(ctx, out, timeout_ns, err, errlen, false);
+}
+
+static void stage_host_release(void *ctx, stk_batch *b)
+{
+    (void)ctx;
+    release_host((buffer *)(void *)b);
+}
+
+/* The user's next batch from the device stage; the position, the wait and
+ * the trace are the user's. */
+static int device_next(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
+{
+    core *c = l->c;
+    uint64_t start = stk__now_ns();
+    int rc = stk__devstage_next(c->dstage, out, timeout_ns, l->errmsg, sizeof l->errmsg);
+    uint64_t end = stk__now_ns();
+    pthread_mutex_lock(&c->lock);
+    c->wait_ns += end - start;
+    if (rc == STK_OK) {
+        /* The batch holds the core alive, as a host batch does. */
+        c->refs++;
+        c->cons_g = (*out)->epoch * c->part.batches + (*out)->index + 1;
+    } else if (rc == STK_END) {
+        c->cons_epoch++;
+    }
+    if (c->trace)
+        stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->cons_g - (rc == STK_OK),
+                         rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
+{
+    int rc = check_handle(l);
+    if (out)
+        *out = NULL;
+    if (rc)
+        return rc;
+    if (!out)
+        return STK_EINVAL;
+    if (l->c->dstage)
+        return device_next(l, out, timeout_ns);
+    return host_next(l->c, out, timeout_ns, l->errmsg, sizeof l->errmsg, true);
+}
+
+int stk_loader_next(stk_loader *l, stk_batch **out)
+{
+    return next_impl(l, out, 0);
+}
+
+int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms)
+{
+    return next_impl(l, out, timeout_ms ? (uint64_t)timeout_ms * 1000000ULL : 1);
+}
+
+void stk_batch_release_stream(stk_batch *bv, void *stream)
+{
+    if (!bv)
+        return;
+    if (bv->device == STK_DEVICE_CPU) {
+        release_host((buffer *)(void *)bv);
+        return;
+    }
+    core *c = stk__devstage_release(bv, stream);
+    if (!c)
+        return; /* not held: a second release */
+    pthread_mutex_lock(&c->lock);
+    bool last = --c->refs == 0;
+    pthread_mutex_unlock(&c->lock);
+    if (last)
+        core_free(c);
+}
+
+void stk_batch_release(stk_batch *bv)
+{
+    stk_batch_release_stream(bv, NULL);
+}
+
+stk__dev *stk__loader_device(stk_loader *l)
+{
+    return l && l->c ? l->c->dev : NULL;
+}
+
+int stk_batch_wait(stk_batch *b, void *stream)
+{
+    if (!b)
+        return STK_EINVAL;
+    return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_wait(b, stream);
+}
+
+int stk_batch_sync(stk_batch *b)
+{
+    if (!b)
+        return STK_EINVAL;
+    return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_sync(b);
+}
+
 /* Moves the production cursor to batch `batch` of `epoch`, dropping work
  * prefetched elsewhere. Waits for workers to leave the slots they write. */
 static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool set_lay)
 {
-    pthread_mutex_lock(&c->lock);
     uint64_t target = epoch * c->part.batches + batch;
+    bool dev_paused = false;
+    if (c->dstage) {
+        /* The copy thread is ahead of the user: unless the user is already
+         * there, stop it and drop what it queued, then move the ring. */
+        pthread_mutex_lock(&c->lock);
+        const resumed *cur = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+        bool here = target == c->cons_g && epoch == c->cons_epoch && !(set_lay && lay != cur);
+        pthread_mutex_unlock(&c->lock);
+        if (here)
+            return;
+        stk__devstage_pause(c->dstage);
+        dev_paused = true;
+    }
+    pthread_mutex_lock(&c->lock);
     const resumed *cur = atomic_load_explicit(&c->resumed, memory_order_relaxed);
-    if (target != c->deliver_g || epoch != c->cur_epoch || (set_lay && lay != cur)) {
+    if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch ||
+        (set_lay && lay != cur)) {
         c->seeking = true;
         while (c->busy)
             stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
@@ -796,9 +916,13 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool 
         clear_errors(c);
         c->errors_epoch = epoch;
         c->seeking = false;
+        c->cons_g = target;
+        c->cons_epoch = epoch;
         pthread_cond_broadcast(&c->cond_work);
     }
     pthread_mutex_unlock(&c->lock);
+    if (dev_paused)
+        stk__devstage_resume(c->dstage);
 }
 
 /* Moves the production cursor to batch `batch` of `epoch` under the normal
@@ -854,13 +978,17 @@ static int put_sized(stk_loader *l, const char *type, void *out, const void *ful
 #define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
 #define STATE_V1 (offsetof(stk_state, transform) + sizeof(uint64_t))
 
-/* The loader's own state: position and fingerprint. Lock held. */
+/* The loader's own state: position and fingerprint. Lock held. The position
+ * is the user's: with a device, where the device stage's consumer is (the
+ * copy thread has taken batches ahead of it). */
 static stk_state own_state(const core *c)
 {
     stk_state st = {.struct_size = sizeof st};
+    uint64_t epoch = c->dstage ? c->cons_epoch : c->cur_epoch;
+    uint64_t deliver_g = c->dstage ? c->cons_g : c->deliver_g;
     st.seed = c->seed;
-    st.epoch = c->cur_epoch;
-    st.batch = c->deliver_g - c->cur_epoch * c->part.batches;
+    st.epoch = epoch;
+    st.batch = deliver_g - epoch * c->part.batches;
     st.num_samples = c->src.count;
     st.batch_size = c->batch_size;
     st.world_size = c->part.world;
@@ -870,7 +998,7 @@ static stk_state own_state(const core *c)
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
     const resumed *r = atomic_load_explicit(&c->resumed, memory_order_relaxed);
-    if (r && r->epoch == c->cur_epoch) {
+    if (r && r->epoch == epoch) {
         if (st.batch >= c->part.batches) {
             /* The resumed epoch is over: the next one starts afresh. */
             st.epoch++;
@@ -1114,8 +1242,11 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     s.samples_failed = c->failed;
     s.threads_active = c->active;
     pthread_mutex_unlock(&c->lock);
+    if (c->dstage)
+        stk__devstage_delivered(c->dstage, &s.batches_delivered, &s.samples_delivered);
     s.threads_max = c->nthreads;
     s.memory_bound_bytes = c->memory_bound;
+    s.device_memory_bytes = c->dev_bytes;
     return put_sized(l, "stk_stats", st, &s, sizeof s, STATS_V1);
 }
 
@@ -1227,6 +1358,9 @@ void stk_loader_close(stk_loader *l)
     }
     core *c = l->c;
     if (c) {
+        /* The copy thread first: it takes batches from the ring, and its
+         * copies in flight read the ring's buffers. */
+        stk__devstage_stop(c->dstage);
         stop_workers(c);
         pthread_mutex_lock(&c->lock);
         /* No thread records any more: the workers are joined and the handle
@@ -1326,6 +1460,65 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     return STK_OK;
 }
 
+/* With a device (docs/gpu.md): opens it and decides what the ring holds.
+ * Batches must be dense. A float output is converted on the device: the
+ * pipeline then writes uint8 HWC (a quarter of float32's bytes on the bus)
+ * and the device applies the same math (ops/convert.h). */
+static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    static const char *const kinds[] = {"cpu", "cuda", "fake"};
+    const char *kind = kinds[o->device];
+    c->out_sample_bytes = c->sample_bytes;
+    if (o->device == STK_DEVICE_CPU)
+        return STK_OK;
+    if (c->kind != STK_BATCH_DENSE) {
+        stk__fmt(err, errlen,
+                 "%s: device \"%s\" needs batches of one shape (an image transform with a "
+                 "fixed output size, or fixed-size records); this loader's samples vary in size",
+                 o->source, kind);
+        return STK_EINVAL;
+    }
+    int rc = o->device == STK_DEVICE_CUDA ? stk__dev_open_cuda(&c->dev, o->device_id, err, errlen)
+                                          : stk__dev_open_fake(&c->dev, o->device_id, err, errlen);
+    if (rc)
+        return rc;
+    if (c->pipe && c->dtype != STK_DTYPE_UINT8) {
+        if (o->device == STK_DEVICE_CUDA && !stk__cuda_device_has_kernel(c->dev)) {
+            stk__fmt(err, errlen,
+                     "%s: device \"cuda:%d\" with a float dtype needs stoker's CUDA conversion "
+                     "kernel, which %s; use dtype uint8 and convert on the GPU yourself",
+                     o->source, o->device_id,
+                     stk__cuda_have_kernels() ? "does not load on this GPU (architecture)"
+                                              : "this build lacks (built without nvcc)");
+            return STK_EUNSUPPORTED;
+        }
+        stk__imgpipe_convert(c->pipe, &c->cv);
+        stk__imgpipe_set_host_uint8(c->pipe);
+        c->convert = 1;
+        c->sample_bytes = (size_t)c->cv.h * c->cv.w * 3;
+    }
+    return STK_OK;
+}
+
+static int start_device(core *c, char *err, size_t errlen)
+{
+    if (!c->dev)
+        return STK_OK;
+    stk__devstage_cfg cfg = {.dev = c->dev,
+                             .slots = c->depth + 1,
+                             .batch_size = c->batch_size,
+                             .host_sample_bytes = c->sample_bytes,
+                             .out_sample_bytes = c->out_sample_bytes,
+                             .convert = c->convert,
+                             .cv = c->cv,
+                             .batches_per_epoch = c->part.batches,
+                             .ctx = c,
+                             .host_next = stage_host_next,
+                             .host_release = stage_host_release};
+    c->dev_bytes = stk__devstage_device_bytes(&cfg);
+    return stk__devstage_create(&c->dstage, &cfg, err, errlen);
+}
+
 /* The fetch stage's view of the future (pure functions of g and slot). */
 static uint64_t plan_batch_len(void *ctx, uint64_t g)
 {
@@ -1410,8 +1603,16 @@ static int alloc_ring(core *c)
         buffer *b = &c->bufs[k];
         b->core = c;
         b->state = BUF_FREE;
-        if (!(b->data = stk__malloc(B * c->sample_bytes)) ||
-            !(b->offsets = stk__malloc(B * sizeof *b->offsets)) ||
+        if (c->dev) {
+            /* Page-locked, so the device copies straight from it. */
+            char err[STK_ERRMSG_MAX];
+            if (c->dev->ops->host_alloc(c->dev, B * c->sample_bytes, (void **)&b->data, err,
+                                        sizeof err))
+                return STK_ENOMEM;
+        } else if (!(b->data = stk__malloc(B * c->sample_bytes))) {
+            return STK_ENOMEM;
+        }
+        if (!(b->offsets = stk__malloc(B * sizeof *b->offsets)) ||
             !(b->lengths = stk__malloc(B * sizeof *b->lengths)) ||
             !(b->dims = stk__malloc(3 * B * sizeof *b->dims)) ||
             !(b->labels = stk__malloc(B * sizeof *b->labels)) ||
@@ -1531,7 +1732,7 @@ static int open_core(stk_loader *l, const stk_options *o)
                              .cache_limit = o->cache_limit};
     if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
-    if ((rc = setup_output(c, o, err, errlen)))
+    if ((rc = setup_output(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
         goto fail;
     if (o->shard_order) {
         if (!c->src.nshards) {
@@ -1586,9 +1787,9 @@ static int open_core(stk_loader *l, const stk_options *o)
         w->in.limit = o->max_input_bytes;
         w->dec.limit = o->scratch_bytes;
     }
-    if ((rc = setup_fetch(c, o, err, errlen)))
+    if ((rc = setup_fetch(c, o, err, errlen)) || (rc = start_device(c, err, errlen)))
         goto fail;
-    c->memory_bound = memory_bound(c, o);
+    c->memory_bound = memory_bound(c, o) + c->dev_bytes;
     if (c->fetch)
         c->memory_bound += stk__fetch_memory_bound(c->fetch);
     if (o->trace) {
@@ -1653,6 +1854,7 @@ const char *stk_strerror(int code)
     case STK_EUNSUPPORTED: return "unsupported";
     case STK_ESAMPLE: return "a sample failed";
     case STK_ECANCELED: return "canceled";
+    case STK_EDEVICE: return "device error";
     default: return "unknown error";
     }
 }

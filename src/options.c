@@ -310,6 +310,28 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
             o->fetch_timeout = (unsigned)n;
         return STK_OK;
     }
+    /* Where batches are delivered (docs/gpu.md): "cpu", "cuda", "cuda:N",
+     * "fake", "fake:N" (the tests' CPU stand-in for a device). */
+    if (!strcmp(key, "device")) {
+        int kind;
+        const char *rest;
+        if (!strncmp(value, "cuda", 4))
+            kind = STK_DEVICE_CUDA, rest = value + 4;
+        else if (!strncmp(value, "fake", 4))
+            kind = STK_DEVICE_FAKE, rest = value + 4;
+        else if (!strcmp(value, "cpu"))
+            kind = STK_DEVICE_CPU, rest = value + 3;
+        else
+            return STK_EINVAL;
+        n = 0;
+        if (*rest == ':' && (kind == STK_DEVICE_CPU || parse_size(rest + 1, 1023, &n)))
+            return STK_EINVAL;
+        if (*rest && *rest != ':')
+            return STK_EINVAL;
+        o->device = kind;
+        o->device_id = (int)n;
+        return STK_OK;
+    }
     if (!strcmp(key, "order")) {
         if (!strcmp(value, "shards"))
             o->shard_order = true;

@@ -47,6 +47,8 @@ struct stk_options {
     uint64_t memory_budget; /* bytes for the loader's bound (0: a quarter of the
                                memory available, shared by LOCAL_WORLD_SIZE) */
     uint64_t trace_events;  /* events kept in all (the ring's size) */
+    int device;             /* enum stk_device of the batches (docs/gpu.md) */
+    int device_id;
 };
 
 #endif

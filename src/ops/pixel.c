@@ -3,6 +3,7 @@
  * writer that turns a view into the sample's output element type and layout.
  */
 #include "ops/ops.h"
+#include "ops/convert.h"
 
 #include <string.h>
 
@@ -215,53 +216,10 @@ void stk__write(const stk__view *in, const stk__writer *wr, void *out)
 
 uint16_t stk__f32_to_f16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = (x >> 23) & 0xffu;
-    uint32_t man = x & 0x7fffffu;
-    uint16_t r;
-    if (exp == 0xff) {
-        /* Infinity stays infinity; NaN keeps a set quiet bit. */
-        r = (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    } else {
-        int e = (int)exp - 127 + 15;
-        if (e >= 31) {
-            r = (uint16_t)(sign | 0x7c00u);
-        } else if (e <= 0) {
-            /* Subnormal half (or zero): shift the full mantissa into place
-             * and round to nearest even on the dropped bits. */
-            if (e < -10) {
-                r = (uint16_t)sign;
-            } else {
-                uint32_t m = man | 0x800000u;
-                uint32_t shift = (uint32_t)(14 - e);
-                uint32_t h = m >> shift;
-                uint32_t rem = m & ((1u << shift) - 1);
-                uint32_t half = 1u << (shift - 1);
-                if (rem > half || (rem == half && (h & 1)))
-                    h++;
-                r = (uint16_t)(sign | h);
-            }
-        } else {
-            uint32_t h = ((uint32_t)e << 10) | (man >> 13);
-            uint32_t rem = man & 0x1fffu;
-            /* A carry out of the mantissa bumps the exponent, and out of the
-             * top exponent it becomes infinity, both of which are right. */
-            if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
-                h++;
-            r = (uint16_t)(sign | h);
-        }
-    }
-    return r;
+    return stk__f16_from_f32(f);
 }
 
 uint16_t stk__f32_to_bf16(float f)
 {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    return stk__bf16_from_f32(f);
 }

@@ -1,0 +1,614 @@
+/*
+ * stage.c -- the device stage (stage.h): the copy thread, the device ring
+ * and the consumer's queue.
+ */
+#include "device/stage.h"
+
+#include <string.h>
+
+#define NSTREAMS     2              /* copies of batch k+1 overlap the conversion of k */
+#define MAX_INFLIGHT 2              /* host batches whose copies may run at once */
+#define HOST_SLICE   20000000ULL    /* the copy thread's wait for a host batch */
+#define WAIT_SLICE   100000000ULL   /* waits wake this often to re-check cancel */
+#define REAP_SLICE   1000000ULL     /* while copies run, look at their events this often */
+
+enum { D_FREE, D_ISSUING, D_QUEUED, D_HELD, D_RELEASING };
+enum { E_BATCH, E_END, E_ERROR };
+
+typedef struct dslot {
+    stk_batch view; /* first member: the release functions cast back */
+    stk__devstage *st;
+    int state;
+    uint64_t g;
+    stk__dptr staging, out;
+    stk__event ready;    /* recorded after the copy and conversion */
+    stk__event released; /* recorded on the consumer's stream at release */
+    bool used;           /* written before: the next copy waits for its events */
+    stk__stream stream;  /* the copy stream of its last copy */
+    uint64_t *offsets, *lengths, *indices;
+    int32_t *dims;
+    int64_t *labels;
+} dslot;
+
+typedef struct entry {
+    int kind;
+    int rc;
+    dslot *d;
+    char msg[STK_ERRMSG_MAX];
+} entry;
+
+/* A host batch whose copy may still be reading it. */
+typedef struct inflight {
+    stk_batch *hb;
+    stk__event ev; /* recorded right after the copy */
+    uint64_t g;
+} inflight;
+
+struct stk__devstage {
+    stk__devstage_cfg cfg;
+    stk__dev *dev;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    pthread_t th;
+    bool started, cancel, pause, in_next, issuing;
+    uint64_t gen;
+    dslot *slots;
+    unsigned nheld;
+    stk__stream streams[NSTREAMS];
+    uint64_t issued;
+    entry *q;
+    unsigned qcap, qhead, qlen;
+    inflight fl[MAX_INFLIGHT]; /* oldest first */
+    unsigned nfl;
+    stk__event ev_free[MAX_INFLIGHT]; /* events of no copy in flight */
+    unsigned nev_free;
+    int broken; /* STK_EDEVICE once a copy or conversion failed */
+    char broken_msg[STK_ERRMSG_MAX];
+    uint64_t delivered_batches, delivered_samples;
+};
+
+uint64_t stk__devstage_device_bytes(const stk__devstage_cfg *cfg)
+{
+    uint64_t per = (uint64_t)cfg->batch_size * cfg->host_sample_bytes;
+    if (cfg->convert)
+        per += (uint64_t)cfg->batch_size * cfg->out_sample_bytes;
+    return per * cfg->slots;
+}
+
+/* Names batch g as the user sees it. */
+static void name_batch(const stk__devstage *st, uint64_t g, char *buf, size_t n)
+{
+    uint64_t per = st->cfg.batches_per_epoch ? st->cfg.batches_per_epoch : 1;
+    stk__fmt(buf, n, "batch %llu of epoch %llu", (unsigned long long)(g % per),
+             (unsigned long long)(g / per));
+}
+
+/* Marks the stage broken by a device failure of batch g. Lock held. */
+static void set_broken(stk__devstage *st, uint64_t g, const char *what, const char *why)
+{
+    if (st->broken)
+        return;
+    char name[64];
+    name_batch(st, g, name, sizeof name);
+    st->broken = STK_EDEVICE;
+    stk__fmt(st->broken_msg, sizeof st->broken_msg, "%s: the device %s failed: %s (%s device %d)",
+             name, what, why, st->dev->ops->name, st->dev->id);
+    pthread_cond_broadcast(&st->cond);
+}
+
+static void push(stk__devstage *st, int kind, int rc, dslot *d, const char *msg)
+{
+    entry *e = &st->q[(st->qhead + st->qlen) % st->qcap];
+    e->kind = kind;
+    e->rc = rc;
+    e->d = d;
+    stk__fmt(e->msg, sizeof e->msg, "%s", msg ? msg : "");
+    st->qlen++;
+    pthread_cond_broadcast(&st->cond);
+}
+
+static dslot *free_slot(stk__devstage *st)
+{
+    for (unsigned k = 0; k < st->cfg.slots; k++)
+        if (st->slots[k].state == D_FREE)
+            return &st->slots[k];
+    return NULL;
+}
+
+/* Gives back the host batches whose copies completed; with `block`, waits
+ * for the oldest first. Lock held; dropped around the calls. Only the copy
+ * thread (or stop, after joining it) touches the in-flight list. */
+static void reap(stk__devstage *st, bool block)
+{
+    const stk__dev_ops *ops = st->dev->ops;
+    char err[STK_ERRMSG_MAX];
+    for (unsigned k = 0; k < st->nfl;) {
+        inflight f = st->fl[k];
+        int rc;
+        pthread_mutex_unlock(&st->lock);
+        err[0] = 0;
+        if (block && k == 0)
+            rc = ops->event_sync(st->dev, f.ev, err, sizeof err);
+        else
+            rc = ops->event_query(st->dev, f.ev, err, sizeof err);
+        pthread_mutex_lock(&st->lock);
+        if (rc == 1) {
+            k++;
+            continue;
+        }
+        if (rc != STK_OK)
+            set_broken(st, f.g, "copy", err);
+        /* Done (or failed: the copy will not touch it any more). */
+        memmove(&st->fl[k], &st->fl[k + 1], (st->nfl - k - 1) * sizeof *st->fl);
+        st->nfl--;
+        st->ev_free[st->nev_free++] = f.ev;
+        pthread_mutex_unlock(&st->lock);
+        st->cfg.host_release(st->cfg.ctx, f.hb);
+        pthread_mutex_lock(&st->lock);
+        block = false;
+    }
+}
+
+/* Queues the copy (and conversion) of host batch hb into a free device
+ * buffer. Lock held; dropped around the backend calls. */
+static void issue(stk__devstage *st, stk_batch *hb)
+{
+    const stk__dev_ops *ops = st->dev->ops;
+    stk__dev *dev = st->dev;
+    dslot *d = free_slot(st); /* the caller saw one free, under the lock */
+    if (!d)
+        return;
+    uint64_t g = hb->epoch * st->cfg.batches_per_epoch + hb->index;
+    d->state = D_ISSUING;
+    d->g = g;
+    stk__event hev = st->ev_free[--st->nev_free];
+    stk__stream s = st->streams[st->issued++ % NSTREAMS];
+    st->issuing = true;
+    pthread_mutex_unlock(&st->lock);
+
+    char err[STK_ERRMSG_MAX] = "";
+    const char *what = "copy";
+    int rc = STK_OK;
+    if (d->used) {
+        /* The consumer released this buffer after its stream's use of it,
+         * and its previous copy may have run on the other stream. */
+        rc = ops->stream_wait_event(dev, s, d->released, err, sizeof err);
+        if (!rc)
+            rc = ops->stream_wait_event(dev, s, d->ready, err, sizeof err);
+    }
+    size_t host_bytes = hb->size * st->cfg.host_sample_bytes;
+    if (!rc && host_bytes)
+        rc = ops->copy_h2d(dev, d->staging, hb->data, host_bytes, s, err, sizeof err);
+    if (!rc)
+        rc = ops->event_record(dev, hev, s, err, sizeof err);
+    if (!rc && st->cfg.convert && hb->size) {
+        what = "conversion";
+        rc = ops->convert(dev, &st->cfg.cv, d->staging, d->out, hb->size, s, err, sizeof err);
+    }
+    if (!rc)
+        rc = ops->event_record(dev, d->ready, s, err, sizeof err);
+    d->used = true;
+    d->stream = s;
+
+    /* The batch's host-side arrays are the consumer's copy, so the host
+     * buffer can go back to the workers while the consumer holds this. */
+    size_t n = hb->size;
+    memcpy(d->labels, hb->labels, n * sizeof *d->labels);
+    memcpy(d->indices, hb->indices, n * sizeof *d->indices);
+    memcpy(d->lengths, hb->lengths, n * sizeof *d->lengths);
+    memcpy(d->dims, hb->dims, 3 * n * sizeof *d->dims);
+    stk_batch *v = &d->view;
+    *v = *hb;
+    for (size_t k = 0; k < n; k++) {
+        d->offsets[k] = (uint64_t)k * st->cfg.out_sample_bytes;
+        d->lengths[k] = st->cfg.out_sample_bytes;
+    }
+    v->data = (void *)(uintptr_t)(st->cfg.convert ? d->out : d->staging);
+    v->offsets = d->offsets;
+    v->lengths = d->lengths;
+    v->dims = d->dims;
+    v->labels = d->labels;
+    v->indices = d->indices;
+    v->sample_bytes = st->cfg.out_sample_bytes;
+    v->device = dev->kind;
+    v->device_id = dev->id;
+    if (st->cfg.convert) {
+        const stk__convert *cv = &st->cfg.cv;
+        v->dtype = cv->dtype;
+        v->ndim = 3;
+        v->shape[0] = cv->nchw ? 3 : cv->h;
+        v->shape[1] = cv->nchw ? cv->h : cv->w;
+        v->shape[2] = cv->nchw ? cv->w : 3;
+        v->shape[3] = 0;
+    }
+
+    pthread_mutex_lock(&st->lock);
+    st->issuing = false;
+    pthread_cond_broadcast(&st->cond);
+    /* Even a failed issue may have queued the copy: the host batch goes back
+     * only after the event (never recorded: complete at once). */
+    st->fl[st->nfl++] = (inflight){hb, hev, g};
+    if (rc) {
+        set_broken(st, g, what, err);
+        d->state = D_FREE;
+        return;
+    }
+    if (st->pause) {
+        /* A seek began while this was issued: the batch is from before it. */
+        d->state = D_FREE;
+        return;
+    }
+    d->state = D_QUEUED;
+    push(st, E_BATCH, STK_OK, d, NULL);
+}
+
+static void *copy_main(void *arg)
+{
+    stk__devstage *st = arg;
+    pthread_setname_np(pthread_self(), "stk-copy");
+    if (st->dev->ops->enter)
+        st->dev->ops->enter(st->dev);
+    char err[STK_ERRMSG_MAX];
+    pthread_mutex_lock(&st->lock);
+    while (!st->cancel) {
+        reap(st, false);
+        if (st->nfl == MAX_INFLIGHT) {
+            reap(st, true);
+            continue;
+        }
+        /* Room for what the host may answer: a batch needs a free device
+         * buffer, and an error or an end one queue entry. */
+        if (st->pause || st->broken || st->qlen + 1 >= st->qcap || !free_slot(st)) {
+            stk__cond_wait_ns(&st->cond, &st->lock, st->nfl ? REAP_SLICE : WAIT_SLICE);
+            continue;
+        }
+        uint64_t gen = st->gen;
+        st->in_next = true;
+        pthread_mutex_unlock(&st->lock);
+        stk_batch *hb = NULL;
+        err[0] = 0;
+        int rc = st->cfg.host_next(st->cfg.ctx, &hb, st->nfl ? REAP_SLICE : HOST_SLICE, err,
+                                   sizeof err);
+        pthread_mutex_lock(&st->lock);
+        st->in_next = false;
+        pthread_cond_broadcast(&st->cond);
+        if (rc == STK_TIMEOUT)
+            continue;
+        if (st->gen != gen || st->pause || st->cancel) {
+            /* Taken from before a seek (or during close): not delivered. */
+            if (hb) {
+                pthread_mutex_unlock(&st->lock);
+                st->cfg.host_release(st->cfg.ctx, hb);
+                pthread_mutex_lock(&st->lock);
+            }
+            continue;
+        }
+        if (rc == STK_OK)
+            issue(st, hb);
+        else
+            push(st, rc == STK_END ? E_END : E_ERROR, rc, NULL, err);
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (st->dev->ops->leave)
+        st->dev->ops->leave(st->dev);
+    return NULL;
+}
+
+int stk__devstage_next(stk__devstage *st, stk_batch **out, uint64_t timeout_ns, char *err,
+                       size_t errlen)
+{
+    uint64_t start = stk__now_ns();
+    int rc;
+    pthread_mutex_lock(&st->lock);
+    for (;;) {
+        if (st->broken) {
+            stk__fmt(err, errlen, "%s", st->broken_msg);
+            rc = st->broken;
+            break;
+        }
+        if (st->qlen) {
+            entry *e = &st->q[st->qhead];
+            st->qhead = (st->qhead + 1) % st->qcap;
+            st->qlen--;
+            pthread_cond_broadcast(&st->cond);
+            rc = e->rc;
+            if (e->kind == E_BATCH) {
+                e->d->state = D_HELD;
+                st->nheld++;
+                st->delivered_batches++;
+                st->delivered_samples += e->d->view.size;
+                *out = &e->d->view;
+            } else if (e->kind == E_ERROR) {
+                stk__fmt(err, errlen, "%s", e->msg);
+            }
+            break;
+        }
+        if (st->nheld == st->cfg.slots) {
+            stk__fmt(err, errlen,
+                     "all %u device buffers are held by the consumer; release a batch before "
+                     "asking for the next, or raise depth",
+                     st->cfg.slots);
+            rc = STK_EBUSY;
+            break;
+        }
+        uint64_t now = stk__now_ns();
+        if (timeout_ns && now - start >= timeout_ns) {
+            rc = STK_TIMEOUT;
+            break;
+        }
+        uint64_t slice = WAIT_SLICE;
+        if (timeout_ns && timeout_ns - (now - start) < slice)
+            slice = timeout_ns - (now - start);
+        stk__cond_wait_ns(&st->cond, &st->lock, slice);
+    }
+    pthread_mutex_unlock(&st->lock);
+    return rc;
+}
+
+static bool host_consumer(const stk__devstage *st, void *stream)
+{
+    /* The fake device's consumer is the host itself unless a test hands it
+     * one of the fake's streams. */
+    return st->dev->kind == STK_DEVICE_FAKE && !stream;
+}
+
+void *stk__devstage_release(stk_batch *b, void *stream)
+{
+    dslot *d = (dslot *)(void *)b;
+    stk__devstage *st = d->st;
+    const stk__dev_ops *ops = st->dev->ops;
+    pthread_mutex_lock(&st->lock);
+    if (d->state != D_HELD) {
+        pthread_mutex_unlock(&st->lock);
+        return NULL;
+    }
+    d->state = D_RELEASING;
+    pthread_mutex_unlock(&st->lock);
+    /* A host consumer (the fake device without a stream) has finished with
+     * the batch when it releases it; any other records where its stream is. */
+    if (!host_consumer(st, stream)) {
+        char err[STK_ERRMSG_MAX];
+        if (ops->enter)
+            ops->enter(st->dev);
+        int rc = ops->event_record(st->dev, d->released, stream, err, sizeof err);
+        if (ops->leave)
+            ops->leave(st->dev);
+        if (rc) {
+            /* Without the event the buffer cannot be reused safely. */
+            pthread_mutex_lock(&st->lock);
+            set_broken(st, d->g, "release", err);
+            pthread_mutex_unlock(&st->lock);
+        }
+    }
+    pthread_mutex_lock(&st->lock);
+    d->state = D_FREE;
+    st->nheld--;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    return st->cfg.ctx;
+}
+
+/* A wait or sync that failed: the stage is broken, naming the batch. */
+static int failed(stk__devstage *st, const dslot *d, int rc, const char *err)
+{
+    pthread_mutex_lock(&st->lock);
+    set_broken(st, d->g, "copy or conversion", err);
+    pthread_mutex_unlock(&st->lock);
+    return rc < 0 ? rc : STK_EDEVICE;
+}
+
+int stk__devstage_sync(stk_batch *b)
+{
+    dslot *d = (dslot *)(void *)b;
+    stk__devstage *st = d->st;
+    char err[STK_ERRMSG_MAX];
+    int rc = st->dev->ops->event_sync(st->dev, d->ready, err, sizeof err);
+    return rc ? failed(st, d, rc, err) : STK_OK;
+}
+
+int stk__devstage_wait(stk_batch *b, void *stream)
+{
+    dslot *d = (dslot *)(void *)b;
+    stk__devstage *st = d->st;
+    if (host_consumer(st, stream))
+        return stk__devstage_sync(b);
+    const stk__dev_ops *ops = st->dev->ops;
+    char err[STK_ERRMSG_MAX];
+    if (ops->enter)
+        ops->enter(st->dev);
+    int rc = ops->event_query(st->dev, d->ready, err, sizeof err);
+    if (rc >= 0)
+        rc = ops->stream_wait_event(st->dev, stream, d->ready, err, sizeof err);
+    if (ops->leave)
+        ops->leave(st->dev);
+    return rc ? failed(st, d, rc, err) : STK_OK;
+}
+
+void stk__devstage_pause(stk__devstage *st)
+{
+    pthread_mutex_lock(&st->lock);
+    st->pause = true;
+    st->gen++;
+    pthread_cond_broadcast(&st->cond);
+    while (st->in_next || st->issuing)
+        stk__cond_wait_ns(&st->cond, &st->lock, WAIT_SLICE);
+    /* Batches queued but not delivered are dropped; their copies may still
+     * run, which the next copy into the buffer waits for (d->ready). */
+    for (; st->qlen; st->qlen--) {
+        entry *e = &st->q[st->qhead];
+        st->qhead = (st->qhead + 1) % st->qcap;
+        if (e->kind == E_BATCH)
+            e->d->state = D_FREE;
+    }
+    pthread_mutex_unlock(&st->lock);
+}
+
+void stk__devstage_resume(stk__devstage *st)
+{
+    pthread_mutex_lock(&st->lock);
+    st->pause = false;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+}
+
+void stk__devstage_delivered(stk__devstage *st, uint64_t *batches, uint64_t *samples)
+{
+    pthread_mutex_lock(&st->lock);
+    *batches = st->delivered_batches;
+    *samples = st->delivered_samples;
+    pthread_mutex_unlock(&st->lock);
+}
+
+void stk__devstage_stop(stk__devstage *st)
+{
+    if (!st || !st->started)
+        return;
+    pthread_mutex_lock(&st->lock);
+    st->cancel = true;
+    pthread_cond_broadcast(&st->cond);
+    pthread_mutex_unlock(&st->lock);
+    pthread_join(st->th, NULL);
+    st->started = false;
+    const stk__dev_ops *ops = st->dev->ops;
+    if (ops->enter)
+        ops->enter(st->dev);
+    pthread_mutex_lock(&st->lock);
+    while (st->nfl)
+        reap(st, true);
+    for (; st->qlen; st->qlen--) {
+        entry *e = &st->q[st->qhead];
+        st->qhead = (st->qhead + 1) % st->qcap;
+        if (e->kind == E_BATCH)
+            e->d->state = D_FREE;
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (ops->leave)
+        ops->leave(st->dev);
+}
+
+void stk__devstage_destroy(stk__devstage *st)
+{
+    if (!st)
+        return;
+    stk__devstage_stop(st);
+    stk__dev *dev = st->dev;
+    const stk__dev_ops *ops = dev->ops;
+    if (ops->enter)
+        ops->enter(dev);
+    /* Streams first: destroying one lets its queued work finish (the copies
+     * into buffers a seek dropped), before the buffers go. */
+    for (unsigned k = 0; k < NSTREAMS; k++)
+        if (st->streams[k])
+            ops->stream_destroy(dev, st->streams[k]);
+    if (st->slots) {
+        for (unsigned k = 0; k < st->cfg.slots; k++) {
+            dslot *d = &st->slots[k];
+            if (d->ready) {
+                char err[STK_ERRMSG_MAX];
+                (void)ops->event_sync(dev, d->ready, err, sizeof err);
+                ops->event_destroy(dev, d->ready);
+            }
+            if (d->released) {
+                char err[STK_ERRMSG_MAX];
+                (void)ops->event_sync(dev, d->released, err, sizeof err);
+                ops->event_destroy(dev, d->released);
+            }
+            if (d->staging)
+                ops->dev_free(dev, d->staging);
+            if (d->out)
+                ops->dev_free(dev, d->out);
+            stk__free(d->offsets);
+            stk__free(d->lengths);
+            stk__free(d->indices);
+            stk__free(d->dims);
+            stk__free(d->labels);
+        }
+    }
+    for (unsigned k = 0; k < st->nev_free; k++)
+        ops->event_destroy(dev, st->ev_free[k]);
+    if (ops->leave)
+        ops->leave(dev);
+    stk__free(st->slots);
+    stk__free(st->q);
+    pthread_mutex_destroy(&st->lock);
+    pthread_cond_destroy(&st->cond);
+    stk__free(st);
+}
+
+int stk__devstage_create(stk__devstage **out, const stk__devstage_cfg *cfg, char *err,
+                         size_t errlen)
+{
+    *out = NULL;
+    stk__devstage *st = stk__calloc(1, sizeof *st);
+    if (!st) {
+        stk__fmt(err, errlen, "out of memory creating the device stage");
+        return STK_ENOMEM;
+    }
+    st->cfg = *cfg;
+    st->dev = cfg->dev;
+    if (pthread_mutex_init(&st->lock, NULL)) {
+        stk__free(st);
+        stk__fmt(err, errlen, "cannot create a lock");
+        return STK_ENOMEM;
+    }
+    if (stk__cond_init(&st->cond)) {
+        pthread_mutex_destroy(&st->lock);
+        stk__free(st);
+        stk__fmt(err, errlen, "cannot create a condition variable");
+        return STK_ENOMEM;
+    }
+    const stk__dev_ops *ops = st->dev->ops;
+    stk__dev *dev = st->dev;
+    size_t B = cfg->batch_size;
+    int rc = STK_OK;
+    st->qcap = 3 * cfg->slots + 4;
+    if (!(st->q = stk__calloc(st->qcap, sizeof *st->q)) ||
+        !(st->slots = stk__calloc(cfg->slots, sizeof *st->slots))) {
+        stk__fmt(err, errlen, "out of memory creating the device stage");
+        rc = STK_ENOMEM;
+        goto fail;
+    }
+    if (ops->enter)
+        ops->enter(dev);
+    for (unsigned k = 0; k < NSTREAMS && !rc; k++)
+        rc = ops->stream_create(dev, &st->streams[k], err, errlen);
+    for (unsigned k = 0; k < MAX_INFLIGHT && !rc; k++)
+        if (!(rc = ops->event_create(dev, &st->ev_free[k], err, errlen)))
+            st->nev_free++;
+    for (unsigned k = 0; k < cfg->slots && !rc; k++) {
+        dslot *d = &st->slots[k];
+        d->st = st;
+        d->state = D_FREE;
+        if (!(d->offsets = stk__malloc(B * sizeof *d->offsets)) ||
+            !(d->lengths = stk__malloc(B * sizeof *d->lengths)) ||
+            !(d->indices = stk__malloc(B * sizeof *d->indices)) ||
+            !(d->dims = stk__malloc(3 * B * sizeof *d->dims)) ||
+            !(d->labels = stk__malloc(B * sizeof *d->labels))) {
+            stk__fmt(err, errlen, "out of memory creating the device stage");
+            rc = STK_ENOMEM;
+            break;
+        }
+        rc = ops->dev_alloc(dev, B * cfg->host_sample_bytes, &d->staging, err, errlen);
+        if (!rc && cfg->convert)
+            rc = ops->dev_alloc(dev, B * cfg->out_sample_bytes, &d->out, err, errlen);
+        if (!rc)
+            rc = ops->event_create(dev, &d->ready, err, errlen);
+        if (!rc)
+            rc = ops->event_create(dev, &d->released, err, errlen);
+    }
+    if (ops->leave)
+        ops->leave(dev);
+    if (rc)
+        goto fail;
+    if (pthread_create(&st->th, NULL, copy_main, st)) {
+        stk__fmt(err, errlen, "cannot start the copy thread");
+        rc = STK_ENOMEM;
+        goto fail;
+    }
+    st->started = true;
+    *out = st;
+    return STK_OK;
+fail:
+    stk__devstage_destroy(st);
+    return rc;
+}
