@@ -46,7 +46,7 @@
  * named "dltensor" holding a DLManagedTensor; the consumer renames it
  * "used_dltensor" and calls the deleter when its tensor dies. Written from
  * the DLPack specification. */
-enum { kDLCPU = 1 };
+enum { kDLCPU = 1, kDLCUDA = 2 };
 enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
 
 typedef struct {
@@ -121,6 +121,7 @@ static const char *code_name(int code)
     case STK_EUNSUPPORTED: return "EUNSUPPORTED";
     case STK_ESAMPLE: return "ESAMPLE";
     case STK_ECANCELED: return "ECANCELED";
+    case STK_EDEVICE: return "EDEVICE";
     default: return "?";
     }
 }
@@ -166,7 +167,9 @@ static PyObject *raise_code(int code, const char *msg)
 /* ---- Batch ---------------------------------------------------------------- */
 typedef struct {
     PyObject_HEAD stk_batch *b;
-    pid_t pid; /* the process that holds the batch */
+    pid_t pid;    /* the process that holds the batch */
+    void *stream; /* device batches: the consumer's stream (the last one
+                     given to __dlpack__), where the release is recorded */
 } BatchObject;
 
 static PyTypeObject Batch_Type;
@@ -174,9 +177,12 @@ static PyTypeObject Batch_Type;
 static void Batch_dealloc(BatchObject *self)
 {
     /* A child inherits a copy of the ring and none of its threads; the
-     * parent's copy is the real one, so the child leaves it alone. */
+     * parent's copy is the real one, so the child leaves it alone. A device
+     * batch's memory is reused only after the work queued so far on the
+     * stream that consumed it (PyTorch frees a tensor when Python drops it,
+     * with its kernels possibly still queued). */
     if (self->b && self->pid == getpid())
-        stk_batch_release(self->b);
+        stk_batch_release_stream(self->b, self->stream);
     self->b = NULL;
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -184,6 +190,7 @@ static void Batch_dealloc(BatchObject *self)
 /* ---- View ----------------------------------------------------------------- */
 typedef struct {
     PyObject_HEAD PyObject *owner; /* the Batch whose memory this is */
+    int on_device;                 /* the batch's data on its device (not labels) */
     char *ptr;
     int vt;
     int ndim;
@@ -201,6 +208,7 @@ static PyObject *view_new(PyObject *owner, void *ptr, int vt, int ndim, const in
         return NULL;
     Py_INCREF(owner);
     v->owner = owner;
+    v->on_device = 0;
     v->ptr = ptr;
     v->vt = vt;
     v->ndim = ndim;
@@ -220,8 +228,51 @@ static void View_dealloc(ViewObject *self)
     PyObject_Free(self);
 }
 
+static stk_batch *view_batch(const ViewObject *self)
+{
+    return ((BatchObject *)self->owner)->b;
+}
+
+static PyObject *device_error(const stk_batch *b, int rc)
+{
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "batch %llu of epoch %llu: the device copy or conversion failed (%s); the "
+             "loader's next call names the cause",
+             (unsigned long long)b->index, (unsigned long long)b->epoch, stk_strerror(rc));
+    return raise_code(rc, msg);
+}
+
+/* The host waits for a device batch's data (the fake device, whose memory
+ * the host reads). */
+static int view_sync(ViewObject *self)
+{
+    stk_batch *b = view_batch(self);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = stk_batch_sync(b);
+    Py_END_ALLOW_THREADS if (rc)
+    {
+        device_error(b, rc);
+        return -1;
+    }
+    return 0;
+}
+
 static int View_getbuffer(ViewObject *self, Py_buffer *view, int flags)
 {
+    if (self->on_device) {
+        if (view_batch(self)->device == STK_DEVICE_CUDA) {
+            PyErr_SetString(PyExc_BufferError,
+                            "this batch is in CUDA device memory: take it through DLPack "
+                            "(output=\"torch\"), not the buffer protocol");
+            view->obj = NULL;
+            return -1;
+        }
+        if (view_sync(self) < 0) {
+            view->obj = NULL;
+            return -1;
+        }
+    }
     const char *fmt = k_vtypes[self->vt].format;
     if (!fmt) {
         PyErr_SetString(PyExc_BufferError,
@@ -310,9 +361,42 @@ static PyObject *View_dlpack(ViewObject *self, PyObject *args, PyObject *kwargs)
     PyObject *stream = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$O:__dlpack__", kwlist, &stream))
         return NULL;
-    if (stream != Py_None) {
-        PyErr_SetString(PyExc_BufferError, "stoker batches are in CPU memory: stream must be None");
-        return NULL;
+    stk_batch *b = view_batch(self);
+    int cuda = self->on_device && b->device == STK_DEVICE_CUDA;
+    if (cuda) {
+        /* The DLPack stream protocol for CUDA: None or 1 is the legacy
+         * default stream, 2 the per-thread default, any other integer a
+         * cudaStream_t; -1 asks for no synchronisation. The consumer's
+         * stream waits on the device for the batch's copy; the batch is
+         * released on it later. */
+        long long sv = 1;
+        if (stream != Py_None) {
+            sv = PyLong_AsLongLong(stream);
+            if (sv == -1 && PyErr_Occurred())
+                return NULL;
+            if (sv == 0 || sv < -1) {
+                PyErr_Format(PyExc_ValueError,
+                             "__dlpack__: stream %lld is not a CUDA stream (None, -1, 1, 2 or a "
+                             "cudaStream_t)",
+                             sv);
+                return NULL;
+            }
+        }
+        if (sv != -1) {
+            void *st = (void *)(uintptr_t)sv;
+            int rc = stk_batch_wait(b, st);
+            if (rc)
+                return device_error(b, rc);
+            ((BatchObject *)self->owner)->stream = st;
+        }
+    } else {
+        if (stream != Py_None && !(PyLong_Check(stream) && PyLong_AsLong(stream) == -1)) {
+            PyErr_SetString(PyExc_BufferError,
+                            "stoker batches are in CPU memory: stream must be None");
+            return NULL;
+        }
+        if (self->on_device && view_sync(self) < 0)
+            return NULL;
     }
     dl_block *blk = calloc(1, sizeof *blk);
     if (!blk)
@@ -324,8 +408,8 @@ static PyObject *View_dlpack(ViewObject *self, PyObject *args, PyObject *kwargs)
     }
     DLTensor *t = &blk->mt.dl_tensor;
     t->data = self->ptr;
-    t->device.device_type = kDLCPU;
-    t->device.device_id = 0;
+    t->device.device_type = cuda ? kDLCUDA : kDLCPU;
+    t->device.device_id = cuda ? b->device_id : 0;
     t->ndim = self->ndim;
     t->dtype = k_vtypes[self->vt].dl;
     t->shape = blk->shape;
@@ -344,8 +428,10 @@ static PyObject *View_dlpack(ViewObject *self, PyObject *args, PyObject *kwargs)
 
 static PyObject *View_dlpack_device(ViewObject *self, PyObject *unused)
 {
-    (void)self;
     (void)unused;
+    const stk_batch *b = view_batch(self);
+    if (self->on_device && b->device == STK_DEVICE_CUDA)
+        return Py_BuildValue("(ii)", kDLCUDA, b->device_id);
     return Py_BuildValue("(ii)", kDLCPU, 0);
 }
 
@@ -382,7 +468,7 @@ static PyMethodDef View_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))View_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(stream=None): a DLPack capsule viewing this memory (no copy)."},
     {"__dlpack_device__", (PyCFunction)View_dlpack_device, METH_NOARGS,
-     "(device_type, device_id) = (kDLCPU, 0)."},
+     "(device_type, device_id): (kDLCPU, 0), or (kDLCUDA, id) for a CUDA batch."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -418,7 +504,11 @@ static PyObject *Batch_data(BatchObject *self, PyObject *unused)
     shape[0] = (int64_t)b->size;
     for (unsigned k = 0; k < nd; k++)
         shape[k + 1] = b->shape[k];
-    return view_new((PyObject *)self, b->data, vtype_of_dtype(b->dtype), (int)nd + 1, shape);
+    PyObject *v =
+        view_new((PyObject *)self, b->data, vtype_of_dtype(b->dtype), (int)nd + 1, shape);
+    if (v)
+        ((ViewObject *)v)->on_device = b->device != STK_DEVICE_CPU;
+    return v;
 }
 
 /* Per-sample views of a variable batch: (h, w, c) when the sample is a
@@ -440,6 +530,8 @@ static PyObject *Batch_samples(BatchObject *self, PyObject *unused)
                 shape[d] = b->shape[d];
             v = view_new((PyObject *)self, (char *)b->data + k * b->sample_bytes,
                          vtype_of_dtype(b->dtype), (int)nd, shape);
+            if (v)
+                ((ViewObject *)v)->on_device = b->device != STK_DEVICE_CPU;
         } else {
             const int32_t *d = &b->dims[3 * k];
             uint64_t len = b->lengths[k];
@@ -816,6 +908,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
             }
             bo->b = b;
             bo->pid = getpid();
+            bo->stream = NULL;
             result = (PyObject *)bo;
             break;
         }
@@ -1274,14 +1367,15 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         }
         Py_DECREF(d);
     }
-    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I}", "stages", stages, "threads",
+    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I,s:K}", "stages", stages, "threads",
                         threads, "samples_delivered", (unsigned long long)st.samples_delivered,
                         "batches_delivered", (unsigned long long)st.batches_delivered,
                         "starvation_s", (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
                         (unsigned long long)st.samples_skipped, "samples_failed",
                         (unsigned long long)st.samples_failed, "memory_bound_bytes",
                         (unsigned long long)st.memory_bound_bytes, "errors", errors,
-                        "threads_active", st.threads_active, "threads_max", st.threads_max);
+                        "threads_active", st.threads_active, "threads_max", st.threads_max,
+                        "device_memory_bytes", (unsigned long long)st.device_memory_bytes);
 out:
     engine_leave(self);
     Py_XDECREF(stages);

@@ -203,6 +203,18 @@ def _dtype_name(dtype):
     return name
 
 
+def _device_name(device):
+    """device= as the engine's option: "cpu", "cuda", "cuda:N", "fake" or
+    "fake:N"; takes a torch.device or anything whose str() is one."""
+    if device is None:
+        return "cpu"
+    name = str(device)
+    kind, sep, index = name.partition(":")
+    if kind not in ("cpu", "cuda", "fake") or (sep and (kind == "cpu" or not index.isdigit())):
+        raise ValueError(f'device must be None, "cpu", "cuda" or "cuda:N" (a torch.device '
+                         f'works too), got {device!r}')
+    return name
+
 def _auto_threads(spec):
     """threads="auto" or "auto:N" -> (cap or None, True)."""
     if spec == "auto":
@@ -228,7 +240,7 @@ class Loader:
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
            size=None, max_sample_bytes=None, options=None, return_indices=False,
-           strict=False, trace=None)
+           strict=False, trace=None, device=None)
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -265,6 +277,13 @@ class Loader:
     rank, world_size: this process's share of every epoch; default from
         torch.distributed when the program imported and initialised it, else
         RANK/WORLD_SIZE, else 0/1.
+    device: None/"cpu" (host memory), or "cuda" / "cuda:N" / a torch.device:
+        batches are copied to the GPU on a stream of the loader's own from
+        page-locked buffers, converted there to dtype/layout (so uint8
+        crosses the bus), and yielded as CUDA tensors whose consumer stream
+        waits for the copy; labels follow to the same GPU (docs/gpu.md).
+        Without a GPU and its driver it raises stoker.Error saying why.
+        "fake" is the CPU stand-in the tests use.
     return_indices: yield (data, labels, indices) with the dataset index of
         each sample (int64).
     trace: a file to write a Chrome trace-event JSON of the run into at close
@@ -292,8 +311,11 @@ class Loader:
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
-                 trace=None, memory_budget=None, local_world_size=None):
+                 trace=None, memory_budget=None, local_world_size=None, device=None):
         self._engine = None
+        device = _device_name(device)
+        if device.startswith("cuda") and output != "torch":
+            raise ValueError(f'device={device!r} delivers CUDA tensors: it needs output="torch"')
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
         if on_error not in ("raise", "skip"):
@@ -335,6 +357,8 @@ class Loader:
             self._from_dlpack = torch.utils.dlpack.from_dlpack
 
         opts = {"layout": layout, "dtype": dtype}
+        if device != "cpu":
+            opts["device"] = device
         if depth_auto:
             opts["depth"] = "auto"
         if memory_budget is not None:
@@ -392,6 +416,10 @@ class Loader:
         self.on_error, self.rank, self.world_size = on_error, rank, world_size
         self.local_world_size = local_world_size or world_size
         self.return_indices = bool(return_indices)
+        self.device = device
+        self._label_device = None
+        if device.startswith("cuda"):
+            self._label_device = self._torch.device(device)
         self._engine = _stoker.Engine(
             path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
             # depth means the same as in the engine: batches prepared ahead
@@ -585,6 +613,9 @@ class Loader:
         else:
             data = [conv(v) for v in b.samples()]
         labels = conv(b.labels())
+        if self._label_device is not None:
+            # Labels are small host arrays: they follow the data to its GPU.
+            labels = labels.to(self._label_device, non_blocking=True)
         if not self.return_indices:
             return data, labels
         idx = np.asarray(b.indices()).astype(np.int64)
