@@ -57,6 +57,7 @@ typedef struct bench_args {
     bool progress; /* --progress / --no-progress given: forced; else on a terminal */
     bool progress_set;
     double seconds; /* doctor: seconds per level (0 = default) */
+    bool device;    /* --device other than cpu: batches are device memory */
 } bench_args;
 
 typedef struct stk_options stk_options;

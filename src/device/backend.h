@@ -93,7 +93,9 @@ int stk__cuda_device_has_kernel(const stk__dev *d);
 /* The fake backend's knobs, for tests (process-wide; set before opening):
  * seed of the delays, the largest delay in microseconds before each queued
  * operation runs, and the number of the copy or conversion (counted from 1
- * across the process, 0: none) that fails. */
+ * across the process, 0: none) that fails. Calling it also turns on the
+ * host_changed check (a hash of each copy's source when queued and when
+ * run), which costs CPU the overlap benchmark does not want. */
 void stk__fake_config(uint64_t seed, unsigned max_delay_us, unsigned fail_at);
 /* Counters of the fake backend since the last stk__fake_config: operations
  * run, and host buffers changed between a copy's queueing and its run (a
