@@ -424,6 +424,19 @@ int stk__devstage_wait(stk_batch *b, void *stream)
     return rc ? failed(st, d, rc, err) : STK_OK;
 }
 
+/* Drops the batches queued but not delivered: their buffers are free again
+ * (their copies may still run, which the next copy into a buffer waits for:
+ * d->ready). Lock held. */
+static void drop_queue(stk__devstage *st)
+{
+    for (; st->qlen; st->qlen--) {
+        entry *e = &st->q[st->qhead];
+        st->qhead = (st->qhead + 1) % st->qcap;
+        if (e->kind == E_BATCH)
+            e->d->state = D_FREE;
+    }
+}
+
 void stk__devstage_pause(stk__devstage *st)
 {
     pthread_mutex_lock(&st->lock);
@@ -432,14 +445,7 @@ void stk__devstage_pause(stk__devstage *st)
     pthread_cond_broadcast(&st->cond);
     while (st->in_next || st->issuing)
         stk__cond_wait_ns(&st->cond, &st->lock, WAIT_SLICE);
-    /* Batches queued but not delivered are dropped; their copies may still
-     * run, which the next copy into the buffer waits for (d->ready). */
-    for (; st->qlen; st->qlen--) {
-        entry *e = &st->q[st->qhead];
-        st->qhead = (st->qhead + 1) % st->qcap;
-        if (e->kind == E_BATCH)
-            e->d->state = D_FREE;
-    }
+    drop_queue(st);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -475,12 +481,7 @@ void stk__devstage_stop(stk__devstage *st)
     pthread_mutex_lock(&st->lock);
     while (st->nfl)
         reap(st, true);
-    for (; st->qlen; st->qlen--) {
-        entry *e = &st->q[st->qhead];
-        st->qhead = (st->qhead + 1) % st->qcap;
-        if (e->kind == E_BATCH)
-            e->d->state = D_FREE;
-    }
+    drop_queue(st);
     pthread_mutex_unlock(&st->lock);
     if (ops->leave)
         ops->leave(st->dev);
