@@ -137,7 +137,7 @@ def test_option_keys_cover_the_librarys():
     body = src[src.index("int stk_options_set(stk_options *o, const char *key"):]
     body = body[:body.index("\n}\n")]
     keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', body))
-    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size", "depth"}
+    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size", "depth", "device"}
 
 
 def test_load_state_dict_negative_epoch_names_the_epoch(make_records):
