@@ -143,7 +143,7 @@ typedef struct stk_options stk_options;
 /* Creates an options object with defaults: batch_size 256, threads 0 (= the
  * CPUs this process may use: see stk_options_set_threads), depth 2 (3 ring
  * buffers), seed 0, shuffle on, drop_last off, rank 0 of 1, on_error raise,
- * max_sample_bytes 1 MiB (per-sample budget of variable-size batches),
+ * batch_memory 512 MiB and no max_sample_bytes (variable-size batches),
  * transform none. Returns STK_OK or STK_ENOMEM (*out is NULL then). */
 STK_API int stk_options_create(stk_options **out);
 
@@ -196,8 +196,17 @@ STK_API int stk_options_set_drop_last(stk_options *o, int on);
 /* rank < world_size, world_size >= 1. */
 STK_API int stk_options_set_partition(stk_options *o, unsigned rank, unsigned world_size);
 STK_API int stk_options_set_on_error(stk_options *o, int policy); /* enum stk_on_error */
-/* Per-sample byte budget of variable-size batches (raw bytes, undecoded-size
- * images). A larger sample fails with STK_ETOOBIG, never truncated. */
+/* Variable-size batches (raw bytes, images decoded at their own size) keep
+ * their samples in one arena per batch, taking exactly the bytes each sample
+ * needs, up to stk_options_set(o, "batch_memory", N) for the whole batch
+ * (default 512M; 4K..1T; K/M/G suffixes): the memory bound counts it once per
+ * ring buffer, and an arena gives memory back when a batch needs much less
+ * than the one before (docs/memory.md). A sample that does not fit fails
+ * with STK_ETOOBIG naming the numbers, never truncated: one larger than
+ * batch_memory always; one that finds its batch's arena full (the batch's
+ * samples together need more than batch_memory: raise it or lower the batch
+ * size) otherwise. max_sample_bytes (n >= 1) also caps each sample: a larger
+ * one fails with STK_ETOOBIG. */
 STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
 /* The per-sample transform: "none" (default: raw bytes), or an image pipeline
  * spec (see docs/transforms.md), e.g. "imagenet-train". Copied. STK_EINVAL on

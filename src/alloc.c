@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 /* Relaxed is enough: the counters are statistics read after threads joined,
@@ -61,6 +62,32 @@ void stk__free(void *p)
         return;
     atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
     free(p);
+}
+
+void *stk__map(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    return p;
+}
+
+void stk__unmap(void *p, size_t n)
+{
+    if (!p)
+        return;
+    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    munmap(p, n ? n : 1);
+}
+
+void stk__map_trim(void *p, size_t n)
+{
+    if (p && n)
+        madvise(p, n, MADV_DONTNEED);
 }
 
 char *stk__strdup(const char *s)

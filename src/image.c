@@ -1380,7 +1380,9 @@ static int open_image(run_ctx *x)
     return STK_OK;
 }
 
-static int plan_stage(run_ctx *x, stk__rng *rng, size_t out_cap)
+/* Plans the geometry and takes the output's memory from the sink, now that
+ * its size is known. */
+static int plan_stage(run_ctx *x, stk__rng *rng, stk__sink *out, uint8_t **outp)
 {
     const stk__imgpipe *p = x->p;
     int rc;
@@ -1388,10 +1390,15 @@ static int plan_stage(run_ctx *x, stk__rng *rng, size_t out_cap)
         return rc;
     x->esize = stk__dtype_size(p->dtype);
     const size_t need = (size_t)x->pl.w * x->pl.h * 3 * x->esize;
-    if (need > out_cap) {
-        stk__fmt(x->err, x->errlen, "output of %ux%u needs %zu bytes, the slot holds %zu",
-                 x->pl.w, x->pl.h, need, out_cap);
-        return STK_ETOOBIG;
+    if (!(*outp = stk__sink_reserve(out, need, &rc))) {
+        if (out->why[0])
+            stk__fmt(x->err, x->errlen, "%s", out->why);
+        else if (rc == STK_ETOOBIG)
+            stk__fmt(x->err, x->errlen, "output of %ux%u needs %zu bytes, the slot holds %zu",
+                     x->pl.w, x->pl.h, need, out->cap);
+        else
+            stk__fmt(x->err, x->errlen, "out of memory for an output of %zu bytes", need);
+        return rc;
     }
 
     /* Fold the leading crops and the first resize into one stage. */
@@ -1640,7 +1647,18 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen)
 {
+    stk__sink sink = {out, out_cap, NULL, NULL, NULL, ""};
+    uint8_t *unused;
+    return stk__imgpipe_run_sink(p, bytes, n, rng, scratch, &sink, &unused, out_len, dims, err,
+                                 errlen);
+}
+
+int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
+                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp,
+                          size_t *out_len, int32_t dims[3], char *err, size_t errlen)
+{
     run_ctx x;
+    uint8_t *out = NULL;
     memset(&x, 0, sizeof x);
     x.p = p;
     x.bytes = bytes;
@@ -1650,8 +1668,10 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
     *out_len = 0;
     stk__view dec;
     int rc;
-    if ((rc = open_image(&x)) || (rc = plan_stage(&x, rng, out_cap)))
+    *outp = NULL;
+    if ((rc = open_image(&x)) || (rc = plan_stage(&x, rng, sink, &out)))
         goto out;
+    *outp = out;
     size_rest(&x);
     if ((rc = start_decode(&x, scratch)) || (rc = decode(&x, out, &dec)))
         goto out;

@@ -84,5 +84,11 @@ extern _Thread_local uint64_t stk__imgpipe_decoded_at;
 int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen);
+/* The same, writing into memory the sink gives once the output's size is
+ * known (*outp: where the output went): a variable batch's arena takes
+ * exactly the bytes each image needs. */
+int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
+                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp,
+                          size_t *out_len, int32_t dims[3], char *err, size_t errlen);
 
 #endif

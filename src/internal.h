@@ -38,6 +38,12 @@ void *stk__calloc(size_t count, size_t n);
 void *stk__realloc(void *p, size_t n);
 void stk__free(void *p);
 char *stk__strdup(const char *s);
+/* Address space for a growable arena: n bytes reserved, backed by memory
+ * only where written (MAP_NORESERVE), counted as one allocation. trim gives
+ * the pages of [p, p + n) back (they read as zeros afterwards). */
+void *stk__map(size_t n);
+void stk__unmap(void *p, size_t n);
+void stk__map_trim(void *p, size_t n);
 
 /* Test hooks (exported for the test programs, not part of the API). */
 STK_API long stk__alloc_live(void);         /* live allocations now */
@@ -59,6 +65,25 @@ typedef struct stk__scratch {
  * STK_OK, STK_ETOOBIG (n > limit), STK_ENOMEM. */
 int stk__scratch_reserve(stk__scratch *s, size_t n);
 void stk__scratch_free(stk__scratch *s);
+
+/* ---- Sinks ---------------------------------------------------------------
+ * Where a read or a decode puts a sample's bytes: a fixed buffer (dst/cap:
+ * a dense batch's slot), the thread's growable scratch (grow), or exactly
+ * the bytes asked for, taken from a variable batch's arena by `alloc`
+ * (which sets dst/cap, and on failure explains in `why`). */
+typedef struct stk__sink {
+    uint8_t *dst;
+    size_t cap;
+    stk__scratch *grow;
+    uint8_t *(*alloc)(struct stk__sink *s, size_t n, int *rc);
+    void *ctx;
+    char why[256];
+} stk__sink;
+
+/* Returns a buffer of at least n bytes for the sample, or NULL with *rc set:
+ * STK_ETOOBIG if n exceeds the budget, STK_ENOMEM. Asking again for no more
+ * than the last answer gives the same buffer. */
+uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc);
 
 /* ---- Messages ----------------------------------------------------------- */
 /* snprintf into buf of size n, always terminated, never overflowing. */

@@ -43,7 +43,7 @@
 #define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
-enum { BUF_FREE, BUF_FILLING, BUF_HELD };
+enum { BUF_FREE, BUF_FILLING, BUF_HELD, BUF_RELEASING };
 
 typedef struct slot_err {
     struct slot_err *next;
@@ -70,6 +70,11 @@ typedef struct buffer {
     uint8_t *ok;
     slot_err *errs;
     bool reported;
+    /* Variable batches: data is an arena of batch_memory bytes of address
+     * space; samples take exactly what they need from its start, in the
+     * order they finish (offsets say where each is). */
+    _Atomic size_t vused; /* bytes taken (CAS by the workers) */
+    size_t vhigh;         /* bytes backed by memory so far (high water) */
 } buffer;
 
 typedef struct worker {
@@ -103,7 +108,9 @@ struct core {
     int kind, dtype;
     unsigned ndim;
     int64_t shape[4];
-    size_t sample_bytes; /* dense: one sample; variable: one slot's budget */
+    size_t sample_bytes; /* dense: one sample; variable: 0 */
+    size_t batch_memory; /* variable: the most one batch's samples may take */
+    size_t max_sample;   /* variable: the most one sample may take (0: batch_memory) */
 
     unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
     size_t batch_size, run;
@@ -193,6 +200,8 @@ static void core_free(core *c)
             buffer *b = &c->bufs[k];
             if (c->dev)
                 c->dev->ops->host_free(c->dev, b->data);
+            else if (c->kind == STK_BATCH_VARIABLE)
+                stk__unmap(b->data, c->batch_memory);
             else
                 stk__free(b->data);
             stk__free(b->offsets);
@@ -246,22 +255,80 @@ static void stage_add(worker *w, int stage, uint64_t ns)
 
 /* Makes one sample: read its bytes, transform them into slot `s` of b.
  * Returns the error (with a slot_err appended to *errs) or STK_OK. */
+typedef struct arena_req {
+    core *c;
+    buffer *b;
+} arena_req;
+
+/* A variable sample's memory: exactly n bytes (rounded up to 64) from its
+ * batch's arena, or STK_ETOOBIG with the numbers. Lock-free: the workers of
+ * one batch take their ranges with a compare-and-swap. */
+static uint8_t *arena_alloc(stk__sink *s, size_t n, int *rc)
+{
+    arena_req *a = s->ctx;
+    core *c = a->c;
+    buffer *b = a->b;
+    if (c->max_sample && n > c->max_sample) {
+        stk__fmt(s->why, sizeof s->why,
+                 "sample needs %zu bytes, over the per-sample budget (max_sample_bytes) of %zu "
+                 "bytes",
+                 n, c->max_sample);
+        *rc = STK_ETOOBIG;
+        return NULL;
+    }
+    if (n > c->batch_memory) {
+        stk__fmt(s->why, sizeof s->why,
+                 "sample needs %zu bytes, more than batch_memory (%zu bytes), the most one "
+                 "batch's samples may take; raise batch_memory",
+                 n, c->batch_memory);
+        *rc = STK_ETOOBIG;
+        return NULL;
+    }
+    size_t need = (n + 63) & ~(size_t)63;
+    /* Relaxed: the range is this worker's once the exchange succeeds; the
+     * bytes written into it reach the consumer through the loader's lock. */
+    size_t off = atomic_load_explicit(&b->vused, memory_order_relaxed);
+    do {
+        if (need > c->batch_memory - off) {
+            stk__fmt(s->why, sizeof s->why,
+                     "batch %llu of epoch %llu needs more than batch_memory (%zu bytes): its "
+                     "samples so far take %zu and this one %zu; raise batch_memory or lower "
+                     "batch_size",
+                     (unsigned long long)(b->g % c->part.batches),
+                     (unsigned long long)(b->g / c->part.batches), c->batch_memory, off, n);
+            *rc = STK_ETOOBIG;
+            return NULL;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&b->vused, &off, off + need,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    s->dst = b->data + off;
+    s->cap = n;
+    s->why[0] = '\0'; /* an earlier, larger ask may have failed */
+    *rc = STK_OK;
+    return s->dst;
+}
+
 static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch, slot_err **errs)
 {
     core *c = w->core;
     char err[STK_ERRMSG_MAX];
     err[0] = '\0';
-    uint8_t *slot = b->data + s * c->sample_bytes;
-    stk__sink sink = {slot, c->sample_bytes, c->pipe ? &w->in : NULL};
+    const bool variable = c->kind == STK_BATCH_VARIABLE;
+    uint8_t *slot = variable ? NULL : b->data + s * c->sample_bytes;
+    arena_req ar = {c, b};
+    stk__sink arena = {.alloc = arena_alloc, .ctx = &ar};
+    stk__sink sink = {slot, c->sample_bytes, c->pipe ? &w->in : NULL, NULL, NULL, ""};
+    stk__sink *rsink = variable && !c->pipe ? &arena : &sink;
+    uint8_t *out = slot;
     uint8_t *bytes = NULL;
     size_t len = 0;
     int64_t label = -1;
     int32_t dims[3] = {0, 0, 0};
 
     uint64_t t0 = stk__now_ns();
-    int rc = c->fetch ? stk__fetch_read(c->fetch, b->g, s, i, &sink, &bytes, &len, &label, err,
+    int rc = c->fetch ? stk__fetch_read(c->fetch, b->g, s, i, rsink, &bytes, &len, &label, err,
                                         sizeof err)
-                      : c->src.ops->read(&c->src, i, &sink, &bytes, &len, &label, err, sizeof err);
+                      : c->src.ops->read(&c->src, i, rsink, &bytes, &len, &label, err, sizeof err);
     uint64_t t1 = stk__now_ns();
     stage_add(w, STK_STAGE_READ, t1 - t0);
     if (c->trace)
@@ -270,8 +337,8 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
         stk__imgpipe_decoded_at = 0;
         size_t out_len = 0;
-        rc = stk__imgpipe_run(c->pipe, bytes, len, &rng, &w->dec, slot, c->sample_bytes, &out_len,
-                              dims, err, sizeof err);
+        rc = stk__imgpipe_run_sink(c->pipe, bytes, len, &rng, &w->dec, variable ? &arena : &sink,
+                                   &out, &out_len, dims, err, sizeof err);
         len = out_len;
         uint64_t t2 = stk__now_ns();
         stage_add(w, STK_STAGE_PROCESS, t2 - t1);
@@ -290,7 +357,13 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     } else if (rc == STK_OK && c->kind == STK_BATCH_DENSE && len != c->sample_bytes) {
         stk__fmt(err, sizeof err, "sample is %zu bytes, expected %zu", len, c->sample_bytes);
         rc = STK_EFORMAT;
+    } else if (rc == STK_OK) {
+        out = bytes; /* raw bytes: read straight into the slot or the arena */
     }
+    if (rc == STK_ETOOBIG && arena.why[0])
+        stk__fmt(err, sizeof err, "%s", arena.why);
+    if (variable)
+        b->offsets[s] = rc == STK_OK ? (uint64_t)(out - b->data) : 0;
     b->labels[s] = label;
     b->indices[s] = i;
     b->lengths[s] = rc == STK_OK ? len : 0;
@@ -395,6 +468,7 @@ static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *sl
                     f++;
                 buffer *b = &c->bufs[f];
                 b->state = BUF_FILLING;
+                atomic_store_explicit(&b->vused, 0, memory_order_relaxed);
                 b->g = c->assigned_end_g;
                 b->size = batch_len_at(c, b->g);
                 b->filled = b->failed = 0;
@@ -562,7 +636,7 @@ static void publish(core *c, buffer *b)
             b->lengths[j] = b->lengths[k];
             memmove(&b->dims[3 * j], &b->dims[3 * k], 3 * sizeof *b->dims);
         }
-        b->offsets[j] = c->kind == STK_BATCH_DENSE ? j * c->sample_bytes : off;
+        b->offsets[j] = c->kind == STK_BATCH_DENSE ? j * c->sample_bytes : b->offsets[k];
         j++;
     }
     stk_batch *v = &b->view;
@@ -741,6 +815,25 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
     return rc;
 }
 
+#define PAGE_ROUND(n) (((n) + 4095) & ~(size_t)4095)
+
+/* A variable batch's arena keeps the memory its largest batch touched, so
+ * the next batches do not fault it in again, until a batch uses under half
+ * of it: then the rest goes back to the system. The buffer is the caller's
+ * alone (held, or free with no worker in it). */
+static void arena_compact(const core *c, buffer *b)
+{
+    if (c->kind != STK_BATCH_VARIABLE)
+        return;
+    size_t used = PAGE_ROUND(atomic_load_explicit(&b->vused, memory_order_relaxed));
+    if (used > b->vhigh)
+        b->vhigh = used;
+    if (b->vhigh > 2 * used + ((size_t)1 << 20)) {
+        stk__map_trim(b->data + used, b->vhigh - used);
+        b->vhigh = used;
+    }
+}
+
 static void release_host(buffer *b)
 {
     core *c = b->core;
@@ -748,6 +841,14 @@ static void release_host(buffer *b)
     if (b->state != BUF_HELD) {
         pthread_mutex_unlock(&c->lock);
         return;
+    }
+    if (c->kind == STK_BATCH_VARIABLE) {
+        /* Compacted outside the lock (madvise): no worker touches a buffer
+         * that is not free, and a second release sees RELEASING. */
+        b->state = BUF_RELEASING;
+        pthread_mutex_unlock(&c->lock);
+        arena_compact(c, b);
+        pthread_mutex_lock(&c->lock);
     }
     b->state = BUF_FREE;
     c->free_count++;
@@ -1435,7 +1536,6 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
             c->sample_bytes = c->src.fixed_len;
         } else {
             c->kind = STK_BATCH_VARIABLE;
-            c->sample_bytes = o->max_sample_bytes;
         }
         c->dtype = STK_DTYPE_UINT8;
         return STK_OK;
@@ -1455,7 +1555,6 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
     } else {
         c->kind = STK_BATCH_VARIABLE;
         c->dtype = STK_DTYPE_UINT8;
-        c->sample_bytes = o->max_sample_bytes;
     }
     return STK_OK;
 }
@@ -1609,6 +1708,10 @@ static int alloc_ring(core *c)
             if (c->dev->ops->host_alloc(c->dev, B * c->sample_bytes, (void **)&b->data, err,
                                         sizeof err))
                 return STK_ENOMEM;
+        } else if (c->kind == STK_BATCH_VARIABLE) {
+            /* Address space only: memory is used as samples are written. */
+            if (!(b->data = stk__map(c->batch_memory)))
+                return STK_ENOMEM;
         } else if (!(b->data = stk__malloc(B * c->sample_bytes))) {
             return STK_ENOMEM;
         }
@@ -1626,7 +1729,10 @@ static int alloc_ring(core *c)
 static uint64_t memory_bound(const core *c, const stk_options *o)
 {
     uint64_t B = c->batch_size;
-    uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer);
+    /* A variable batch's samples take at most batch_memory (sample_bytes is
+     * 0 then); the arena gives back what a smaller batch leaves unused. */
+    uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer) +
+                         (c->kind == STK_BATCH_VARIABLE ? c->batch_memory : 0);
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
         /* the encoded input, and the sub-image a restart-indexed JPEG's crop
@@ -1734,6 +1840,8 @@ static int open_core(stk_loader *l, const stk_options *o)
         goto fail;
     if ((rc = setup_output(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
         goto fail;
+    c->batch_memory = o->batch_memory;
+    c->max_sample = o->max_sample_bytes;
     if (o->shard_order) {
         if (!c->src.nshards) {
             stk__fmt(err, errlen,
@@ -1772,8 +1880,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->run = c->batch_size / (4 * (size_t)c->nthreads);
     c->run = c->run < 1 ? 1 : c->run > 16 ? 16 : c->run;
     if ((rc = alloc_ring(c))) {
-        stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->nbufs,
-                 c->batch_size, c->sample_bytes);
+        if (c->kind == STK_BATCH_VARIABLE)
+            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu bytes (batch_memory)",
+                     c->nbufs, c->batch_memory);
+        else
+            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes",
+                     c->nbufs, c->batch_size, c->sample_bytes);
         goto fail;
     }
     if (!(c->workers = stk__calloc(c->nthreads, sizeof *c->workers))) {

@@ -16,7 +16,7 @@ int stk_options_create(stk_options **out)
     o->depth = 2;
     o->shuffle = true;
     o->world = 1;
-    o->max_sample_bytes = 1u << 20;
+    o->batch_memory = (size_t)512 << 20;
     o->nchw = 1;
     o->dtype = STK_DTYPE_UINT8;
     o->max_dim = 16384;
@@ -263,6 +263,13 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         if (parse_size(value, 1u << 20, &n))
             return STK_EINVAL;
         o->local_world = (unsigned)n;
+        return STK_OK;
+    }
+    /* The most one variable-size batch's samples may take (docs/memory.md). */
+    if (!strcmp(key, "batch_memory")) {
+        if (parse_size(value, (uint64_t)1 << 40, &n) || n < 4096)
+            return STK_EINVAL;
+        o->batch_memory = (size_t)n;
         return STK_OK;
     }
     if (!strcmp(key, "memory_budget")) {

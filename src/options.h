@@ -15,7 +15,8 @@ struct stk_options {
     unsigned rank, world;
     unsigned local_world; /* ranks per node (0: the world is one node) */
     int on_error;
-    size_t max_sample_bytes;
+    size_t max_sample_bytes; /* variable batches: one sample's cap (0: none) */
+    size_t batch_memory;     /* variable batches: one batch's samples' cap */
     char *transform;
     /* Image options (stk_options_set). */
     int dtype;

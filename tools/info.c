@@ -187,7 +187,7 @@ static void verify_source(stk__source *s, const char *root, vstate *v)
     char err[STK_ERRMSG_MAX], name[4096], key[4096];
     int images = stk__images_of(s);
     for (uint64_t i = 0; i < s->count; i++) {
-        stk__sink sink = {NULL, 0, &sc};
+        stk__sink sink = {.grow = &sc};
         uint8_t *data;
         size_t len;
         int64_t label;

@@ -73,7 +73,8 @@ static void usage(FILE *f)
                "                      checksum then covers labels only; docs/gpu.md)\n"
                "  --on-error P        raise | skip (raise)\n"
                "  --strict            check each image's whole compressed stream\n"
-               "  --max-sample-bytes N  per-sample budget of variable-size batches (1M)\n"
+               "  --batch-memory N    most one variable-size batch's samples may take (512M)\n"
+               "  --max-sample-bytes N  cap on one sample of variable-size batches (none)\n"
                "  --record-size N     read PATH as records of N bytes\n"
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
@@ -289,6 +290,14 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--world-size")) {
             NUM(1, UINT32_MAX);
             world = v;
+        } else if (!strcmp(k, "--batch-memory") && val) {
+            if (stk_options_set(o, "batch_memory", val) != STK_OK) {
+                fprintf(stderr, "stoker: --batch-memory takes bytes, 4096 or more (K/M/G "
+                                "suffixes), got '%s'\n",
+                        val);
+                return 2;
+            }
+            i++;
         } else if (!strcmp(k, "--max-sample-bytes")) {
             NUM(1, (uint64_t)1 << 40);
             rc = stk_options_set_max_sample_bytes(o, (size_t)v);

@@ -25,6 +25,8 @@ OPTION_KEYS = {
     "exif": "0 or 1: apply the EXIF orientation (default 0)",
     "scratch_bytes": "decode scratch limit per thread, >= 4096, K/M/G suffixes (default 64M)",
     "max_input_bytes": "largest encoded file accepted, >= 4096, K/M/G suffixes (default 32M)",
+    "batch_memory": "the most one variable-size batch's samples may take (raw bytes, "
+                    "\"decode\"), >= 4096, K/M/G suffixes (default 512M)",
     # Remote datasets (docs/remote.md).
     "endpoint": "S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS)",
     "region": "S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)",
@@ -262,7 +264,9 @@ class Loader:
     layout, dtype: image output options (dtype "bfloat16" needs torch).
     size: output size of the presets imagenet-train, imagenet-val and
         cifar-train (alone or in a spec string); refused with other transforms.
-    max_sample_bytes: per-sample budget of variable-size batches (None: 1 MiB).
+    max_sample_bytes: a cap on one sample of variable-size batches (None: no cap
+        but the batch's own, options={"batch_memory": ...}, default 512 MiB;
+        docs/memory.md).
     options: other engine options (OPTION_KEYS); unknown keys are refused.
     cache_dir, cache_limit: for remote datasets (http://, https://, s3://
         URLs; docs/remote.md), a disk cache of whole shards shared by the
@@ -343,8 +347,8 @@ class Loader:
         if size is not None:
             size = _int(size, "size", 1, 65535)
         if max_sample_bytes is not None:
-            max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: the "
-                                    "default 1 MiB)", 1, 2 ** 40)
+            max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: no "
+                                    "cap but batch_memory)", 1, 2 ** 40)
         self._torch = None
         if output == "torch":
             try:

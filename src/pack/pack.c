@@ -488,7 +488,7 @@ static int make_sample_payload(worker *wk, uint64_t i, slot *s)
 {
     pack *p = wk->p;
     const stk_pack_options *o = p->o;
-    stk__sink sink = {NULL, 0, &wk->scratch};
+    stk__sink sink = {.grow = &wk->scratch};
     uint8_t *data;
     size_t len;
     int rc = p->src.ops->read(&p->src, i, &sink, &data, &len, &s->label, s->err, sizeof s->err);

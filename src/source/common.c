@@ -19,6 +19,13 @@
 
 uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
 {
+    if (s->alloc) {
+        if (s->dst && n <= s->cap) {
+            *rc = STK_OK;
+            return s->dst;
+        }
+        return s->alloc(s, n, rc);
+    }
     if (s->grow) {
         *rc = stk__scratch_reserve(s->grow, n ? n : 1);
         return *rc ? NULL : s->grow->p;
@@ -90,7 +97,7 @@ int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *le
     /* One byte more than the size, so a file that grew since fstat is noticed
      * instead of being silently truncated. */
     uint8_t *buf = stk__sink_reserve(sink, size + 1, &rc);
-    if (!buf && rc == STK_ETOOBIG && !sink->grow && size <= sink->cap)
+    if (!buf && rc == STK_ETOOBIG && !sink->grow && (sink->alloc || size <= sink->cap))
         buf = stk__sink_reserve(sink, size, &rc);
     if (!buf) {
         if (rc == STK_ETOOBIG)

@@ -34,17 +34,8 @@ struct stk__remote;
 struct stk__remote_cfg;
 struct stk__cache;
 
-/* Where a read puts its bytes: straight into the sample's slot (dst/cap, when
- * no transform runs), or into the thread's growable scratch. */
-typedef struct stk__sink {
-    uint8_t *dst;
-    size_t cap;
-    stk__scratch *grow; /* non-NULL: grow this instead of using dst */
-} stk__sink;
-
-/* Returns a buffer of at least n bytes for the read, or NULL with *rc set:
- * STK_ETOOBIG if n exceeds the budget, STK_ENOMEM. */
-uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc);
+/* Where a read puts its bytes: stk__sink, in internal.h (the image pipeline
+ * writes its output through one too). */
 
 typedef struct stk__source stk__source;
 

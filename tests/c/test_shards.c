@@ -117,7 +117,7 @@ static int read_sample(stk__source *s, uint64_t i, uint8_t **out, size_t *len, i
                        char *err, size_t n)
 {
     stk__scratch sc = {NULL, 0, 1u << 28};
-    stk__sink sink = {NULL, 0, &sc};
+    stk__sink sink = {.grow = &sc};
     uint8_t *d;
     int rc = s->ops->read(s, i, &sink, &d, len, label, err, n);
     if (rc == STK_OK) {

@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             stk__scratch sc = {NULL, 0, 1u << 26};
             uint64_t failed = 0;
             for (uint64_t i = 0; i < s.count; i++) {
-                stk__sink sink = {NULL, 0, &sc};
+                stk__sink sink = {.grow = &sc};
                 uint8_t *d;
                 size_t len;
                 int64_t label;
