@@ -337,8 +337,12 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         stk__rng rng = stk__rng_for(c->seed, epoch, i);
         stk__imgpipe_decoded_at = 0;
         size_t out_len = 0;
-        rc = stk__imgpipe_run_sink(c->pipe, bytes, len, &rng, &w->dec, variable ? &arena : &sink,
-                                   &out, &out_len, dims, err, sizeof err);
+        /* Into the dense slot, or exactly the bytes the image needs from
+         * the variable batch's arena. */
+        stk__sink slot_sink = {slot, c->sample_bytes, NULL, NULL, NULL, ""};
+        rc = stk__imgpipe_run_sink(c->pipe, bytes, len, &rng, &w->dec,
+                                   variable ? &arena : &slot_sink, &out, &out_len, dims, err,
+                                   sizeof err);
         len = out_len;
         uint64_t t2 = stk__now_ns();
         stage_add(w, STK_STAGE_PROCESS, t2 - t1);
