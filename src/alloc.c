@@ -178,3 +178,24 @@ int stk__cond_init(pthread_cond_t *cv)
     pthread_condattr_destroy(&a);
     return r;
 }
+
+uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
+{
+    if (s->alloc) {
+        if (s->dst && n <= s->cap) {
+            *rc = STK_OK;
+            return s->dst;
+        }
+        return s->alloc(s, n, rc);
+    }
+    if (s->grow) {
+        *rc = stk__scratch_reserve(s->grow, n ? n : 1);
+        return *rc ? NULL : s->grow->p;
+    }
+    if (n > s->cap) {
+        *rc = STK_ETOOBIG;
+        return NULL;
+    }
+    *rc = STK_OK;
+    return s->dst;
+}

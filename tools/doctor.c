@@ -586,7 +586,8 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
     if (d->out_dense && d->out_dtype != STK_DTYPE_UINT8)
         ADD("batching", "uint8 output, normalise on the GPU", 0,
             "%s output makes each batch %dx the bytes of uint8 (copied into the ring, to the "
-            "device, and through the consumer): deliver uint8 and normalise on the device",
+            "device, and through the consumer): with --device cuda (Python device=\"cuda\") "
+            "stoker copies uint8 and normalises on the GPU (docs/gpu.md)",
             d->out_dtype == STK_DTYPE_FLOAT32 ? "float32" : "16-bit float",
             d->out_dtype == STK_DTYPE_FLOAT32 ? 4 : 2);
     unsigned usable = d->threads < d->cpus ? d->threads : d->cpus;
