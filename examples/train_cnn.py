@@ -9,7 +9,9 @@ torch's DataLoader with the same transforms.
 Both loaders deliver uint8 NCHW batches (RandomResizedCrop + horizontal flip);
 the conversion to float and the normalisation run in the training step, on the
 device, so only uint8 crosses the bus. Runs on the CPU, or on CUDA when one is
-present (--device). Prints the mean loss of each epoch: it goes down.
+present (--device); there stoker itself copies each batch to the GPU from
+pinned memory on a side stream (docs/gpu.md). Prints the mean loss of each
+epoch: it goes down.
 
 Run from the repository root after `make MODE=release python` (or put
 python/ on PYTHONPATH).
@@ -29,14 +31,15 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 
 
-def stoker_loader(root, batch_size, size, threads=None, seed=0):
-    """stoker: the transforms run in C threads; batches are zero-copy tensors."""
+def stoker_loader(root, batch_size, size, threads=None, seed=0, device=None):
+    """stoker: the transforms run in C threads; batches are zero-copy tensors
+    (on the CPU), or CUDA tensors copied by the loader (device="cuda")."""
     import stoker
     from stoker import transforms as T
     return stoker.Loader(root, batch_size, shuffle=True, seed=seed, threads=threads,
                          transform=T.Compose([T.RandomResizedCrop(size),
                                               T.RandomHorizontalFlip()]),
-                         output="torch")
+                         output="torch", device=device)
 
 
 def dataloader(root, batch_size, size, workers=None, seed=0):
@@ -115,7 +118,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if args.loader == "stoker":
-        loader = stoker_loader(args.data, args.batch_size, args.size, args.workers)
+        loader = stoker_loader(args.data, args.batch_size, args.size, args.workers,
+                               device=args.device if args.device.startswith("cuda") else None)
         classes = loader.num_classes
     else:
         loader = dataloader(args.data, args.batch_size, args.size, args.workers)
