@@ -86,7 +86,7 @@ all: lib tools tests
 
 lib: $(B)/libstoker.a $(B)/libstoker.so
 tools: $(B)/stoker
-tests: $(TEST_BINS)
+tests: $(TEST_BINS) $(B)/tests/libmockcuda.so
 
 $(B)/obj/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
@@ -125,6 +125,12 @@ $(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
 $(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker.a $(wildcard tools/*.c tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Wno-conversion -o $@ $< $(TEST_UTIL) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
+
+# A CPU stand-in for the CUDA driver: test_device runs the CUDA backend
+# (src/device/cuda.c) against it through dlopen, as it would a real driver.
+$(B)/tests/libmockcuda.so: tests/c/mock_cuda.c src/ops/convert.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Wno-conversion -Wno-missing-prototypes -shared -o $@ $< $(LDFLAGS_ALL)
 
 deps:
 	@scripts/install-deps.sh

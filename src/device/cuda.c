@@ -113,15 +113,6 @@ static void cu_err(const cudev *c, CUresult r, const char *call, char *err, size
     stk__fmt(err, errlen, "%s: CUDA error %d (%s)", call, r, s ? s : "unknown");
 }
 
-#define CU_CALL(c, call, args, err, errlen)                                                        \
-    do {                                                                                           \
-        CUresult r_ = (c)->f.call args;                                                            \
-        if (r_ != CUDA_SUCCESS_) {                                                                 \
-            cu_err((c), r_, #call, (err), (errlen));                                               \
-            return STK_EDEVICE;                                                                    \
-        }                                                                                          \
-    } while (0)
-
 static void c_enter(stk__dev *d)
 {
     cudev *c = (cudev *)d;
@@ -135,17 +126,33 @@ static void c_leave(stk__dev *d)
     c->f.cuCtxPopCurrent(&old);
 }
 
+/* Every call runs with the device's primary context current (pushed and
+ * popped around it, so the caller's own current context is left alone:
+ * a push of the context already current costs next to nothing). */
+#define CU_CALL(c, call, args, err, errlen)                                                        \
+    do {                                                                                           \
+        c_enter(&(c)->base);                                                                       \
+        CUresult r_ = (c)->f.call args;                                                            \
+        c_leave(&(c)->base);                                                                       \
+        if (r_ != CUDA_SUCCESS_) {                                                                 \
+            cu_err((c), r_, #call, (err), (errlen));                                               \
+            return STK_EDEVICE;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+/* A call whose failure has no one to report to (frees, destroys). */
+#define CU_QUIET(c, call, args)                                                                    \
+    do {                                                                                           \
+        c_enter(&(c)->base);                                                                       \
+        (void)(c)->f.call args;                                                                    \
+        c_leave(&(c)->base);                                                                       \
+    } while (0)
+
 static int c_host_alloc(stk__dev *d, size_t n, void **out, char *err, size_t errlen)
 {
     cudev *c = (cudev *)d;
-    c_enter(d);
-    CUresult r = c->f.cuMemHostAlloc(out, n ? n : 1, CU_MEMHOSTALLOC_PORTABLE_);
-    c_leave(d);
-    if (r != CUDA_SUCCESS_) {
-        *out = NULL;
-        cu_err(c, r, "cuMemHostAlloc", err, errlen);
-        return STK_EDEVICE;
-    }
+    *out = NULL;
+    CU_CALL(c, cuMemHostAlloc, (out, n ? n : 1, CU_MEMHOSTALLOC_PORTABLE_), err, errlen);
     return STK_OK;
 }
 
@@ -153,7 +160,7 @@ static void c_host_free(stk__dev *d, void *p)
 {
     cudev *c = (cudev *)d;
     if (p)
-        c->f.cuMemFreeHost(p);
+        CU_QUIET(c, cuMemFreeHost, (p));
 }
 
 static int c_dev_alloc(stk__dev *d, size_t n, stk__dptr *out, char *err, size_t errlen)
@@ -168,7 +175,7 @@ static int c_dev_alloc(stk__dev *d, size_t n, stk__dptr *out, char *err, size_t 
 static void c_dev_free(stk__dev *d, stk__dptr p)
 {
     cudev *c = (cudev *)d;
-    c->f.cuMemFree(p);
+    CU_QUIET(c, cuMemFree, (p));
 }
 
 static int c_stream_create(stk__dev *d, stk__stream *out, char *err, size_t errlen)
@@ -183,7 +190,7 @@ static int c_stream_create(stk__dev *d, stk__stream *out, char *err, size_t errl
 static void c_stream_destroy(stk__dev *d, stk__stream s)
 {
     cudev *c = (cudev *)d;
-    c->f.cuStreamDestroy(s);
+    CU_QUIET(c, cuStreamDestroy, (s));
 }
 
 static int c_event_create(stk__dev *d, stk__event *out, char *err, size_t errlen)
@@ -198,7 +205,7 @@ static int c_event_create(stk__dev *d, stk__event *out, char *err, size_t errlen
 static void c_event_destroy(stk__dev *d, stk__event e)
 {
     cudev *c = (cudev *)d;
-    c->f.cuEventDestroy(e);
+    CU_QUIET(c, cuEventDestroy, (e));
 }
 
 static int c_copy(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__stream s, char *err,
@@ -212,13 +219,7 @@ static int c_copy(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__st
 static int c_copy_d2h(stk__dev *d, void *dst, stk__dptr src, size_t n, char *err, size_t errlen)
 {
     cudev *c = (cudev *)d;
-    c_enter(d);
-    CUresult r = c->f.cuMemcpyDtoH(dst, src, n);
-    c_leave(d);
-    if (r != CUDA_SUCCESS_) {
-        cu_err(c, r, "cuMemcpyDtoH", err, errlen);
-        return STK_EDEVICE;
-    }
+    CU_CALL(c, cuMemcpyDtoH, (dst, src, n), err, errlen);
     return STK_OK;
 }
 
@@ -258,7 +259,9 @@ static int c_event_record(stk__dev *d, stk__event e, stk__stream s, char *err, s
 static int c_event_query(stk__dev *d, stk__event e, char *err, size_t errlen)
 {
     cudev *c = (cudev *)d;
+    c_enter(d);
     CUresult r = c->f.cuEventQuery(e);
+    c_leave(d);
     if (r == CUDA_SUCCESS_)
         return STK_OK;
     if (r == CUDA_ERROR_NOT_READY_)
@@ -284,11 +287,8 @@ static int c_stream_wait(stk__dev *d, stk__stream s, stk__event e, char *err, si
 static void c_close(stk__dev *d)
 {
     cudev *c = (cudev *)d;
-    if (c->mod) {
-        c_enter(d);
-        c->f.cuModuleUnload(c->mod);
-        c_leave(d);
-    }
+    if (c->mod)
+        CU_QUIET(c, cuModuleUnload, (c->mod));
     if (c->ctx_retained)
         c->f.cuDevicePrimaryCtxRelease(c->dev);
     if (c->lib)

@@ -197,8 +197,17 @@ static void issue(stk__devstage *st, stk_batch *hb)
     memcpy(d->indices, hb->indices, n * sizeof *d->indices);
     memcpy(d->lengths, hb->lengths, n * sizeof *d->lengths);
     memcpy(d->dims, hb->dims, 3 * n * sizeof *d->dims);
+    /* Field by field: device and device_id are set once at creation and
+     * never written again, so a late second release of an earlier batch in
+     * this buffer reads them without a race. */
     stk_batch *v = &d->view;
-    *v = *hb;
+    v->epoch = hb->epoch;
+    v->index = hb->index;
+    v->size = hb->size;
+    v->kind = hb->kind;
+    v->dtype = hb->dtype;
+    v->ndim = hb->ndim;
+    memcpy(v->shape, hb->shape, sizeof v->shape);
     for (size_t k = 0; k < n; k++) {
         d->offsets[k] = (uint64_t)k * st->cfg.out_sample_bytes;
         d->lengths[k] = st->cfg.out_sample_bytes;
@@ -210,8 +219,6 @@ static void issue(stk__devstage *st, stk_batch *hb)
     v->labels = d->labels;
     v->indices = d->indices;
     v->sample_bytes = st->cfg.out_sample_bytes;
-    v->device = dev->kind;
-    v->device_id = dev->id;
     if (st->cfg.convert) {
         const stk__convert *cv = &st->cfg.cv;
         v->dtype = cv->dtype;
@@ -580,6 +587,8 @@ int stk__devstage_create(stk__devstage **out, const stk__devstage_cfg *cfg, char
         dslot *d = &st->slots[k];
         d->st = st;
         d->state = D_FREE;
+        d->view.device = dev->kind;
+        d->view.device_id = dev->id;
         if (!(d->offsets = stk__malloc(B * sizeof *d->offsets)) ||
             !(d->lengths = stk__malloc(B * sizeof *d->lengths)) ||
             !(d->indices = stk__malloc(B * sizeof *d->indices)) ||

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <dlfcn.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -401,6 +402,86 @@ static void test_bad_device_options(void)
     }
 }
 
+/* ---- The CUDA backend against the mock driver (tests/c/mock_cuda.c) ----- */
+
+static void *g_mock;
+
+static long mock_call(const char *name)
+{
+    long (*fn)(void) = NULL;
+    void *p = dlsym(g_mock, name);
+    memcpy(&fn, &p, sizeof p);
+    REQUIRE(fn);
+    return fn();
+}
+
+/* A copy or a kernel that fails in the driver: the error names the batch
+ * and the driver's words, and stays. */
+static void test_cuda_failures_named(void)
+{
+    static const char *const calls[] = {"cuMemcpyHtoDAsync_v2", "cuLaunchKernel"};
+    for (int k = 0; k < 2; k++) {
+        setenv("MOCK_CUDA_FAIL", calls[k], 1);
+        stk_loader *l = NULL;
+        REQUIRE(open_loader(&l, "cuda", "float32", "nchw", SPEC_NORM, 2, 3) == STK_OK);
+        stk_batch *b;
+        int rc;
+        while ((rc = stk_loader_next(l, &b)) == STK_OK)
+            stk_batch_release(b);
+        CHECK_EQ(rc, STK_EDEVICE);
+        const char *m = stk_loader_errmsg(l);
+        CHECK(strstr(m, "batch 0 of epoch 0") != NULL);
+        CHECK(strstr(m, calls[k]) != NULL || strstr(m, k ? "cuLaunchKernel" : "cuMemcpyHtoD"));
+        CHECK(strstr(m, "illegal memory access") != NULL);
+        CHECK(strstr(m, k ? "conversion" : "copy") != NULL);
+        CHECK_EQ(stk_loader_next(l, &b), STK_EDEVICE);
+        stk_loader_close(l);
+        unsetenv("MOCK_CUDA_FAIL");
+    }
+}
+
+static void test_cuda_backend_leaves_nothing(void)
+{
+    CHECK_EQ(mock_call("mock_cuda_live"), 0);
+    CHECK_EQ(mock_call("mock_cuda_depth_errors"), 0);
+    CHECK_EQ(mock_call("mock_cuda_depth"), 0);
+    if (stk__cuda_have_kernels())
+        CHECK(mock_call("mock_cuda_launches") > 0);
+}
+
+static void run_on_mock_cuda(void)
+{
+    char exe[1024];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+    REQUIRE(n > 0);
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    REQUIRE(slash);
+    strcpy(slash + 1, "libmockcuda.so");
+    /* Held open here so its counters outlive each loader's dlclose. */
+    g_mock = dlopen(exe, RTLD_NOW | RTLD_LOCAL);
+    if (!g_mock) {
+        printf("mock CUDA driver: skipped (%s)\n", dlerror());
+        return;
+    }
+    printf("device under test: cuda, on the mock driver %s\n", exe);
+    setenv("STOKER_LIBCUDA", exe, 1);
+    g_dev = "cuda";
+    if (stk__cuda_have_kernels()) {
+        RUN(test_same_batches_as_cpu);
+        RUN(test_held_batches_stay_valid);
+        RUN(test_state_is_the_consumers);
+        RUN(test_memory_bound_counts_the_device);
+        RUN(test_cuda_failures_named);
+    } else {
+        printf("  (this build has no CUDA kernels: float conversions skipped)\n");
+    }
+    RUN(test_cuda_backend_leaves_nothing);
+    unsetenv("STOKER_LIBCUDA");
+    g_dev = "fake";
+    dlclose(g_mock);
+}
+
 int main(void)
 {
     const char *env = getenv("STOKER_TEST_DEVICE");
@@ -416,5 +497,7 @@ int main(void)
     RUN(test_copy_error_names_batch);
     RUN(test_memory_bound_counts_the_device);
     RUN(test_bad_device_options);
+    if (is_fake())
+        run_on_mock_cuda();
     return tu_end();
 }
