@@ -162,5 +162,18 @@ uint64_t stk__now_ns(void);
  * timed (a slice of at most ns) so it can re-check a cancel flag. */
 int stk__cond_init(pthread_cond_t *cv); /* 0 or an errno value */
 void stk__cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *m, uint64_t ns);
+/* For a loop that waits at most timeout_ns (0: no limit) from start, in
+ * slices of at most slice_ns so it re-checks its conditions: the next wait,
+ * or 0 when the time is up (now is stk__now_ns()). */
+static inline uint64_t stk__wait_slice(uint64_t start, uint64_t now, uint64_t timeout_ns,
+                                       uint64_t slice_ns)
+{
+    if (!timeout_ns)
+        return slice_ns;
+    if (now - start >= timeout_ns)
+        return 0;
+    uint64_t left = timeout_ns - (now - start);
+    return left < slice_ns ? left : slice_ns;
+}
 
 #endif

@@ -790,15 +790,13 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
             break;
         }
         uint64_t now = stk__now_ns();
-        if (timeout_ns && now - start >= timeout_ns) {
+        uint64_t slice = stk__wait_slice(start, now, timeout_ns, WAIT_SLICE_NS);
+        if (!slice) {
             rc = STK_TIMEOUT;
             break;
         }
         if (!blocked_since)
             blocked_since = now;
-        uint64_t slice = WAIT_SLICE_NS;
-        if (timeout_ns && timeout_ns - (now - start) < slice)
-            slice = timeout_ns - (now - start);
         stk__cond_wait_ns(&c->cond_ready, &c->lock, slice);
     }
     uint64_t end = stk__now_ns();

@@ -338,14 +338,11 @@ int stk__devstage_next(stk__devstage *st, stk_batch **out, uint64_t timeout_ns, 
             rc = STK_EBUSY;
             break;
         }
-        uint64_t now = stk__now_ns();
-        if (timeout_ns && now - start >= timeout_ns) {
+        uint64_t slice = stk__wait_slice(start, stk__now_ns(), timeout_ns, WAIT_SLICE);
+        if (!slice) {
             rc = STK_TIMEOUT;
             break;
         }
-        uint64_t slice = WAIT_SLICE;
-        if (timeout_ns && timeout_ns - (now - start) < slice)
-            slice = timeout_ns - (now - start);
         stk__cond_wait_ns(&st->cond, &st->lock, slice);
     }
     pthread_mutex_unlock(&st->lock);
