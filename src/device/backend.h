@@ -93,7 +93,7 @@ int stk__cuda_device_has_kernel(const stk__dev *d);
 /* The fake backend's knobs, for tests (process-wide; set before opening):
  * seed of the delays, the largest delay in microseconds before each queued
  * operation runs, and the number of the copy or conversion (counted from 1
- * across the process, 0: none) that fails. Calling it also turns on the
+ * across the process as they are queued, 0: none) that fails when it runs. Calling it also turns on the
  * host_changed check (a hash of each copy's source when queued and when
  * run), which costs CPU the overlap benchmark does not want. */
 void stk__fake_config(uint64_t seed, unsigned max_delay_us, unsigned fail_at);

@@ -35,6 +35,7 @@ typedef struct fop {
     size_t n;
     uint64_t hash; /* OP_COPY: the source bytes when queued; OP_CHECK: expected */
     bool check;    /* OP_COPY: compare the hash when it runs */
+    bool fail;     /* OP_COPY/OP_CONVERT: the injected failure (stk__fake_config) */
     stk__convert cv;
     fev *ev;
     uint64_t gen; /* OP_RECORD: this record's number; OP_WAIT: the record awaited */
@@ -109,8 +110,7 @@ static void run_op(fake *f, fstream *s, fop *o)
 {
     if (o->kind == OP_COPY || o->kind == OP_CONVERT) {
         pthread_mutex_lock(&g_mu);
-        unsigned nth = ++g_ops;
-        bool fail = g_fail_at && nth == g_fail_at;
+        bool fail = o->fail;
         if (o->kind == OP_COPY)
             g_counts.copies++;
         else
@@ -120,7 +120,8 @@ static void run_op(fake *f, fstream *s, fop *o)
         bool skip = s->failed != 0;
         if (fail && !skip) {
             s->failed = STK_EDEVICE;
-            stk__fmt(s->msg, sizeof s->msg, "fake device: operation %u failed (injected)", nth);
+            stk__fmt(s->msg, sizeof s->msg, "fake device: operation %u failed (injected)",
+                     g_fail_at);
             skip = true;
         }
         pthread_mutex_unlock(&f->mu);
@@ -209,6 +210,13 @@ static int push(fake *f, fstream *s, fop *o, char *err, size_t errlen)
 {
     (void)err;
     (void)errlen;
+    if (o->kind == OP_COPY || o->kind == OP_CONVERT) {
+        /* Counted as queued, so the Nth is the same operation whatever
+         * order the streams then run in. */
+        pthread_mutex_lock(&g_mu);
+        o->fail = g_fail_at && ++g_ops == g_fail_at;
+        pthread_mutex_unlock(&g_mu);
+    }
     o->next = NULL;
     if (s->tail)
         s->tail->next = o;

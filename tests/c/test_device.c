@@ -322,7 +322,8 @@ static void test_copy_error_names_batch(void)
 {
     if (!is_fake())
         return;
-    /* Operation 5 is the third batch's copy (a copy and a conversion each). */
+    /* The fifth operation queued is the third batch's copy (a copy and a
+     * conversion each, queued in batch order); it fails when it runs. */
     stk__fake_config(4, 300, 5);
     stk_loader *l = NULL;
     REQUIRE(open_loader(&l, "fake", "float32", "nchw", SPEC_NORM, 2, 3) == STK_OK);
