@@ -59,9 +59,9 @@ typedef struct core core;
 /* A batch the user holds, in the table of held batches (see "Held
  * batches" below). */
 typedef struct held {
-    struct held *next;  /* in its bucket, or in its core's spare list */
+    struct held *next; /* in its bucket, or in its core's spare list */
     const stk_batch *view;
-    pid_t pid;          /* the process it was handed to */
+    pid_t pid;           /* the process it was handed to */
     struct held **spare; /* device batches: the list the node goes back to */
 } held;
 
@@ -762,6 +762,7 @@ static bool held_find(const stk_batch *v, bool take)
 {
     pid_t me = getpid();
     bool found = false;
+    pthread_once(&g_held_once, held_init); /* before the lock is first taken */
     pthread_mutex_lock(&g_held_lock);
     for (held **pp = &g_held[held_bucket(v)]; *pp; pp = &(*pp)->next) {
         held *h = *pp;

@@ -242,7 +242,7 @@ static void test_record_stream_waits_for_every_stream(void)
                 CHECK_EQ(stk_batch_wait(b, cs), STK_OK);
                 CHECK_EQ(stk_batch_wait(b, cs2), STK_OK);
                 CHECK_EQ(stk_batch_record_stream(b, cs2), STK_OK);
-                CHECK_EQ(stk_batch_record_stream(b, cs2), STK_OK); /* counts once */
+                CHECK_EQ(stk_batch_record_stream(b, cs2), STK_OK);  /* counts once */
                 CHECK_EQ(stk_batch_record_stream(b, NULL), STK_OK); /* the host: nothing */
                 for (int j = 0; j < 6; j++)
                     REQUIRE(stk__fake_check(d, cs2, b->data, n, want[e][k]) == STK_OK);
