@@ -369,11 +369,17 @@ STK_API int stk_loader_next(stk_loader *l, stk_batch **out);
  * as the Python module check for signals while it waits. */
 STK_API int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms);
 
-/* Gives a batch back to the ring. NULL is harmless. Any thread.
+/* Gives a batch back to the ring. Any thread, while the batch is held.
  * A device batch (b->device is not STK_DEVICE_CPU) released this way may be
  * overwritten as soon as work already queued on the legacy default stream
- * has run: use stk_batch_release_stream when it was used on another stream. */
-STK_API void stk_batch_release(stk_batch *b);
+ * has run: use stk_batch_release_stream when it was used on another stream.
+ * STK_OK; STK_OK for NULL (harmless); STK_EMISUSE, touching nothing, for a
+ * batch this process does not hold: released already (a second release,
+ * also one after stk_loader_close() freed the ring with the last batch), or
+ * inherited from the parent by a forked child. The library checks `b`
+ * against the batches it handed out without reading *b; a pointer whose
+ * address a later stk_loader_next has handed out again is that new batch. */
+STK_API int stk_batch_release(stk_batch *b);
 
 /* Device batches (docs/gpu.md). A device batch is handed out by
  * stk_loader_next as soon as its copy (and conversion) is queued on the
@@ -384,16 +390,31 @@ STK_API void stk_batch_release(stk_batch *b);
  *   ready, without blocking the calling thread. For the FAKE device, whose
  *   consumer is the host, NULL waits on the host as stk_batch_sync does.
  * stk_batch_sync: blocks the calling thread until the data is ready.
+ * stk_batch_record_stream: adds `stream` to the streams the release waits
+ *   for, like torch's Tensor.record_stream: at release an event is recorded
+ *   on each stream added this way as well as on the release's own stream,
+ *   and the device memory is reused only after the work queued on all of
+ *   them up to the release has run. For a consumer that uses the batch on
+ *   several streams; each must stay valid until the release. Up to
+ *   STK_BATCH_MAX_STREAMS streams a batch (one given twice counts once):
+ *   STK_EINVAL beyond. For the FAKE device NULL (the host) adds nothing.
+ *   Not concurrently with the batch's release.
  * stk_batch_release_stream: releases the batch; its device memory is reused
- *   only after the work queued on `stream` up to this call has run.
+ *   only after the work queued on `stream` (and on the streams added with
+ *   stk_batch_record_stream) up to this call has run. Returns as
+ *   stk_batch_release.
  *
- * All three are no-ops returning STK_OK for host batches. wait and sync
+ * All are no-ops returning STK_OK for host batches held. wait and sync
  * return STK_EDEVICE (with the loader's message naming the batch, once the
- * loader notices) when the batch's copy or conversion failed; STK_EINVAL for
- * NULL. Any thread, while the batch is held. */
+ * loader notices) when the batch's copy or conversion failed; wait, sync
+ * and record_stream STK_EINVAL for NULL, and all STK_EMISUSE for a batch not
+ * held (as stk_batch_release), and record_stream STK_EDEVICE when the device
+ * cannot create the event. Any thread, while the batch is held. */
+#define STK_BATCH_MAX_STREAMS 8
 STK_API int stk_batch_wait(stk_batch *b, void *stream);
 STK_API int stk_batch_sync(stk_batch *b);
-STK_API void stk_batch_release_stream(stk_batch *b, void *stream);
+STK_API int stk_batch_record_stream(stk_batch *b, void *stream);
+STK_API int stk_batch_release_stream(stk_batch *b, void *stream);
 
 /* Starts epoch e at its first batch (discarding prefetched work if the loader
  * was elsewhere). Held batches stay valid. Blocks briefly.

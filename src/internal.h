@@ -15,6 +15,8 @@
  *   5. stk__cache.mu, then the cache directory's flock (only around a
  *      reservation; never while waiting on the network)
  *   stk__alloc counters are atomics, taken under no lock.
+ *   loader.c's g_held_lock (the table of batches the user holds) is taken
+ *   under no other lock and takes none.
  */
 #ifndef STK_INTERNAL_H
 #define STK_INTERNAL_H

@@ -56,8 +56,18 @@ typedef struct slot_err {
 
 typedef struct core core;
 
+/* A batch the user holds, in the table of held batches (see "Held
+ * batches" below). */
+typedef struct held {
+    struct held *next; /* in its bucket, or in its core's spare list */
+    const stk_batch *view;
+    pid_t pid;           /* the process it was handed to */
+    struct held **spare; /* device batches: the list the node goes back to */
+} held;
+
 typedef struct buffer {
     stk_batch view; /* first member: stk_batch_release() casts back */
+    held hnode;     /* while the user holds it */
     core *core;
     int state;
     uint64_t g;
@@ -147,6 +157,8 @@ struct core {
     stk__dev *dev;
     stk__devstage *dstage;
     uint64_t dev_bytes;           /* device memory of the stage */
+    held *dnodes;                 /* one a device buffer: the held table's nodes */
+    held *dspare;                 /* those not in the table (under g_held_lock) */
     uint64_t cons_epoch, cons_g;  /* the user's position (lock held) */
     int convert;                  /* the device converts uint8 HWC to the output */
     stk__convert cv;
@@ -215,6 +227,7 @@ static void core_free(core *c)
     }
     stk__free(c->bufs);
     stk__free(c->inflight);
+    stk__free(c->dnodes);
     if (c->workers) {
         for (unsigned k = 0; k < c->nthreads; k++) {
             stk__scratch_free(&c->workers[k].in);
@@ -679,6 +692,97 @@ static int check_handle(stk_loader *l)
     return STK_OK;
 }
 
+/* ---- held batches ------------------------------------------------------------
+ * Every batch handed to the user is entered in one process-wide table, by its
+ * address, until it is released. A release, wait or sync first takes the
+ * batch out of (or looks it up in) the table, without reading the batch, so a
+ * batch that is not held -- released already, perhaps after its loader was
+ * closed and the ring freed with the last batch -- is STK_EMISUSE instead of
+ * a use after free. The table is the process's because a batch pointer names
+ * no loader. Its nodes live in the memory of the batches they stand for (a
+ * host buffer's `hnode`, or the core's `dnodes` for device batches), which
+ * outlives them: a batch holds its core. g_held_lock is taken under no other
+ * lock and around no call that blocks; fork holds it (pthread_atfork), so a
+ * child finds it free, and the child's lookups miss the parent's batches
+ * (pid). */
+#define HELD_BUCKETS 256
+
+static pthread_mutex_t g_held_lock = PTHREAD_MUTEX_INITIALIZER;
+static held *g_held[HELD_BUCKETS];
+static pthread_once_t g_held_once = PTHREAD_ONCE_INIT;
+
+static void held_fork_prepare(void)
+{
+    pthread_mutex_lock(&g_held_lock);
+}
+
+static void held_fork_after(void)
+{
+    pthread_mutex_unlock(&g_held_lock);
+}
+
+static void held_init(void)
+{
+    (void)pthread_atfork(held_fork_prepare, held_fork_after, held_fork_after);
+}
+
+static size_t held_bucket(const stk_batch *v)
+{
+    uint64_t x = (uint64_t)(uintptr_t)v;
+    x ^= x >> 29;
+    x *= 0x9E3779B97F4A7C15ULL;
+    return (size_t)(x >> 56) % HELD_BUCKETS;
+}
+
+/* Enters v with node h (or, h NULL, a node taken from *spare). false only
+ * when *spare is empty, which the callers make impossible. */
+static bool held_put(held *h, held **spare, const stk_batch *v)
+{
+    pthread_once(&g_held_once, held_init);
+    pthread_mutex_lock(&g_held_lock);
+    if (!h && spare && (h = *spare) != NULL) {
+        *spare = h->next;
+        h->spare = spare;
+    }
+    if (h) {
+        size_t k = held_bucket(v);
+        h->view = v;
+        h->pid = getpid();
+        h->next = g_held[k];
+        g_held[k] = h;
+    }
+    pthread_mutex_unlock(&g_held_lock);
+    return h != NULL;
+}
+
+/* Whether this process holds v; `take` also removes it (a device batch's
+ * node goes back to its spare list at once, while the batch still holds its
+ * core, so the next device batch finds one). */
+static bool held_find(const stk_batch *v, bool take)
+{
+    pid_t me = getpid();
+    bool found = false;
+    pthread_once(&g_held_once, held_init); /* before the lock is first taken */
+    pthread_mutex_lock(&g_held_lock);
+    for (held **pp = &g_held[held_bucket(v)]; *pp; pp = &(*pp)->next) {
+        held *h = *pp;
+        if (h->view != v || h->pid != me)
+            continue;
+        found = true;
+        if (take) {
+            *pp = h->next;
+            h->view = NULL;
+            if (h->spare) {
+                h->next = *h->spare;
+                *h->spare = h;
+            }
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_held_lock);
+    return found;
+}
+
 /* ---- autotune ---------------------------------------------------------------- */
 
 #define AT_WINDOW_NS (200ull * 1000 * 1000) /* at least this long per decision */
@@ -813,6 +917,10 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
     if (pub) {
         publish(c, pub);
         *out = &pub->view;
+        /* The user's, until stk_batch_release; the copy thread's batches
+         * never leave the library. */
+        if (user)
+            (void)held_put(&pub->hnode, NULL, &pub->view);
     }
     return rc;
 }
@@ -881,6 +989,14 @@ static int device_next(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     core *c = l->c;
     uint64_t start = stk__now_ns();
     int rc = stk__devstage_next(c->dstage, out, timeout_ns, l->errmsg, sizeof l->errmsg);
+    /* A node for each device buffer, and a batch's goes back before its
+     * buffer can be handed out again: the spare list is never empty here. */
+    if (rc == STK_OK && !held_put(NULL, &c->dspare, *out)) {
+        (void)stk__devstage_release(*out, NULL);
+        *out = NULL;
+        stk__fmt(l->errmsg, sizeof l->errmsg, "internal error: no node for a held device batch");
+        rc = STK_EMISUSE;
+    }
     uint64_t end = stk__now_ns();
     pthread_mutex_lock(&c->lock);
     c->wait_ns += end - start;
@@ -922,27 +1038,32 @@ int stk_loader_next_timeout(stk_loader *l, stk_batch **out, unsigned timeout_ms)
     return next_impl(l, out, timeout_ms ? (uint64_t)timeout_ms * 1000000ULL : 1);
 }
 
-void stk_batch_release_stream(stk_batch *bv, void *stream)
+int stk_batch_release_stream(stk_batch *bv, void *stream)
 {
     if (!bv)
-        return;
+        return STK_OK;
+    /* Nothing of bv is read before it is found held: a stale pointer's
+     * memory may be gone with its loader. */
+    if (!held_find(bv, true))
+        return STK_EMISUSE;
     if (bv->device == STK_DEVICE_CPU) {
         release_host((buffer *)(void *)bv);
-        return;
+        return STK_OK;
     }
     core *c = stk__devstage_release(bv, stream);
     if (!c)
-        return; /* not held: a second release */
+        return STK_EMISUSE; /* not held by the stage (cannot be, once found) */
     pthread_mutex_lock(&c->lock);
     bool last = --c->refs == 0;
     pthread_mutex_unlock(&c->lock);
     if (last)
         core_free(c);
+    return STK_OK;
 }
 
-void stk_batch_release(stk_batch *bv)
+int stk_batch_release(stk_batch *bv)
 {
-    stk_batch_release_stream(bv, NULL);
+    return stk_batch_release_stream(bv, NULL);
 }
 
 stk__dev *stk__loader_device(stk_loader *l)
@@ -954,13 +1075,26 @@ int stk_batch_wait(stk_batch *b, void *stream)
 {
     if (!b)
         return STK_EINVAL;
+    if (!held_find(b, false))
+        return STK_EMISUSE;
     return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_wait(b, stream);
+}
+
+int stk_batch_record_stream(stk_batch *b, void *stream)
+{
+    if (!b)
+        return STK_EINVAL;
+    if (!held_find(b, false))
+        return STK_EMISUSE;
+    return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_record_stream(b, stream);
 }
 
 int stk_batch_sync(stk_batch *b)
 {
     if (!b)
         return STK_EINVAL;
+    if (!held_find(b, false))
+        return STK_EMISUSE;
     return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_sync(b);
 }
 
@@ -1617,6 +1751,14 @@ static int start_device(core *c, char *err, size_t errlen)
                              .host_next = stage_host_next,
                              .host_release = stage_host_release};
     c->dev_bytes = stk__devstage_device_bytes(&cfg);
+    if (!(c->dnodes = stk__calloc(cfg.slots, sizeof *c->dnodes))) {
+        stk__fmt(err, errlen, "out of memory for the device batches' table entries");
+        return STK_ENOMEM;
+    }
+    for (unsigned k = 0; k < cfg.slots; k++) {
+        c->dnodes[k].next = c->dspare;
+        c->dspare = &c->dnodes[k];
+    }
     return stk__devstage_create(&c->dstage, &cfg, err, errlen);
 }
 

@@ -169,7 +169,9 @@ typedef struct {
     PyObject_HEAD stk_batch *b;
     pid_t pid;    /* the process that holds the batch */
     void *stream; /* device batches: the consumer's stream (the last one
-                     given to __dlpack__), where the release is recorded */
+                     given to __dlpack__), where the release is recorded;
+                     streams added with record_stream() are recorded too */
+    PyObject *weakrefs; /* Loader.record_stream finds a batch by address */
 } BatchObject;
 
 static PyTypeObject Batch_Type;
@@ -181,8 +183,10 @@ static void Batch_dealloc(BatchObject *self)
      * batch's memory is reused only after the work queued so far on the
      * stream that consumed it (PyTorch frees a tensor when Python drops it,
      * with its kernels possibly still queued). */
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
     if (self->b && self->pid == getpid())
-        stk_batch_release_stream(self->b, self->stream);
+        (void)stk_batch_release_stream(self->b, self->stream);
     self->b = NULL;
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -602,7 +606,52 @@ static PyObject *Batch_get(BatchObject *self, void *closure)
     Py_RETURN_NONE;
 }
 
+/* record_stream(stream): for a device batch used on more than one stream.
+ * The release is recorded on the stream given to __dlpack__ (the last one);
+ * each stream added here is recorded too, and the batch's device memory is
+ * reused only after the work queued on all of them up to the release has
+ * run (stk_batch_record_stream). stream: a cudaStream_t as an int (0 or
+ * None: the legacy default stream); None only for batches in host memory,
+ * where it does nothing. */
+static PyObject *Batch_record_stream(BatchObject *self, PyObject *arg)
+{
+    stk_batch *b = self->b;
+    void *st = NULL;
+    if (b->device == STK_DEVICE_CUDA) {
+        if (arg != Py_None) {
+            unsigned long long sv = PyLong_AsUnsignedLongLong(arg);
+            if (sv == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_ValueError,
+                             "record_stream: %R is not a CUDA stream (a cudaStream_t as an "
+                             "int, or None for the default stream)",
+                             arg);
+                return NULL;
+            }
+            st = (void *)(uintptr_t)sv;
+        }
+    } else if (arg != Py_None) {
+        PyErr_Format(PyExc_ValueError,
+                     "record_stream: this batch is in %s memory, which no stream uses: stream "
+                     "must be None",
+                     b->device == STK_DEVICE_CPU ? "host" : "the fake device's (host)");
+        return NULL;
+    }
+    if (self->pid != getpid())
+        return raise_code(STK_EMISUSE, "record_stream: this batch belongs to the parent "
+                                       "process; a forked child cannot use it");
+    int rc = stk_batch_record_stream(b, st);
+    if (rc == STK_EINVAL)
+        return raise_code(rc, "record_stream: a batch can wait for at most "
+                              "STK_BATCH_MAX_STREAMS (8) streams");
+    if (rc)
+        return raise_code(rc, "record_stream: the device could not record the stream");
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Batch_methods[] = {
+    {"record_stream", (PyCFunction)Batch_record_stream, METH_O,
+     "record_stream(stream): the release also waits for the work queued on stream."},
     {"data", (PyCFunction)Batch_data, METH_NOARGS, "View of a dense batch: (size, *shape)."},
     {"samples", (PyCFunction)Batch_samples, METH_NOARGS, "A View per sample."},
     {"labels", (PyCFunction)Batch_labels, METH_NOARGS, "View of the int64 labels."},
@@ -627,6 +676,7 @@ static PyTypeObject Batch_Type = {
     .tp_dealloc = (destructor)Batch_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "One delivered batch; its ring buffer is released when this object dies.",
+    .tp_weaklistoffset = offsetof(BatchObject, weakrefs),
     .tp_methods = Batch_methods,
     .tp_getset = Batch_getset,
 };
@@ -903,12 +953,13 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
             if (!bo) {
                 /* The batch is lost to Python; give it back so the ring
                  * keeps moving. */
-                stk_batch_release(b);
+                (void)stk_batch_release(b);
                 break;
             }
             bo->b = b;
             bo->pid = getpid();
             bo->stream = NULL;
+            bo->weakrefs = NULL;
             result = (PyObject *)bo;
             break;
         }

@@ -4,6 +4,7 @@ import operator
 import os
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -421,6 +422,10 @@ class Loader:
         self.local_world_size = local_world_size or world_size
         self.return_indices = bool(return_indices)
         self.device = device
+        # Device batches by data address, for record_stream: (weak reference
+        # to the engine's Batch, bytes of its data). The yielded tensor keeps
+        # its Batch alive, so an entry lives exactly as long as the batch.
+        self._device_batches = {}
         self._label_device = None
         if device.startswith("cuda"):
             self._label_device = self._torch.device(device)
@@ -614,6 +619,8 @@ class Loader:
             conv = np.asarray
         if b.dense:
             data = conv(b.data())
+            if self.device != "cpu":
+                self._note_device_batch(b, data)
         else:
             data = [conv(v) for v in b.samples()]
         labels = conv(b.labels())
@@ -626,6 +633,53 @@ class Loader:
         if self._torch is not None:
             idx = self._torch.from_numpy(idx)
         return data, labels, idx
+
+    def _note_device_batch(self, b, data):
+        if len(self._device_batches) >= 64:
+            self._device_batches = {a: e for a, e in self._device_batches.items()
+                                    if e[0]() is not None}
+        nbytes = data.numel() * data.element_size() if self._torch is not None else data.nbytes
+        self._device_batches[b.address] = (weakref.ref(b), nbytes)
+
+    def record_stream(self, data, stream):
+        """For a device batch used on more than one CUDA stream, like torch's
+        Tensor.record_stream (which does nothing for memory torch did not
+        allocate, such as a batch's). A batch's device memory is reused once
+        the work queued up to its release (when its last tensor dies) has run
+        on the stream it was consumed on (the current stream when the tensor
+        was made, the last one given to ``__dlpack__``); record_stream adds
+        `stream` to the streams waited for, up to 8 a batch.
+
+        data: a data tensor (or a view into one) this loader yielded and that
+        is still alive. stream: a torch.cuda.Stream, a cudaStream_t as an
+        int, or None (the default stream). Does nothing for a loader without
+        a device. Labels moved to the GPU are ordinary torch tensors: use
+        their own record_stream (docs/gpu.md)."""
+        if self.device == "cpu":
+            return
+        if self._torch is not None and isinstance(data, self._torch.Tensor):
+            ptr = data.data_ptr()
+        elif isinstance(data, np.ndarray):
+            ptr = data.__array_interface__["data"][0]
+        else:
+            raise TypeError(f"record_stream: data must be a tensor or array this loader "
+                            f"yielded, not {type(data).__name__}")
+        batch = None
+        for addr, (ref, nbytes) in list(self._device_batches.items()):
+            b = ref()
+            if b is not None and addr <= ptr < addr + max(nbytes, 1):
+                batch = b
+                break
+        if batch is None:
+            raise ValueError("record_stream: data is not in a batch of this loader that is "
+                             "still held (a copy, another loader's, or released)")
+        if stream is not None and not isinstance(stream, int):
+            handle = getattr(stream, "cuda_stream", None)
+            if not isinstance(handle, int):
+                raise TypeError(f"record_stream: stream must be a torch.cuda.Stream, a "
+                                f"cudaStream_t as an int or None, not {type(stream).__name__}")
+            stream = handle
+        batch.record_stream(stream)
 
     # ---- observation -----------------------------------------------------------
     def stats(self):

@@ -22,7 +22,11 @@
 typedef struct hdr {
     uint32_t width, height, dri;
     int ncomp, sof;
-    int hs[4], vs[4];
+    int hs[4], vs[4], cid[4];
+    /* The first scan codes every component of the frame, each once, over
+     * the whole spectrum at full precision: a sequential scan whose MCU is
+     * the one mcu_geometry computes. */
+    bool full_scan;
     size_t sof_at;         /* offset of the SOF marker */
     size_t apps_end;       /* offset after the APPn/COM markers that follow SOI */
     size_t sos_end;        /* first byte of entropy-coded data */
@@ -95,6 +99,7 @@ static int parse_header(const uint8_t *b, size_t n, hdr *h, char *err, size_t er
             h->width = be16(p + 3);
             h->ncomp = p[5];
             for (int c = 0; c < h->ncomp; c++) {
+                h->cid[c] = p[6 + 3 * c];
                 h->hs[c] = p[6 + 3 * c + 1] >> 4;
                 h->vs[c] = p[6 + 3 * c + 1] & 15;
                 if (h->hs[c] < 1 || h->hs[c] > 4 || h->vs[c] < 1 || h->vs[c] > 4) {
@@ -115,6 +120,22 @@ static int parse_header(const uint8_t *b, size_t n, hdr *h, char *err, size_t er
                 return STK_EFORMAT;
             }
             h->sos_end = i + 2 + len;
+            /* Ns, Ns (selector, tables) pairs, Ss, Se, Ah|Al. */
+            uint32_t ns = p[0];
+            if (ns == (uint32_t)h->ncomp && len == 6u + 2u * ns) {
+                const uint8_t *q = p + 1 + 2 * ns;
+                unsigned seen = 0;
+                bool once = true;
+                for (uint32_t j = 0; j < ns; j++) {
+                    unsigned hit = 0;
+                    for (int c = 0; c < h->ncomp; c++)
+                        if (p[1 + 2 * j] == h->cid[c])
+                            hit |= 1u << c;
+                    once = once && hit && !(hit & (hit - 1)) && !(seen & hit);
+                    seen |= hit;
+                }
+                h->full_scan = once && q[0] == 0 && q[1] == 63 && q[2] == 0;
+            }
             return STK_OK;
         }
         i += 2 + len;
@@ -372,7 +393,20 @@ int stk__rst_find(const uint8_t *b, size_t n, stk__rst *x, char *err, size_t err
     x->mcus_h = (h.height + x->mcu_h - 1) / x->mcu_h;
     x->offs = p + IDX_HEAD;
     const char *why = NULL;
-    if (p[TAG_LEN] != VERSION)
+    /* The index's premise: the entropy-coded data is one scan of restart
+     * segments from the first SOS to EOI, each holding k whole MCUs of every
+     * component. A progressive file, or a sequential one whose first scan
+     * leaves a component to a later scan, would have its sub-images built
+     * from the first scan alone (and the later scans' bytes taken for
+     * segments), which decode without complaint to other pixels. A
+     * sequential frame codes each component in exactly one scan, so a first
+     * scan holding all of them is the only one (libjpeg refuses another). */
+    if (h.sof != 0xC0 && h.sof != 0xC1)
+        why = "the file is progressive (SOF2); an index needs a sequential (SOF0/SOF1) JPEG";
+    else if (!h.full_scan)
+        why = "the file's first scan is not one sequential scan of every component, as an "
+              "index needs";
+    else if (p[TAG_LEN] != VERSION)
         why = "unknown version";
     else if (!h.width || !h.height)
         why = "the image has no size";

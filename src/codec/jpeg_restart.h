@@ -59,7 +59,11 @@ int stk__rst_transcode(const uint8_t *in, size_t n, uint8_t **out, size_t *out_l
 
 /* Looks for the index in the JPEG b[0..n) and checks it against the file's
  * header (size, sampling, restart interval, offsets in order and inside the
- * file). 1: found and consistent (*x filled); 0: no index; STK_EFORMAT: an
+ * file) and its premise: a sequential Huffman frame (SOF0/SOF1) whose first
+ * scan holds every component over the whole spectrum, so that scan is the
+ * file's only one (a progressive or multi-scan file with an index is a
+ * lie: sub-images of its first scan decode to other pixels without an
+ * error). 1: found and consistent (*x filled); 0: no index; STK_EFORMAT: an
  * index that does not match the file, with the reason in err. The RST
  * markers at the offsets are checked by stk__rst_sub for the segments it
  * uses, and all of them by stk__rst_verify. */

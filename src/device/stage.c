@@ -28,6 +28,13 @@ typedef struct dslot {
     uint64_t *offsets, *lengths, *indices;
     int32_t *dims;
     int64_t *labels;
+    /* Streams the consumer added with stk_batch_record_stream while it held
+     * the batch (under the lock), with an event each, made on first use and
+     * kept. The release records each event on its stream, and the next copy
+     * into the buffer waits for the `nwait` recorded then. */
+    stk__stream rec[STK_BATCH_MAX_STREAMS];
+    stk__event rec_ev[STK_BATCH_MAX_STREAMS];
+    unsigned nrec, nwait;
 } dslot;
 
 typedef struct entry {
@@ -175,6 +182,9 @@ static void issue(stk__devstage *st, stk_batch *hb)
         rc = ops->stream_wait_event(dev, s, d->released, err, sizeof err);
         if (!rc)
             rc = ops->stream_wait_event(dev, s, d->ready, err, sizeof err);
+        /* And for the other streams it recorded (stk_batch_record_stream). */
+        for (unsigned i = 0; !rc && i < d->nwait; i++)
+            rc = ops->stream_wait_event(dev, s, d->rec_ev[i], err, sizeof err);
     }
     size_t host_bytes = hb->size * st->cfg.host_sample_bytes;
     if (!rc && host_bytes)
@@ -367,14 +377,21 @@ void *stk__devstage_release(stk_batch *b, void *stream)
         return NULL;
     }
     d->state = D_RELEASING;
+    unsigned nrec = d->nrec; /* fixed from here: record_stream sees RELEASING */
     pthread_mutex_unlock(&st->lock);
     /* A host consumer (the fake device without a stream) has finished with
-     * the batch when it releases it; any other records where its stream is. */
-    if (!host_consumer(st, stream)) {
+     * the batch when it releases it; any other records where its stream is,
+     * and so does every stream the consumer added. */
+    bool own = !host_consumer(st, stream);
+    if (own || nrec) {
         char err[STK_ERRMSG_MAX];
+        int rc = STK_OK;
         if (ops->enter)
             ops->enter(st->dev);
-        int rc = ops->event_record(st->dev, d->released, stream, err, sizeof err);
+        if (own)
+            rc = ops->event_record(st->dev, d->released, stream, err, sizeof err);
+        for (unsigned i = 0; !rc && i < nrec; i++)
+            rc = ops->event_record(st->dev, d->rec_ev[i], d->rec[i], err, sizeof err);
         if (ops->leave)
             ops->leave(st->dev);
         if (rc) {
@@ -385,11 +402,72 @@ void *stk__devstage_release(stk_batch *b, void *stream)
         }
     }
     pthread_mutex_lock(&st->lock);
+    d->nwait = nrec;
+    d->nrec = 0;
     d->state = D_FREE;
     st->nheld--;
     pthread_cond_broadcast(&st->cond);
     pthread_mutex_unlock(&st->lock);
     return st->cfg.ctx;
+}
+
+int stk__devstage_record_stream(stk_batch *b, void *stream)
+{
+    dslot *d = (dslot *)(void *)b;
+    stk__devstage *st = d->st;
+    if (host_consumer(st, stream))
+        return STK_OK; /* the host is done with the batch at its release */
+    const stk__dev_ops *ops = st->dev->ops;
+    stk__event spare = NULL;
+    int rc = STK_OK;
+    pthread_mutex_lock(&st->lock);
+    for (;;) {
+        if (d->state != D_HELD) {
+            rc = STK_EMISUSE;
+            break;
+        }
+        bool dup = false;
+        for (unsigned i = 0; i < d->nrec; i++)
+            dup = dup || d->rec[i] == stream;
+        if (dup)
+            break;
+        if (d->nrec == STK_BATCH_MAX_STREAMS) {
+            rc = STK_EINVAL;
+            break;
+        }
+        if (!d->rec_ev[d->nrec] && spare) {
+            d->rec_ev[d->nrec] = spare;
+            spare = NULL;
+        }
+        if (d->rec_ev[d->nrec]) {
+            d->rec[d->nrec++] = stream;
+            break;
+        }
+        /* The event is made without the lock (a device call); then look
+         * again, since another thread may have added a stream meanwhile. */
+        pthread_mutex_unlock(&st->lock);
+        char err[STK_ERRMSG_MAX];
+        if (ops->enter)
+            ops->enter(st->dev);
+        rc = ops->event_create(st->dev, &spare, err, sizeof err);
+        if (ops->leave)
+            ops->leave(st->dev);
+        pthread_mutex_lock(&st->lock);
+        if (rc) {
+            spare = NULL;
+            rc = rc < 0 ? rc : STK_EDEVICE;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&st->lock);
+    if (spare) {
+        if (ops->enter)
+            ops->enter(st->dev);
+        ops->event_destroy(st->dev, spare);
+        if (ops->leave)
+            ops->leave(st->dev);
+    }
+    return rc;
 }
 
 /* A wait or sync that failed: the stage is broken, naming the batch. */
@@ -517,6 +595,13 @@ void stk__devstage_destroy(stk__devstage *st)
                 char err[STK_ERRMSG_MAX];
                 (void)ops->event_sync(dev, d->released, err, sizeof err);
                 ops->event_destroy(dev, d->released);
+            }
+            for (unsigned i = 0; i < STK_BATCH_MAX_STREAMS; i++) {
+                if (!d->rec_ev[i])
+                    continue;
+                char err[STK_ERRMSG_MAX];
+                (void)ops->event_sync(dev, d->rec_ev[i], err, sizeof err);
+                ops->event_destroy(dev, d->rec_ev[i]);
             }
             if (d->staging)
                 ops->dev_free(dev, d->staging);

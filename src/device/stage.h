@@ -14,7 +14,9 @@
  *   recorded right after its copy has completed;
  * - a device buffer is written again only after the consumer released it,
  *   and the copy stream waits on the device for the event recorded on the
- *   consumer's stream at release (and for the buffer's previous copy).
+ *   consumer's stream at release, for those recorded then on the streams
+ *   it added with stk_batch_record_stream, and for the buffer's previous
+ *   copy.
  *
  * Lock order: the stage's lock is taken under no other; the host callbacks
  * (which take the loader's lock) and the backend are called without it.
@@ -63,6 +65,11 @@ int stk__devstage_next(stk__devstage *st, stk_batch **out, uint64_t timeout_ns, 
  * done at once). Returns the stage's ctx, or NULL when b was not held (a
  * second release). */
 void *stk__devstage_release(stk_batch *b, void *stream);
+/* stk_batch_record_stream for a held device batch: `stream` is added to the
+ * streams its release records an event on, which the next copy into its
+ * buffer waits for. STK_OK, STK_EINVAL (STK_BATCH_MAX_STREAMS already),
+ * STK_EMISUSE (not held), or the backend's error making the event. */
+int stk__devstage_record_stream(stk_batch *b, void *stream);
 int stk__devstage_wait(stk_batch *b, void *stream);
 int stk__devstage_sync(stk_batch *b);
 

@@ -205,6 +205,87 @@ static void test_reuse_waits_for_copies_and_consumer(void)
     }
 }
 
+/* A consumer that uses each batch on two streams (issue 18): it reads it on
+ * cs2 (slow: several checks queued there) and on cs, adds cs2 with
+ * stk_batch_record_stream and releases on cs. The buffer must not be
+ * rewritten before cs2's checks ran either, though cs is done long before. */
+static void test_record_stream_waits_for_every_stream(void)
+{
+    if (!is_fake())
+        return;
+    const char *spec = SPEC_NORM;
+    uint64_t want[2][16];
+    stk_loader *l = NULL;
+    REQUIRE(open_loader(&l, "cpu", "float16", "nchw", spec, 1, 5) == STK_OK);
+    for (int e = 0; e < 2; e++) {
+        stk_batch *b;
+        for (int k = 0; stk_loader_next(l, &b) == STK_OK; k++) {
+            REQUIRE(k < 16);
+            want[e][k] = XXH3_64bits(b->data, b->size * b->sample_bytes);
+            stk_batch_release(b);
+        }
+    }
+    stk_loader_close(l);
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        stk__fake_config(seed, 1000, 0);
+        REQUIRE(open_loader(&l, "fake", "float16", "nchw", spec, 1, 5) == STK_OK);
+        stk__dev *d = stk__loader_device(l);
+        REQUIRE(d);
+        stk__stream cs = NULL, cs2 = NULL;
+        char err[256];
+        REQUIRE(d->ops->stream_create(d, &cs, err, sizeof err) == STK_OK);
+        REQUIRE(d->ops->stream_create(d, &cs2, err, sizeof err) == STK_OK);
+        for (int e = 0; e < 2; e++) {
+            stk_batch *b;
+            for (int k = 0; stk_loader_next(l, &b) == STK_OK; k++) {
+                size_t n = b->size * b->sample_bytes;
+                CHECK_EQ(stk_batch_wait(b, cs), STK_OK);
+                CHECK_EQ(stk_batch_wait(b, cs2), STK_OK);
+                CHECK_EQ(stk_batch_record_stream(b, cs2), STK_OK);
+                CHECK_EQ(stk_batch_record_stream(b, cs2), STK_OK);  /* counts once */
+                CHECK_EQ(stk_batch_record_stream(b, NULL), STK_OK); /* the host: nothing */
+                for (int j = 0; j < 6; j++)
+                    REQUIRE(stk__fake_check(d, cs2, b->data, n, want[e][k]) == STK_OK);
+                REQUIRE(stk__fake_check(d, cs, b->data, n, want[e][k]) == STK_OK);
+                CHECK_EQ(stk_batch_release_stream(b, cs), STK_OK);
+                CHECK_EQ(stk_batch_record_stream(b, cs2), STK_EMISUSE); /* released */
+            }
+        }
+        d->ops->stream_destroy(d, cs2); /* waits for the checks */
+        d->ops->stream_destroy(d, cs);
+        stk_loader_close(l);
+        stk__fake_counts fc;
+        stk__fake_counts_get(&fc);
+        CHECK(fc.checks >= 7 * 12);
+        CHECK_EQ(fc.check_failed, 0);
+        CHECK_EQ(fc.host_changed, 0);
+    }
+    /* At most STK_BATCH_MAX_STREAMS streams a batch; a stale batch after
+     * close is misuse, without reading it. */
+    stk__fake_config(4, 100, 0);
+    REQUIRE(open_loader(&l, "fake", "float32", "nchw", spec, 1, 5) == STK_OK);
+    stk__dev *d = stk__loader_device(l);
+    stk__stream ss[STK_BATCH_MAX_STREAMS + 1];
+    char err[256];
+    for (int k = 0; k <= STK_BATCH_MAX_STREAMS; k++)
+        REQUIRE(d->ops->stream_create(d, &ss[k], err, sizeof err) == STK_OK);
+    stk_batch *b;
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    for (int k = 0; k < STK_BATCH_MAX_STREAMS; k++)
+        CHECK_EQ(stk_batch_record_stream(b, ss[k]), STK_OK);
+    CHECK_EQ(stk_batch_record_stream(b, ss[0]), STK_OK);
+    CHECK_EQ(stk_batch_record_stream(b, ss[STK_BATCH_MAX_STREAMS]), STK_EINVAL);
+    CHECK_EQ(stk_batch_release_stream(b, ss[0]), STK_OK);
+    for (int k = 0; k <= STK_BATCH_MAX_STREAMS; k++)
+        d->ops->stream_destroy(d, ss[k]);
+    REQUIRE(stk_loader_next(l, &b) == STK_OK);
+    stk_loader_close(l);
+    CHECK_EQ(stk_batch_release(b), STK_OK); /* the last: frees the loader */
+    CHECK_EQ(stk_batch_release(b), STK_EMISUSE);
+    CHECK_EQ(stk_batch_record_stream(b, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_sync(b), STK_EMISUSE);
+}
+
 /* Holding batches: the consumer may hold depth + 1 device batches; one more
  * is EBUSY, not a hang; held batches keep their bytes while later ones are
  * copied. */
@@ -492,6 +573,7 @@ int main(void)
     printf("device under test: %s\n", g_dev);
     RUN(test_same_batches_as_cpu);
     RUN(test_reuse_waits_for_copies_and_consumer);
+    RUN(test_record_stream_waits_for_every_stream);
     RUN(test_held_batches_stay_valid);
     RUN(test_state_is_the_consumers);
     RUN(test_close_with_copies_pending);

@@ -251,6 +251,95 @@ static void test_double_release_harmless(void)
     stk_loader_close(l);
 }
 
+/* A stale release (issue 18): a batch released already, also after close
+ * freed the ring with the last batch, is STK_EMISUSE without touching its
+ * freed memory (under ASan any read of it would be reported). So are wait,
+ * sync and record_stream of a batch not held. */
+static void test_stale_release_is_misuse(void)
+{
+    long live0 = stk__alloc_live();
+    stk_loader *l = open_records(3, 2, 4);
+    stk_batch *b0, *b1, *b2;
+    REQUIRE(stk_loader_next(l, &b0) == STK_OK);
+    REQUIRE(stk_loader_next(l, &b1) == STK_OK);
+    REQUIRE(stk_loader_next(l, &b2) == STK_OK);
+    CHECK_EQ(stk_batch_release(b0), STK_OK);
+    CHECK_EQ(stk_batch_release(b0), STK_EMISUSE); /* twice while open */
+    CHECK_EQ(stk_batch_sync(b0), STK_EMISUSE);
+    CHECK_EQ(stk_batch_wait(b0, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_record_stream(b0, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_sync(b1), STK_OK); /* held: host batches are ready */
+    CHECK_EQ(stk_batch_record_stream(b1, NULL), STK_OK);
+    stk_loader_close(l);
+    CHECK(batch_ok(b1) && batch_ok(b2)); /* held batches outlive close */
+    CHECK_EQ(stk_batch_release(b1), STK_OK);
+    CHECK_EQ(stk_batch_release(b1), STK_EMISUSE); /* after close, ring alive */
+    CHECK_EQ(stk_batch_release(b2), STK_OK);     /* the last: frees the ring */
+    CHECK_EQ(stk__alloc_live(), live0);
+    /* Every pointer now points into freed memory. */
+    CHECK_EQ(stk_batch_release(b2), STK_EMISUSE);
+    CHECK_EQ(stk_batch_release(b1), STK_EMISUSE);
+    CHECK_EQ(stk_batch_release_stream(b0, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_sync(b2), STK_EMISUSE);
+    CHECK_EQ(stk_batch_wait(b2, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_record_stream(b2, NULL), STK_EMISUSE);
+    CHECK_EQ(stk_batch_release(NULL), STK_OK);
+    CHECK_EQ(stk_batch_record_stream(NULL, NULL), STK_EINVAL);
+}
+
+/* Many threads releasing the same batches at once: each is given back
+ * exactly once (one STK_OK), the others are STK_EMISUSE. */
+typedef struct race_arg {
+    stk_batch **b;
+    int n, oks;
+    pthread_barrier_t *bar;
+} race_arg;
+
+static void *race_release(void *p)
+{
+    race_arg *a = p;
+    pthread_barrier_wait(a->bar);
+    for (int k = 0; k < a->n; k++)
+        if (stk_batch_release(a->b[k]) == STK_OK)
+            a->oks++;
+    return NULL;
+}
+
+static void test_concurrent_double_release(void)
+{
+    stk_loader *l = open_records(3, 2, 4); /* depth 2: 3 buffers */
+    for (int round = 0; round < 20; round++) {
+        stk_batch *b[3];
+        for (int k = 0; k < 3; k++) {
+            int rc = stk_loader_next(l, &b[k]);
+            if (rc == STK_END) /* the next epoch */
+                rc = stk_loader_next(l, &b[k]);
+            REQUIRE(rc == STK_OK);
+        }
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, 4);
+        race_arg a[4];
+        pthread_t th[4];
+        for (int t = 0; t < 4; t++) {
+            a[t] = (race_arg){b, 3, 0, &bar};
+            REQUIRE(pthread_create(&th[t], NULL, race_release, &a[t]) == 0);
+        }
+        int oks = 0;
+        for (int t = 0; t < 4; t++) {
+            pthread_join(th[t], NULL);
+            oks += a[t].oks;
+        }
+        pthread_barrier_destroy(&bar);
+        CHECK_EQ(oks, 3);
+        stk_batch *x;
+        int rc = stk_loader_next(l, &x); /* the ring is whole: a batch or END */
+        CHECK(rc == STK_OK || rc == STK_END);
+        if (rc == STK_OK)
+            stk_batch_release(x);
+    }
+    stk_loader_close(l);
+}
+
 static void test_null_arguments(void)
 {
     stk_batch *b = (stk_batch *)1;
@@ -318,6 +407,9 @@ static void test_fork_child_misuse(void)
             code |= 4;
         if (stk_loader_set_epoch(l, 3) != STK_EMISUSE)
             code |= 8;
+        /* The parent's batch: never released by the child. */
+        if (stk_batch_release(held) != STK_EMISUSE)
+            code |= 16;
         stk_loader_close(l);
         _exit(code);
     }
@@ -833,6 +925,8 @@ int main(void)
     RUN(test_close_with_workers_waiting);
     RUN(test_ebusy_when_all_held);
     RUN(test_double_release_harmless);
+    RUN(test_stale_release_is_misuse);
+    RUN(test_concurrent_double_release);
     RUN(test_null_arguments);
     RUN(test_fork_child_misuse);
     RUN(test_next_timeout);

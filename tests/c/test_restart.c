@@ -22,8 +22,9 @@ static const char *const vname[VCOUNT] = {"4:4:4", "4:2:0", "4:2:2", "4:4:0",
                                           "4:1:1", "grey",  "cmyk",  "progressive 4:2:0"};
 
 /* A photo-like test image: gradients, edges and noise, so every coefficient
- * band is used. */
-static uint8_t *encode(int w, int h, int v, size_t *len)
+ * band is used. `restart`: a restart marker every that many MCUs (0: none);
+ * `comp_scans`: a sequential file with one scan per component (V444). */
+static uint8_t *encode_ex(int w, int h, int v, unsigned restart, int comp_scans, size_t *len)
 {
     int comps = v == VGREY ? 1 : v == VCMYK ? 4 : 3;
     uint8_t *px = malloc((size_t)w * (size_t)h * (size_t)comps);
@@ -58,6 +59,15 @@ static uint8_t *encode(int w, int h, int v, size_t *len)
     }
     if (v == VPROG)
         jpeg_simple_progression(&c);
+    jpeg_scan_info scans[3];
+    if (comp_scans) {
+        for (int k = 0; k < comps; k++)
+            scans[k] = (jpeg_scan_info){.comps_in_scan = 1, .component_index = {k}, .Ss = 0,
+                                        .Se = 63, .Ah = 0, .Al = 0};
+        c.scan_info = scans;
+        c.num_scans = comps;
+    }
+    c.restart_interval = restart;
     jpeg_start_compress(&c, TRUE);
     while (c.next_scanline < c.image_height) {
         JSAMPROW row = px + (size_t)c.next_scanline * (size_t)w * (size_t)comps;
@@ -72,6 +82,11 @@ static uint8_t *encode(int w, int h, int v, size_t *len)
     free(buf);
     *len = blen;
     return out;
+}
+
+static uint8_t *encode(int w, int h, int v, size_t *len)
+{
+    return encode_ex(w, h, v, 0, 0, len);
 }
 
 /* Decodes region *r at scale m/8 through the codec (as the image pipeline
@@ -285,6 +300,121 @@ static void test_lying_index_is_an_error(void)
     stk__free(t);
 }
 
+static uint32_t be16_at(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 8 | p[1];
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A JPEG written with a restart marker every k MCUs and an index attached as
+ * the packer attaches it (jpeg_restart.h), whose segments are those of the
+ * file's FIRST scan, the last one running to EOI over the later scans. Of a
+ * progressive file or one scan per component, every offset, marker and count
+ * matches; only the premise (one scan) is false. */
+static uint8_t *first_scan_index(const uint8_t *b, size_t n, uint32_t nseg, uint32_t k,
+                                 size_t *out_len)
+{
+    size_t i = 2, apps_end = 2, sos_end = 0;
+    int apps = 1;
+    while (!sos_end) {
+        REQUIRE(i + 4 <= n && b[i] == 0xFF);
+        int m = b[i + 1];
+        size_t len = be16_at(b + i + 2);
+        if (m == 0xDA)
+            sos_end = i + 2 + len;
+        else if (apps && m >= 0xE0 && m <= 0xEF)
+            apps_end = i + 2 + len;
+        else
+            apps = 0;
+        i += 2 + len;
+    }
+    uint32_t *offs = malloc((nseg + 1) * sizeof *offs);
+    REQUIRE(offs);
+    uint32_t s = 0;
+    offs[s++] = (uint32_t)sos_end;
+    for (i = sos_end; i + 1 < n; i++) {
+        if (b[i] != 0xFF || b[i + 1] == 0x00)
+            continue;
+        if (b[i + 1] < 0xD0 || b[i + 1] > 0xD7)
+            break; /* the end of the first scan */
+        REQUIRE(s < nseg);
+        offs[s++] = (uint32_t)(i + 2);
+    }
+    REQUIRE(s == nseg);
+    REQUIRE(b[n - 2] == 0xFF && b[n - 1] == 0xD9);
+    offs[nseg] = (uint32_t)(n - 2);
+    size_t mlen = 4 + 8 + 8 + 4 * ((size_t)nseg + 1);
+    uint8_t *out = malloc(n + mlen);
+    REQUIRE(out);
+    memcpy(out, b, apps_end);
+    uint8_t *p = out + apps_end;
+    p[0] = 0xFF;
+    p[1] = 0xEF;
+    p[2] = (uint8_t)((mlen - 2) >> 8);
+    p[3] = (uint8_t)(mlen - 2);
+    memcpy(p + 4, "STKRST", 7);
+    p[11] = 1;
+    put32(p + 12, k);
+    put32(p + 16, nseg);
+    for (uint32_t q = 0; q <= nseg; q++)
+        put32(p + 20 + 4 * (size_t)q, offs[q] + (uint32_t)mlen);
+    memcpy(out + apps_end + mlen, b + apps_end, n - apps_end);
+    free(offs);
+    *out_len = n + mlen;
+    return out;
+}
+
+/* The two files whose first scan is not the whole image: progressive 4:2:0
+ * (a DC-only first scan; MCUs 16x16) and sequential 4:4:4 with one scan per
+ * component (a luma-only first scan; MCUs 8x8), w x h, k = MCUs a row / 4. */
+static uint8_t *multi_scan_with_index(int prog, int w, int h, size_t *len)
+{
+    uint32_t mcu = prog ? 16 : 8;
+    uint32_t mw = ((uint32_t)w + mcu - 1) / mcu, mh = ((uint32_t)h + mcu - 1) / mcu;
+    REQUIRE(mw % 4 == 0);
+    size_t n;
+    uint8_t *orig = encode_ex(w, h, prog ? VPROG : V444, mw / 4, !prog, &n);
+    uint8_t *t = first_scan_index(orig, n, 4 * mh, mw / 4, len);
+    free(orig);
+    return t;
+}
+
+/* A restart index over the first scan of a multi-scan file (issue 18): its
+ * sub-images hold only that scan (DC only, or luma only) and decoded without
+ * an error to pixels up to 174 away from the whole decode. Such an index is
+ * refused as a lie, like any other. */
+static void test_index_on_a_multi_scan_file_is_an_error(void)
+{
+    for (int prog = 1; prog >= 0; prog--) {
+        size_t tn;
+        uint8_t *t = multi_scan_with_index(prog, 320, 240, &tn);
+        char err[256] = "";
+        stk__rst x;
+        CHECK_EQ(stk__rst_find(t, tn, &x, err, sizeof err), STK_EFORMAT);
+        CHECK(strstr(err, prog ? "progressive" : "first scan") != NULL);
+        stk__rect part = {100, 60, 50, 50};
+        for (unsigned m = 2; m <= 8; m *= 2) {
+            stk__rect r = {part.x * m / 8, part.y * m / 8, part.w * m / 8, part.h * m / 8};
+            int rc = 0;
+            err[0] = '\0';
+            uint8_t *px = decode_region(t, tn, m, r, &rc, err, sizeof err);
+            CHECK(px == NULL);
+            CHECK_EQ(rc, STK_EFORMAT);
+            if (!strstr(err, "restart index"))
+                fprintf(stderr, "%s, m=%u: %s\n", prog ? "progressive" : "per-component scans", m,
+                        err);
+            CHECK(strstr(err, "restart index") != NULL);
+            free(px);
+        }
+        free(t);
+    }
+}
+
 static void test_not_rewritable(void)
 {
     uint8_t *t;
@@ -301,12 +431,35 @@ static void test_not_rewritable(void)
     free(orig);
 }
 
-int main(void)
+/* `test_restart --write-seeds DIR` writes the multi-scan files with a first-
+ * scan index into DIR: the fuzzer's oracle seeds (tests/fuzz/corpus/image). */
+static int write_seeds(const char *dir)
 {
+    for (int prog = 1; prog >= 0; prog--) {
+        size_t n;
+        uint8_t *t = multi_scan_with_index(prog, 128, prog ? 128 : 96, &n);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/restart-first-scan-%s.jpg", dir,
+                 prog ? "progressive" : "per-component");
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(t, 1, n, f) != n || fclose(f)) {
+            perror(path);
+            return 1;
+        }
+        free(t);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--write-seeds"))
+        return write_seeds(argv[2]);
     tu_begin("test_restart", 300);
     RUN(test_every_variant_every_scale_exact);
     RUN(test_sub_image_is_a_small_valid_jpeg);
     RUN(test_lying_index_is_an_error);
+    RUN(test_index_on_a_multi_scan_file_is_an_error);
     RUN(test_not_rewritable);
     return tu_end();
 }

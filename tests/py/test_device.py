@@ -156,6 +156,65 @@ def test_dlpack_protocol_on_fake(images):
     loader.close()
 
 
+def test_record_stream_on_fake(images):
+    """Loader.record_stream finds the batch a tensor (or a view into it)
+    belongs to and adds the stream to those its release waits for; the fake
+    device's memory is the host's, which takes no stream (issue 18)."""
+    loader = stoker.Loader(images, 4, transform=SPEC, threads=1, device="fake")
+    it = iter(loader)
+    x, y = next(it)
+    loader.record_stream(x, None)
+    loader.record_stream(x[1], None)  # a view into the batch
+    with pytest.raises(ValueError, match="host"):
+        loader.record_stream(x, 7)  # the fake device has no streams to name
+    with pytest.raises(ValueError, match="not in a batch of this loader"):
+        loader.record_stream(x.clone(), None)
+    with pytest.raises(ValueError, match="not in a batch of this loader"):
+        loader.record_stream(y, None)
+    with pytest.raises(TypeError, match="stream must be"):
+        loader.record_stream(x, "side")
+    with pytest.raises(TypeError, match="data must be"):
+        loader.record_stream([1, 2], None)
+    # The engine's batch directly: the C API's limits and errors.
+    b = loader._engine.next()
+    b.record_stream(None)
+    with pytest.raises(ValueError, match="host"):
+        b.record_stream(3)
+    del x, y, b
+    # The batches released, the loader goes on (8 batches an epoch).
+    got = batches(loader)
+    assert len(got) == 8
+    loader.close()
+    # A host loader: nothing to wait for.
+    cpu = stoker.Loader(images, 4, transform=SPEC, threads=1)
+    x, _ = next(iter(cpu))
+    cpu.record_stream(x, None)
+    cpu.close()
+
+
+@pytest.mark.skipif(not have_cuda(), reason="no CUDA GPU (torch.cuda.is_available() is False)")
+def test_record_stream_on_cuda(images):
+    """A batch read on a side stream that lags (a sleep kernel queued first)
+    and released from the default stream: with record_stream the buffer is
+    not rewritten before the side stream read it."""
+    cpu = batches(stoker.Loader(images, 4, transform=SPEC, seed=3, threads=2, dtype="float32"))
+    loader = stoker.Loader(images, 4, transform=SPEC, seed=3, threads=2, dtype="float32",
+                           depth=1, device="cuda")
+    side = torch.cuda.Stream()
+    copies = []
+    for x, _ in loader:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)  # about 10 ms: the side stream lags
+            copies.append(x.clone())
+        loader.record_stream(x, side)
+        del x  # released on the default stream, which is long done with it
+    torch.cuda.synchronize()
+    assert len(copies) == len(cpu)
+    for got, (want, _) in zip(copies, cpu):
+        assert torch.equal(got.cpu(), want)
+
+
 def test_bad_device_arguments(images):
     for bad in ("tpu", "cuda:x", "cpu:1", "cuda:", 3):
         with pytest.raises(ValueError, match="device must be"):
