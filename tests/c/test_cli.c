@@ -6,6 +6,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "options.h"
 #include "order.h"
 #include "testutil.h"
 
@@ -498,6 +499,139 @@ static void test_usage_messages(void)
     result_free(&r);
 }
 
+/* Byte sizes are parsed once, in the library (stk_parse_size), the same for
+ * every size option (issue 18.10: "16MiB" was refused). */
+static void test_parse_size(void)
+{
+    static const struct {
+        const char *text;
+        int rc;
+        uint64_t v;
+    } cases[] = {
+        {"0", STK_OK, 0},
+        {"1048576", STK_OK, 1048576},
+        {"16K", STK_OK, 16 << 10},
+        {"16k", STK_OK, 16 << 10},
+        {"16M", STK_OK, 16 << 20},
+        {"16MiB", STK_OK, 16 << 20},
+        {"16mib", STK_OK, 16 << 20},
+        {"16MB", STK_OK, 16000000},
+        {"16 MiB", STK_OK, 16 << 20},
+        {"1.5G", STK_OK, 3ull << 29},
+        {"0.5KiB", STK_OK, 512},
+        {"500GiB", STK_OK, 500ull << 30},
+        {"2T", STK_OK, 2ull << 40},
+        {"3TB", STK_OK, 3000000000000ull},
+        {"100B", STK_OK, 100},
+        {"18446744073709551615", STK_OK, UINT64_MAX},
+        {"18446744073709551616", STK_ETOOBIG, 0},
+        {"16777216T", STK_ETOOBIG, 0},
+        {"", STK_EINVAL, 0},
+        {"M", STK_EINVAL, 0},
+        {"1.5", STK_EINVAL, 0},
+        {"-1", STK_EINVAL, 0},
+        {"16 QB", STK_EINVAL, 0},
+        {"16MiBs", STK_EINVAL, 0},
+        {"16Mi", STK_EINVAL, 0},
+        {"1e6", STK_EINVAL, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t v = 12345;
+        int rc = stk_parse_size(cases[k].text, &v);
+        if (rc != cases[k].rc || (rc == STK_OK && v != cases[k].v))
+            printf("    '%s': rc %d value %llu\n", cases[k].text, rc, (unsigned long long)v);
+        CHECK_EQ(rc, cases[k].rc);
+        if (rc == STK_OK)
+            CHECK_EQ(v, cases[k].v);
+    }
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set(o, "cache_limit", "16MiB"), STK_OK);
+    CHECK_EQ(o->cache_limit, 16u << 20);
+    CHECK_EQ(stk_options_set(o, "max_input_bytes", "1.5G"), STK_OK);
+    CHECK_EQ(o->max_input_bytes, (size_t)3 << 29);
+    CHECK_EQ(stk_options_set(o, "batch_memory", "64MB"), STK_OK);
+    CHECK_EQ(o->batch_memory, 64000000);
+    /* cache_dir: "~" is the home directory, never a directory named "~". */
+    const char *home = getenv("HOME");
+    char *saved = home ? strdup(home) : NULL;
+    setenv("HOME", "/home/someone", 1);
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~/stoker-cache"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/home/someone/stoker-cache"));
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/home/someone"));
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~other/x"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "cache_dir", ""), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "cache_dir", "/abs/~x"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/abs/~x"));
+    if (saved)
+        setenv("HOME", saved, 1);
+    else
+        unsetenv("HOME");
+    free(saved);
+    stk_options_destroy(o);
+}
+
+/* The CLI takes sizes as the library does and names a bad one's flag as the
+ * user wrote it with the syntax; remote options that would change nothing
+ * are refused (issue 18: --cache-limit without --cache-dir, --cache-dir on a
+ * local path, --cache-dir ""); --max-input-bytes exists (issue 24.7). */
+static void test_sizes_and_unused_remote_options(void)
+{
+    const char *rec = records_file();
+    static const struct {
+        const char *args[12];
+        const char *needle;
+    } bad[] = {
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-dir", "/tmp/c", "--cache-limit", "16QB", NULL},
+         "--cache-limit takes a size in bytes (e.g. 1048576, 64K, 16M or 16MiB"},
+        {{"bench", "REC", "--record-size", "16", "--batch-memory", "1.5X", NULL},
+         "--batch-memory takes a size in bytes"},
+        {{"bench", "REC", "--record-size", "16", "--max-input-bytes", "lots", NULL},
+         "--max-input-bytes takes a size in bytes"},
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-limit", "16MiB", NULL},
+         "--cache-limit is the size limit of the disk cache; give --cache-dir too"},
+        {{"bench", "REC", "--record-size", "16", "--cache-dir", "/tmp/c", NULL},
+         "--cache-dir applies to remote datasets"},
+        {{"bench", "REC", "--record-size", "16", "--fetch-timeout", "5", NULL},
+         "--fetch-timeout applies to remote datasets"},
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-dir", "", NULL},
+         "--cache-dir needs a directory"},
+        {{"bench", "http://127.0.0.1:1/ds", "--fetch-timeout", "0", NULL},
+         "--fetch-timeout takes seconds, 1..3600, got '0'"},
+        {{"doctor", "REC", "--record-size", "16", "--cache-limit", "1G", NULL},
+         "--cache-limit applies to remote datasets"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        const char *args[12];
+        for (size_t j = 0; j < 12; j++)
+            args[j] = bad[k].args[j] && !strcmp(bad[k].args[j], "REC") ? rec : bad[k].args[j];
+        result r = run_cli(args);
+        if (r.status != 2 || !strstr(r.err, bad[k].needle))
+            printf("    case %zu: status %d, stderr: %s", k, r.status, r.err);
+        CHECK_EQ(r.status, 2);
+        CHECK(strstr(r.err, bad[k].needle) != NULL);
+        result_free(&r);
+    }
+    /* What users type is accepted: the run gets past the arguments to the
+     * (refused) connection, exit 1, not a usage error. */
+    const char *remote[] = {"bench", "http://127.0.0.1:1/ds", "--cache-dir", tu_path("cache"),
+                            "--cache-limit", "16MiB", "--fetch-buffer", "1.5M",
+                            "--fetch-retries", "0", NULL};
+    result r = run_cli(remote);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "cannot open") != NULL);
+    result_free(&r);
+    const char *local[] = {"bench", rec, "--record-size", "16", "--batch-memory", "1.5M",
+                           "--memory-budget", "1GiB", "--max-input-bytes", "64MB",
+                           "--max-sample-bytes", "4KiB", "--json", NULL};
+    r = run_cli(local);
+    CHECK_EQ(r.status, 0);
+    if (r.status)
+        printf("    stderr: %s", r.err);
+    result_free(&r);
+}
+
 /* pack refuses an OUT inside SRC (and the reverse) from the command line. */
 static void test_pack_into_source(void)
 {
@@ -527,6 +661,7 @@ int main(int argc, char **argv)
         if (slash)
             snprintf(slash, sizeof g_bin - (size_t)(slash - g_bin), "/../stoker");
     }
+    RUN(test_parse_size);
     if (access(g_bin, X_OK) != 0) {
         printf("  skipped: no stoker binary at %s (set STOKER_BIN)\n", g_bin);
         return tu_end();
@@ -539,5 +674,6 @@ int main(int argc, char **argv)
     RUN(test_json_non_utf8_names);
     RUN(test_usage_messages);
     RUN(test_pack_into_source);
+    RUN(test_sizes_and_unused_remote_options);
     return tu_end();
 }
