@@ -33,7 +33,7 @@ static void usage(FILE *f)
                "                   [--quiet] [--progress]\n"
                "       stoker doctor PATH [bench options] [--seconds S]\n"
                "       stoker info PATH\n"
-               "       stoker verify PATH\n"
+               "       stoker verify PATH [--max-input-bytes N]\n"
                "       stoker version\n"
                "\n"
                "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"

@@ -632,6 +632,78 @@ static void test_sizes_and_unused_remote_options(void)
     result_free(&r);
 }
 
+/* A folder of two JPEGs: a small one and one of noise over 4 KiB. */
+static const char *jpeg_folder(size_t *big_len)
+{
+    static char root[900];
+    snprintf(root, sizeof root, "%s", tu_path("jpegs"));
+    char p[1024];
+    snprintf(p, sizeof p, "%s/a", root);
+    tu_mkdirs(p);
+    uint8_t *px = malloc(128 * 128 * 3);
+    REQUIRE(px);
+    uint64_t x = 1;
+    for (size_t k = 0; k < 128 * 128 * 3; k++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        px[k] = (uint8_t)(x >> 56);
+    }
+    size_t n;
+    uint8_t *big = tu_jpeg(px, 128, 128, 95, &n);
+    REQUIRE(n > 4096);
+    *big_len = n;
+    snprintf(p, sizeof p, "%s/a/big.jpg", root);
+    tu_write_file(p, big, n);
+    free(big);
+    memset(px, 90, 16 * 16 * 3);
+    uint8_t *small = tu_jpeg(px, 16, 16, 90, &n);
+    REQUIRE(n < 4096);
+    snprintf(p, sizeof p, "%s/a/small.jpg", root);
+    tu_write_file(p, small, n);
+    free(small);
+    free(px);
+    return root;
+}
+
+/* An image over max_input_bytes: the run's error names the option, bench
+ * takes --max-input-bytes, and verify reports the sample (issue 24.7). */
+static void test_max_input_bytes(void)
+{
+    size_t big;
+    const char *root = jpeg_folder(&big);
+    const char *run1[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
+                          "--max-input-bytes", "4K", NULL};
+    result r = run_cli(run1);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "big.jpg") && strstr(r.err, "max_input_bytes") &&
+          strstr(r.err, "--max-input-bytes"));
+    result_free(&r);
+    const char *run2[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
+                          "--max-input-bytes", "1MiB", NULL};
+    r = run_cli(run2);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+
+    char out[1024];
+    snprintf(out, sizeof out, "%s", tu_path("jpegs-stk"));
+    const char *pack[] = {"pack", root, out, "--quiet", NULL};
+    r = run_cli(pack);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+    const char *v1[] = {"verify", out, NULL};
+    r = run_cli(v1);
+    CHECK_EQ(r.status, 0); /* within the default 32M */
+    CHECK(!strstr(r.out, "too large"));
+    result_free(&r);
+    const char *v2[] = {"verify", out, "--max-input-bytes", "4096", NULL};
+    r = run_cli(v2);
+    CHECK_EQ(r.status, 1);
+    char want[128];
+    snprintf(want, sizeof want, "an image of %zu bytes, over max_input_bytes (4096)", big);
+    CHECK(strstr(r.out, "too large") && strstr(r.out, want));
+    CHECK(strstr(r.out, "1 over max_input_bytes") != NULL);
+    result_free(&r);
+}
+
 /* pack refuses an OUT inside SRC (and the reverse) from the command line. */
 static void test_pack_into_source(void)
 {
@@ -675,5 +747,6 @@ int main(int argc, char **argv)
     RUN(test_usage_messages);
     RUN(test_pack_into_source);
     RUN(test_sizes_and_unused_remote_options);
+    RUN(test_max_input_bytes);
     return tu_end();
 }
