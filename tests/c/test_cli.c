@@ -11,6 +11,8 @@
 #include "testutil.h"
 
 #include <fcntl.h>
+#include <jpeglib.h>
+#include <stdio.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -704,6 +706,77 @@ static void test_max_input_bytes(void)
     result_free(&r);
 }
 
+/* A JPEG whose quantization tables do not fit in 8 bits (quality 1 without
+ * forcing baseline): libjpeg writes it as SOF1, and re-encoding it says
+ * "Caution: quantization tables are too coarse for baseline JPEG". */
+static void write_coarse_jpeg(const char *path)
+{
+    struct jpeg_compress_struct ci;
+    struct jpeg_error_mgr je;
+    ci.err = jpeg_std_error(&je);
+    jpeg_create_compress(&ci);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    jpeg_stdio_dest(&ci, f);
+    ci.image_width = 48;
+    ci.image_height = 32;
+    ci.input_components = 3;
+    ci.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&ci);
+    jpeg_set_quality(&ci, 1, FALSE);
+    ci.err->trace_level = -1; /* this writer's own caution is not under test */
+    jpeg_start_compress(&ci, TRUE);
+    uint8_t row[48 * 3];
+    while (ci.next_scanline < ci.image_height) {
+        for (int k = 0; k < 48 * 3; k++)
+            row[k] = (uint8_t)(k * 5 + ci.next_scanline * 7);
+        JSAMPROW rp = row;
+        jpeg_write_scanlines(&ci, &rp, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    fclose(f);
+}
+
+/* libjpeg's own messages never reach stderr: pack --restart of a JPEG with
+ * 16-bit quantization tables printed "Caution: ..." from inside the library
+ * whatever --quiet said (issue 24.8). The file is packed, indexed (SOF1). */
+static void test_libjpeg_messages_stay_quiet(void)
+{
+    char dir[1024], p[1100], out[1024];
+    snprintf(dir, sizeof dir, "%s", tu_path("coarse"));
+    snprintf(p, sizeof p, "%s/a", dir);
+    tu_mkdirs(p);
+    snprintf(p, sizeof p, "%s/a/x.jpg", dir);
+    write_coarse_jpeg(p);
+    size_t n;
+    uint8_t *b = tu_read_file(p, &n);
+    bool sof1 = false;
+    for (size_t k = 0; b && k + 1 < n; k++)
+        sof1 |= b[k] == 0xFF && b[k + 1] == 0xC1;
+    free(b);
+    REQUIRE(sof1);
+    snprintf(out, sizeof out, "%s", tu_path("coarse-stk"));
+    const char *pack[] = {"pack", dir, out, "--restart", "--quiet", NULL};
+    result r = run_cli(pack);
+    CHECK_EQ(r.status, 0);
+    if (r.err[0])
+        printf("    stderr: %s", r.err);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+    const char *verify[] = {"verify", out, NULL};
+    r = run_cli(verify);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.out, "1 restart indexes checked") != NULL);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+    const char *bench[] = {"bench", out, "--transform", "imagenet-val", "--size", "16", NULL};
+    r = run_cli(bench);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+}
+
 /* pack refuses an OUT inside SRC (and the reverse) from the command line. */
 static void test_pack_into_source(void)
 {
@@ -748,5 +821,6 @@ int main(int argc, char **argv)
     RUN(test_pack_into_source);
     RUN(test_sizes_and_unused_remote_options);
     RUN(test_max_input_bytes);
+    RUN(test_libjpeg_messages_stay_quiet);
     return tu_end();
 }
