@@ -70,14 +70,15 @@ static int check_target(const char *path, char *err, size_t errlen)
         return STK_OK;
     char head[sizeof trace_magic];
     ssize_t n = -1;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), why = errno;
     if (fd >= 0) {
         n = read(fd, head, sizeof trace_magic - 1);
+        why = errno;
         close(fd);
     }
     if (n < 0) {
         stk__fmt(err, errlen, "cannot read %s to check that it is a trace: %s", path,
-                 strerror(errno));
+                 strerror(why));
         return STK_EIO;
     }
     if ((size_t)n != sizeof trace_magic - 1 || memcmp(head, trace_magic, sizeof trace_magic - 1)) {
@@ -91,7 +92,7 @@ static int check_target(const char *path, char *err, size_t errlen)
 }
 
 /* Creates the temporary file in the target's directory (so the rename at
- * finish stays on one filesystem and is atomic): ".NAME.XXXXXX" with a
+ * finish stays on one filesystem and is atomic): ".NAME.XXXXXXXXXXXX" with a
  * suffix that is not predictable, opened with O_EXCL | O_NOFOLLOW so it is
  * always a new file of ours, never something a name points to. */
 static int open_temp(stk__trace *t, char *err, size_t errlen)
