@@ -10,12 +10,17 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define REC 32
+
+long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
 
 static const char *records(uint64_t n)
 {
@@ -251,6 +256,53 @@ static void test_planted_symlink_not_followed(void)
     CHECK(lstat(trace, &st) == 0 && S_ISREG(st.st_mode));
 }
 
+/* Every allocation of an open with a trace may fail: the open fails with
+ * STK_ENOMEM (or succeeds), nothing leaks, no temporary file stays behind
+ * and the earlier trace at the path is left whole. */
+static void test_allocation_failures_leave_nothing(void)
+{
+    char src[1024], trace[1024], dir[1024]; /* tu_path's buffers rotate */
+    snprintf(src, sizeof src, "%s", records(16));
+    snprintf(trace, sizeof trace, "%s", tu_path("oom/t.json"));
+    snprintf(dir, sizeof dir, "%s", tu_path("oom"));
+    tu_mkdirs(dir);
+    uint64_t delivered;
+    char *first = run(src, trace, "1M", 1, 1, &delivered);
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds();
+    for (long n = 0; n < 2000; n++) {
+        stk_options *o = NULL;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        REQUIRE(stk_options_set_source(o, src) == STK_OK);
+        REQUIRE(stk_options_set_records(o, REC, 0, 0) == STK_OK);
+        REQUIRE(stk_options_set_batch_size(o, 4) == STK_OK);
+        REQUIRE(stk_options_set_threads(o, 1) == STK_OK);
+        REQUIRE(stk_options_set(o, "trace", trace) == STK_OK);
+        stk_loader *l = NULL;
+        long c0 = stk__alloc_count();
+        stk__alloc_fail_after(n);
+        int rc = stk_loader_open(&l, o);
+        stk__alloc_fail_after(-1);
+        stk_options_destroy(o);
+        bool injected = stk__alloc_count() - c0 > n;
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            printf("    n=%ld: %s: %s\n", n, stk_strerror(rc), l ? stk_loader_errmsg(l) : "");
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        stk_loader_close(l);
+        CHECK_EQ(stk__alloc_live(), live0);
+        CHECK_EQ(tu_count_fds(), fds0);
+        CHECK_EQ(count_prefixed(dir, ".t.json."), 0);
+        if (rc != STK_OK) {
+            char *now = read_text(trace);
+            CHECK(!strcmp(now, first));
+            free(now);
+        }
+        if (!injected)
+            break;
+    }
+    free(first);
+}
+
 int main(void)
 {
     tu_begin("test_trace", 120);
@@ -260,5 +312,6 @@ int main(void)
     RUN(test_refuses_a_target_that_is_not_a_trace);
     RUN(test_previous_trace_untouched_until_close);
     RUN(test_planted_symlink_not_followed);
+    RUN(test_allocation_failures_leave_nothing);
     return tu_end();
 }
