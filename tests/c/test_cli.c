@@ -603,6 +603,8 @@ static void test_sizes_and_unused_remote_options(void)
          "--fetch-timeout takes seconds, 1..3600, got '0'"},
         {{"doctor", "REC", "--record-size", "16", "--cache-limit", "1G", NULL},
          "--cache-limit applies to remote datasets"},
+        {{"pack", "REC", "/tmp/never-written", "--shard-size", "2 gigs", NULL},
+         "--shard-size takes a size in bytes (e.g. 1048576, 64K, 16M or 16MiB"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         const char *args[12];
