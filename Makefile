@@ -81,7 +81,7 @@ TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_UTIL := tests/c/testutil.c
 TEST_BINS := $(TEST_SRCS:tests/c/%.c=$(B)/tests/%)
 
-.PHONY: all lib tools tests deps run test clean python install uninstall cuda-status
+.PHONY: all lib tools tests deps run test check-docs clean python install uninstall cuda-status
 all: lib tools tests
 
 lib: $(B)/libstoker.a $(B)/libstoker.so
@@ -143,6 +143,10 @@ run: deps
 
 test: deps
 	@scripts/test-all.sh
+
+# Every relative link in README.md and docs/*.md resolves (also run by `make test`).
+check-docs:
+	@/usr/bin/python3 scripts/check-doc-links.py
 
 # Installation directories (GNU names; override any of them on the command line).
 PREFIX ?= /usr/local

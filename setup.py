@@ -14,6 +14,15 @@ package's sources are (python/stoker).
   the package's metadata, stoker.__version__ (the C library's stk_version())
   and `stoker version` agree by construction.
 
+- The `stoker` command-line tool ships with the package: tools/*.c are linked,
+  with the same library objects the extension was built from, into an
+  executable inside the package (stoker/_bin/stoker), which `python -m stoker`
+  and the `stoker` console script (pyproject.toml) exec. A separate
+  executable rather than the tool's main() inside the extension: the tool is
+  then exactly the one `make` builds (its exit status, signals, Ctrl-C, its
+  own stdout buffering, and doctor's peak-RSS and CPU figures of its own
+  process, not the Python interpreter's).
+
 Warnings are not errors here (a downstream build, like the Makefile's
 WERROR=0); the repository's own build (make python) keeps -Werror.
 """
@@ -23,6 +32,7 @@ import os
 import re
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # pip runs this file from the source tree's root; so does a direct
@@ -62,6 +72,41 @@ def library_sources():
     return srcs
 
 
+COMPILE_ARGS = ["-std=c11", "-pthread", "-fvisibility=hidden", "-UNDEBUG"]
+
+
+def tool_sources():
+    srcs = sorted(glob.glob("tools/*.c"))
+    if not srcs:
+        raise RuntimeError("%s: no C sources under tools/" % HERE)
+    return srcs
+
+
+class build_ext_and_tool(build_ext):
+    """build_ext, then the `stoker` executable into the package's _bin/."""
+
+    def run(self):
+        super().run()
+        ext = self.extensions[0]
+        # The library objects are the extension's (compile() finds them up to
+        # date in build_temp and does not build them again); the tool's own
+        # sources are compiled with the same flags.
+        objects = self.compiler.compile(
+            tool_sources() + library_sources(), output_dir=self.build_temp,
+            macros=ext.define_macros, include_dirs=ext.include_dirs,
+            extra_postargs=COMPILE_ARGS, depends=ext.depends)
+        out_dir = os.path.join(self.build_lib, "stoker", "_bin")
+        if self.inplace:
+            out_dir = os.path.join("python", "stoker", "_bin")
+        self.mkpath(out_dir)
+        self.compiler.link_executable(
+            objects, "stoker", output_dir=out_dir, libraries=ext.libraries,
+            extra_postargs=["-pthread"])
+
+    def get_outputs(self):
+        return super().get_outputs() + [os.path.join(self.build_lib, "stoker", "_bin", "stoker")]
+
+
 extension = Extension(
     "stoker._stoker",
     sources=["python/stoker/_stoker.c"] + library_sources(),
@@ -70,7 +115,7 @@ extension = Extension(
     # The Makefile's flags that matter for behaviour: C11, threads, only the
     # STK_API names exported, and assertions kept as in `make` (Python's own
     # CFLAGS define NDEBUG).
-    extra_compile_args=["-std=c11", "-pthread", "-fvisibility=hidden", "-UNDEBUG"],
+    extra_compile_args=COMPILE_ARGS,
     extra_link_args=["-pthread"],
     libraries=link_libraries(),
     depends=sorted(glob.glob("include/*.h") + glob.glob("src/*.h") + glob.glob("src/*/*.h")),
@@ -83,6 +128,7 @@ setup(
     packages=["stoker"],
     include_package_data=False,
     ext_modules=[extension],
+    cmdclass={"build_ext": build_ext_and_tool},
     options={
         # Keep setuptools' build tree apart from the Makefile's build/MODE/.
         "build": {"build_base": "build/pip"},

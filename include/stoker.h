@@ -212,6 +212,16 @@ STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
  * spec (see docs/transforms.md), e.g. "imagenet-train". Copied. STK_EINVAL on
  * NULL; the spec itself is checked at stk_loader_open. */
 STK_API int stk_options_set_transform(stk_options *o, const char *spec);
+/* Parses a byte size as every size option takes it (stk_options_set, the
+ * `stoker` tool, Python): a whole number of bytes ("1048576"), or a number,
+ * possibly with a fraction, followed by a unit: K, M, G, T or KiB, MiB, GiB,
+ * TiB are binary (2^10, 2^20, 2^30, 2^40), KB, MB, GB, TB decimal (10^3,
+ * 10^6, 10^9, 10^12), B bytes; units in any case, a space before the unit
+ * allowed ("16M", "16MiB", "16MB", "1.5G", "500 GiB"). A fraction of a byte
+ * is dropped. Thread-safe, no allocation. STK_OK; STK_EINVAL for anything
+ * else (NULL, empty, negative, other units); STK_ETOOBIG for a size above
+ * 2^64 - 1. */
+STK_API int stk_parse_size(const char *text, uint64_t *out);
 /* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
  * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
  * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "jpeg_memory"

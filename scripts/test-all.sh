@@ -6,6 +6,7 @@
 #      the heavily threaded ones)
 #   4. fuzz corpora replayed as tests, and each fuzz target for a bounded time
 #   5. Python tests (pytest)
+#   6. docs links: every relative link in README.md and docs/*.md resolves
 # Each suite ends with a closing line "SUITE: N passed, N failed"; the script
 # exits non-zero if any suite failed.
 set -uo pipefail
@@ -72,6 +73,10 @@ if [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
         overall=1
     fi
 fi
+
+echo "== docs links"
+# Prints "docs-links: N passed, N failed" (scripts/check-doc-links.py).
+/usr/bin/python3 scripts/check-doc-links.py || overall=1
 
 if [ $overall -eq 0 ]; then echo "ALL SUITES PASSED"; else echo "SOME SUITES FAILED"; fi
 exit $overall

@@ -343,6 +343,14 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
                                         sizeof err)
                       : c->src.ops->read(&c->src, i, rsink, &bytes, &len, &label, err, sizeof err);
     uint64_t t1 = stk__now_ns();
+    if (rc == STK_ETOOBIG && rsink->grow == &w->in) {
+        /* The budget the reader names is max_input_bytes: say so, and how to
+         * raise it (issue 24.7). */
+        size_t used = strlen(err);
+        stk__fmt(err + used, sizeof err - used,
+                 " (max_input_bytes, the largest encoded image a decode accepts: raise it with "
+                 "--max-input-bytes or options={\"max_input_bytes\": N})");
+    }
     stage_add(w, STK_STAGE_READ, t1 - t0);
     if (c->trace)
         stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);

@@ -153,26 +153,92 @@ int stk_options_set_transform(stk_options *o, const char *spec)
     return set_str(&o->transform, spec);
 }
 
-/* Parses a whole decimal number with an optional K/M/G (binary) suffix. */
+int stk_parse_size(const char *v, uint64_t *out)
+{
+    if (!v || !out)
+        return STK_EINVAL;
+    const char *p = v;
+    uint64_t whole = 0, frac = 0, frac_den = 1;
+    bool big = false, digits = false;
+    for (; *p >= '0' && *p <= '9'; p++, digits = true) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            big = true;
+        else
+            whole = whole * 10 + d;
+    }
+    bool has_frac = *p == '.';
+    if (has_frac)
+        for (p++; *p >= '0' && *p <= '9'; p++, digits = true)
+            if (frac_den <= UINT64_MAX / 100) { /* further digits change no whole byte */
+                frac = frac * 10 + (uint64_t)(*p - '0');
+                frac_den *= 10;
+            }
+    if (!digits)
+        return STK_EINVAL;
+    while (*p == ' ')
+        p++;
+    /* The unit: a multiplier, binary unless it is spelt "KB", "MB", ... */
+    static const char units[] = "KMGT";
+    uint64_t mul = 1;
+    const char *u = *p ? strchr(units, *p & ~0x20) : NULL;
+    if (u && *p) {
+        unsigned k = (unsigned)(u - units) + 1;
+        p++;
+        bool si = false;
+        if ((*p == 'i' || *p == 'I') && (p[1] == 'B' || p[1] == 'b'))
+            p += 2;
+        else if (*p == 'B' || *p == 'b')
+            si = true, p++;
+        for (unsigned j = 0; j < k; j++)
+            mul *= si ? 1000u : 1024u;
+    } else if (*p == 'B' || *p == 'b') {
+        p++;
+    }
+    /* A fraction needs a unit larger than a byte: "1.5" bytes means nothing. */
+    if (*p || (has_frac && mul == 1))
+        return STK_EINVAL;
+    if (big || whole > UINT64_MAX / mul)
+        return STK_ETOOBIG;
+    uint64_t n = whole * mul;
+    /* frac / frac_den of mul, in 128-bit arithmetic (frac_den <= 10^18). */
+    unsigned __int128 part = (unsigned __int128)frac * mul / frac_den;
+    if (part > UINT64_MAX - n)
+        return STK_ETOOBIG;
+    *out = n + (uint64_t)part;
+    return STK_OK;
+}
+
+/* A size (stk_parse_size) no larger than max. */
 static int parse_size(const char *v, uint64_t max, uint64_t *out)
 {
-    if (!v || *v < '0' || *v > '9')
+    uint64_t n;
+    if (stk_parse_size(v, &n) != STK_OK || n > max)
         return STK_EINVAL;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno)
+    *out = n;
+    return STK_OK;
+}
+
+/* cache_dir: a directory; "~" and "~/..." mean the home directory ($HOME),
+ * as a shell would expand them, never a directory named "~". "~user" and ""
+ * are refused. */
+static int set_cache_dir(stk_options *o, const char *v)
+{
+    if (!*v || (v[0] == '~' && v[1] && v[1] != '/'))
         return STK_EINVAL;
-    unsigned shift = 0;
-    if (*end == 'K' || *end == 'k')
-        shift = 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        shift = 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        shift = 30, end++;
-    if (*end || x > (max >> shift))
+    if (v[0] != '~')
+        return set_str(&o->cache_dir, v);
+    const char *home = getenv("HOME");
+    if (!home || !*home)
         return STK_EINVAL;
-    *out = (uint64_t)x << shift;
+    size_t hn = strlen(home), vn = strlen(v + 1);
+    char *d = stk__malloc(hn + vn + 1);
+    if (!d)
+        return STK_ENOMEM;
+    memcpy(d, home, hn);
+    memcpy(d + hn, v + 1, vn + 1);
+    stk__free(o->cache_dir);
+    o->cache_dir = d;
     return STK_OK;
 }
 
@@ -242,7 +308,7 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
     if (!strcmp(key, "region"))
         return set_str(&o->region, value);
     if (!strcmp(key, "cache_dir"))
-        return set_str(&o->cache_dir, value);
+        return set_cache_dir(o, value);
     /* depth "auto": the deepest ring (1..8) whose memory bound fits
      * memory_budget (docs/memory.md); a number sets depth as
      * stk_options_set_depth does. */

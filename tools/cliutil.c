@@ -1,6 +1,8 @@
 /* cliutil.c -- small helpers shared by the `stoker` subcommands. */
 #include "commands.h"
 
+#include "stoker.h"
+
 #include "codec/codec.h"
 #include "image.h"
 #include "source/dataset.h"
@@ -14,7 +16,9 @@
 #include <strings.h>
 
 /* 0: a number, stored in *out; 1: not a number; 2: a number too large for
- * uint64 (or negative), so "out of range" is the true complaint. */
+ * uint64 (or negative), so "out of range" is the true complaint. The syntax
+ * is the library's (stk_parse_size), so the tool and the library accept the
+ * same sizes. */
 static int parse_size(const char *s, uint64_t *out)
 {
     if (!s || !*s)
@@ -22,28 +26,11 @@ static int parse_size(const char *s, uint64_t *out)
     bool neg = *s == '-';
     if (neg || *s == '+')
         s++;
-    if (*s < '0' || *s > '9')
+    int rc = stk_parse_size(s, out);
+    if (rc == STK_EINVAL)
         return 1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    int overflow = errno == ERANGE;
-    uint64_t mul = 1;
-    if (*end == 'K' || *end == 'k')
-        mul = 1ULL << 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        mul = 1ULL << 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        mul = 1ULL << 30, end++;
-    if (*end == 'i' && end[1] == 'B')
-        end += 2;
-    else if (*end == 'B' && mul > 1)
-        end++;
-    if (*end)
-        return 1;
-    if (overflow || neg || v > UINT64_MAX / mul)
+    if (rc != STK_OK || neg)
         return 2;
-    *out = (uint64_t)v * mul;
     return 0;
 }
 
@@ -52,11 +39,16 @@ bool stoker_parse_size(const char *s, uint64_t *out)
     return parse_size(s, out) == 0;
 }
 
-bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out)
+static bool parse_checked(const char *opt, const char *val, uint64_t lo, uint64_t hi,
+                          uint64_t *out, bool bytes)
 {
     int rc = parse_size(val, out);
     if (rc == 1) {
-        fprintf(stderr, "stoker: %s needs a number, got '%s'\n", opt, val ? val : "nothing");
+        if (bytes)
+            fprintf(stderr, "stoker: %s takes a size in bytes (%s), got '%s'\n", opt,
+                    STOKER_SIZE_SYNTAX, val ? val : "nothing");
+        else
+            fprintf(stderr, "stoker: %s needs a number, got '%s'\n", opt, val ? val : "nothing");
         return false;
     }
     if (rc == 2 || *out < lo || *out > hi) {
@@ -65,6 +57,17 @@ bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi
         return false;
     }
     return true;
+}
+
+bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    return parse_checked(opt, val, lo, hi, out, false);
+}
+
+bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi,
+                        uint64_t *out)
+{
+    return parse_checked(opt, val, lo, hi, out, true);
 }
 
 const char *stoker_human_bytes(double v, char *buf, size_t n)

@@ -7,9 +7,17 @@
 #include <stdint.h>
 #include <stdio.h>
 
-/* Parses a whole decimal number with an optional K/M/G suffix (binary
- * multiples; "KiB"/"MB" spellings accepted). False on anything else. */
+/* Parses a number or a byte size as stk_parse_size does ("16M", "16MiB",
+ * "16MB", "1.5G"). False on anything else. */
 bool stoker_parse_size(const char *s, uint64_t *out);
+/* How a size is written, for messages. */
+#define STOKER_SIZE_SYNTAX                                                                         \
+    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "    \
+    "KB/MB/GB/TB powers of 1000"
+/* stoker_parse_opt for an option that takes bytes: the message on a value
+ * that is not a size shows the syntax. */
+bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi,
+                        uint64_t *out);
 /* Parses val, the value of option opt, as stoker_parse_size does and checks
  * lo <= value <= hi. On failure prints the reason on stderr ("needs a
  * number", or "is out of range (lo..hi)", also for numbers too large for 64

@@ -815,6 +815,16 @@ int stoker_cmd_doctor(int argc, char **argv)
     }
     stk_options_set_transform(o, "none");
     stk_options_set(o, "trace", ""); /* only the full pipeline is traced */
+    /* The stored bytes stay on the host: they are what the decode level
+     * reads, and without the transform they vary in size, which no device
+     * batch can hold. The device applies to the full pipeline (level 5). */
+    stk_options_set(o, "device", "cpu");
+    /* Nor does depth "auto" apply: without the transform the batches are
+     * variable-size, bounded by batch_memory a buffer (512M by default),
+     * which a budget chosen for the user's batches need not hold. Reading
+     * ahead depth batches is what this level measures, not the ring. */
+    if (o->depth_auto)
+        stk_options_set_depth(o, 2);
     o->dtype = STK_DTYPE_UINT8;
     o->size = 0;
     stk_options_set_on_error(o, STK_ON_ERROR_SKIP);

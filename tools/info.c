@@ -24,6 +24,9 @@
 
 /* Remote-dataset settings of info and verify (docs/remote.md). */
 static stk__remote_cfg g_remote;
+/* verify: the largest encoded image a decode accepts (--max-input-bytes, as
+ * bench and the loader's max_input_bytes; the library's default). */
+static uint64_t g_max_input = 32u << 20;
 
 /* Parses one remote option (--endpoint URL ...) into prm. 1 when k was one,
  * 0 when not, 2 for a bad value. */
@@ -92,6 +95,11 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
                 return 2;
             prm->header_bytes = (size_t)v;
             header_opt = k;
+            i++;
+        } else if (!strcmp(k, "--max-input-bytes") && !strcmp(argv[1], "verify")) {
+            if (!stoker_parse_bytes(k, val, 4096, (uint64_t)1 << 40, &v))
+                return 2;
+            g_max_input = v;
             i++;
         } else if (!strcmp(k, "--label-bytes")) {
             if (!stoker_parse_opt(k, val, 0, 8, &v))
@@ -175,6 +183,7 @@ typedef struct vstate {
     uint64_t manifest;         /* manifest disagreements (each listed) */
     uint64_t foreign;          /* images in formats stoker does not decode */
     uint64_t indexed;          /* JPEGs with a restart index (checked) */
+    uint64_t too_large;        /* images over max_input_bytes (each listed) */
     const char *foreign_format;
 } vstate;
 
@@ -215,6 +224,16 @@ static void verify_source(stk__source *s, const char *root, vstate *v)
             s->ops->name(s, i, name, sizeof name);
             printf("corrupt   %s: %s\n", name, err);
             v->corrupt++;
+        } else if (len > g_max_input && len >= 3 &&
+                   ((data[0] == 0xFF && data[1] == 0xD8) || !memcmp(data, "\x89PN", 3))) {
+            /* Intact, but no decode takes it: every run with a transform
+             * would fail this sample. */
+            s->ops->name(s, i, name, sizeof name);
+            printf("too large %s: an image of %zu bytes, over max_input_bytes (%" PRIu64
+                   "): every decode refuses it; raise the limit (--max-input-bytes, "
+                   "options={\"max_input_bytes\": N}) or re-encode it (pack --max-side)\n",
+                   name, len, g_max_input);
+            v->too_large++;
         }
     }
     v->checked += s->count;
@@ -473,6 +492,8 @@ int stoker_cmd_verify(int argc, char **argv)
         if (v.uncounted_shards)
             printf(" (%" PRIu64 " of them too damaged to count their samples)", v.uncounted_shards);
     }
+    if (v.too_large)
+        printf(", %" PRIu64 " over max_input_bytes", v.too_large);
     if (v.manifest)
         printf(", %" PRIu64 " manifest problem%s", v.manifest, v.manifest == 1 ? "" : "s");
     if (!whole)
@@ -482,5 +503,5 @@ int stoker_cmd_verify(int argc, char **argv)
         printf("note      %" PRIu64 " image%s not JPEG or PNG (the first: %s): such images load "
                "with --transform none, but stoker's transforms decode only JPEG and PNG\n",
                v.foreign, v.foreign == 1 ? " is" : "s are", v.foreign_format);
-    return v.corrupt || v.bad_shards || v.manifest || !whole ? 1 : 0;
+    return v.corrupt || v.too_large || v.bad_shards || v.manifest || !whole ? 1 : 0;
 }

@@ -125,7 +125,7 @@ int stoker_cmd_pack(int argc, char **argv)
         const char *k = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t v = 0;
         if (!strcmp(k, "--shard-size")) {
-            if (!stoker_parse_opt(k, val, 1, UINT64_MAX, &v))
+            if (!stoker_parse_bytes(k, val, 1, UINT64_MAX, &v))
                 return 2;
             o.shard_size = v;
             i++;
@@ -147,7 +147,7 @@ int stoker_cmd_pack(int argc, char **argv)
             o.threads = (unsigned)v;
             i++;
         } else if (!strcmp(k, "--align")) {
-            if (!stoker_parse_opt(k, val, 0, 1u << 20, &v))
+            if (!stoker_parse_bytes(k, val, 0, 1u << 20, &v))
                 return 2;
             if (v && (v < 512 || (v & (v - 1)))) {
                 fprintf(stderr,

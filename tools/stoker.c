@@ -33,7 +33,7 @@ static void usage(FILE *f)
                "                   [--quiet] [--progress]\n"
                "       stoker doctor PATH [bench options] [--seconds S]\n"
                "       stoker info PATH\n"
-               "       stoker verify PATH\n"
+               "       stoker verify PATH [--max-input-bytes N]\n"
                "       stoker version\n"
                "\n"
                "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
@@ -75,6 +75,7 @@ static void usage(FILE *f)
                "  --strict            check each image's whole compressed stream\n"
                "  --batch-memory N    most one variable-size batch's samples may take (512M)\n"
                "  --max-sample-bytes N  cap on one sample of variable-size batches (none)\n"
+               "  --max-input-bytes N  largest encoded image a decode accepts (32M)\n"
                "  --record-size N     read PATH as records of N bytes\n"
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
@@ -82,6 +83,9 @@ static void usage(FILE *f)
                "  --progress, --no-progress  live line on stderr (default: on a terminal)\n"
                "  --trace FILE        write a Chrome trace-event JSON of the run (Perfetto)\n"
                "  --trace-events N    events the trace keeps, the latest (1M, 40 bytes each)\n"
+               "\n"
+               "Sizes in bytes take 1048576, 64K, 16M = 16MiB (binary), 16MB (decimal),\n"
+               "1.5G, 500GiB.\n"
                "\n"
                "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
                "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
@@ -145,13 +149,54 @@ static void hash_batch(XXH3_state_t *h, const stk_batch *b)
     }
 }
 
-static int set_opt(stk_options *o, const char *key, const char *val, const char *choices)
+/* Sets option key; a bad value is reported under the flag as the user wrote
+ * it (flag), with what it takes. */
+static int set_flag(stk_options *o, const char *key, const char *flag, const char *val,
+                    const char *choices)
 {
     if (stk_options_set(o, key, val) != STK_OK) {
-        fprintf(stderr, "stoker: --%s takes %s, got '%s'\n", key, choices, val);
+        fprintf(stderr, "stoker: %s takes %s, got '%s'\n", flag, choices, val);
         return 2;
     }
     return 0;
+}
+
+static int set_opt(stk_options *o, const char *key, const char *val, const char *choices)
+{
+    char flag[64];
+    snprintf(flag, sizeof flag, "--%s", key);
+    return set_flag(o, key, flag, val, choices);
+}
+
+/* What each remote option takes, for its message. */
+static const char *remote_syntax(const char *k)
+{
+    if (!strcmp(k, "--cache-limit") || !strcmp(k, "--fetch-buffer"))
+        return "a size in bytes (" STOKER_SIZE_SYNTAX ")";
+    if (!strcmp(k, "--fetch-concurrency"))
+        return "a number of requests, 1..1024";
+    if (!strcmp(k, "--fetch-retries"))
+        return "a number of retries, 0..100";
+    if (!strcmp(k, "--fetch-timeout"))
+        return "seconds, 1..3600";
+    if (!strcmp(k, "--fetch-lookahead"))
+        return "a number of samples, 1 or more";
+    if (!strcmp(k, "--addressing"))
+        return "path, virtual or auto";
+    if (!strcmp(k, "--order"))
+        return "global or shards";
+    if (!strcmp(k, "--shard-window"))
+        return "a number of shards, 1..1048576";
+    if (!strcmp(k, "--cache-dir"))
+        return "a directory (~ or ~/ for the home directory)";
+    return "a value (see docs/remote.md)";
+}
+
+/* A path the fetch stage reads (docs/remote.md). */
+static bool is_remote(const char *path)
+{
+    return !strncmp(path, "http://", 7) || !strncmp(path, "https://", 8) ||
+           !strncmp(path, "s3://", 5);
 }
 
 /* Remote-dataset options, passed to stk_options_set with '-' as '_'. */
@@ -238,7 +283,8 @@ static bool has_preset(const char *spec)
 int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 {
     uint64_t v = 0, rank = 0, world = 1, record = 0, header = 0, label = 0;
-    const char *size = NULL, *header_opt = NULL;
+    const char *size = NULL, *header_opt = NULL, *remote_flag = NULL;
+    bool cache_dir = false, cache_limit = false;
     a->epochs = 1;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
@@ -247,6 +293,12 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 #define NUM(lo, hi)                                                                                \
     do {                                                                                           \
         if (!stoker_parse_opt(k, val, (lo), (hi), &v))                                             \
+            return 2;                                                                              \
+        i++;                                                                                       \
+    } while (0)
+#define NUM_BYTES(lo, hi)                                                                          \
+    do {                                                                                           \
+        if (!stoker_parse_bytes(k, val, (lo), (hi), &v))                                           \
             return 2;                                                                              \
         i++;                                                                                       \
     } while (0)
@@ -271,7 +323,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = stk_options_set(o, "depth", "auto");
             i++;
         } else if (!strcmp(k, "--memory-budget")) {
-            NUM(1, (uint64_t)1 << 50);
+            NUM_BYTES(1, (uint64_t)1 << 50);
             char num[32];
             snprintf(num, sizeof num, "%" PRIu64, v);
             rc = stk_options_set(o, "memory_budget", num);
@@ -290,16 +342,13 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--world-size")) {
             NUM(1, UINT32_MAX);
             world = v;
-        } else if (!strcmp(k, "--batch-memory") && val) {
-            if (stk_options_set(o, "batch_memory", val) != STK_OK) {
-                fprintf(stderr, "stoker: --batch-memory takes bytes, 4096 or more (K/M/G "
-                                "suffixes), got '%s'\n",
-                        val);
-                return 2;
-            }
-            i++;
+        } else if (!strcmp(k, "--batch-memory")) {
+            NUM_BYTES(4096, (uint64_t)1 << 40);
+            char num[32];
+            snprintf(num, sizeof num, "%" PRIu64, v);
+            rc = stk_options_set(o, "batch_memory", num);
         } else if (!strcmp(k, "--max-sample-bytes")) {
-            NUM(1, (uint64_t)1 << 40);
+            NUM_BYTES(1, (uint64_t)1 << 40);
             rc = stk_options_set_max_sample_bytes(o, (size_t)v);
         } else if (!strcmp(k, "--record-size")) {
             if (val && !strcmp(val, "0")) {
@@ -386,9 +435,25 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (remote_opt(k) && val) {
             char key[64];
             stk__opt_key(k + 2, key, sizeof key);
-            if (set_opt(o, key, val, "a value (see docs/remote.md)"))
+            if (!strcmp(k, "--cache-dir") && !*val) {
+                fprintf(stderr, "stoker: --cache-dir needs a directory (leave the option out "
+                                "for no disk cache)\n");
                 return 2;
+            }
+            if (set_flag(o, key, k, val, remote_syntax(k)))
+                return 2;
+            if (!strcmp(k, "--cache-dir"))
+                cache_dir = true;
+            else if (!strcmp(k, "--cache-limit"))
+                cache_limit = true;
+            if (strcmp(k, "--order") && strcmp(k, "--shard-window"))
+                remote_flag = k;
             i++;
+        } else if (!strcmp(k, "--max-input-bytes")) {
+            NUM_BYTES(4096, (uint64_t)1 << 40);
+            char num[32];
+            snprintf(num, sizeof num, "%" PRIu64, v);
+            rc = stk_options_set(o, "max_input_bytes", num);
         } else if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
             usage(stdout);
             exit(0);
@@ -402,6 +467,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             return 2;
         }
 #undef NUM
+#undef NUM_BYTES
         if (rc != STK_OK) {
             fprintf(stderr, "stoker: invalid value for %s: %s\n", k, val ? val : "");
             return 2;
@@ -426,6 +492,18 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
                 "imagenet-val, cifar-train); --transform %s has none (give sizes in "
                 "the spec instead)\n",
                 a->transform ? a->transform : "none");
+        return 2;
+    }
+    if (remote_flag && !is_remote(a->path)) {
+        fprintf(stderr,
+                "stoker: %s applies to remote datasets (http://, https://, s3://); %s is a "
+                "local path, which is read directly\n",
+                remote_flag, a->path);
+        return 2;
+    }
+    if (cache_limit && !cache_dir) {
+        fprintf(stderr, "stoker: --cache-limit is the size limit of the disk cache; give "
+                        "--cache-dir too\n");
         return 2;
     }
     if (header_opt && !record) {

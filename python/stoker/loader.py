@@ -367,7 +367,9 @@ class Loader:
         if depth_auto:
             opts["depth"] = "auto"
         if memory_budget is not None:
-            opts["memory_budget"] = str(_int(memory_budget, "memory_budget (bytes)", 1, 2 ** 50))
+            # A str is a size the library parses ("16GiB", "1.5G": docs/cli.md).
+            opts["memory_budget"] = (memory_budget if isinstance(memory_budget, str) else
+                                     str(_int(memory_budget, "memory_budget (bytes)", 1, 2 ** 50)))
         if autotune:
             opts["autotune"] = "1"
         if size is not None:
@@ -379,7 +381,8 @@ class Loader:
         if cache_dir is not None:
             opts["cache_dir"] = os.fspath(cache_dir)
         if cache_limit is not None:
-            opts["cache_limit"] = str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50))
+            opts["cache_limit"] = (cache_limit if isinstance(cache_limit, str) else
+                                   str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50)))
         if order not in ("global", "shards"):
             raise ValueError(f'order must be "global" or "shards", got {order!r}')
         opts["order"] = order

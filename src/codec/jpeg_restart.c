@@ -202,6 +202,26 @@ static void tc_emit(j_common_ptr c, int level)
         tc_error_exit(c);
 }
 
+/* The encoder's messages: a warning (level < 0) means the rewrite cannot be
+ * trusted, so it fails; trace messages (level >= 0) are information and go
+ * nowhere. libjpeg's default would print them on stderr from inside the
+ * library, whatever the caller's --quiet: JTRC_16BIT_TABLES ("Caution:
+ * quantization tables are too coarse for baseline JPEG") comes at level 0
+ * for every image whose quantization tables do not fit in 8 bits, which is
+ * then written as SOF1 (extended sequential), as its input was. */
+static void tc_emit_encoder(j_common_ptr c, int level)
+{
+    if (level < 0)
+        tc_error_exit(c);
+}
+
+/* Nothing libjpeg formats is printed: errors reach the caller's message
+ * through tc_error_exit, everything else is dropped above. */
+static void tc_output_message(j_common_ptr c)
+{
+    (void)c;
+}
+
 /* Finds each segment's first byte in the entropy-coded data of b from pos,
  * into offs[0..nseg], offs[nseg] = the EOI marker. STK_OK or STK_EFORMAT. */
 static int scan_segments(const uint8_t *b, size_t n, size_t pos, uint32_t nseg, uint32_t *offs,
@@ -254,8 +274,11 @@ int stk__rst_transcode(const uint8_t *in, size_t n, uint8_t **out, size_t *out_l
     d.err = jpeg_std_error(&de.pub);
     de.pub.error_exit = tc_error_exit;
     de.pub.emit_message = tc_emit;
+    de.pub.output_message = tc_output_message;
     c.err = jpeg_std_error(&ce.pub);
     ce.pub.error_exit = tc_error_exit;
+    ce.pub.emit_message = tc_emit_encoder;
+    ce.pub.output_message = tc_output_message;
     if (setjmp(de.jb)) {
         stk__fmt(err, errlen, "JPEG: %s", de.msg);
         rc = STK_EFORMAT;

@@ -4,6 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -24,6 +27,8 @@ typedef struct track {
 
 struct stk__trace {
     char *path;
+    char *tmp; /* the temporary file the events go to, renamed over path */
+    int fd;    /* open on tmp from create until finish (-1 after) */
     uint64_t origin;
     unsigned ntracks;
     uint64_t cap; /* events per track */
@@ -35,30 +40,117 @@ uint64_t stk__trace_bytes(uint64_t events)
     return events * sizeof(event);
 }
 
+/* The first bytes of every file stk__trace_finish writes: what marks an
+ * existing file as a trace that may be replaced. */
+static const char trace_magic[] = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":"
+                                  "\"stoker\"";
+
+/* May `path` be replaced by a trace? Yes when nothing is there, or an empty
+ * regular file (what an interrupted run of an older stoker left), or a
+ * regular file that begins as a stoker trace does. Anything else (another
+ * file, a directory, a symlink, a FIFO) is someone's data: refused, with
+ * the reason in err. */
+static int check_target(const char *path, char *err, size_t errlen)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return STK_OK;
+        stk__fmt(err, errlen, "cannot use %s as the trace file: %s", path, strerror(errno));
+        return STK_EIO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        stk__fmt(err, errlen,
+                 "%s exists and is not a regular file; the trace is written only to a new "
+                 "file or over an earlier trace",
+                 path);
+        return STK_EINVAL;
+    }
+    if (st.st_size == 0)
+        return STK_OK;
+    char head[sizeof trace_magic];
+    ssize_t n = -1;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), why = errno;
+    if (fd >= 0) {
+        n = read(fd, head, sizeof trace_magic - 1);
+        why = errno;
+        close(fd);
+    }
+    if (n < 0) {
+        stk__fmt(err, errlen, "cannot read %s to check that it is a trace: %s", path,
+                 strerror(why));
+        return STK_EIO;
+    }
+    if ((size_t)n != sizeof trace_magic - 1 || memcmp(head, trace_magic, sizeof trace_magic - 1)) {
+        stk__fmt(err, errlen,
+                 "%s exists and is not a stoker trace; the trace is written only to a new file "
+                 "or over an earlier trace (choose another path)",
+                 path);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
+/* Creates the temporary file in the target's directory (so the rename at
+ * finish stays on one filesystem and is atomic): ".NAME.XXXXXXXXXXXX" with a
+ * suffix that is not predictable, opened with O_EXCL | O_NOFOLLOW so it is
+ * always a new file of ours, never something a name points to. */
+static int open_temp(stk__trace *t, char *err, size_t errlen)
+{
+    const char *path = t->path, *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path) + 1 : 0, plen = strlen(path);
+    t->tmp = stk__malloc(plen + 24);
+    if (!t->tmp)
+        return STK_ENOMEM;
+    static _Atomic uint64_t counter; /* relaxed: only needs to differ per call */
+    int err_no = EEXIST;
+    for (int attempt = 0; attempt < 64 && t->fd < 0 && err_no == EEXIST; attempt++) {
+        uint64_t x = stk__now_ns() ^ ((uint64_t)getpid() << 32) ^
+                     (atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed) *
+                      0x9E3779B97F4A7C15ull);
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
+            x ^= r;
+        x ^= x >> 29;
+        x *= 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 32;
+        snprintf(t->tmp, plen + 24, "%.*s.%s.%012" PRIx64, (int)dirlen, path, path + dirlen,
+                 (uint64_t)(x & 0xFFFFFFFFFFFFull));
+        t->fd = open(t->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        err_no = t->fd < 0 ? errno : 0;
+    }
+    if (t->fd < 0) {
+        stk__fmt(err, errlen, "cannot create the trace file %s (its temporary file %s): %s",
+                 path, t->tmp, strerror(err_no));
+        return STK_EIO;
+    }
+    return STK_OK;
+}
+
 int stk__trace_create(stk__trace **out, const char *path, unsigned tracks, uint64_t events,
                       char *err, size_t errlen)
 {
     *out = NULL;
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        stk__fmt(err, errlen, "cannot create the trace file %s: %s", path, strerror(errno));
-        return STK_EIO;
-    }
-    close(fd);
+    int rc = check_target(path, err, errlen);
+    if (rc != STK_OK)
+        return rc;
     stk__trace *t = stk__calloc(1, sizeof *t);
     if (!t)
         return STK_ENOMEM;
+    t->fd = -1;
     t->ntracks = tracks;
     t->cap = events / tracks < 16 ? 16 : events / tracks;
     t->origin = stk__now_ns();
     t->path = stk__strdup(path);
     t->tracks = stk__calloc(tracks, sizeof *t->tracks);
-    int rc = t->path && t->tracks ? STK_OK : STK_ENOMEM;
+    rc = t->path && t->tracks ? STK_OK : STK_ENOMEM;
     for (unsigned k = 0; rc == STK_OK && k < tracks; k++) {
         t->tracks[k].ev = stk__malloc(t->cap * sizeof(event));
         if (!t->tracks[k].ev)
             rc = STK_ENOMEM;
     }
+    if (rc == STK_OK)
+        rc = open_temp(t, err, errlen);
     if (rc != STK_OK) {
         stk__trace_destroy(t);
         return rc;
@@ -133,14 +225,17 @@ static void put_event(FILE *f, unsigned tid, const event *e, uint64_t batch_size
 
 int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot)
 {
-    size_t plen = strlen(t->path);
-    char *tmp = stk__malloc(plen + 5);
-    if (!tmp)
-        return STK_ENOMEM;
-    memcpy(tmp, t->path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    FILE *f = fopen(tmp, "we");
-    int rc = f ? STK_OK : STK_EIO;
+    if (t->fd < 0)
+        return STK_EIO;
+    FILE *f = fdopen(t->fd, "w");
+    if (!f) {
+        close(t->fd);
+        t->fd = -1;
+        unlink(t->tmp);
+        return STK_EIO;
+    }
+    t->fd = -1; /* the stream owns it now */
+    int rc = STK_OK;
     if (f) {
         uint64_t kept = 0;
         for (unsigned k = 0; k < t->ntracks; k++)
@@ -170,18 +265,21 @@ int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot)
                 put_event(f, k, &tr->ev[i % t->cap], tot->batch_size);
         }
         fprintf(f, "\n]}\n");
-        if (ferror(f))
+        if (fflush(f) || ferror(f))
             rc = STK_EIO;
         if (fclose(f))
             rc = STK_EIO;
     }
-    if (rc == STK_OK && rename(tmp, t->path))
+    /* The target is checked again: something may have been put at the path
+     * during the run, and it is not ours to replace. On any failure the
+     * previous file at the path stays as it was. */
+    char why[8];
+    if (rc == STK_OK && check_target(t->path, why, sizeof why) != STK_OK)
         rc = STK_EIO;
-    if (rc != STK_OK) {
-        unlink(tmp);
-        unlink(t->path);
-    }
-    stk__free(tmp);
+    if (rc == STK_OK && rename(t->tmp, t->path))
+        rc = STK_EIO;
+    if (rc != STK_OK)
+        unlink(t->tmp);
     return rc;
 }
 
@@ -193,6 +291,13 @@ void stk__trace_destroy(stk__trace *t)
         for (unsigned k = 0; k < t->ntracks; k++)
             stk__free(t->tracks[k].ev);
     stk__free(t->tracks);
+    if (t->fd >= 0) {
+        /* Never finished (the open failed after it, or finish was not
+         * reached): the temporary file goes, the target was never touched. */
+        close(t->fd);
+        unlink(t->tmp);
+    }
+    stk__free(t->tmp);
     stk__free(t->path);
     stk__free(t);
 }

@@ -9,9 +9,13 @@
  * fixed at creation and a long run keeps its latest events. Timestamps come
  * from one clock (stk__now_ns, CLOCK_MONOTONIC), relative to creation.
  *
- * The file is created (empty) at creation, so a bad path fails the open with
- * its reason; at finish the events go to PATH.tmp, renamed over PATH once
- * complete, so PATH holds either a whole trace or nothing.
+ * PATH is never opened for writing: at creation a temporary file
+ * ".NAME.XXXXXXXXXXXX" (random suffix, O_EXCL | O_NOFOLLOW) is created in
+ * PATH's directory, so a path that cannot be written fails the open with its
+ * reason; at finish the events go to it and it is renamed over PATH once
+ * complete. Until then PATH keeps what it held, and a PATH that exists and is
+ * not a stoker trace (nor an empty file) is refused at creation and again
+ * before the rename, so a trace never replaces anything else.
  */
 #ifndef STK_TRACE_H
 #define STK_TRACE_H
@@ -32,6 +36,7 @@ enum {
 
 /* Creates a trace of `tracks` tracks holding `events` events in all (at least
  * 16 per track). STK_OK, STK_EIO (path: err names it and the reason),
+ * STK_EINVAL (PATH holds something that is not a trace: err says so),
  * STK_ENOMEM. */
 int stk__trace_create(stk__trace **out, const char *path, unsigned tracks, uint64_t events,
                       char *err, size_t errlen);
@@ -53,7 +58,9 @@ typedef struct stk__trace_totals {
     uint64_t samples_delivered, batches_delivered;
 } stk__trace_totals;
 
-/* Writes the JSON file (no thread may record any more). STK_OK, STK_EIO. */
+/* Writes the JSON file (no thread may record any more): the temporary file,
+ * then renamed over PATH. STK_OK, STK_EIO (PATH unchanged, no temporary file
+ * left). */
 int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot);
 void stk__trace_destroy(stk__trace *t);
 

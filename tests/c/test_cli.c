@@ -6,10 +6,13 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "options.h"
 #include "order.h"
 #include "testutil.h"
 
 #include <fcntl.h>
+#include <jpeglib.h>
+#include <stdio.h>
 #include <spawn.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -498,6 +501,284 @@ static void test_usage_messages(void)
     result_free(&r);
 }
 
+/* Byte sizes are parsed once, in the library (stk_parse_size), the same for
+ * every size option (issue 18.10: "16MiB" was refused). */
+static void test_parse_size(void)
+{
+    static const struct {
+        const char *text;
+        int rc;
+        uint64_t v;
+    } cases[] = {
+        {"0", STK_OK, 0},
+        {"1048576", STK_OK, 1048576},
+        {"16K", STK_OK, 16 << 10},
+        {"16k", STK_OK, 16 << 10},
+        {"16M", STK_OK, 16 << 20},
+        {"16MiB", STK_OK, 16 << 20},
+        {"16mib", STK_OK, 16 << 20},
+        {"16MB", STK_OK, 16000000},
+        {"16 MiB", STK_OK, 16 << 20},
+        {"1.5G", STK_OK, 3ull << 29},
+        {"0.5KiB", STK_OK, 512},
+        {"500GiB", STK_OK, 500ull << 30},
+        {"2T", STK_OK, 2ull << 40},
+        {"3TB", STK_OK, 3000000000000ull},
+        {"100B", STK_OK, 100},
+        {"18446744073709551615", STK_OK, UINT64_MAX},
+        {"18446744073709551616", STK_ETOOBIG, 0},
+        {"16777216T", STK_ETOOBIG, 0},
+        {"", STK_EINVAL, 0},
+        {"M", STK_EINVAL, 0},
+        {"1.5", STK_EINVAL, 0},
+        {"-1", STK_EINVAL, 0},
+        {"16 QB", STK_EINVAL, 0},
+        {"16MiBs", STK_EINVAL, 0},
+        {"16Mi", STK_EINVAL, 0},
+        {"1e6", STK_EINVAL, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        uint64_t v = 12345;
+        int rc = stk_parse_size(cases[k].text, &v);
+        if (rc != cases[k].rc || (rc == STK_OK && v != cases[k].v))
+            printf("    '%s': rc %d value %llu\n", cases[k].text, rc, (unsigned long long)v);
+        CHECK_EQ(rc, cases[k].rc);
+        if (rc == STK_OK)
+            CHECK_EQ(v, cases[k].v);
+    }
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set(o, "cache_limit", "16MiB"), STK_OK);
+    CHECK_EQ(o->cache_limit, 16u << 20);
+    CHECK_EQ(stk_options_set(o, "max_input_bytes", "1.5G"), STK_OK);
+    CHECK_EQ(o->max_input_bytes, (size_t)3 << 29);
+    CHECK_EQ(stk_options_set(o, "batch_memory", "64MB"), STK_OK);
+    CHECK_EQ(o->batch_memory, 64000000);
+    /* cache_dir: "~" is the home directory, never a directory named "~". */
+    const char *home = getenv("HOME");
+    char *saved = home ? strdup(home) : NULL;
+    setenv("HOME", "/home/someone", 1);
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~/stoker-cache"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/home/someone/stoker-cache"));
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/home/someone"));
+    CHECK_EQ(stk_options_set(o, "cache_dir", "~other/x"), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "cache_dir", ""), STK_EINVAL);
+    CHECK_EQ(stk_options_set(o, "cache_dir", "/abs/~x"), STK_OK);
+    CHECK(!strcmp(o->cache_dir, "/abs/~x"));
+    if (saved)
+        setenv("HOME", saved, 1);
+    else
+        unsetenv("HOME");
+    free(saved);
+    stk_options_destroy(o);
+}
+
+/* The CLI takes sizes as the library does and names a bad one's flag as the
+ * user wrote it with the syntax; remote options that would change nothing
+ * are refused (issue 18: --cache-limit without --cache-dir, --cache-dir on a
+ * local path, --cache-dir ""); --max-input-bytes exists (issue 24.7). */
+static void test_sizes_and_unused_remote_options(void)
+{
+    const char *rec = records_file();
+    static const struct {
+        const char *args[12];
+        const char *needle;
+    } bad[] = {
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-dir", "/tmp/c", "--cache-limit", "16QB", NULL},
+         "--cache-limit takes a size in bytes (e.g. 1048576, 64K, 16M or 16MiB"},
+        {{"bench", "REC", "--record-size", "16", "--batch-memory", "1.5X", NULL},
+         "--batch-memory takes a size in bytes"},
+        {{"bench", "REC", "--record-size", "16", "--max-input-bytes", "lots", NULL},
+         "--max-input-bytes takes a size in bytes"},
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-limit", "16MiB", NULL},
+         "--cache-limit is the size limit of the disk cache; give --cache-dir too"},
+        {{"bench", "REC", "--record-size", "16", "--cache-dir", "/tmp/c", NULL},
+         "--cache-dir applies to remote datasets"},
+        {{"bench", "REC", "--record-size", "16", "--fetch-timeout", "5", NULL},
+         "--fetch-timeout applies to remote datasets"},
+        {{"bench", "http://127.0.0.1:1/ds", "--cache-dir", "", NULL},
+         "--cache-dir needs a directory"},
+        {{"bench", "http://127.0.0.1:1/ds", "--fetch-timeout", "0", NULL},
+         "--fetch-timeout takes seconds, 1..3600, got '0'"},
+        {{"doctor", "REC", "--record-size", "16", "--cache-limit", "1G", NULL},
+         "--cache-limit applies to remote datasets"},
+        {{"pack", "REC", "/tmp/never-written", "--shard-size", "2 gigs", NULL},
+         "--shard-size takes a size in bytes (e.g. 1048576, 64K, 16M or 16MiB"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        const char *args[12];
+        for (size_t j = 0; j < 12; j++)
+            args[j] = bad[k].args[j] && !strcmp(bad[k].args[j], "REC") ? rec : bad[k].args[j];
+        result r = run_cli(args);
+        if (r.status != 2 || !strstr(r.err, bad[k].needle))
+            printf("    case %zu: status %d, stderr: %s", k, r.status, r.err);
+        CHECK_EQ(r.status, 2);
+        CHECK(strstr(r.err, bad[k].needle) != NULL);
+        result_free(&r);
+    }
+    /* What users type is accepted: the run gets past the arguments to the
+     * (refused) connection, exit 1, not a usage error. */
+    const char *remote[] = {"bench", "http://127.0.0.1:1/ds", "--cache-dir", tu_path("cache"),
+                            "--cache-limit", "16MiB", "--fetch-buffer", "1.5M",
+                            "--fetch-retries", "0", NULL};
+    result r = run_cli(remote);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "cannot open") != NULL);
+    result_free(&r);
+    const char *local[] = {"bench", rec, "--record-size", "16", "--batch-memory", "1.5M",
+                           "--memory-budget", "1GiB", "--max-input-bytes", "64MB",
+                           "--max-sample-bytes", "4KiB", "--json", NULL};
+    r = run_cli(local);
+    CHECK_EQ(r.status, 0);
+    if (r.status)
+        printf("    stderr: %s", r.err);
+    result_free(&r);
+}
+
+/* A folder of two JPEGs: a small one and one of noise over 4 KiB. */
+static const char *jpeg_folder(size_t *big_len)
+{
+    static char root[900];
+    snprintf(root, sizeof root, "%s", tu_path("jpegs"));
+    char p[1024];
+    snprintf(p, sizeof p, "%s/a", root);
+    tu_mkdirs(p);
+    uint8_t *px = malloc(128 * 128 * 3);
+    REQUIRE(px);
+    uint64_t x = 1;
+    for (size_t k = 0; k < 128 * 128 * 3; k++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        px[k] = (uint8_t)(x >> 56);
+    }
+    size_t n;
+    uint8_t *big = tu_jpeg(px, 128, 128, 95, &n);
+    REQUIRE(n > 4096);
+    *big_len = n;
+    snprintf(p, sizeof p, "%s/a/big.jpg", root);
+    tu_write_file(p, big, n);
+    free(big);
+    memset(px, 90, 16 * 16 * 3);
+    uint8_t *small = tu_jpeg(px, 16, 16, 90, &n);
+    REQUIRE(n < 4096);
+    snprintf(p, sizeof p, "%s/a/small.jpg", root);
+    tu_write_file(p, small, n);
+    free(small);
+    free(px);
+    return root;
+}
+
+/* An image over max_input_bytes: the run's error names the option, bench
+ * takes --max-input-bytes, and verify reports the sample (issue 24.7). */
+static void test_max_input_bytes(void)
+{
+    size_t big;
+    const char *root = jpeg_folder(&big);
+    const char *run1[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
+                          "--max-input-bytes", "4K", NULL};
+    result r = run_cli(run1);
+    CHECK_EQ(r.status, 1);
+    CHECK(strstr(r.err, "big.jpg") && strstr(r.err, "max_input_bytes") &&
+          strstr(r.err, "--max-input-bytes"));
+    result_free(&r);
+    const char *run2[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
+                          "--max-input-bytes", "1MiB", NULL};
+    r = run_cli(run2);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+
+    char out[1024];
+    snprintf(out, sizeof out, "%s", tu_path("jpegs-stk"));
+    const char *pack[] = {"pack", root, out, "--quiet", NULL};
+    r = run_cli(pack);
+    CHECK_EQ(r.status, 0);
+    result_free(&r);
+    const char *v1[] = {"verify", out, NULL};
+    r = run_cli(v1);
+    CHECK_EQ(r.status, 0); /* within the default 32M */
+    CHECK(!strstr(r.out, "too large"));
+    result_free(&r);
+    const char *v2[] = {"verify", out, "--max-input-bytes", "4096", NULL};
+    r = run_cli(v2);
+    CHECK_EQ(r.status, 1);
+    char want[128];
+    snprintf(want, sizeof want, "an image of %zu bytes, over max_input_bytes (4096)", big);
+    CHECK(strstr(r.out, "too large") && strstr(r.out, want));
+    CHECK(strstr(r.out, "1 over max_input_bytes") != NULL);
+    result_free(&r);
+}
+
+/* A JPEG whose quantization tables do not fit in 8 bits (quality 1 without
+ * forcing baseline): libjpeg writes it as SOF1, and re-encoding it says
+ * "Caution: quantization tables are too coarse for baseline JPEG". */
+static void write_coarse_jpeg(const char *path)
+{
+    struct jpeg_compress_struct ci;
+    struct jpeg_error_mgr je;
+    ci.err = jpeg_std_error(&je);
+    jpeg_create_compress(&ci);
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f);
+    jpeg_stdio_dest(&ci, f);
+    ci.image_width = 48;
+    ci.image_height = 32;
+    ci.input_components = 3;
+    ci.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&ci);
+    jpeg_set_quality(&ci, 1, FALSE);
+    ci.err->trace_level = -1; /* this writer's own caution is not under test */
+    jpeg_start_compress(&ci, TRUE);
+    uint8_t row[48 * 3];
+    while (ci.next_scanline < ci.image_height) {
+        for (int k = 0; k < 48 * 3; k++)
+            row[k] = (uint8_t)(k * 5 + ci.next_scanline * 7);
+        JSAMPROW rp = row;
+        jpeg_write_scanlines(&ci, &rp, 1);
+    }
+    jpeg_finish_compress(&ci);
+    jpeg_destroy_compress(&ci);
+    fclose(f);
+}
+
+/* libjpeg's own messages never reach stderr: pack --restart of a JPEG with
+ * 16-bit quantization tables printed "Caution: ..." from inside the library
+ * whatever --quiet said (issue 24.8). The file is packed, indexed (SOF1). */
+static void test_libjpeg_messages_stay_quiet(void)
+{
+    char dir[1024], p[1100], out[1024];
+    snprintf(dir, sizeof dir, "%s", tu_path("coarse"));
+    snprintf(p, sizeof p, "%s/a", dir);
+    tu_mkdirs(p);
+    snprintf(p, sizeof p, "%s/a/x.jpg", dir);
+    write_coarse_jpeg(p);
+    size_t n;
+    uint8_t *b = tu_read_file(p, &n);
+    bool sof1 = false;
+    for (size_t k = 0; b && k + 1 < n; k++)
+        sof1 |= b[k] == 0xFF && b[k + 1] == 0xC1;
+    free(b);
+    REQUIRE(sof1);
+    snprintf(out, sizeof out, "%s", tu_path("coarse-stk"));
+    const char *pack[] = {"pack", dir, out, "--restart", "--quiet", NULL};
+    result r = run_cli(pack);
+    CHECK_EQ(r.status, 0);
+    if (r.err[0])
+        printf("    stderr: %s", r.err);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+    const char *verify[] = {"verify", out, NULL};
+    r = run_cli(verify);
+    CHECK_EQ(r.status, 0);
+    CHECK(strstr(r.out, "1 restart indexes checked") != NULL);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+    const char *bench[] = {"bench", out, "--transform", "imagenet-val", "--size", "16", NULL};
+    r = run_cli(bench);
+    CHECK_EQ(r.status, 0);
+    CHECK_EQ(strlen(r.err), 0);
+    result_free(&r);
+}
+
 /* pack refuses an OUT inside SRC (and the reverse) from the command line. */
 static void test_pack_into_source(void)
 {
@@ -527,6 +808,7 @@ int main(int argc, char **argv)
         if (slash)
             snprintf(slash, sizeof g_bin - (size_t)(slash - g_bin), "/../stoker");
     }
+    RUN(test_parse_size);
     if (access(g_bin, X_OK) != 0) {
         printf("  skipped: no stoker binary at %s (set STOKER_BIN)\n", g_bin);
         return tu_end();
@@ -539,5 +821,8 @@ int main(int argc, char **argv)
     RUN(test_json_non_utf8_names);
     RUN(test_usage_messages);
     RUN(test_pack_into_source);
+    RUN(test_sizes_and_unused_remote_options);
+    RUN(test_max_input_bytes);
+    RUN(test_libjpeg_messages_stay_quiet);
     return tu_end();
 }

@@ -238,6 +238,54 @@ def test_trace_from_the_cli_and_a_bad_trace_path(small, tmp_path):
         stoker.Loader(str(small), 8, trace=tmp_path / "nonexistent" / "t.json")
 
 
+# ---- doctor takes every bench option ------------------------------------------------
+def _levels_all_measured(rep, levels=("storage", "storage_warm", "decode", "batching", "full")):
+    for name in levels:
+        assert rep["levels"][name]["measured"], (name, rep["levels"][name])
+
+
+@pytest.mark.parametrize("device", ["fake", "fake:1"])
+def test_doctor_with_a_device(small, device):
+    # Issue 24.5: the storage level read the stored bytes (no transform, so
+    # samples of varying size) into device batches and always failed with
+    # "samples vary in size". The device applies to the full pipeline only.
+    rep = _doctor(str(small), "--transform", "imagenet-val", "--size", "32", "--batch-size", "4",
+                  "--threads", "1", "--device", device, "--dtype", "float32")
+    _levels_all_measured(rep)
+    assert rep["levels"]["full"]["samples_per_s"] > 0
+
+
+def test_doctor_takes_every_bench_option(small, tmp_path):
+    # Every option `stoker doctor --help` lists from bench, at once: each
+    # level is measured and the trace is written by the full pipeline.
+    trace = tmp_path / "doctor-trace.json"
+    rep = _doctor(str(small), "--transform", "imagenet-train", "--size", "32",
+                  "--batch-size", "4", "--threads", "2", "--depth", "3", "--seed", "7",
+                  "--no-shuffle", "--drop-last", "--rank", "0", "--world-size", "1",
+                  "--layout", "nhwc", "--dtype", "float16", "--device", "fake",
+                  "--on-error", "skip", "--strict", "--batch-memory", "1MiB",
+                  "--max-sample-bytes", "1MiB", "--max-input-bytes", "8MiB",
+                  "--epochs", "1", "--trace", str(trace), "--trace-events", "4096",
+                  "--order", "global", "--no-progress")
+    _levels_all_measured(rep)
+    assert json.loads(trace.read_text())["otherData"]["producer"] == "stoker"
+    # --depth auto: the storage level (variable-size stored bytes) used to
+    # fail "finds no depth within the memory budget".
+    rep = _doctor(str(small), "--threads", "auto:2", "--depth", "auto", "--memory-budget",
+                  "1GiB", "--transform", "imagenet-val", "--size", "32", "--batch-size", "4")
+    _levels_all_measured(rep)
+
+
+def test_doctor_on_records(tmp_path):
+    rec = tmp_path / "data.rec"
+    rec.write_bytes(b"H" * 16 + bytes(range(256)) * 40)  # 16-byte header, 160 records of 64
+    rep = _doctor(str(rec), "--record-size", "64", "--header-bytes", "16", "--label-bytes", "1",
+                  "--batch-size", "8", "--device", "fake")
+    # No transform: nothing to decode or batch from memory; the rest measured.
+    _levels_all_measured(rep, ("storage", "storage_warm", "full"))
+    assert rep["levels"]["decode"]["note"] == "no transform: nothing to decode"
+
+
 # ---- autotune ---------------------------------------------------------------------------
 def _hashes(loader, nap=0.0):
     import hashlib

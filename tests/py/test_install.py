@@ -11,6 +11,8 @@
   offline: --no-build-isolation --no-index) builds the extension from a copy of
   the source tree; `import stoker` from another directory, with no PYTHONPATH,
   finds the installed package, which opens a loader on a tiny dataset.
+- The pip-installed package carries the `stoker` tool: the console script and
+  `python -m stoker` run it (version, a bench, a usage error's exit status 2).
 - The version agrees everywhere: include/stoker.h, `stoker version`,
   stk_version(), stoker.pc, stoker.__version__ and the package metadata.
 
@@ -342,6 +344,22 @@ def test_pip_install_into_a_venv(tmp_path):
     assert got["file"].startswith(site) and got["ext"].startswith(site), got
     assert got["labels"] == list(range(10))
     assert got["data"] == [[7, 7, i] for i in range(10)]
+    # The command-line tool comes with the package (issue 24.6: a pip-only
+    # user had no `stoker` and `python -m stoker` failed): the console script
+    # and `python -m stoker` run the same tool, from anywhere, with no
+    # PATH entry for the venv and no source tree.
+    script = venv / "bin" / "stoker"
+    assert script.is_file()
+    env = clean_env(PATH="/usr/bin:/bin")
+    for cmd in ([str(script)], [py, "-m", "stoker"]):
+        assert run(cmd + ["version"], env=env, cwd=elsewhere).strip() == f"stoker {VERSION}"
+        rep = json.loads(run(cmd + ["bench", str(elsewhere / "tiny.rec"), "--record-size", "4",
+                                    "--label-bytes", "1", "--batch-size", "4", "--no-shuffle",
+                                    "--json"], env=env, cwd=elsewhere))
+        assert rep["samples"] == 10 and rep["ok"] is True
+        r = subprocess.run(cmd + ["bench"], env=env, cwd=elsewhere, capture_output=True,
+                           text=True)
+        assert r.returncode == 2 and "bench needs a dataset PATH" in r.stderr
     # One version everywhere: header, package, metadata, the C tool.
     make("tools")
     tool = os.path.join(ROOT, "build", "release", "stoker")
