@@ -595,15 +595,20 @@ class Loader:
                     self._engine.set_epoch(epoch + 1)
             self._pinned = False
             self._generation += 1
-            return _EpochIterator(self, self._generation)
+            # The engine's turn ends with this epoch (or when something moves
+            # the position): every next() of this iterator passes it, so
+            # however many threads share the iterator, none of them gets a
+            # batch of another epoch once one of them has seen the end.
+            return _EpochIterator(self, self._generation, self._engine.begin())
 
-    def _next_batch(self, generation):
+    def _next_batch(self, generation, turn):
         self._check_open()
         if generation != self._generation:
-            raise RuntimeError("this iterator was superseded by a newer iter(), set_epoch() or "
-                               "load_state_dict() on its loader")
-        b = self._engine.next()
+            raise _superseded()
+        b = self._engine.next(100, turn)
         if b is None:
+            if generation != self._generation:
+                raise _superseded()
             return None
         return self._convert(b)
 
@@ -787,13 +792,21 @@ class LoaderSampler:
                 f"{self.num_replicas}, shuffle={self.shuffle}, seed={self.seed}>")
 
 
+def _superseded():
+    return RuntimeError("this iterator was superseded by a newer iter(), set_epoch() or "
+                        "load_state_dict() on its loader")
+
+
 class _EpochIterator:
     """One epoch of one Loader. Raising an exception (SampleError,
-    KeyboardInterrupt) does not end it: calling next() again continues."""
+    KeyboardInterrupt) does not end it: calling next() again continues.
+    Several threads may share it: each batch of the epoch goes to one of
+    them, and once the epoch is over every next() raises StopIteration."""
 
-    def __init__(self, loader, generation):
+    def __init__(self, loader, generation, turn):
         self._loader = loader
         self._generation = generation
+        self._turn = turn
         self._done = False
 
     def __iter__(self):
@@ -802,7 +815,7 @@ class _EpochIterator:
     def __next__(self):
         if self._done:
             raise StopIteration
-        item = self._loader._next_batch(self._generation)
+        item = self._loader._next_batch(self._generation, self._turn)
         if item is None:
             self._done = True
             raise StopIteration
