@@ -157,9 +157,25 @@ def _default_partition(rank, world_size):
         w = _env_int("WORLD_SIZE")
         if w is not None:
             r = _env_int("RANK")
-            r = 0 if r is None else r
+            if r is None and rank is None:
+                # Rank 0 of w would silently read only 1/w of every epoch
+                # in every process that lacks RANK.
+                raise ValueError(f"environment variable WORLD_SIZE={w} is set but RANK is not: "
+                                 f"stoker cannot tell which of the {w} ranks this process is "
+                                 f"(torchrun sets both); set RANK too, unset WORLD_SIZE, or "
+                                 f"pass rank= and world_size=")
             where = " (from the RANK and WORLD_SIZE environment variables)"
+            lws = _env_int("LOCAL_WORLD_SIZE")
+            if lws is not None and lws > w:
+                raise ValueError(f"environment variable LOCAL_WORLD_SIZE={lws} is larger than "
+                                 f"WORLD_SIZE={w}: a node cannot hold more ranks than the world "
+                                 f"(torchrun sets LOCAL_WORLD_SIZE <= WORLD_SIZE); fix or unset "
+                                 f"them, or pass rank=, world_size= and local_world_size=")
     if w is None:
+        if rank is not None and world_size is None and rank > 0:
+            raise ValueError(f"rank={rank} is given without world_size, and neither "
+                             f"torch.distributed nor the WORLD_SIZE environment variable gives "
+                             f"one (a world of 1 has only rank 0): pass world_size= too")
         r, w = 0, 1
     return (rank if rank is not None else r), (world_size if world_size is not None else w), \
         where
@@ -213,9 +229,52 @@ def _device_name(device):
     name = str(device)
     kind, sep, index = name.partition(":")
     if kind not in ("cpu", "cuda", "fake") or (sep and (kind == "cpu" or not index.isdigit())):
-        raise ValueError(f'device must be None, "cpu", "cuda" or "cuda:N" (a torch.device '
-                         f'works too), got {device!r}')
+        raise ValueError(f'device must be None, "cpu", "cuda", "cuda:N" (a torch.device works '
+                         f'too), or "fake"/"fake:N" (the CPU stand-in for a GPU that the tests '
+                         f'use), got {device!r}')
     return name
+
+
+def _bool(value, name):
+    """A bool argument: Python, NumPy or torch booleans only, since a string
+    such as "no" or "False" is true and would be taken as True."""
+    if not _is_bool(value):
+        raise TypeError(f"{name} must be a bool (True or False), got {_describe(value)}")
+    return bool(value)
+
+
+#: DataLoader arguments stoker.Loader does not take, and what to use instead
+#: (docs/python.md, "Migrating from DataLoader").
+_DATALOADER_ARGS = {
+    "num_workers": "stoker decodes on native threads, not worker processes: use threads=N "
+                   "(None or 0: all usable CPUs)",
+    "pin_memory": "pinned memory comes with device=\"cuda\": batches are copied to the GPU from "
+                  "page-locked buffers; on the CPU path batches are views of the ring and need "
+                  "no pinning",
+    "collate_fn": "stoker assembles batches in C (one tensor for fixed-size samples, a list for "
+                  "variable ones, int64 labels): drop collate_fn and reshape the batch in your "
+                  "training step",
+    "sampler": "the order is a seeded permutation: use shuffle= and seed=, and rank=/world_size= "
+               "for a distributed share (return_indices=True shows the order)",
+    "batch_sampler": "batches are batch_size consecutive samples of the seeded order: use "
+                     "batch_size=, shuffle=, seed= and drop_last=",
+    "prefetch_factor": "use depth= (batches prepared ahead, default 2)",
+    "persistent_workers": "stoker's threads always persist: drop it (depth= sets the batches "
+                          "prepared ahead)",
+    "worker_init_fn": "no Python runs on stoker's threads; randomness is keyed by (seed, epoch, "
+                      "sample): use seed=",
+    "generator": "use seed= (batches are bit-identical for any thread count)",
+    "multiprocessing_context": "there are no worker processes: drop it",
+    "timeout": "a stalled read is retried and reported by the engine; drop it",
+}
+
+
+def _refuse_dataloader_args(kwargs):
+    for k in kwargs:
+        if k in _DATALOADER_ARGS:
+            raise TypeError(f"stoker.Loader has no {k}= (a DataLoader argument): "
+                            f"{_DATALOADER_ARGS[k]}; see the migration table in docs/python.md")
+        raise TypeError(f"stoker.Loader() got an unexpected keyword argument {k!r}")
 
 def _auto_threads(spec):
     """threads="auto" or "auto:N" -> (cap or None, True)."""
@@ -315,8 +374,10 @@ class Loader:
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
-                 trace=None, memory_budget=None, local_world_size=None, device=None):
+                 trace=None, memory_budget=None, local_world_size=None, device=None,
+                 **kwargs):
         self._engine = None
+        _refuse_dataloader_args(kwargs)
         device = _device_name(device)
         if device.startswith("cuda") and output != "torch":
             raise ValueError(f'device={device!r} delivers CUDA tensors: it needs output="torch"')
@@ -335,11 +396,14 @@ class Loader:
         if isinstance(threads, str):
             threads, autotune = _auto_threads(threads)
         elif threads is not None:
-            threads = _int(threads, "threads (None: all cores, \"auto\" or \"auto:N\": "
-                           "autotune)", 1, 256)
+            # 0 is the command line's --threads 0: all usable CPUs, as None.
+            threads = _int(threads, "threads (None or 0: all usable CPUs, \"auto\" or "
+                           "\"auto:N\": autotune)", 0, 256)
         depth_auto = depth == "auto"
         depth = 2 if depth_auto else _int(depth, "depth", 1, 63)
         seed = _int(seed, "seed", 0, _U64_MAX)
+        shuffle, drop_last = _bool(shuffle, "shuffle"), _bool(drop_last, "drop_last")
+        return_indices, strict = _bool(return_indices, "return_indices"), _bool(strict, "strict")
         rank, world_size, where = _default_partition(rank, world_size)
         if not (1 <= world_size < 2 ** 32 and 0 <= rank < world_size):
             raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
@@ -392,6 +456,11 @@ class Loader:
         # torchrun's LOCAL_WORLD_SIZE when order="shards", else one node.
         if local_world_size is None and order == "shards" and world_size > 1:
             local_world_size = _env_int("LOCAL_WORLD_SIZE")
+            if local_world_size is not None and not 1 <= local_world_size <= world_size:
+                raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local_world_size} "
+                                 f"is not in 1 .. world_size={world_size}{where}: a node holds "
+                                 f"1 .. world_size ranks; fix or unset it, or pass "
+                                 f"local_world_size=")
         if local_world_size is not None:
             local_world_size = _int(local_world_size, "local_world_size", 1, world_size)
             if world_size % local_world_size:

@@ -149,7 +149,7 @@ def test_max_sample_bytes(make_folder):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size"),
-    (dict(threads=0), "threads"),
+    (dict(threads=-1), "threads"),
     (dict(threads=300), "threads"),
     (dict(depth=0), "depth"),
     (dict(depth=65), "depth"),
