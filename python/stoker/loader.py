@@ -378,6 +378,9 @@ class Loader:
                  **kwargs):
         self._engine = None
         _refuse_dataloader_args(kwargs)
+        # The arguments as given, for pickling (__getstate__): a copy re-opens
+        # from them. Those converted below are replaced by their plain form.
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
         device = _device_name(device)
         if device.startswith("cuda") and output != "torch":
             raise ValueError(f'device={device!r} delivers CUDA tensors: it needs output="torch"')
@@ -481,6 +484,10 @@ class Loader:
                              f"it would be ignored. Give the size in the transforms themselves "
                              f"(e.g. RandomResizedCrop({size})), or drop size=")
 
+        self._args.update(source=source if records else path, transform=spec, device=device,
+                          dtype=dtype, options={k: _option_value(k, v)
+                                                for k, v in (options or {}).items()} or None,
+                          cache_dir=opts.get("cache_dir"), trace=opts.get("trace"))
         self.source = source
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
@@ -700,6 +707,50 @@ class Loader:
         if self._torch is not None:
             idx = self._torch.from_numpy(idx)
         return data, labels, idx
+
+    # ---- pickling --------------------------------------------------------------
+    def __getstate__(self):
+        """What pickle and copy.deepcopy keep of a loader: its constructor
+        arguments and its position (state_dict()), not its threads or
+        buffers. The copy re-opens the dataset in the receiving process
+        (__setstate__) and continues from that position, as a DataLoader is
+        pickled by its arguments and re-created where it is unpickled."""
+        import pickle
+        if self.closed:
+            raise TypeError("cannot pickle a closed stoker.Loader: pickling keeps the arguments "
+                            "and the position (state_dict()), which a closed loader no longer "
+                            "has; pickle it before close(), or pickle Loader arguments and a "
+                            "state_dict() and open a new Loader from them")
+        for k, v in self._args.items():
+            try:
+                pickle.dumps(v)
+            except Exception as e:  # noqa: BLE001 -- any reason pickle gives
+                raise TypeError(f"cannot pickle stoker.Loader: its argument {k}={v!r} cannot be "
+                                f"pickled ({type(e).__name__}: {e}); a pickled loader is "
+                                f"re-opened from its arguments in the receiving process, so "
+                                f"each must pickle: pass {k} as plain values (str, int, "
+                                f"stoker.Records, ...), or open the loader in the process that "
+                                f"uses it") from e
+        return {"args": dict(self._args), "state": self.state_dict()}
+
+    def __setstate__(self, st):
+        """Re-opens the loader from the pickled arguments and moves it to the
+        pickled position. rank/world_size left to their defaults are found
+        again in this process (its process group or environment)."""
+        self.__init__(**st["args"])
+        state = st["state"]
+        try:
+            if state["batch"] == 0 and not state.get("history"):
+                # An epoch's start: no need for the saved world's layout,
+                # which may differ from this process's (ddp_spawn pickles in
+                # the parent, before the process group exists).
+                if state["epoch"] != 0:
+                    self.set_epoch(state["epoch"])
+            else:
+                self.load_state_dict(state)
+        except BaseException:
+            self.close()
+            raise
 
     # ---- observation -----------------------------------------------------------
     def stats(self):
