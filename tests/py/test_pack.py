@@ -6,6 +6,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -212,3 +213,77 @@ def test_writer_equals_pack_and_reads_back(tmp_path):
     assert not (tmp_path / "aborted").exists()
     with pytest.raises(ValueError, match="already holds a packed dataset"):
         stoker.Writer(tmp_path / "raw")
+
+
+_HOLDER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import stoker
+w = stoker.Writer(sys.argv[2], num_classes=1)
+w.set_class_name(0, "only")
+w.add(b"first sample", label=0, key="a")
+print("ready", flush=True)
+cmd = sys.stdin.readline().strip()
+if cmd == "finish":
+    w.finish()
+w.close()
+print("done", flush=True)
+"""
+
+
+def _holder(out):
+    """Another process with a live stoker.Writer on out (one sample added)."""
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(ROOT / "python"), str(out)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.parametrize("end", ["finish", "close", "kill"])
+def test_second_writer_is_told_another_writer_is_using_the_directory(tmp_path, end):
+    """Issue 24 item 12: a second writer (or pack) on a directory that a live
+    writer in another process is filling used to be told the directory
+    "holds an interrupted pack ... remove the directory"."""
+    out = tmp_path / "out"
+    p = _holder(out)
+    try:
+        for attempt in range(2):   # refused every time, changing nothing
+            with pytest.raises(stoker.Error, match=r"is in use by another stoker writer or "
+                                                   r"pack, which is still writing there") as e:
+                stoker.Writer(out)
+            assert e.value.code_name == "EBUSY"
+            assert "interrupted" not in str(e.value) and "remove" not in str(e.value)
+        src = _jpeg_folder(tmp_path / "src", classes=1, per=2)
+        with pytest.raises(stoker.Error, match=r"in use by another stoker writer") as e:
+            stoker.pack(src, out)
+        assert e.value.code_name == "EBUSY"
+        assert out.is_dir()
+        if end == "kill":
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        else:
+            p.stdin.write(end + "\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if end == "finish":
+        # The first writer's dataset is whole and readable; a new writer is
+        # told it is a packed dataset.
+        with stoker.Loader(out, 1, output="numpy") as L:
+            assert [int(y[0]) for _, y in L] == [0] and L.classes == ["only"]
+        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.manifest"]
+        with pytest.raises(ValueError, match="already holds a packed dataset"):
+            stoker.Writer(out)
+    elif end == "close":
+        # Closed without finish: it removed what it wrote, lock included.
+        assert not out.exists()
+        with stoker.Writer(out) as w:
+            w.add(b"x", key="x")
+    else:
+        # Killed: its lock died with it; what is left is an interrupted pack.
+        with pytest.raises(ValueError, match="holds an interrupted pack"):
+            stoker.Writer(out)
