@@ -539,10 +539,12 @@ class Loader:
     def classes(self):
         """Class names: the subfolders of a folder source (sorted, as
         torchvision's ImageFolder), the names a .stk dataset's manifest
-        lists; [] for sources that store no names (records, tar, CIFAR),
+        lists, num_classes of them (None for a class an older manifest left
+        unnamed); [] for sources that store no names (records, tar, CIFAR),
         whose labels are still counted by num_classes."""
         if self._classes is None:
-            self._classes = _class_names(self.source, self._info["source_kind"])
+            self._classes = _class_names(self.source, self._info["source_kind"],
+                                         self.num_classes)
         return list(self._classes)
 
     @property
@@ -790,10 +792,11 @@ class Loader:
                 f"output={self.output!r}, dtype={self.dtype!r})")
 
 
-def _class_names(source, kind):
+def _class_names(source, kind, num_classes):
     """Class names of a source as read at open, cheaply: a folder's class
-    subfolders, a .stk directory's manifest `class INDEX NAME` lines (all
-    of 0 .. C-1, else none), or []."""
+    subfolders, a .stk directory's manifest `class INDEX NAME` lines, or [].
+    A list of names is always num_classes long: a class the manifest leaves
+    unnamed (datasets written before packing required all names) is None."""
     if isinstance(source, Records):
         return []
     root = os.fspath(source)
@@ -811,9 +814,9 @@ def _class_names(source, kind):
                     names[int(fields[1])] = fields[2].decode("utf-8", "surrogateescape")
     except OSError:
         return []
-    if sorted(names) != list(range(len(names))):
+    if not names:
         return []
-    return [names[i] for i in range(len(names))]
+    return [names.get(i) for i in range(num_classes)]
 
 
 class LoaderDataset:

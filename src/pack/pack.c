@@ -883,6 +883,42 @@ static void out_unlock(const char *out, int *fd)
     *fd = -1;
 }
 
+/* The source's name for class c: a folder's class subfolder, the name a .stk
+ * dataset's manifest gives; NULL for sources without names. */
+static const char *source_class_name(const stk__source *src, uint64_t c)
+{
+    if (!strcmp(src->ops->kind, "folder"))
+        return stk__folder_class_name(src, c);
+    if (!strcmp(src->ops->kind, "stk"))
+        return stk__stk_class_name(src, c);
+    return NULL;
+}
+
+/* The manifest stores a class name as the rest of its line: a name with a
+ * newline cannot be stored. Says which class, showing the newline as \n. */
+static int check_class_name(uint64_t c, const char *name, const char *what, char *err,
+                            size_t errlen)
+{
+    if (!strchr(name, '\n'))
+        return STK_OK;
+    char shown[256];
+    size_t k = 0;
+    for (const char *q = name; *q && k + 3 < sizeof shown; q++) {
+        if (*q == '\n') {
+            shown[k++] = '\\';
+            shown[k++] = 'n';
+        } else {
+            shown[k++] = *q;
+        }
+    }
+    shown[k] = '\0';
+    stk__fmt(err, errlen,
+             "class %llu: the name \"%s\" contains a newline, which the manifest cannot store "
+             "(one record per line, docs/format.md); %s",
+             (unsigned long long)c, shown, what);
+    return STK_EINVAL;
+}
+
 static int set_marker(const char *out, bool on)
 {
     char path[4096];
@@ -1149,6 +1185,14 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     pr.total = p.src.count;
     if (plan(&p, err, errlen))
         goto out;
+    /* Every class name goes into the manifest, so a name it cannot store is
+     * refused before anything is written (it used to be left out, and a
+     * partial list of names reads as none). */
+    for (uint64_t c = 0; c < p.src.num_classes; c++) {
+        const char *cn = source_class_name(&p.src, c);
+        if (cn && (rc = check_class_name(c, cn, "rename the class folder", err, errlen)))
+            goto out;
+    }
     if ((rc = out_lock(out_dir, &created, &lock_fd, err, errlen)) ||
         (rc = check_out_dir(out_dir, &existed, err, errlen))) {
         status = rc;
@@ -1173,6 +1217,14 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     man.classes = p.src.num_classes;
     man.kind = p.kind;
     man.has_restart = o->restart != 0;
+    /* All of the source's class names, those of classes without samples too. */
+    for (uint64_t c = 0; c < man.classes; c++) {
+        const char *cn = source_class_name(&p.src, c);
+        if (cn && !(man.class_names[c] = stk__strdup(cn))) {
+            stk__fmt(err, errlen, "out of memory");
+            goto out;
+        }
+    }
     if (pthread_mutex_init(&p.lock, NULL) != 0) {
         stk__fmt(err, errlen, "cannot create a mutex");
         goto out;
@@ -1212,8 +1264,6 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
         }
         started++;
     }
-    bool is_folder = !strcmp(p.src.ops->kind, "folder");
-    bool is_stk = !strcmp(p.src.ops->kind, "stk");
     for (uint64_t i = 0; i < p.src.count; i++) {
         slot *s = &p.slots[i % p.window];
         bool cancel = false;
@@ -1267,25 +1317,6 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
                 goto out;
             }
             man.samples++;
-            if (s->label >= 0 && (uint64_t)s->label < man.classes && !man.class_names[s->label]) {
-                const char *cn = NULL;
-                char first[4096];
-                if (is_folder) {
-                    stk__fmt(first, sizeof first, "%s", key);
-                    char *sl = strchr(first, '/');
-                    if (sl) {
-                        *sl = '\0';
-                        cn = first;
-                    }
-                } else if (is_stk) {
-                    cn = stk__stk_class_name(&p.src, (uint64_t)s->label);
-                }
-                if (cn && !strchr(cn, '\n') && !(man.class_names[s->label] = stk__strdup(cn))) {
-                    stk__fmt(err, errlen, "out of memory");
-                    status = STK_ENOMEM;
-                    goto out;
-                }
-            }
         }
         pthread_mutex_lock(&p.lock);
         s->done = false;
@@ -1602,6 +1633,25 @@ int stk_writer_finish(stk_writer *w, stk_pack_result *res)
     if (!w->so.w) {
         stk__fmt(w->err, sizeof w->err, "%s: no samples were added", w->dir);
         return STK_EEMPTY;
+    }
+    /* Readers take a dataset's class names all or none (a list with holes
+     * cannot say which label a name belongs to once it is a list), so a
+     * partial naming is refused here, where it can still be completed. */
+    uint64_t named = 0, missing = 0, first_missing = 0;
+    for (uint64_t c = 0; w->man.class_names && c < w->man.classes; c++) {
+        if (w->man.class_names[c])
+            named++;
+        else if (!missing++)
+            first_missing = c;
+    }
+    if (named && missing) {
+        stk__fmt(w->err, sizeof w->err,
+                 "%s: %llu of %llu classes are named, and class %llu%s is not: name every class "
+                 "(set_class_name) or none, then finish again",
+                 w->dir, (unsigned long long)named, (unsigned long long)w->man.classes,
+                 (unsigned long long)first_missing,
+                 missing > 1 ? " (with others)" : "");
+        return STK_EINVAL;
     }
     int rc = shardout_end(&w->so, w->err, sizeof w->err);
     if (!rc)
