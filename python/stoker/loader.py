@@ -181,6 +181,54 @@ def _default_partition(rank, world_size):
         where
 
 
+def _process_group(rank, world_size):
+    """torch.distributed when this loader is this process's share of an
+    initialised process group of several ranks (the ranks then check that
+    they agree, _check_ranks_agree), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if (world_size > 1 and dist is not None and dist.is_available() and dist.is_initialized()
+            and dist.get_world_size() == world_size and dist.get_rank() == rank):
+        return dist
+    return None
+
+
+#: What every rank must open its Loader with, and how a message names it.
+_RANK_SETTINGS = {"seed": "seed", "shuffle": "shuffle", "drop_last": "drop_last",
+                  "num_samples": "the dataset's size (num_samples)", "batch_size": "batch_size",
+                  "order": "order", "local_world_size": "local_world_size"}
+
+
+def _check_ranks_agree(dist, rank, mine):
+    """One collective at open (all_gather_object): every rank's settings, so
+    each rank raises the same error when they differ. Ranks that shuffle
+    with different seeds, or read datasets of different sizes, take shares
+    of different permutations: samples are silently duplicated and dropped.
+    mine is this rank's settings, or {"error": message} when its open
+    failed (the others must not wait for it, and are told)."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    failed = [(r, d["error"]) for r, d in enumerate(every) if "error" in d]
+    if "error" in mine:
+        return   # the caller raises its own error
+    if failed:
+        r, msg = failed[0]
+        raise _stoker.Error(f"rank {r} of {len(every)} could not open its stoker.Loader ({msg}); "
+                            f"every rank opens the loader together (docs/distributed.md)")
+    for key, what in _RANK_SETTINGS.items():
+        values = {}
+        for r, d in enumerate(every):
+            values.setdefault(d.get(key), []).append(r)
+        if len(values) > 1:
+            parts = "; ".join(f"{key}={v!r} on rank{'s' if len(rs) > 1 else ''} "
+                              f"{', '.join(map(str, rs[:8]))}{', ...' if len(rs) > 8 else ''}"
+                              for v, rs in values.items())
+            raise ValueError(f"the ranks of this job disagree on {what}: {parts} (this is rank "
+                             f"{rank}). Every rank must open stoker.Loader with the same seed, "
+                             f"shuffle, drop_last, batch_size, order and dataset, or their "
+                             f"shares of each epoch overlap and miss samples "
+                             f"(docs/distributed.md)")
+
+
 def _option_value(key, value):
     """One options={...} entry as the engine's string, or a ValueError that
     says what is wrong with the key."""
@@ -500,14 +548,29 @@ class Loader:
         self._label_device = None
         if device.startswith("cuda"):
             self._label_device = self._torch.device(device)
-        self._engine = _stoker.Engine(
-            path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
-            # depth means the same as in the engine: batches prepared ahead
-            # of the one the loop holds (the ring has depth + 1 buffers).
-            transform=spec, threads=threads or 0, depth=depth,
-            on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
-            records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
+        group = _process_group(rank, world_size)
+        try:
+            self._engine = _stoker.Engine(
+                path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
+                # depth means the same as in the engine: batches prepared ahead
+                # of the one the loop holds (the ring has depth + 1 buffers).
+                transform=spec, threads=threads or 0, depth=depth,
+                on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
+                records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
+        except Exception as e:
+            if group is not None:   # the other ranks wait in the check: tell them
+                _check_ranks_agree(group, rank, {"error": f"{type(e).__name__}: {e}"})
+            raise
         self._info = self._engine.info()
+        if group is not None:
+            try:
+                _check_ranks_agree(group, rank, {
+                    "seed": seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                    "num_samples": self._info["num_samples"], "batch_size": batch_size,
+                    "order": order, "local_world_size": self.local_world_size})
+            except BaseException:
+                self._engine.close()
+                raise
         self.depth = self._info["depth"]
         self._classes = None
         self.threads = self._info["threads"]
