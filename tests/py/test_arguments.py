@@ -287,8 +287,9 @@ def test_bool_arguments_take_numpy_and_torch_booleans(make_records):
 
 
 def test_threads_zero_means_all_usable_cpus_as_the_cli(make_records):
-    with stoker.Loader(make_records(8), 2, output="numpy") as a, \
-            stoker.Loader(make_records(8), 2, output="numpy", threads=0) as b:
+    rec = make_records(8)
+    with stoker.Loader(rec, 2, output="numpy") as a, \
+            stoker.Loader(rec, 2, output="numpy", threads=0) as b:
         assert a.threads == b.threads >= 1
         assert [int(v) for _, y in b for v in y] == [int(v) for _, y in a for v in y]
 
