@@ -866,8 +866,7 @@ static int out_lock(const char *out, bool *created, int *fd, char *err, size_t e
         }
         close(f); /* removed by its holder after we opened it: take the new one */
     }
-    stk__fmt(err, errlen, "%s: cannot take the writer lock %s: it keeps being replaced", out,
-             path);
+    stk__fmt(err, errlen, "%s: cannot take the writer lock %s: it keeps being replaced", out, path);
     return STK_EIO;
 }
 
