@@ -96,8 +96,9 @@ class Writer:
     """Writes .stk shards sample by sample (stk_writer): for samples a program
     makes itself. The result opens with stoker.Loader like any packed dataset.
 
-        with stoker.Writer("out", num_classes=10) as w:
+        with stoker.Writer("out", num_classes=2) as w:
             w.set_class_name(0, "cat")
+            w.set_class_name(1, "dog")
             w.add(jpeg_bytes, label=0, key="cat/0001.jpg")
         # leaving the block finishes (shards + manifest); an exception
         # instead removes what was written
