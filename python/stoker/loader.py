@@ -358,7 +358,7 @@ class Loader:
         "cifar-train", "decode", "none"), a spec string, a
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
-    threads: worker threads (None = the CPUs this process may use, shared
+    threads: worker threads (None or 0 = the CPUs this process may use, shared
         among LOCAL_WORLD_SIZE ranks; see docs/engine.md), or "auto" /
         "auto:N": autotune -- up to that many (or N) threads, of which the
         loader keeps working the fewest that keep your loop from waiting
@@ -409,7 +409,16 @@ class Loader:
     superseded by the next iter(), which starts the following epoch, unless
     set_epoch() or load_state_dict() chose the position in between.
     Integer arguments take int or anything with __index__ (NumPy and torch
-    integers), not bool. loader.dataset and loader.sampler answer what
+    integers), not bool; shuffle, drop_last, return_indices and strict take
+    bools only. DataLoader arguments (num_workers=, pin_memory=,
+    collate_fn=, ...) raise TypeError saying what to use instead. Under an
+    initialised torch.distributed group the ranks check at open that they
+    agree on seed, shuffle, drop_last, batch_size, order and the dataset's
+    size (one collective: every rank opens its loader). A loader pickles
+    (and deepcopies) as its arguments and state_dict(), re-opened where it is
+    unpickled. One iterator may be shared by several threads: each batch of
+    its epoch goes to one of them, and none gets the next epoch's.
+    loader.dataset and loader.sampler answer what
     DataLoader code asks of them (len, classes, set_epoch).
     Data is a tensor/array of shape (batch, *sample_shape) for dense batches,
     or a list of per-sample tensors/arrays for variable-size ones; labels are
