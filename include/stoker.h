@@ -596,6 +596,7 @@ typedef struct stk_pack_result {
  * it). o may be NULL (all defaults); res may be NULL. Blocks until done; any
  * thread; independent calls may run at once (distinct outputs).
  * Returns STK_OK; STK_EINVAL (bad options or paths, out not usable);
+ * STK_EBUSY (another writer or pack is writing into out: its lock is held);
  * STK_ENOENT, STK_EIO, STK_EFORMAT, STK_EEMPTY (src cannot be opened, a
  * sample cannot be read or converted: the message names the sample's index
  * and key); STK_EUNSUPPORTED; STK_ENOMEM; STK_ECANCELED. The message is
@@ -622,8 +623,11 @@ typedef struct stk_writer_options {
 } stk_writer_options;
 
 /* Creates the writer: dir is created if missing and must not hold a packed
- * dataset. o may be NULL (encoded samples, no labels). On failure *out is
- * NULL and the reason is in err. STK_OK, STK_EINVAL, STK_EIO, STK_ENOMEM. */
+ * dataset. The writer holds dir's writer lock (a flock on a file inside it)
+ * until it finishes or closes, so a second writer or pack on dir gets
+ * STK_EBUSY instead of mistaking the live one's work for an interrupted pack.
+ * o may be NULL (encoded samples, no labels). On failure *out is NULL and the
+ * reason is in err. STK_OK, STK_EINVAL, STK_EBUSY, STK_EIO, STK_ENOMEM. */
 STK_API int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options *o,
                             char *err, size_t errlen);
 /* Appends one sample: len bytes at data (copied), its label, and its key

@@ -1716,9 +1716,9 @@ static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
         return STK_OK;
     if (c->kind != STK_BATCH_DENSE) {
         stk__fmt(err, errlen,
-                 "%s: device \"%s\" needs batches of one shape (an image transform with a "
+                 "%s: device \"%s:%d\" needs batches of one shape (an image transform with a "
                  "fixed output size, or fixed-size records); this loader's samples vary in size",
-                 o->source, kind);
+                 o->source, kind, o->device_id);
         return STK_EINVAL;
     }
     int rc = o->device == STK_DEVICE_CUDA ? stk__dev_open_cuda(&c->dev, o->device_id, err, errlen)

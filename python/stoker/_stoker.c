@@ -688,6 +688,15 @@ typedef struct {
     unsigned long owner; /* thread holding lock, 0 when free (GIL-protected) */
     pid_t pid;
     int closing; /* close() asked; a waiting next() gives up (GIL-protected) */
+    /* The iteration turn: bumped (under the lock) whenever the position stops
+     * belonging to the epoch an iterator was started on: the epoch's end
+     * (STK_END), set_epoch, set_state and begin(). An iterator passes the
+     * turn it was started with to next(), which answers "ended" without
+     * asking the library once the turn has moved on. Checking and moving it
+     * under the same lock as stk_loader_next is what keeps several threads
+     * sharing one iterator from running on into the next epoch: the end
+     * seen by one of them is seen by all. */
+    unsigned long long turn;
 } EngineObject;
 
 static PyTypeObject Engine_Type;
@@ -928,18 +937,31 @@ static void Engine_dealloc(EngineObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* next(timeout_ms=100): the next Batch, or None at the end of the epoch.
+/* next(timeout_ms=100, turn=None): the next Batch, or None at the end of the
+ * epoch. With turn (from begin()), None as soon as that turn is over, without
+ * asking the library: the epoch it iterated has ended or was replaced.
  * Waits in slices of timeout_ms without the GIL, checking for signals (so a
  * KeyboardInterrupt is raised within about one slice) and for close(). */
 static PyObject *Engine_next(EngineObject *self, PyObject *args)
 {
     unsigned int slice = 100;
-    if (!PyArg_ParseTuple(args, "|I:next", &slice))
+    PyObject *turn_obj = Py_None;
+    unsigned long long turn = 0;
+    if (!PyArg_ParseTuple(args, "|IO:next", &slice, &turn_obj))
         return NULL;
+    if (turn_obj != Py_None) {
+        turn = PyLong_AsUnsignedLongLong(turn_obj);
+        if (PyErr_Occurred())
+            return NULL;
+    }
     if (slice == 0)
         slice = 1;
     if (engine_enter(self))
         return NULL;
+    if (turn_obj != Py_None && turn != self->turn) {
+        engine_leave(self);
+        Py_RETURN_NONE;
+    }
     PyObject *result = NULL;
     int tried_gc = 0;
     size_t nerr0 = stk_loader_error_count(self->l);
@@ -964,6 +986,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
             break;
         }
         if (rc == STK_END) {
+            self->turn++;
             result = Py_None;
             Py_INCREF(result);
             break;
@@ -1096,10 +1119,25 @@ static PyObject *Engine_set_epoch(EngineObject *self, PyObject *args)
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_epoch(self->l, e);
     Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
+    if (!rc)
+        self->turn++;
     engine_leave(self);
     if (rc)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* begin() -> turn: starts a new iteration turn (see EngineObject.turn), so
+ * every earlier iterator's next() answers "ended"; the caller passes the
+ * returned turn to its own next() calls. */
+static PyObject *Engine_begin(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    unsigned long long turn = ++self->turn;
+    engine_leave(self);
+    return PyLong_FromUnsignedLongLong(turn);
 }
 
 static PyObject *Engine_get_state(EngineObject *self, PyObject *unused)
@@ -1295,6 +1333,8 @@ static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
     }
     Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_state(self->l, &st);
     Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
+    if (!rc)
+        self->turn++;
 out:
     engine_leave(self);
     if (rc)
@@ -1481,7 +1521,10 @@ static PyObject *Engine_get_closed(EngineObject *self, void *closure)
 
 static PyMethodDef Engine_methods[] = {
     {"next", (PyCFunction)Engine_next, METH_VARARGS,
-     "next(slice_ms=100) -> Batch, or None at the end of the epoch."},
+     "next(slice_ms=100, turn=None) -> Batch, or None at the end of the epoch (or once "
+     "the turn from begin() is over)."},
+    {"begin", (PyCFunction)Engine_begin, METH_NOARGS,
+     "begin() -> turn: a new iteration turn; earlier turns' next() answer None."},
     {"set_epoch", (PyCFunction)Engine_set_epoch, METH_VARARGS, "set_epoch(e)"},
     {"get_state", (PyCFunction)Engine_get_state, METH_NOARGS, "-> (seed, epoch, batch)"},
     {"set_state", (PyCFunction)Engine_set_state, METH_VARARGS,

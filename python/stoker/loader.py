@@ -158,12 +158,76 @@ def _default_partition(rank, world_size):
         w = _env_int("WORLD_SIZE")
         if w is not None:
             r = _env_int("RANK")
-            r = 0 if r is None else r
+            if r is None and rank is None:
+                # Rank 0 of w would silently read only 1/w of every epoch
+                # in every process that lacks RANK.
+                raise ValueError(f"environment variable WORLD_SIZE={w} is set but RANK is not: "
+                                 f"stoker cannot tell which of the {w} ranks this process is "
+                                 f"(torchrun sets both); set RANK too, unset WORLD_SIZE, or "
+                                 f"pass rank= and world_size=")
             where = " (from the RANK and WORLD_SIZE environment variables)"
+            lws = _env_int("LOCAL_WORLD_SIZE")
+            if lws is not None and lws > w:
+                raise ValueError(f"environment variable LOCAL_WORLD_SIZE={lws} is larger than "
+                                 f"WORLD_SIZE={w}: a node cannot hold more ranks than the world "
+                                 f"(torchrun sets LOCAL_WORLD_SIZE <= WORLD_SIZE); fix or unset "
+                                 f"them, or pass rank=, world_size= and local_world_size=")
     if w is None:
+        if rank is not None and world_size is None and rank > 0:
+            raise ValueError(f"rank={rank} is given without world_size, and neither "
+                             f"torch.distributed nor the WORLD_SIZE environment variable gives "
+                             f"one (a world of 1 has only rank 0): pass world_size= too")
         r, w = 0, 1
     return (rank if rank is not None else r), (world_size if world_size is not None else w), \
         where
+
+
+def _process_group(rank, world_size):
+    """torch.distributed when this loader is this process's share of an
+    initialised process group of several ranks (the ranks then check that
+    they agree, _check_ranks_agree), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if (world_size > 1 and dist is not None and dist.is_available() and dist.is_initialized()
+            and dist.get_world_size() == world_size and dist.get_rank() == rank):
+        return dist
+    return None
+
+
+#: What every rank must open its Loader with, and how a message names it.
+_RANK_SETTINGS = {"seed": "seed", "shuffle": "shuffle", "drop_last": "drop_last",
+                  "num_samples": "the dataset's size (num_samples)", "batch_size": "batch_size",
+                  "order": "order", "local_world_size": "local_world_size"}
+
+
+def _check_ranks_agree(dist, rank, mine):
+    """One collective at open (all_gather_object): every rank's settings, so
+    each rank raises the same error when they differ. Ranks that shuffle
+    with different seeds, or read datasets of different sizes, take shares
+    of different permutations: samples are silently duplicated and dropped.
+    mine is this rank's settings, or {"error": message} when its open
+    failed (the others must not wait for it, and are told)."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    failed = [(r, d["error"]) for r, d in enumerate(every) if "error" in d]
+    if "error" in mine:
+        return   # the caller raises its own error
+    if failed:
+        r, msg = failed[0]
+        raise _stoker.Error(f"rank {r} of {len(every)} could not open its stoker.Loader ({msg}); "
+                            f"every rank opens the loader together (docs/distributed.md)")
+    for key, what in _RANK_SETTINGS.items():
+        values = {}
+        for r, d in enumerate(every):
+            values.setdefault(d.get(key), []).append(r)
+        if len(values) > 1:
+            parts = "; ".join(f"{key}={v!r} on rank{'s' if len(rs) > 1 else ''} "
+                              f"{', '.join(map(str, rs[:8]))}{', ...' if len(rs) > 8 else ''}"
+                              for v, rs in values.items())
+            raise ValueError(f"the ranks of this job disagree on {what}: {parts} (this is rank "
+                             f"{rank}). Every rank must open stoker.Loader with the same seed, "
+                             f"shuffle, drop_last, batch_size, order and dataset, or their "
+                             f"shares of each epoch overlap and miss samples "
+                             f"(docs/distributed.md)")
 
 
 def _option_value(key, value):
@@ -214,9 +278,52 @@ def _device_name(device):
     name = str(device)
     kind, sep, index = name.partition(":")
     if kind not in ("cpu", "cuda", "fake") or (sep and (kind == "cpu" or not index.isdigit())):
-        raise ValueError(f'device must be None, "cpu", "cuda" or "cuda:N" (a torch.device '
-                         f'works too), got {device!r}')
+        raise ValueError(f'device must be None, "cpu", "cuda", "cuda:N" (a torch.device works '
+                         f'too), or "fake"/"fake:N" (the CPU stand-in for a GPU that the tests '
+                         f'use), got {device!r}')
     return name
+
+
+def _bool(value, name):
+    """A bool argument: Python, NumPy or torch booleans only, since a string
+    such as "no" or "False" is true and would be taken as True."""
+    if not _is_bool(value):
+        raise TypeError(f"{name} must be a bool (True or False), got {_describe(value)}")
+    return bool(value)
+
+
+#: DataLoader arguments stoker.Loader does not take, and what to use instead
+#: (docs/python.md, "Migrating from DataLoader").
+_DATALOADER_ARGS = {
+    "num_workers": "stoker decodes on native threads, not worker processes: use threads=N "
+                   "(None or 0: all usable CPUs)",
+    "pin_memory": "pinned memory comes with device=\"cuda\": batches are copied to the GPU from "
+                  "page-locked buffers; on the CPU path batches are views of the ring and need "
+                  "no pinning",
+    "collate_fn": "stoker assembles batches in C (one tensor for fixed-size samples, a list for "
+                  "variable ones, int64 labels): drop collate_fn and reshape the batch in your "
+                  "training step",
+    "sampler": "the order is a seeded permutation: use shuffle= and seed=, and rank=/world_size= "
+               "for a distributed share (return_indices=True shows the order)",
+    "batch_sampler": "batches are batch_size consecutive samples of the seeded order: use "
+                     "batch_size=, shuffle=, seed= and drop_last=",
+    "prefetch_factor": "use depth= (batches prepared ahead, default 2)",
+    "persistent_workers": "stoker's threads always persist: drop it (depth= sets the batches "
+                          "prepared ahead)",
+    "worker_init_fn": "no Python runs on stoker's threads; randomness is keyed by (seed, epoch, "
+                      "sample): use seed=",
+    "generator": "use seed= (batches are bit-identical for any thread count)",
+    "multiprocessing_context": "there are no worker processes: drop it",
+    "timeout": "a stalled read is retried and reported by the engine; drop it",
+}
+
+
+def _refuse_dataloader_args(kwargs):
+    for k in kwargs:
+        if k in _DATALOADER_ARGS:
+            raise TypeError(f"stoker.Loader has no {k}= (a DataLoader argument): "
+                            f"{_DATALOADER_ARGS[k]}; see the migration table in docs/python.md")
+        raise TypeError(f"stoker.Loader() got an unexpected keyword argument {k!r}")
 
 def _auto_threads(spec):
     """threads="auto" or "auto:N" -> (cap or None, True)."""
@@ -252,7 +359,7 @@ class Loader:
         "cifar-train", "decode", "none"), a spec string, a
         stoker.transforms.Compose or list of transforms, or a torchvision
         Compose of supported transforms (converted).
-    threads: worker threads (None = the CPUs this process may use, shared
+    threads: worker threads (None or 0 = the CPUs this process may use, shared
         among LOCAL_WORLD_SIZE ranks; see docs/engine.md), or "auto" /
         "auto:N": autotune -- up to that many (or N) threads, of which the
         loader keeps working the fewest that keep your loop from waiting
@@ -303,7 +410,16 @@ class Loader:
     superseded by the next iter(), which starts the following epoch, unless
     set_epoch() or load_state_dict() chose the position in between.
     Integer arguments take int or anything with __index__ (NumPy and torch
-    integers), not bool. loader.dataset and loader.sampler answer what
+    integers), not bool; shuffle, drop_last, return_indices and strict take
+    bools only. DataLoader arguments (num_workers=, pin_memory=,
+    collate_fn=, ...) raise TypeError saying what to use instead. Under an
+    initialised torch.distributed group the ranks check at open that they
+    agree on seed, shuffle, drop_last, batch_size, order and the dataset's
+    size (one collective: every rank opens its loader). A loader pickles
+    (and deepcopies) as its arguments and state_dict(), re-opened where it is
+    unpickled. One iterator may be shared by several threads: each batch of
+    its epoch goes to one of them, and none gets the next epoch's.
+    loader.dataset and loader.sampler answer what
     DataLoader code asks of them (len, classes, set_epoch).
     Data is a tensor/array of shape (batch, *sample_shape) for dense batches,
     or a list of per-sample tensors/arrays for variable-size ones; labels are
@@ -316,8 +432,13 @@ class Loader:
                  dtype="uint8", on_error="raise", rank=None, world_size=None, size=None,
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
-                 trace=None, memory_budget=None, local_world_size=None, device=None):
+                 trace=None, memory_budget=None, local_world_size=None, device=None,
+                 **kwargs):
         self._engine = None
+        _refuse_dataloader_args(kwargs)
+        # The arguments as given, for pickling (__getstate__): a copy re-opens
+        # from them. Those converted below are replaced by their plain form.
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "kwargs")}
         device = _device_name(device)
         if device.startswith("cuda") and output != "torch":
             raise ValueError(f'device={device!r} delivers CUDA tensors: it needs output="torch"')
@@ -336,11 +457,14 @@ class Loader:
         if isinstance(threads, str):
             threads, autotune = _auto_threads(threads)
         elif threads is not None:
-            threads = _int(threads, "threads (None: all cores, \"auto\" or \"auto:N\": "
-                           "autotune)", 1, 256)
+            # 0 is the command line's --threads 0: all usable CPUs, as None.
+            threads = _int(threads, "threads (None or 0: all usable CPUs, \"auto\" or "
+                           "\"auto:N\": autotune)", 0, 256)
         depth_auto = depth == "auto"
         depth = 2 if depth_auto else _int(depth, "depth", 1, 63)
         seed = _int(seed, "seed", 0, _U64_MAX)
+        shuffle, drop_last = _bool(shuffle, "shuffle"), _bool(drop_last, "drop_last")
+        return_indices, strict = _bool(return_indices, "return_indices"), _bool(strict, "strict")
         rank, world_size, where = _default_partition(rank, world_size)
         if not (1 <= world_size < 2 ** 32 and 0 <= rank < world_size):
             raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
@@ -396,6 +520,11 @@ class Loader:
         # torchrun's LOCAL_WORLD_SIZE when order="shards", else one node.
         if local_world_size is None and order == "shards" and world_size > 1:
             local_world_size = _env_int("LOCAL_WORLD_SIZE")
+            if local_world_size is not None and not 1 <= local_world_size <= world_size:
+                raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local_world_size} "
+                                 f"is not in 1 .. world_size={world_size}{where}: a node holds "
+                                 f"1 .. world_size ranks; fix or unset it, or pass "
+                                 f"local_world_size=")
         if local_world_size is not None:
             local_world_size = _int(local_world_size, "local_world_size", 1, world_size)
             if world_size % local_world_size:
@@ -416,6 +545,10 @@ class Loader:
                              f"it would be ignored. Give the size in the transforms themselves "
                              f"(e.g. RandomResizedCrop({size})), or drop size=")
 
+        self._args.update(source=source if records else path, transform=spec, device=device,
+                          dtype=dtype, options={k: _option_value(k, v)
+                                                for k, v in (options or {}).items()} or None,
+                          cache_dir=opts.get("cache_dir"), trace=opts.get("trace"))
         self.source = source
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
@@ -432,14 +565,29 @@ class Loader:
         self._label_device = None
         if device.startswith("cuda"):
             self._label_device = self._torch.device(device)
-        self._engine = _stoker.Engine(
-            path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
-            # depth means the same as in the engine: batches prepared ahead
-            # of the one the loop holds (the ring has depth + 1 buffers).
-            transform=spec, threads=threads or 0, depth=depth,
-            on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
-            records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
+        group = _process_group(rank, world_size)
+        try:
+            self._engine = _stoker.Engine(
+                path, batch_size, shuffle=bool(shuffle), seed=seed, drop_last=bool(drop_last),
+                # depth means the same as in the engine: batches prepared ahead
+                # of the one the loop holds (the ring has depth + 1 buffers).
+                transform=spec, threads=threads or 0, depth=depth,
+                on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
+                records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
+        except Exception as e:
+            if group is not None:   # the other ranks wait in the check: tell them
+                _check_ranks_agree(group, rank, {"error": f"{type(e).__name__}: {e}"})
+            raise
         self._info = self._engine.info()
+        if group is not None:
+            try:
+                _check_ranks_agree(group, rank, {
+                    "seed": seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                    "num_samples": self._info["num_samples"], "batch_size": batch_size,
+                    "order": order, "local_world_size": self.local_world_size})
+            except BaseException:
+                self._engine.close()
+                raise
         self.depth = self._info["depth"]
         self._classes = None
         self.threads = self._info["threads"]
@@ -471,10 +619,12 @@ class Loader:
     def classes(self):
         """Class names: the subfolders of a folder source (sorted, as
         torchvision's ImageFolder), the names a .stk dataset's manifest
-        lists; [] for sources that store no names (records, tar, CIFAR),
+        lists, num_classes of them (None for a class an older manifest left
+        unnamed); [] for sources that store no names (records, tar, CIFAR),
         whose labels are still counted by num_classes."""
         if self._classes is None:
-            self._classes = _class_names(self.source, self._info["source_kind"])
+            self._classes = _class_names(self.source, self._info["source_kind"],
+                                         self.num_classes)
         return list(self._classes)
 
     @property
@@ -603,15 +753,20 @@ class Loader:
                     self._engine.set_epoch(epoch + 1)
             self._pinned = False
             self._generation += 1
-            return _EpochIterator(self, self._generation)
+            # The engine's turn ends with this epoch (or when something moves
+            # the position): every next() of this iterator passes it, so
+            # however many threads share the iterator, none of them gets a
+            # batch of another epoch once one of them has seen the end.
+            return _EpochIterator(self, self._generation, self._engine.begin())
 
-    def _next_batch(self, generation):
+    def _next_batch(self, generation, turn):
         self._check_open()
         if generation != self._generation:
-            raise RuntimeError("this iterator was superseded by a newer iter(), set_epoch() or "
-                               "load_state_dict() on its loader")
-        b = self._engine.next()
+            raise _superseded()
+        b = self._engine.next(100, turn)
         if b is None:
+            if generation != self._generation:
+                raise _superseded()
             return None
         return self._convert(b)
 
@@ -684,6 +839,50 @@ class Loader:
             stream = handle
         batch.record_stream(stream)
 
+    # ---- pickling --------------------------------------------------------------
+    def __getstate__(self):
+        """What pickle and copy.deepcopy keep of a loader: its constructor
+        arguments and its position (state_dict()), not its threads or
+        buffers. The copy re-opens the dataset in the receiving process
+        (__setstate__) and continues from that position, as a DataLoader is
+        pickled by its arguments and re-created where it is unpickled."""
+        import pickle
+        if self.closed:
+            raise TypeError("cannot pickle a closed stoker.Loader: pickling keeps the arguments "
+                            "and the position (state_dict()), which a closed loader no longer "
+                            "has; pickle it before close(), or pickle Loader arguments and a "
+                            "state_dict() and open a new Loader from them")
+        for k, v in self._args.items():
+            try:
+                pickle.dumps(v)
+            except Exception as e:  # noqa: BLE001 -- any reason pickle gives
+                raise TypeError(f"cannot pickle stoker.Loader: its argument {k}={v!r} cannot be "
+                                f"pickled ({type(e).__name__}: {e}); a pickled loader is "
+                                f"re-opened from its arguments in the receiving process, so "
+                                f"each must pickle: pass {k} as plain values (str, int, "
+                                f"stoker.Records, ...), or open the loader in the process that "
+                                f"uses it") from e
+        return {"args": dict(self._args), "state": self.state_dict()}
+
+    def __setstate__(self, st):
+        """Re-opens the loader from the pickled arguments and moves it to the
+        pickled position. rank/world_size left to their defaults are found
+        again in this process (its process group or environment)."""
+        self.__init__(**st["args"])
+        state = st["state"]
+        try:
+            if state["batch"] == 0 and not state.get("history"):
+                # An epoch's start: no need for the saved world's layout,
+                # which may differ from this process's (ddp_spawn pickles in
+                # the parent, before the process group exists).
+                if state["epoch"] != 0:
+                    self.set_epoch(state["epoch"])
+            else:
+                self.load_state_dict(state)
+        except BaseException:
+            self.close()
+            raise
+
     # ---- observation -----------------------------------------------------------
     def stats(self):
         """Counters: per-stage items and busy seconds (summed and per thread),
@@ -722,10 +921,11 @@ class Loader:
                 f"output={self.output!r}, dtype={self.dtype!r})")
 
 
-def _class_names(source, kind):
+def _class_names(source, kind, num_classes):
     """Class names of a source as read at open, cheaply: a folder's class
-    subfolders, a .stk directory's manifest `class INDEX NAME` lines (all
-    of 0 .. C-1, else none), or []."""
+    subfolders, a .stk directory's manifest `class INDEX NAME` lines, or [].
+    A list of names is always num_classes long: a class the manifest leaves
+    unnamed (datasets written before packing required all names) is None."""
     if isinstance(source, Records):
         return []
     root = os.fspath(source)
@@ -743,9 +943,9 @@ def _class_names(source, kind):
                     names[int(fields[1])] = fields[2].decode("utf-8", "surrogateescape")
     except OSError:
         return []
-    if sorted(names) != list(range(len(names))):
+    if not names:
         return []
-    return [names[i] for i in range(len(names))]
+    return [names.get(i) for i in range(num_classes)]
 
 
 class LoaderDataset:
@@ -844,13 +1044,21 @@ class LoaderSampler:
                 f"{self.num_replicas}, shuffle={self.shuffle}, seed={self.seed}>")
 
 
+def _superseded():
+    return RuntimeError("this iterator was superseded by a newer iter(), set_epoch() or "
+                        "load_state_dict() on its loader")
+
+
 class _EpochIterator:
     """One epoch of one Loader. Raising an exception (SampleError,
-    KeyboardInterrupt) does not end it: calling next() again continues."""
+    KeyboardInterrupt) does not end it: calling next() again continues.
+    Several threads may share it: each batch of the epoch goes to one of
+    them, and once the epoch is over every next() raises StopIteration."""
 
-    def __init__(self, loader, generation):
+    def __init__(self, loader, generation, turn):
         self._loader = loader
         self._generation = generation
+        self._turn = turn
         self._done = False
 
     def __iter__(self):
@@ -859,7 +1067,7 @@ class _EpochIterator:
     def __next__(self):
         if self._done:
             raise StopIteration
-        item = self._loader._next_batch(self._generation)
+        item = self._loader._next_batch(self._generation, self._turn)
         if item is None:
             self._done = True
             raise StopIteration

@@ -96,8 +96,9 @@ class Writer:
     """Writes .stk shards sample by sample (stk_writer): for samples a program
     makes itself. The result opens with stoker.Loader like any packed dataset.
 
-        with stoker.Writer("out", num_classes=10) as w:
+        with stoker.Writer("out", num_classes=2) as w:
             w.set_class_name(0, "cat")
+            w.set_class_name(1, "dog")
             w.add(jpeg_bytes, label=0, key="cat/0001.jpg")
         # leaving the block finishes (shards + manifest); an exception
         # instead removes what was written
@@ -112,7 +113,10 @@ class Writer:
     add(data, label=-1, key=None): data is any bytes-like object (bytes,
     a contiguous NumPy uint8 array). A bad sample (label out of range, wrong
     raw size) raises ValueError naming it and writes nothing; the writer
-    stays usable. finish() -> dict (samples, shards, bytes, payload);
+    stays usable. set_class_name(c, name): name is a str without a newline;
+    name every class or none (finish() refuses a partial naming with
+    ValueError, and the writer stays usable to complete it).
+    finish() -> dict (samples, shards, bytes, payload);
     close() without finish() removes the shards. Use from one thread at a
     time.
     """
@@ -130,7 +134,11 @@ class Writer:
         self._w.add(data, label, None if key is None else os.fspath(key))
 
     def set_class_name(self, c, name):
-        self._w.set_class_name(_int(c, "class", 0, _U64_MAX), str(name))
+        # str() would store 3 as "3" and None as "None": a name is a str.
+        if not isinstance(name, str):
+            raise TypeError(f"set_class_name: a class name is a str, got {name!r} "
+                            f"({type(name).__name__})")
+        self._w.set_class_name(_int(c, "class", 0, _U64_MAX), name)
 
     def finish(self):
         return self._w.finish()

@@ -343,17 +343,17 @@ int stk__dev_open_cuda(stk__dev **out, int id, char *err, size_t errlen)
     if (!c->lib) {
         const char *why = dlerror();
         stk__fmt(err, errlen,
-                 "device \"cuda\": cannot load the CUDA driver (%s: %s); is an NVIDIA driver "
-                 "installed and a GPU present?",
-                 name, why ? why : "not found");
+                 "device \"cuda:%d\": cannot load the CUDA driver (%s: %s); is an NVIDIA "
+                 "driver installed and a GPU present?",
+                 id, name, why ? why : "not found");
         goto fail;
     }
 #define X(field, sym, type)                                                                        \
     {                                                                                              \
         void *p_ = dlsym(c->lib, sym);                                                             \
         if (!p_) {                                                                                 \
-            stk__fmt(err, errlen, "device \"cuda\": %s has no %s: the driver is too old", name,   \
-                     sym);                                                                         \
+            stk__fmt(err, errlen, "device \"cuda:%d\": %s has no %s: the driver is too old", id, \
+                     name, sym);                                                                   \
             goto fail;                                                                             \
         }                                                                                          \
         memcpy(&c->f.field, &p_, sizeof p_);                                                       \
@@ -363,7 +363,8 @@ int stk__dev_open_cuda(stk__dev **out, int id, char *err, size_t errlen)
     CUresult r = c->f.cuInit(0);
     if (r != CUDA_SUCCESS_) {
         cu_err(c, r, "cuInit", err, errlen);
-        stk__fmt(err + strlen(err), errlen - strlen(err), " (device \"cuda\": no usable GPU)");
+        stk__fmt(err + strlen(err), errlen - strlen(err), " (device \"cuda:%d\": no usable GPU)",
+                 id);
         goto fail;
     }
     int count = 0;

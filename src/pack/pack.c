@@ -41,6 +41,7 @@
 #include <spng.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -807,6 +808,116 @@ static int check_out_dir(const char *out, bool *created, char *err, size_t errle
     return 0;
 }
 
+/* The output directory's writer lock: a file inside it that a writer (or a
+ * pack) holds flock()ed for as long as it writes there, so that a second one
+ * is told another writer is at work, instead of taking the live writer's
+ * marker for an interrupted pack and being told to remove the directory. The
+ * holder removes the file when done, while still holding it; a process that
+ * dies loses its flock with it, so a file left behind never blocks anyone.
+ * Taking the lock checks that the file locked is still the one at the path:
+ * if its holder removed it meanwhile, the next try takes the new file. */
+#define OUT_LOCK ".stoker-pack.lock"
+
+/* Creates out if missing (*created) and takes its writer lock into *fd.
+ * Leaves a path that is not a directory to check_out_dir, which says so.
+ * STK_OK, STK_EBUSY (another writer holds it), STK_EIO. */
+static int out_lock(const char *out, bool *created, int *fd, char *err, size_t errlen)
+{
+    struct stat st;
+    *fd = -1;
+    if (stat(out, &st) != 0) {
+        if (mkdir(out, 0755) == 0)
+            *created = true;
+        else if (errno != EEXIST) {
+            stk__fmt(err, errlen, "%s: cannot create: %s", out, strerror(errno));
+            return STK_EIO;
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        return STK_OK;
+    }
+    char path[4096];
+    stk__fmt(path, sizeof path, "%s/%s", out, OUT_LOCK);
+    for (int tries = 0; tries < 64; tries++) {
+        int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (f < 0) {
+            stk__fmt(err, errlen, "%s: cannot create the writer lock %s: %s", out, path,
+                     strerror(errno));
+            return STK_EIO;
+        }
+        if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            close(f);
+            if (e == EWOULDBLOCK) {
+                stk__fmt(err, errlen,
+                         "%s is in use by another stoker writer or pack, which is still "
+                         "writing there (it holds %s); wait for it to finish, or choose another "
+                         "directory",
+                         out, path);
+                return STK_EBUSY;
+            }
+            stk__fmt(err, errlen, "%s: cannot lock %s: %s", out, path, strerror(e));
+            return STK_EIO;
+        }
+        struct stat a, b;
+        if (fstat(f, &a) == 0 && stat(path, &b) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino) {
+            *fd = f;
+            return STK_OK;
+        }
+        close(f); /* removed by its holder after we opened it: take the new one */
+    }
+    stk__fmt(err, errlen, "%s: cannot take the writer lock %s: it keeps being replaced", out, path);
+    return STK_EIO;
+}
+
+/* Gives the writer lock back (removing its file first, see out_lock). */
+static void out_unlock(const char *out, int *fd)
+{
+    if (*fd < 0)
+        return;
+    char path[4096];
+    stk__fmt(path, sizeof path, "%s/%s", out, OUT_LOCK);
+    unlink(path);
+    close(*fd);
+    *fd = -1;
+}
+
+/* The source's name for class c: a folder's class subfolder, the name a .stk
+ * dataset's manifest gives; NULL for sources without names. */
+static const char *source_class_name(const stk__source *src, uint64_t c)
+{
+    if (!strcmp(src->ops->kind, "folder"))
+        return stk__folder_class_name(src, c);
+    if (!strcmp(src->ops->kind, "stk"))
+        return stk__stk_class_name(src, c);
+    return NULL;
+}
+
+/* The manifest stores a class name as the rest of its line: a name with a
+ * newline cannot be stored. Says which class, showing the newline as \n. */
+static int check_class_name(uint64_t c, const char *name, const char *what, char *err,
+                            size_t errlen)
+{
+    if (!strchr(name, '\n'))
+        return STK_OK;
+    char shown[256];
+    size_t k = 0;
+    for (const char *q = name; *q && k + 3 < sizeof shown; q++) {
+        if (*q == '\n') {
+            shown[k++] = '\\';
+            shown[k++] = 'n';
+        } else {
+            shown[k++] = *q;
+        }
+    }
+    shown[k] = '\0';
+    stk__fmt(err, errlen,
+             "class %llu: the name \"%s\" contains a newline, which the manifest cannot store "
+             "(one record per line, docs/format.md); %s",
+             (unsigned long long)c, shown, what);
+    return STK_EINVAL;
+}
+
 static int set_marker(const char *out, bool on)
 {
     char path[4096];
@@ -1032,7 +1143,8 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     memset(&man, 0, sizeof man);
     shardout so = {.man = &man};
     char why[STK_ERRMSG_MAX], path[4096], key[4096], dummy[1];
-    bool locks = false, marker = false, created = false;
+    bool locks = false, marker = false, created = false, existed = false;
+    int lock_fd = -1;
     uint64_t skipped = 0, indexed = 0;
     double t0 = now_s(), last = 0; /* the first sample done is reported at once */
     stk_pack_progress pr;
@@ -1072,7 +1184,16 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     pr.total = p.src.count;
     if (plan(&p, err, errlen))
         goto out;
-    if ((rc = check_out_dir(out_dir, &created, err, errlen))) {
+    /* Every class name goes into the manifest, so a name it cannot store is
+     * refused before anything is written (it used to be left out, and a
+     * partial list of names reads as none). */
+    for (uint64_t c = 0; c < p.src.num_classes; c++) {
+        const char *cn = source_class_name(&p.src, c);
+        if (cn && (rc = check_class_name(c, cn, "rename the class folder", err, errlen)))
+            goto out;
+    }
+    if ((rc = out_lock(out_dir, &created, &lock_fd, err, errlen)) ||
+        (rc = check_out_dir(out_dir, &existed, err, errlen))) {
         status = rc;
         goto out;
     }
@@ -1095,6 +1216,14 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
     man.classes = p.src.num_classes;
     man.kind = p.kind;
     man.has_restart = o->restart != 0;
+    /* All of the source's class names, those of classes without samples too. */
+    for (uint64_t c = 0; c < man.classes; c++) {
+        const char *cn = source_class_name(&p.src, c);
+        if (cn && !(man.class_names[c] = stk__strdup(cn))) {
+            stk__fmt(err, errlen, "out of memory");
+            goto out;
+        }
+    }
     if (pthread_mutex_init(&p.lock, NULL) != 0) {
         stk__fmt(err, errlen, "cannot create a mutex");
         goto out;
@@ -1134,8 +1263,6 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
         }
         started++;
     }
-    bool is_folder = !strcmp(p.src.ops->kind, "folder");
-    bool is_stk = !strcmp(p.src.ops->kind, "stk");
     for (uint64_t i = 0; i < p.src.count; i++) {
         slot *s = &p.slots[i % p.window];
         bool cancel = false;
@@ -1189,25 +1316,6 @@ int stk_pack(const char *src, const char *out_dir, const stk_pack_options *opts,
                 goto out;
             }
             man.samples++;
-            if (s->label >= 0 && (uint64_t)s->label < man.classes && !man.class_names[s->label]) {
-                const char *cn = NULL;
-                char first[4096];
-                if (is_folder) {
-                    stk__fmt(first, sizeof first, "%s", key);
-                    char *sl = strchr(first, '/');
-                    if (sl) {
-                        *sl = '\0';
-                        cn = first;
-                    }
-                } else if (is_stk) {
-                    cn = stk__stk_class_name(&p.src, (uint64_t)s->label);
-                }
-                if (cn && !strchr(cn, '\n') && !(man.class_names[s->label] = stk__strdup(cn))) {
-                    stk__fmt(err, errlen, "out of memory");
-                    status = STK_ENOMEM;
-                    goto out;
-                }
-            }
         }
         pthread_mutex_lock(&p.lock);
         s->done = false;
@@ -1291,9 +1399,11 @@ out:
             unlink(path);
         }
         set_marker(out_dir, false);
-        if (created)
-            rmdir(out_dir);
     }
+    if (out_dir)
+        out_unlock(out_dir, &lock_fd);
+    if (status && created)
+        rmdir(out_dir);
     for (uint64_t k = 0; p.slots && k < p.window; k++)
         stk__free(p.slots[k].out.p);
     stk__free(p.slots);
@@ -1324,6 +1434,7 @@ struct stk_writer {
     shardout so; /* the shards, the one being written, their bytes */
     double t0;
     bool created, marker, finished, failed;
+    int lock_fd; /* the directory's writer lock (out_lock), -1 once given back */
     char err[STK_ERRMSG_MAX];
 };
 
@@ -1386,6 +1497,7 @@ int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options 
         return STK_ENOMEM;
     }
     w->o = o;
+    w->lock_fd = -1;
     w->t0 = now_s();
     w->man.classes = o.num_classes;
     w->man.kind = o.raw_c ? STK_PAYLOAD_RAW : STK_PAYLOAD_ENCODED;
@@ -1397,12 +1509,16 @@ int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_options 
     w->h.raw_c = o.raw_c;
     w->so = (shardout){.dir = w->dir, .h = &w->h, .shard_size = o.shard_size,
                        .num_classes = o.num_classes, .man = &w->man};
-    int rc = check_out_dir(dir, &w->created, err, errlen);
+    bool existed = false; /* check_out_dir finds the directory out_lock made */
+    int rc = out_lock(dir, &w->created, &w->lock_fd, err, errlen);
+    if (!rc)
+        rc = check_out_dir(dir, &existed, err, errlen);
     if (!rc && set_marker(dir, true)) {
         stk__fmt(err, errlen, "%s: cannot write: %s", dir, strerror(errno));
         rc = STK_EIO;
     }
     if (rc) {
+        out_unlock(dir, &w->lock_fd);
         if (w->created)
             rmdir(dir);
         w->created = false;
@@ -1517,6 +1633,25 @@ int stk_writer_finish(stk_writer *w, stk_pack_result *res)
         stk__fmt(w->err, sizeof w->err, "%s: no samples were added", w->dir);
         return STK_EEMPTY;
     }
+    /* Readers take a dataset's class names all or none (a list with holes
+     * cannot say which label a name belongs to once it is a list), so a
+     * partial naming is refused here, where it can still be completed. */
+    uint64_t named = 0, missing = 0, first_missing = 0;
+    for (uint64_t c = 0; w->man.class_names && c < w->man.classes; c++) {
+        if (w->man.class_names[c])
+            named++;
+        else if (!missing++)
+            first_missing = c;
+    }
+    if (named && missing) {
+        stk__fmt(w->err, sizeof w->err,
+                 "%s: %llu of %llu classes are named, and class %llu%s is not: name every class "
+                 "(set_class_name) or none, then finish again",
+                 w->dir, (unsigned long long)named, (unsigned long long)w->man.classes,
+                 (unsigned long long)first_missing,
+                 missing > 1 ? " (with others)" : "");
+        return STK_EINVAL;
+    }
     int rc = shardout_end(&w->so, w->err, sizeof w->err);
     if (!rc)
         rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err);
@@ -1527,6 +1662,7 @@ int stk_writer_finish(stk_writer *w, stk_pack_result *res)
     set_marker(w->dir, false);
     w->marker = false;
     w->finished = true;
+    out_unlock(w->dir, &w->lock_fd);
     if (res) {
         stk_pack_result r = {0};
         r.samples = w->man.samples;
@@ -1558,9 +1694,11 @@ void stk_writer_close(stk_writer *w)
             unlink(path);
         }
         set_marker(w->dir, false);
+        out_unlock(w->dir, &w->lock_fd);
         if (w->created)
             rmdir(w->dir);
     }
+    out_unlock(w->dir, &w->lock_fd);
     for (size_t k = 0; k < w->man.nshards; k++)
         stk__free(w->man.shards[k].name);
     stk__free(w->man.shards);

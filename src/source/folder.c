@@ -246,6 +246,14 @@ static void folder_name(const stk__source *s, uint64_t i, char *buf, size_t n)
     stk__fmt(buf, n, "%s", f->paths + f->path_off[i]);
 }
 
+const char *stk__folder_class_name(const stk__source *src, uint64_t c)
+{
+    const folder *f = src->impl;
+    if (!f || c >= f->num_classes)
+        return NULL;
+    return f->class_names[c];
+}
+
 static void folder_close(stk__source *s)
 {
     folder *f = s->impl;

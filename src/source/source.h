@@ -151,6 +151,8 @@ typedef struct stk__dataset_info {
 void stk__stk_describe(const stk__source *s, stk__dataset_info *di);
 void stk__stk_key(const stk__source *s, uint64_t i, char *buf, size_t n);
 const char *stk__stk_class_name(const stk__source *s, uint64_t c);
+/* A folder source's class c name (its subfolder), or NULL past the classes. */
+const char *stk__folder_class_name(const stk__source *s, uint64_t c);
 int stk__stk_meta(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
 void stk__tar_describe(const stk__source *s, stk__dataset_info *di);
 void stk__tar_key(const stk__source *s, uint64_t i, char *buf, size_t n);

@@ -5,8 +5,9 @@ it delivered to OUT/rank-R.json: per batch, the step, the labels and a hash
 of the bytes. Rank 0 saves the loader's state dict to OUT/state.json after
 --save-at steps; --resume STATE restores one first; --stop-after N stops
 there (else at the end of the epoch); --sleep-after N makes every rank
-stop after step N and sleep (to be killed). Each rank writes its pid to
-OUT/pid-R first."""
+stop after step N and sleep (to be killed); --vary KEY opens rank 1's loader
+with another setting and records the error each rank gets. Each rank writes
+its pid to OUT/pid-R first."""
 
 import argparse
 import hashlib
@@ -38,6 +39,10 @@ def main():
     ap.add_argument("--stop-after", type=int)
     ap.add_argument("--resume")
     ap.add_argument("--sleep-after", type=int)
+    ap.add_argument("--vary", choices=["seed", "shuffle", "drop_last", "size", "missing"],
+                    help="rank 1 opens its loader with another value of this setting (size, "
+                         "missing: another records file, DATA.small / DATA.missing); every "
+                         "rank then writes the error it got to OUT/error-R.txt")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -52,11 +57,32 @@ def main():
         kw["transform"] = a.transform
         kw["size"] = 32
     data = a.data
+    drop_last = False
+    if a.vary and rank == 1:
+        if a.vary == "seed":
+            a.seed += 1
+        elif a.vary == "shuffle":
+            a.no_shuffle = not a.no_shuffle
+        elif a.vary == "drop_last":
+            drop_last = True
+        else:
+            path, rb, lb = data.rsplit(":", 2)
+            data = f"{path}.{'small' if a.vary == 'size' else 'missing'}:{rb}:{lb}"
     if data.startswith("records:"):  # records:PATH:RECORD_BYTES:LABEL_BYTES
         path, rb, lb = data[len("records:"):].rsplit(":", 2)
         data = stoker.Records(path, int(rb), label_bytes=int(lb))
-    loader = stoker.Loader(data, a.batch_size, seed=a.seed, shuffle=not a.no_shuffle,
-                           order=a.order, output="numpy", threads=1, **kw)
+    try:
+        loader = stoker.Loader(data, a.batch_size, seed=a.seed, shuffle=not a.no_shuffle,
+                               order=a.order, output="numpy", threads=1, drop_last=drop_last,
+                               **kw)
+    except Exception as e:
+        if not a.vary:
+            raise
+        with open(os.path.join(a.out, f"error-{rank}.txt"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     assert loader.rank == rank and loader.world_size == dist.get_world_size()
     if a.resume:
         with open(a.resume) as f:

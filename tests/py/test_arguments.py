@@ -74,7 +74,7 @@ def test_transform_integers_accept_torch_and_numpy():
     (dict(batch_size=np.float32(8)), TypeError, r"batch_size .*got 8\.0 \(numpy\.float32\)"),
     (dict(batch_size=True), TypeError, r"batch_size .*got True"),
     (dict(batch_size="8"), TypeError, r"batch_size .*got '8'"),
-    (dict(threads=np.int64(300)), ValueError, r"threads .*1 \.\. 256, got 300 \(numpy\.int64\)"),
+    (dict(threads=np.int64(300)), ValueError, r"threads .*0 \.\. 256, got 300 \(numpy\.int64\)"),
     (dict(depth=torch.tensor(64)), ValueError, r"depth must be in 1 \.\. 63, got tensor\(64\)"),
     (dict(seed=2 ** 64), ValueError, r"seed must be in 0 \.\. 18446744073709551615"),
     (dict(world_size=np.int64(0), rank=0), ValueError, r"world_size must be in 1 \.\. "),
@@ -267,3 +267,98 @@ def test_float_dtype_without_a_transform_is_refused_not_ignored(make_records, ma
     r = subprocess.run([stoker_bin, "bench", recs.path, "--record-size", "24",
                         "--dtype", "float16"], capture_output=True, text=True)
     assert r.returncode == 1 and "dtype float16 needs an image transform" in r.stderr
+
+
+# ---- issue 24 item 10: arguments a DataLoader user gets wrong ---------------------
+
+@pytest.mark.parametrize("name", ["shuffle", "drop_last", "return_indices", "strict"])
+@pytest.mark.parametrize("value", ["no", "False", 0, 1, None, 1.0])
+def test_bool_arguments_take_only_booleans(make_records, name, value):
+    with pytest.raises(TypeError, match=rf"{name} must be a bool \(True or False\), got "
+                                        rf"{re.escape(repr(value))}"):
+        stoker.Loader(make_records(4), 2, output="numpy", **{name: value})
+
+
+def test_bool_arguments_take_numpy_and_torch_booleans(make_records):
+    with stoker.Loader(make_records(8), 2, output="numpy", shuffle=np.False_,
+                       drop_last=torch.tensor(True), return_indices=np.bool_(True)) as L:
+        assert (L.shuffle, L.drop_last, L.return_indices) == (False, True, True)
+        assert [int(v) for v in next(iter(L))[1]] == [0, 1]
+
+
+def test_threads_zero_means_all_usable_cpus_as_the_cli(make_records):
+    rec = make_records(8)
+    with stoker.Loader(rec, 2, output="numpy") as a, \
+            stoker.Loader(rec, 2, output="numpy", threads=0) as b:
+        assert a.threads == b.threads >= 1
+        assert [int(v) for _, y in b for v in y] == [int(v) for _, y in a for v in y]
+
+
+def test_rank_without_world_size_says_world_size_is_missing(make_records, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match=r"rank=1 is given without world_size.*pass "
+                                         r"world_size= too"):
+        stoker.Loader(make_records(4), 2, output="numpy", rank=1)
+    with stoker.Loader(make_records(4), 2, output="numpy", rank=0) as L:
+        assert (L.rank, L.world_size) == (0, 1)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_workers=4), r"no num_workers= \(a DataLoader argument\): .*use threads=N"),
+    (dict(pin_memory=True), r"no pin_memory=.*pinned memory comes with device=\"cuda\""),
+    (dict(collate_fn=lambda b: b), r"no collate_fn=.*assembles batches in C"),
+    (dict(prefetch_factor=4), r"no prefetch_factor=.*use depth="),
+    (dict(persistent_workers=True), r"no persistent_workers=.*always persist"),
+    (dict(sampler=None), r"no sampler=.*shuffle= and seed="),
+    (dict(generator=None), r"no generator=.*use seed="),
+    (dict(worker_init_fn=None), r"no worker_init_fn=.*use seed="),
+    (dict(shufle=True), r"unexpected keyword argument 'shufle'"),
+])
+def test_dataloader_arguments_point_to_stokers(make_records, kwargs, match):
+    with pytest.raises(TypeError, match=match) as e:
+        stoker.Loader(make_records(4), 2, output="numpy", **kwargs)
+    if "shufle" not in kwargs:
+        assert "docs/python.md" in str(e.value)
+
+
+def test_device_messages_keep_the_index_and_list_fake(make_records, make_folder):
+    with pytest.raises(ValueError, match=r'"cuda:N".*"fake"/"fake:N".*got \'gpu\''):
+        stoker.Loader(make_records(4), 2, device="gpu")
+    # Records are dense, so the open goes on to the device, which names the
+    # index the user gave (no GPU here: no driver, or an index it lacks).
+    try:
+        L = stoker.Loader(make_records(4), 2, device="cuda:1")
+    except stoker.Error as e:
+        assert 'device "cuda:1"' in str(e) and 'device "cuda"' not in str(e)
+    else:
+        L.close()
+    # A device needs one shape: the message names the device as given.
+    with pytest.raises(ValueError, match=r'device "fake:1" needs batches of one shape'):
+        stoker.Loader(make_folder(), 2, device="fake:1")
+
+
+# ---- issue 24 item 11: environment misconfiguration ---------------------------------
+
+def test_world_size_without_rank_in_the_environment_is_refused(make_records, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match=r"environment variable WORLD_SIZE=2 is set but RANK "
+                                         r"is not"):
+        stoker.Loader(make_records(4), 2, output="numpy")
+    # rank= given: WORLD_SIZE alone is enough.
+    with stoker.Loader(make_records(4), 2, output="numpy", rank=1) as L:
+        assert (L.rank, L.world_size) == (1, 2)
+
+
+@pytest.mark.parametrize("order", ["global", "shards"])
+def test_local_world_size_larger_than_world_size_is_refused(make_records, monkeypatch, order):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match=r"LOCAL_WORLD_SIZE=4 is larger than WORLD_SIZE=2"):
+        stoker.Loader(make_records(4), 2, output="numpy", order=order)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    if order == "global":  # (order="shards" needs a dataset of shards)
+        with stoker.Loader(make_records(4), 2, output="numpy", order=order) as L:
+            assert (L.rank, L.world_size) == (0, 2)

@@ -9,6 +9,7 @@ import collections
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ WORKER = os.path.join(ROOT, "tests", "py", "dist_worker.py")
 import stk_servers  # noqa: E402
 
 
-def torchrun(nproc, out, *args, wait=True, env=None):
+def torchrun(nproc, out, *args, wait=True, env=None, read=True):
     """Starts torchrun with nproc local ranks of dist_worker.py. The
     --redirects/--tee/--log_dir flags work around Debian's torch 1.13 on
     Python 3.11 (../shared/FACTS.md)."""
@@ -49,6 +50,8 @@ def torchrun(nproc, out, *args, wait=True, env=None):
         os.killpg(p.pid, signal.SIGKILL)
         raise
     assert p.returncode == 0, log[-4000:]
+    if not read:
+        return None
     return [json.load(open(os.path.join(out, f"rank-{r}.json"))) for r in range(nproc)]
 
 
@@ -84,6 +87,38 @@ def test_each_sample_once_and_same_batches_as_one_process(rec, tmp_path, nproc, 
             want = [(hashlib.sha1(np.ascontiguousarray(d).tobytes()).hexdigest(),
                      [int(x) for x in y]) for d, y in L]
         assert [(b["hash"], b["labels"]) for b in r["batches"]] == want
+
+
+@pytest.mark.parametrize("vary,what", [
+    ("seed", r"seed: seed=7 on rank 0; seed=8 on rank 1"),
+    ("shuffle", r"shuffle: shuffle=True on rank 0; shuffle=False on rank 1"),
+    ("drop_last", r"drop_last: drop_last=False on rank 0; drop_last=True on rank 1"),
+    ("size", r"the dataset's size \(num_samples\): num_samples=103 on rank 0; "
+             r"num_samples=50 on rank 1"),
+])
+def test_ranks_that_disagree_are_refused_at_open(rec, tmp_path, vary, what):
+    """Issue 24 item 2: 2 ranks with seed=rank silently duplicated and
+    dropped samples (504 of each). Every rank now raises, naming the setting
+    and the ranks."""
+    small = f"{rec}.small"
+    with open(rec, "rb") as f, open(small, "wb") as g:
+        g.write(f.read(50 * 16))
+    out = tmp_path / "out"
+    torchrun(2, out, _records_spec(rec), out, "--seed", "7", "--vary", vary, read=False)
+    for r in range(2):
+        err = (out / f"error-{r}.txt").read_text()
+        assert err.startswith("ValueError: the ranks of this job disagree on "), err
+        assert re.search(what, err), err
+        assert f"(this is rank {r})" in err and "docs/distributed.md" in err
+
+
+def test_a_rank_that_cannot_open_does_not_leave_the_others_waiting(rec, tmp_path):
+    out = tmp_path / "out"
+    torchrun(2, out, _records_spec(rec), out, "--vary", "missing", read=False)
+    assert (out / "error-1.txt").read_text().startswith("FileNotFoundError")
+    err0 = (out / "error-0.txt").read_text()
+    assert re.match(r"Error: rank 1 of 2 could not open its stoker.Loader \(FileNotFoundError: "
+                    r".*data.rec.missing", err0), err0
 
 
 def _records_spec(rec):

@@ -2,6 +2,7 @@
 files and raw-byte folders (no image decoding needed)."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -148,7 +149,7 @@ def test_max_sample_bytes(make_folder):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(batch_size=0), "batch_size"),
-    (dict(threads=0), "threads"),
+    (dict(threads=-1), "threads"),
     (dict(threads=300), "threads"),
     (dict(depth=0), "depth"),
     (dict(depth=65), "depth"),
@@ -263,6 +264,49 @@ def test_iterating_again_continues_with_next_epoch(make_records):
         assert labels_of(L) == e1
         L.set_epoch(0)
         assert labels_of(L) == e0
+
+
+def test_iterator_shared_by_threads_delivers_exactly_its_epoch(make_records):
+    """Several threads calling next() on one iterator (issue 24 item 1): the
+    end of the epoch seen by one of them ends it for all, so the epoch gives
+    each of its batches once and nothing of the next epoch; the state then
+    points at the next epoch's start, and the next loop delivers all of it."""
+    n, bs, nthreads = 400, 4, 4
+    rec = make_records(n)
+    for trial in range(6):
+        with stoker.Loader(rec, bs, seed=trial, output="numpy", threads=1,
+                           depth=nthreads + 4, return_indices=True) as L:
+            it = iter(L)
+            got, lock = [], threading.Lock()
+            errors = []
+
+            def run():
+                try:
+                    for _, y, _ in it:
+                        with lock:
+                            got.append(tuple(int(v) for v in y))
+                except Exception as e:  # noqa: BLE001 -- reported below
+                    errors.append(e)
+
+            ts = [threading.Thread(target=run) for _ in range(nthreads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(60)
+            assert not errors and not any(t.is_alive() for t in ts)
+            assert len(got) == len(L) == n // bs, f"trial {trial}: {len(got)} batches"
+            assert sorted(v for b in got for v in b) == list(range(n))
+            assert {k: L.state_dict()[k] for k in ("epoch", "batch")} == \
+                {"epoch": 1, "batch": 0}
+            with pytest.raises(StopIteration):
+                next(it)
+            # The next epoch is whole: its first batch is the first a fresh
+            # loader gives in epoch 1.
+            e1 = [tuple(int(v) for v in y) for _, y, _ in L]
+            assert sorted(v for b in e1 for v in b) == list(range(n))
+        with stoker.Loader(rec, bs, seed=trial, output="numpy") as ref:
+            ref.set_epoch(1)
+            assert e1 == [tuple(int(v) for v in y) for _, y in ref]
 
 
 def test_set_epoch_same_as_reaching_it(make_records):

@@ -6,6 +6,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -212,3 +213,161 @@ def test_writer_equals_pack_and_reads_back(tmp_path):
     assert not (tmp_path / "aborted").exists()
     with pytest.raises(ValueError, match="already holds a packed dataset"):
         stoker.Writer(tmp_path / "raw")
+
+
+_HOLDER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import stoker
+w = stoker.Writer(sys.argv[2], num_classes=1)
+w.set_class_name(0, "only")
+w.add(b"first sample", label=0, key="a")
+print("ready", flush=True)
+cmd = sys.stdin.readline().strip()
+if cmd == "finish":
+    w.finish()
+w.close()
+print("done", flush=True)
+"""
+
+
+def _holder(out):
+    """Another process with a live stoker.Writer on out (one sample added)."""
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(ROOT / "python"), str(out)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.parametrize("end", ["finish", "close", "kill"])
+def test_second_writer_is_told_another_writer_is_using_the_directory(tmp_path, end):
+    """Issue 24 item 12: a second writer (or pack) on a directory that a live
+    writer in another process is filling used to be told the directory
+    "holds an interrupted pack ... remove the directory"."""
+    out = tmp_path / "out"
+    p = _holder(out)
+    try:
+        for attempt in range(2):   # refused every time, changing nothing
+            with pytest.raises(stoker.Error, match=r"is in use by another stoker writer or "
+                                                   r"pack, which is still writing there") as e:
+                stoker.Writer(out)
+            assert e.value.code_name == "EBUSY"
+            assert "interrupted" not in str(e.value) and "remove" not in str(e.value)
+        src = _jpeg_folder(tmp_path / "src", classes=1, per=2)
+        with pytest.raises(stoker.Error, match=r"in use by another stoker writer") as e:
+            stoker.pack(src, out)
+        assert e.value.code_name == "EBUSY"
+        assert out.is_dir()
+        if end == "kill":
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+        else:
+            p.stdin.write(end + "\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    if end == "finish":
+        # The first writer's dataset is whole and readable; a new writer is
+        # told it is a packed dataset.
+        with stoker.Loader(out, 1, output="numpy") as L:
+            assert [int(y[0]) for _, y in L] == [0] and L.classes == ["only"]
+        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.manifest"]
+        with pytest.raises(ValueError, match="already holds a packed dataset"):
+            stoker.Writer(out)
+    elif end == "close":
+        # Closed without finish: it removed what it wrote, lock included.
+        assert not out.exists()
+        with stoker.Writer(out) as w:
+            w.add(b"x", key="x")
+    else:
+        # Killed: its lock died with it; what is left is an interrupted pack.
+        with pytest.raises(ValueError, match="holds an interrupted pack"):
+            stoker.Writer(out)
+
+
+# ---- issue 24 item 4: class names, all or none ------------------------------------
+
+def test_writer_with_some_classes_named_is_refused_at_finish(tmp_path):
+    out = tmp_path / "out"
+    w = stoker.Writer(out, num_classes=4)
+    try:
+        w.set_class_name(0, "cat")
+        w.set_class_name(2, "dog")
+        for c in range(4):
+            w.add(b"sample %d" % c, label=c, key=f"k{c}")
+        with pytest.raises(ValueError, match=r"2 of 4 classes are named, and class 1 \(with "
+                                             r"others\) is not: name every class"):
+            w.finish()
+        # The writer is still usable: name the rest and finish.
+        w.set_class_name(1, "bird")
+        w.set_class_name(3, "fish")
+        w.finish()
+    finally:
+        w.close()
+    with stoker.Loader(out, 2, output="numpy") as L:
+        assert L.classes == ["cat", "bird", "dog", "fish"] and L.num_classes == 4
+        assert L.dataset.class_to_idx == {"cat": 0, "bird": 1, "dog": 2, "fish": 3}
+
+
+def test_writer_with_no_names_gives_no_names_and_the_class_count(tmp_path):
+    with stoker.Writer(tmp_path / "out", num_classes=3) as w:
+        w.add(b"x", label=2)
+    with stoker.Loader(tmp_path / "out", 1, output="numpy") as L:
+        assert L.classes == [] and L.num_classes == 3
+
+
+@pytest.mark.parametrize("name", [3, None, b"cat", 1.5])
+def test_class_names_must_be_str(tmp_path, name):
+    with stoker.Writer(tmp_path / "out", num_classes=1) as w:
+        with pytest.raises(TypeError, match=r"set_class_name: a class name is a str, got "):
+            w.set_class_name(0, name)
+        w.set_class_name(0, "cat")
+        w.add(b"x", label=0)
+    with stoker.Loader(tmp_path / "out", 1, output="numpy") as L:
+        assert L.classes == ["cat"]
+
+
+def test_pack_refuses_a_class_folder_name_with_a_newline(tmp_path, make_folder):
+    src = make_folder(classes=3, per_class=2)
+    os.rename(src / "class01", src / "class\n01")
+    with pytest.raises(ValueError, match=r"class 0: the name \"class\\n01\" contains a newline, "
+                                         r"which the manifest cannot store .*rename the class "
+                                         r"folder"):
+        stoker.pack(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()   # refused before writing anything
+
+
+def test_pack_names_every_class_of_a_folder_and_of_a_repack(tmp_path):
+    src = _jpeg_folder(tmp_path / "src", classes=4, per=2)
+    with stoker.Loader(src, 2, output="numpy") as L:
+        folder_classes = L.classes
+    assert len(folder_classes) == 4
+    stoker.pack(src, tmp_path / "out")
+    stoker.pack(tmp_path / "out", tmp_path / "again")     # .stk to .stk keeps them
+    for d in ("out", "again"):
+        with stoker.Loader(tmp_path / d, 2, output="numpy") as L:
+            assert L.classes == folder_classes and L.num_classes == 4
+
+
+def test_classes_of_a_manifest_naming_only_some_is_full_length(tmp_path):
+    """Datasets written before names were all-or-none: the list is still
+    num_classes long, None where the manifest gives no name (it used to be
+    [] or a list shorter than num_classes)."""
+    out = tmp_path / "out"
+    with stoker.Writer(out, num_classes=3) as w:
+        for c in range(3):
+            w.set_class_name(c, f"c{c}")
+        w.add(b"x", label=0)
+    m = out / "stoker.manifest"
+    m.write_text("".join(l for l in m.read_text().splitlines(True) if not
+                         l.startswith("class 2 ")))
+    with stoker.Loader(out, 1, output="numpy") as L:
+        assert L.classes == ["c0", "c1", None] and L.num_classes == 3
+    m.write_text("".join(l for l in m.read_text().splitlines(True) if not
+                         l.startswith("class 0 ")))
+    with stoker.Loader(out, 1, output="numpy") as L:
+        assert L.classes == [None, "c1", None]
