@@ -154,6 +154,16 @@ static int open_obj(stk__remote **r, char *err, size_t errlen)
     return stk__remote_open(r, "s3://bkt/data/obj.bin", &cfg, err, errlen);
 }
 
+/* An open that must fail: its code (a remote opened anyway is closed). */
+static int open_fails(char *err, size_t errlen)
+{
+    stk__remote *r = NULL;
+    int rc = open_obj(&r, err, errlen);
+    CHECK(rc != STK_OK && r == NULL);
+    stk__remote_close(r);
+    return rc;
+}
+
 /* Opens the object, reads it, closes: STK_OK when it arrived intact. */
 static int read_obj(char *err, size_t errlen)
 {
@@ -228,11 +238,9 @@ static void test_json_and_time_parsers(void)
 static void test_missing_profile_fails_at_open(void)
 {
     char err[1024], want[1200];
-    stk__remote *r = NULL;
     clear_aws_env();
     setenv("AWS_PROFILE", "nope", 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
-    CHECK(r == NULL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     snprintf(want, sizeof want,
              "AWS profile 'nope' could not be found (looked in %s/.aws/credentials and "
              "%s/.aws/config)",
@@ -244,7 +252,7 @@ static void test_missing_profile_fails_at_open(void)
     /* Environment keys do not hide a profile that is not there (as boto3). */
     setenv("AWS_ACCESS_KEY_ID", "envkey", 1);
     setenv("AWS_SECRET_ACCESS_KEY", "envsecret", 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "'nope' could not be found") != NULL);
     CHECK(no_secret(err));
     unsetenv("AWS_ACCESS_KEY_ID");
@@ -255,7 +263,7 @@ static void test_missing_profile_fails_at_open(void)
     const char *cred = tu_path("alt-credentials"), *conf = tu_path("alt-config");
     setenv("AWS_SHARED_CREDENTIALS_FILE", cred, 1);
     setenv("AWS_CONFIG_FILE", conf, 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     snprintf(want, sizeof want, "(looked in %s and %s)", cred, conf);
     CHECK(strstr(err, want) != NULL);
 
@@ -278,7 +286,7 @@ static void test_missing_profile_fails_at_open(void)
     /* A half-given profile is an error, not unsigned requests. */
     const char *c3 = "[nope]\naws_access_key_id = envkey\n";
     tu_write_file(cred, c3, strlen(c3));
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "has aws_access_key_id but no aws_secret_access_key") != NULL);
     unlink(cred);
 
@@ -309,15 +317,14 @@ static void test_web_identity(void)
     /* A token STS refuses: the open fails naming STS, the role and the code,
      * never the token. */
     write_jwt("jwt-wrong\n");
-    stk__remote *r = NULL;
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "AssumeRoleWithWebIdentity") && strstr(err, "AccessDenied") &&
           strstr(err, "role/standin"));
     CHECK(no_secret(err));
 
     /* Half-given: a role without a token file. */
     unsetenv("AWS_WEB_IDENTITY_TOKEN_FILE");
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "AWS_ROLE_ARN is set but AWS_WEB_IDENTITY_TOKEN_FILE is not") != NULL);
 
     /* The same from a profile in the config file. */
@@ -451,19 +458,18 @@ static void test_container_and_proactive_refresh(void)
     /* A wrong authorization token: 401, named, the token not printed. */
     admin("/_admin/set?first_ttl=");
     tu_write_file(tu_path("ctoken"), "Bearer ctok-wrong", 17);
-    stk__remote *r = NULL;
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "AWS_CONTAINER_CREDENTIALS_FULL_URI") && strstr(err, "HTTP 401"));
     CHECK(!strstr(err, "ctok"));
 
     /* A plain-http full URI must be loopback (as the AWS SDKs require). */
     setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://10.1.2.3/creds", 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "must be an https:// URL, or http:// to a loopback address") != NULL);
     setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1.evil.example/creds", 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
     setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://user@127.0.0.1/creds", 1);
-    CHECK_EQ(open_obj(&r, err, sizeof err), STK_EINVAL);
+    CHECK_EQ(open_fails(err, sizeof err), STK_EINVAL);
 }
 
 /* ---- 3c. instance metadata ------------------------------------------------------ */
