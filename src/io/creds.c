@@ -22,11 +22,11 @@
 #include <time.h>
 
 enum {
-    REFRESH_WINDOW_S = 300,       /* refresh this long before a known expiry */
-    PROACTIVE_EVERY_NS = 10000,   /* ms: at most one proactive try per 10 s */
-    FORCED_EVERY_NS = 1000,       /* ms: at most one forced try per second */
-    ANSWER_MAX = 32768,           /* bytes of a provider's answer */
-    FIELD_MAX = 4096,             /* bytes of one key, secret or token */
+    REFRESH_WINDOW_S = 300,     /* refresh this long before a known expiry */
+    PROACTIVE_EVERY_NS = 10000, /* ms: at most one proactive try per 10 s */
+    FORCED_EVERY_NS = 1000,     /* ms: at most one forced try per second */
+    ANSWER_MAX = 32768,         /* bytes of a provider's answer */
+    FIELD_MAX = 4096,           /* bytes of one key, secret or token */
 };
 
 struct stk__creds {
@@ -101,8 +101,10 @@ static int cred_new(stk__cred **out, const char *key_id, const char *secret, con
 
 /* Looks up key in [section] of an INI-style AWS file; returns a copy or NULL.
  * *has_section (when given) says whether the section exists at all; key NULL
- * only asks that. */
-static char *ini_get(const char *path, const char *section, const char *key, bool *has_section)
+ * only asks that. Out of memory sets *rc to STK_ENOMEM (else *rc is kept), so
+ * that a failed allocation never reads as "no such key". */
+static char *ini_get(const char *path, const char *section, const char *key, bool *has_section,
+                     int *rc)
 {
     if (has_section)
         *has_section = false;
@@ -132,8 +134,10 @@ static char *ini_get(const char *path, const char *section, const char *key, boo
         if (!eq)
             continue;
         *eq = '\0';
-        if (key && !strcmp(trim(t), key))
-            val = stk__strdup(trim(eq + 1));
+        if (key && !strcmp(trim(t), key) && !(val = stk__strdup(trim(eq + 1)))) {
+            *rc = STK_ENOMEM;
+            break;
+        }
     }
     fclose(f);
     return val;
@@ -188,7 +192,9 @@ static int read_token_file(const char *what, const char *path, char *out, size_t
     out[got] = '\0';
     if (bad || more || strlen(out) != got) {
         stk__fmt(err, errlen, "%s '%s': %s", what, path,
-                 bad ? "cannot read it" : more ? "larger than a token can be" : "not a text token");
+                 bad    ? "cannot read it"
+                 : more ? "larger than a token can be"
+                        : "not a text token");
         return STK_EINVAL;
     }
     char *t = trim(out);
@@ -395,8 +401,12 @@ int64_t stk__iso8601(const char *s)
         return -1;
     if (y < 1970 || mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || sec > 60)
         return -1;
-    struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = d, .tm_hour = h,
-                    .tm_min = mi, .tm_sec = sec};
+    struct tm tm = {.tm_year = y - 1900,
+                    .tm_mon = mo - 1,
+                    .tm_mday = d,
+                    .tm_hour = h,
+                    .tm_min = mi,
+                    .tm_sec = sec};
     return (int64_t)timegm(&tm);
 }
 
@@ -448,12 +458,12 @@ static int on_progress(void *ud, curl_off_t a, curl_off_t b, curl_off_t c, curl_
     return atomic_load_explicit((atomic_bool *)ud, memory_order_relaxed) ? 1 : 0;
 }
 
-/* One request. STK_OK when the server answered (any status; the answer is in
- * a, NUL-terminated), STK_EIO when it could not be reached or the answer was
- * too large (why says which), STK_ENOMEM. No secret goes into why. */
+/* One request (direct: bypassing any proxy). STK_OK when the server answered (any status; the
+ * answer is in a, NUL-terminated), STK_EIO when it could not be reached or the answer was too large
+ * (why says which), STK_ENOMEM. No secret goes into why. */
 static int http_small(stk__creds *c, const char *method, const char *url,
-                      const char *const *headers, const char *post, long timeout_ms, answer *a,
-                      long *status, char *why, size_t whylen)
+                      const char *const *headers, const char *post, bool direct, long timeout_ms,
+                      answer *a, long *status, char *why, size_t whylen)
 {
     int rc = STK_OK;
     struct curl_slist *h = NULL;
@@ -483,8 +493,10 @@ static int http_small(stk__creds *c, const char *method, const char *url,
     curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
     curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(e, CURLOPT_XFERINFODATA, &c->cancel);
-    /* The metadata services are link-local: a proxy must never see them. */
-    curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
+    /* The metadata services are local to the machine or the pod: a proxy
+     * must never see them (STS may need one, as for S3). */
+    if (direct)
+        curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
     if (h)
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     if (post)
@@ -585,8 +597,7 @@ static int web_identity(stk__creds *c, const char *token_file, const char *role_
         rc = STK_ENOMEM;
         goto out;
     }
-    if ((rc = read_token_file("the web identity token file", token_file, jwt, 16384, err,
-                              errlen)))
+    if ((rc = read_token_file("the web identity token file", token_file, jwt, 16384, err, errlen)))
         goto out;
     const char *ep = env("AWS_ENDPOINT_URL_STS");
     if (!ep)
@@ -621,10 +632,11 @@ static int web_identity(stk__creds *c, const char *token_file, const char *role_
              arn_enc, sess_enc, jwt_enc);
     memset(jwt_enc, 0, jl);
     stk__free(jwt_enc);
+    /* "Expect:" off: a token of a few KiB must not wait for a 100 Continue. */
     static const char *const hdrs[] = {"Content-Type: application/x-www-form-urlencoded",
-                                       "Accept: application/xml", NULL};
+                                       "Accept: application/xml", "Expect:", NULL};
     long st;
-    if ((rc = http_small(c, "POST", url, hdrs, form, 5000, a, &st, why, sizeof why))) {
+    if ((rc = http_small(c, "POST", url, hdrs, form, false, 5000, a, &st, why, sizeof why))) {
         if (rc == STK_EIO)
             stk__fmt(err, errlen, "STS AssumeRoleWithWebIdentity at %s: %s", url, why);
         goto out;
@@ -709,8 +721,8 @@ static int container(stk__creds *c, stk__cred **out, char *err, size_t errlen)
 {
     const char *rel = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI");
     const char *full = env("AWS_CONTAINER_CREDENTIALS_FULL_URI");
-    const char *var = rel ? "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"
-                          : "AWS_CONTAINER_CREDENTIALS_FULL_URI";
+    const char *var =
+        rel ? "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI" : "AWS_CONTAINER_CREDENTIALS_FULL_URI";
     char url[2048], auth[4200], tok[4096], why[256], what[128];
     const char *hdrs[2] = {NULL, NULL};
     int rc = STK_OK;
@@ -723,7 +735,8 @@ static int container(stk__creds *c, stk__cred **out, char *err, size_t errlen)
         }
         stk__fmt(url, sizeof url, "http://169.254.170.2%s", rel);
     } else {
-        if (strncmp(full, "https://", 8) && !(!strncmp(full, "http://", 7) && host_allowed_plain(full))) {
+        if (strncmp(full, "https://", 8) &&
+            !(!strncmp(full, "http://", 7) && host_allowed_plain(full))) {
             stk__fmt(err, errlen,
                      "%s must be an https:// URL, or http:// to a loopback address (as the AWS "
                      "SDKs require)",
@@ -734,8 +747,8 @@ static int container(stk__creds *c, stk__cred **out, char *err, size_t errlen)
         const char *tf = env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE");
         const char *t = env("AWS_CONTAINER_AUTHORIZATION_TOKEN");
         if (tf) {
-            if ((rc = read_token_file("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", tf, tok,
-                                      sizeof tok, err, errlen)))
+            if ((rc = read_token_file("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", tf, tok, sizeof tok,
+                                      err, errlen)))
                 goto out;
             t = tok;
         }
@@ -753,7 +766,7 @@ static int container(stk__creds *c, stk__cred **out, char *err, size_t errlen)
         goto out;
     }
     long st;
-    if ((rc = http_small(c, "GET", url, hdrs, NULL, 2000, a, &st, why, sizeof why))) {
+    if ((rc = http_small(c, "GET", url, hdrs, NULL, true, 2000, a, &st, why, sizeof why))) {
         if (rc == STK_EIO)
             stk__fmt(err, errlen, "%s: %s", what, why);
         goto out;
@@ -798,8 +811,8 @@ static int imds(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     long st;
     const char *put_hdrs[] = {"X-aws-ec2-metadata-token-ttl-seconds: 21600", NULL};
     stk__fmt(url, sizeof url, "%s/latest/api/token", base);
-    if (http_small(c, "PUT", url, put_hdrs, NULL, 1000, a, &st, why, sizeof why) || st != 200 ||
-        !a->len || a->len >= sizeof tok) {
+    if (http_small(c, "PUT", url, put_hdrs, NULL, true, 1000, a, &st, why, sizeof why) ||
+        st != 200 || !a->len || a->len >= sizeof tok) {
         rc = STK_OK; /* no IMDSv2 here */
         goto out;
     }
@@ -810,7 +823,7 @@ static int imds(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     }
     const char *hdrs[] = {hdr, NULL};
     stk__fmt(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/", base);
-    if ((rc = http_small(c, "GET", url, hdrs, NULL, 1000, a, &st, why, sizeof why))) {
+    if ((rc = http_small(c, "GET", url, hdrs, NULL, true, 1000, a, &st, why, sizeof why))) {
         if (rc == STK_EIO)
             stk__fmt(err, errlen, "EC2 instance metadata (%s): %s", base, why);
         goto out;
@@ -833,7 +846,7 @@ static int imds(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     memcpy(role, a->buf, rl);
     role[rl] = '\0';
     stk__fmt(url, sizeof url, "%s/latest/meta-data/iam/security-credentials/%s", base, role);
-    if ((rc = http_small(c, "GET", url, hdrs, NULL, 1000, a, &st, why, sizeof why))) {
+    if ((rc = http_small(c, "GET", url, hdrs, NULL, true, 1000, a, &st, why, sizeof why))) {
         if (rc == STK_EIO)
             stk__fmt(err, errlen, "EC2 instance metadata (%s) for role %s: %s", base, role, why);
         goto out;
@@ -856,18 +869,19 @@ out:
 
 /* Keys, or a web identity role, from the profile; *out NULL when the profile
  * has neither. */
-static int from_profile(stk__creds *c, const profile *p, stk__cred **out, char *err,
-                        size_t errlen)
+static int from_profile(stk__creds *c, const profile *p, stk__cred **out, char *err, size_t errlen)
 {
     int rc = STK_OK;
     const char *files[2] = {p->cred, p->conf};
     const char *sections[2] = {p->name, p->section};
     char *ak = NULL, *sk = NULL, *tk = NULL, *arn = NULL, *wif = NULL, *sess = NULL;
     for (int f = 0; f < 2 && !*out && !rc; f++) {
-        ak = ini_get(files[f], sections[f], "aws_access_key_id", NULL);
-        sk = ini_get(files[f], sections[f], "aws_secret_access_key", NULL);
-        tk = ini_get(files[f], sections[f], "aws_session_token", NULL);
-        if (ak && sk) {
+        ak = ini_get(files[f], sections[f], "aws_access_key_id", NULL, &rc);
+        sk = ini_get(files[f], sections[f], "aws_secret_access_key", NULL, &rc);
+        tk = ini_get(files[f], sections[f], "aws_session_token", NULL, &rc);
+        if (rc) {
+            /* out of memory: freed below */
+        } else if (ak && sk) {
             rc = cred_new(out, ak, sk, tk, 0, "profile");
         } else if (ak || sk) {
             stk__fmt(err, errlen, "AWS profile '%s' in %s has %s but no %s", p->name, files[f],
@@ -883,19 +897,23 @@ static int from_profile(stk__creds *c, const profile *p, stk__cred **out, char *
     if (*out || rc)
         return rc;
     /* Sources in the config file that are not keys. */
-    arn = ini_get(p->conf, p->section, "role_arn", NULL);
-    wif = ini_get(p->conf, p->section, "web_identity_token_file", NULL);
-    sess = ini_get(p->conf, p->section, "role_session_name", NULL);
+    arn = ini_get(p->conf, p->section, "role_arn", NULL, &rc);
+    wif = ini_get(p->conf, p->section, "web_identity_token_file", NULL, &rc);
+    sess = ini_get(p->conf, p->section, "role_session_name", NULL, &rc);
     static const char *const unsupported[] = {"credential_process", "source_profile",
-                                              "credential_source", "sso_session",
-                                              "sso_start_url", NULL};
+                                              "credential_source",  "sso_session",
+                                              "sso_start_url",      NULL};
+    if (rc)
+        goto out;
     if (arn && wif) {
         rc = web_identity(c, wif, arn, sess, out, err, errlen);
         goto out;
     }
     for (size_t k = 0; unsupported[k]; k++) {
-        char *v = ini_get(p->conf, p->section, unsupported[k], NULL);
+        char *v = ini_get(p->conf, p->section, unsupported[k], NULL, &rc);
         stk__free(v);
+        if (rc)
+            goto out;
         if (v) {
             stk__fmt(err, errlen,
                      "AWS profile '%s' in %s gets its credentials through %s, which stoker does "
@@ -930,8 +948,8 @@ static int resolve(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     int rc = STK_OK;
     if (p->named) {
         bool in_cred, in_conf;
-        stk__free(ini_get(p->cred, p->name, NULL, &in_cred));
-        stk__free(ini_get(p->conf, p->section, NULL, &in_conf));
+        ini_get(p->cred, p->name, NULL, &in_cred, &rc);
+        ini_get(p->conf, p->section, NULL, &in_conf, &rc);
         if (!in_cred && !in_conf) {
             stk__fmt(err, errlen, "AWS profile '%s' could not be found (looked in %s and %s)",
                      p->name, p->cred, p->conf);
@@ -942,8 +960,9 @@ static int resolve(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     const char *ak = env("AWS_ACCESS_KEY_ID"), *sk = env("AWS_SECRET_ACCESS_KEY");
     if (ak || sk) {
         if (!ak || !sk) {
-            stk__fmt(err, errlen, "%s is set but %s is not", ak ? "AWS_ACCESS_KEY_ID" :
-                     "AWS_SECRET_ACCESS_KEY", ak ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
+            stk__fmt(err, errlen, "%s is set but %s is not",
+                     ak ? "AWS_ACCESS_KEY_ID" : "AWS_SECRET_ACCESS_KEY",
+                     ak ? "AWS_SECRET_ACCESS_KEY" : "AWS_ACCESS_KEY_ID");
             rc = STK_EINVAL;
         } else {
             rc = cred_new(out, ak, sk, env("AWS_SESSION_TOKEN"), 0, "environment");
@@ -953,8 +972,9 @@ static int resolve(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     const char *wif = env("AWS_WEB_IDENTITY_TOKEN_FILE"), *arn = env("AWS_ROLE_ARN");
     if (wif || arn) {
         if (!wif || !arn) {
-            stk__fmt(err, errlen, "%s is set but %s is not", wif ? "AWS_WEB_IDENTITY_TOKEN_FILE" :
-                     "AWS_ROLE_ARN", wif ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE");
+            stk__fmt(err, errlen, "%s is set but %s is not",
+                     wif ? "AWS_WEB_IDENTITY_TOKEN_FILE" : "AWS_ROLE_ARN",
+                     wif ? "AWS_ROLE_ARN" : "AWS_WEB_IDENTITY_TOKEN_FILE");
             rc = STK_EINVAL;
         } else {
             rc = web_identity(c, wif, arn, env("AWS_ROLE_SESSION_NAME"), out, err, errlen);
@@ -963,7 +983,8 @@ static int resolve(stk__creds *c, stk__cred **out, char *err, size_t errlen)
     }
     if ((rc = from_profile(c, p, out, err, errlen)) || *out)
         goto out;
-    if (env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") || env("AWS_CONTAINER_CREDENTIALS_FULL_URI")) {
+    if (env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") ||
+        env("AWS_CONTAINER_CREDENTIALS_FULL_URI")) {
         rc = container(c, out, err, errlen);
         goto out;
     }
@@ -1000,9 +1021,9 @@ int stk__creds_open(stk__creds **out, const char *region_opt, char *err, size_t 
         profile *p = stk__malloc(sizeof *p);
         if (p) {
             profile_init(p);
-            c->region = ini_get(p->conf, p->section, "region", NULL);
+            c->region = ini_get(p->conf, p->section, "region", NULL, &rc);
             stk__free(p);
-            if (!c->region)
+            if (!c->region && !rc)
                 c->region = stk__strdup("us-east-1");
         }
     }

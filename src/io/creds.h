@@ -20,7 +20,9 @@
  * snapshot under the lock; a request signed with an older one keeps its
  * snapshot until it releases it. Every function may be called from any
  * thread; stk__creds_refresh blocks on the network (bounded by short
- * timeouts, and cut short by stk__creds_cancel).
+ * timeouts, and cut short by stk__creds_cancel). The chain's lock is
+ * innermost: it is held only to copy a pointer or count a reference, and no
+ * other lock is taken under it.
  *
  * No message written here contains a secret, a session token or a web
  * identity token.

@@ -207,9 +207,16 @@ static void test_json_and_time_parsers(void)
     CHECK(!strcmp(out, "AK/1A")); /* the nested one is not the top-level key */
     CHECK_EQ(stk__json_string(ok, strlen(ok), "Token", out, sizeof out), 0);
     CHECK_EQ(stk__json_string(ok, strlen(ok), "A", out, sizeof out), -1); /* not a string */
-    const char *bad[] = {"", "[]", "{\"a\":\"b\"", "{\"a\" \"b\"}", "{\"a\":\"b\",}",
-                         "{\"a\":\"b\"} x", "{\"a\":\"\\q\"}", "{\"a\":\"b\",\"a\":\"c\"}",
-                         "{\"a\":\"\x01\"}", "{\"a\":\"\\ud800\"}"};
+    const char *bad[] = {"",
+                         "[]",
+                         "{\"a\":\"b\"",
+                         "{\"a\" \"b\"}",
+                         "{\"a\":\"b\",}",
+                         "{\"a\":\"b\"} x",
+                         "{\"a\":\"\\q\"}",
+                         "{\"a\":\"b\",\"a\":\"c\"}",
+                         "{\"a\":\"\x01\"}",
+                         "{\"a\":\"\\ud800\"}"};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
         CHECK_EQ(stk__json_string(bad[k], strlen(bad[k]), "a", out, sizeof out), -1);
     char tiny[4];
@@ -513,6 +520,55 @@ static void test_imds(void)
     CHECK_EQ(count("imds_token"), 0);
 }
 
+/* ---- allocation failures ---------------------------------------------------- */
+
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
+
+/* For n = 0, 1, ...: the n-th library allocation fails. Every open + read
+ * either succeeds (then signed with the right key: the stand-in refuses
+ * anything else) or fails with STK_ENOMEM; never unsigned requests, a
+ * crash or a leak (tu_end checks). */
+static void test_allocation_failures(void)
+{
+    char err[1024], uri[256];
+    for (int cfg = 0; cfg < 4; cfg++) {
+        clear_aws_env();
+        if (cfg == 0) {
+            const char *c = "[default]\naws_access_key_id = profkey\n"
+                            "aws_secret_access_key = profsecret\n";
+            tu_write_file(tu_path("oom-credentials"), c, strlen(c));
+            setenv("AWS_SHARED_CREDENTIALS_FILE", tu_path("oom-credentials"), 1);
+        } else if (cfg == 1) {
+            web_identity_env();
+        } else if (cfg == 2) {
+            snprintf(uri, sizeof uri, "%s/container/creds", g_url);
+            setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", uri, 1);
+            setenv("AWS_CONTAINER_AUTHORIZATION_TOKEN", "Bearer ctok-1", 1);
+            admin("/_admin/set?auth_token=Bearer%20ctok-1&first_ttl=");
+        } else {
+            unsetenv("AWS_EC2_METADATA_DISABLED");
+            setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", g_url, 1);
+        }
+        long n;
+        int failed = 0;
+        for (n = 0; n < 2000; n++) {
+            long c0 = stk__alloc_count();
+            stk__alloc_fail_after(n);
+            int rc = read_obj(err, sizeof err);
+            stk__alloc_fail_after(-1);
+            bool injected = stk__alloc_count() - c0 > n;
+            if (rc != STK_OK && rc != STK_ENOMEM)
+                fprintf(stderr, "  config %d, n=%ld: %s: %s\n", cfg, n, stk_strerror(rc), err);
+            CHECK(rc == STK_OK || rc == STK_ENOMEM);
+            failed += rc == STK_ENOMEM;
+            if (!injected)
+                break;
+        }
+        CHECK(n < 2000 && failed > 10);
+    }
+}
+
 int main(void)
 {
     tu_begin("test_creds", 120);
@@ -524,6 +580,7 @@ int main(void)
     RUN(test_expired_token_refreshes_once);
     RUN(test_container_and_proactive_refresh);
     RUN(test_imds);
+    RUN(test_allocation_failures);
     standin_stop();
     clear_aws_env();
     return tu_end();

@@ -19,7 +19,8 @@ One ThreadingHTTPServer on 127.0.0.1 answers:
              without or with a wrong one).
   S3         GET/HEAD /BUCKET/KEY (path-style), files under ROOT: the SigV4
              signature is checked with the secret of the key id it names (keys
-             issued here, plus the static pair envkey / envsecret); a key whose
+             issued here, plus the static pairs envkey / envsecret and
+             profkey / profsecret); a key whose
              token was marked expired gets `expired_status` (400) ExpiredToken;
              an unknown key 403 InvalidAccessKeyId; a bad signature 403
              SignatureDoesNotMatch; an unsigned request 403 AccessDenied.
@@ -51,7 +52,7 @@ import sys
 import threading
 import urllib.parse
 
-STATIC = {"envkey": "envsecret"}
+STATIC = {"envkey": "envsecret", "profkey": "profsecret"}
 
 
 def _iso(t):
