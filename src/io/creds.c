@@ -619,7 +619,8 @@ static int web_identity(stk__creds *c, const char *token_file, const char *role_
     stk__pct_encode(sess, false, sess_enc, sizeof sess_enc);
     size_t jl = strlen(jwt) * 3 + 1, fl = jl + strlen(arn_enc) + strlen(sess_enc) + 160;
     char *jwt_enc = stk__malloc(jl);
-    form = stk__malloc(fl);
+    if ((form = stk__malloc(fl)))
+        form[0] = '\0'; /* wiped at out, whatever happens next */
     if (!jwt_enc || !form) {
         stk__free(jwt_enc);
         rc = STK_ENOMEM;

@@ -1316,8 +1316,8 @@ void stk__remote_close(stk__remote *r)
         curl_multi_cleanup(r->multi);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond_done);
-    char *strs[] = {r->display, r->base,     r->self_url, r->basename,
-                    r->bucket,  r->prefix,   r->list_url, r->region, r->sigv4};
+    char *strs[] = {r->display, r->base,   r->self_url, r->basename, r->bucket, r->prefix,
+                    r->list_url, r->region, r->sigv4};
     for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
         stk__free(strs[k]);
     stk__creds_close(r->creds); /* wipes the secrets */

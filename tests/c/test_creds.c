@@ -13,6 +13,7 @@
 
 #include <curl/curl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -41,6 +42,7 @@ static void standin_start(void)
     g_pid = fork();
     REQUIRE(g_pid >= 0);
     if (g_pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with a test that aborts */
         execl("/usr/bin/python3", "python3", script, root, "--ready-file", ready, (char *)NULL);
         _exit(127);
     }
