@@ -10,6 +10,8 @@
  */
 #include "io/remote.h"
 
+#include "io/creds.h"
+
 #include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
@@ -34,7 +36,8 @@ struct stk__remote {
     /* S3 */
     char *bucket, *prefix; /* prefix: "" or ends with '/' for a directory */
     char *list_url;        /* bucket URL for ListObjectsV2 */
-    char *key_id, *secret, *token, *region, *sigv4;
+    char *region, *sigv4;
+    stk__creds *creds; /* the S3 credential chain (creds.c); NULL for http(s) */
     stk__remote_cfg cfg;
 
     /* engine */
@@ -176,7 +179,7 @@ void stk__xml_unescape(char *s)
     *w = '\0';
 }
 
-/* ---- credentials --------------------------------------------------------- */
+/* ---- credentials: the chain itself is in creds.c -------------------------- */
 
 static const char *env(const char *k)
 {
@@ -184,115 +187,21 @@ static const char *env(const char *k)
     return v && *v ? v : NULL;
 }
 
-static char *trim(char *s)
+static int s3_credentials(stk__remote *r, char *err, size_t errlen)
 {
-    while (*s == ' ' || *s == '\t')
-        s++;
-    size_t n = strlen(s);
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
-        s[--n] = '\0';
-    return s;
-}
-
-/* Looks up key in [section] of an INI-style AWS file; returns a copy or NULL. */
-static char *ini_get(const char *path, const char *section, const char *key)
-{
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return NULL;
-    char line[2048];
-    bool in = false;
-    char *val = NULL;
-    while (!val && fgets(line, sizeof line, f)) {
-        char *t = trim(line);
-        if (*t == '#' || *t == ';' || !*t)
-            continue;
-        if (*t == '[') {
-            char *e = strchr(t, ']');
-            if (e) {
-                *e = '\0';
-                in = !strcmp(trim(t + 1), section);
-            }
-            continue;
-        }
-        if (!in)
-            continue;
-        char *eq = strchr(t, '=');
-        if (!eq)
-            continue;
-        *eq = '\0';
-        if (!strcmp(trim(t), key))
-            val = stk__strdup(trim(eq + 1));
-    }
-    fclose(f);
-    return val;
-}
-
-static void aws_file(const char *envname, const char *leaf, char *buf, size_t n)
-{
-    const char *p = env(envname);
-    if (p) {
-        stk__fmt(buf, n, "%s", p);
-        return;
-    }
-    const char *home = env("HOME");
-    stk__fmt(buf, n, "%s/.aws/%s", home ? home : "", leaf);
-}
-
-static int s3_credentials(stk__remote *r)
-{
-    const char *profile = env("AWS_PROFILE");
-    if (!profile)
-        profile = "default";
-    char cred[4096], conf[4096], section[512];
-    aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials", cred, sizeof cred);
-    aws_file("AWS_CONFIG_FILE", "config", conf, sizeof conf);
-    if (!strcmp(profile, "default"))
-        stk__fmt(section, sizeof section, "default");
-    else
-        stk__fmt(section, sizeof section, "profile %s", profile);
-
-    if (env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY")) {
-        r->key_id = stk__strdup(env("AWS_ACCESS_KEY_ID"));
-        r->secret = stk__strdup(env("AWS_SECRET_ACCESS_KEY"));
-        if (env("AWS_SESSION_TOKEN"))
-            r->token = stk__strdup(env("AWS_SESSION_TOKEN"));
-        if (!r->key_id || !r->secret || (env("AWS_SESSION_TOKEN") && !r->token))
-            return STK_ENOMEM;
-    } else {
-        r->key_id = ini_get(cred, profile, "aws_access_key_id");
-        r->secret = ini_get(cred, profile, "aws_secret_access_key");
-        r->token = ini_get(cred, profile, "aws_session_token");
-        if (!r->key_id || !r->secret) {
-            stk__free(r->key_id);
-            stk__free(r->secret);
-            stk__free(r->token);
-            r->key_id = ini_get(conf, section, "aws_access_key_id");
-            r->secret = ini_get(conf, section, "aws_secret_access_key");
-            r->token = ini_get(conf, section, "aws_session_token");
-        }
-        if (!r->key_id || !r->secret) {
-            /* Anonymous requests (a public bucket). */
-            stk__free(r->key_id);
-            stk__free(r->secret);
-            stk__free(r->token);
-            r->key_id = r->secret = r->token = NULL;
-        }
-    }
-    const char *reg = r->cfg.region && *r->cfg.region ? r->cfg.region : env("AWS_REGION");
-    if (!reg)
-        reg = env("AWS_DEFAULT_REGION");
-    if (reg)
-        r->region = stk__strdup(reg);
-    else if (!(r->region = ini_get(conf, section, "region")))
-        r->region = stk__strdup("us-east-1");
-    if (!r->region)
+    int rc = stk__creds_open(&r->creds, r->cfg.region, err, errlen);
+    if (rc)
+        return rc;
+    if (!(r->region = stk__strdup(stk__creds_region(r->creds))))
         return STK_ENOMEM;
-    if (r->key_id) {
+    stk__cred *k = stk__creds_acquire(r->creds);
+    if (k) {
         size_t n = strlen(r->region) + 16;
-        if (!(r->sigv4 = stk__malloc(n)))
+        if ((r->sigv4 = stk__malloc(n)))
+            stk__fmt(r->sigv4, n, "aws:amz:%s:s3", r->region);
+        stk__creds_release(r->creds, k);
+        if (!r->sigv4)
             return STK_ENOMEM;
-        stk__fmt(r->sigv4, n, "aws:amz:%s:s3", r->region);
     }
     return STK_OK;
 }
@@ -409,7 +318,7 @@ static int parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
     if (!r->prefix)
         return STK_ENOMEM;
 
-    int rc = s3_credentials(r);
+    int rc = s3_credentials(r, err, errlen);
     if (rc)
         return rc;
     const char *ep = r->cfg.endpoint && *r->cfg.endpoint ? r->cfg.endpoint : env("AWS_ENDPOINT_URL_S3");
@@ -620,6 +529,8 @@ static int setup_easy(stk__remote *r, stk__req *q)
     q->hdrs_ = NULL;
     char range[96];
     struct curl_slist *h = NULL, *t;
+    /* The credentials' current snapshot, held until libcurl has copied it. */
+    stk__cred *k = r->sigv4 ? stk__creds_acquire(r->creds) : NULL;
     if (q->len) {
         stk__fmt(range, sizeof range, "Range: bytes=%llu-%llu", (unsigned long long)q->off,
                  (unsigned long long)(q->off + q->len - 1));
@@ -627,17 +538,18 @@ static int setup_easy(stk__remote *r, stk__req *q)
             goto nomem;
         h = t;
     }
-    if (r->sigv4) {
+    if (k) {
         if (!(t = curl_slist_append(h, "x-amz-content-sha256: UNSIGNED-PAYLOAD")))
             goto nomem;
         h = t;
-        if (r->token) {
-            size_t n = strlen(r->token) + 32;
+        if (k->token) {
+            size_t n = strlen(k->token) + 32;
             char *line = stk__malloc(n);
             if (!line)
                 goto nomem;
-            stk__fmt(line, n, "x-amz-security-token: %s", r->token);
+            stk__fmt(line, n, "x-amz-security-token: %s", k->token);
             t = curl_slist_append(h, line);
+            memset(line, 0, n);
             stk__free(line);
             if (!t)
                 goto nomem;
@@ -664,10 +576,12 @@ static int setup_easy(stk__remote *r, stk__req *q)
         curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
         curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     }
-    if (r->sigv4) {
+    if (k) {
         curl_easy_setopt(e, CURLOPT_AWS_SIGV4, r->sigv4);
-        curl_easy_setopt(e, CURLOPT_USERNAME, r->key_id);
-        curl_easy_setopt(e, CURLOPT_PASSWORD, r->secret);
+        curl_easy_setopt(e, CURLOPT_USERNAME, k->key_id);
+        curl_easy_setopt(e, CURLOPT_PASSWORD, k->secret);
+        q->cred_gen_ = k->gen;
+        stk__creds_release(r->creds, k);
     }
     q->got = 0;
     q->ebody_len_ = 0;
@@ -680,6 +594,7 @@ static int setup_easy(stk__remote *r, stk__req *q)
     }
     return STK_OK;
 nomem:
+    stk__creds_release(r->creds, k);
     curl_slist_free_all(h);
     return STK_ENOMEM;
 }
@@ -809,6 +724,16 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
     uint64_t ra = header_u64(e, "Retry-After", &ok);
     if (ok)
         q->retry_after_s_ = (long)(ra > 600 ? 600 : ra);
+    if ((st == 400 || st == 403) && r->sigv4 && stk__creds_expired_error(q->ebody_)) {
+        /* Expired credentials: the I/O thread reads the chain again and
+         * retries once (2); a second refusal is final. */
+        if (!q->cred_retried_)
+            return 2;
+        stk__fmt(q->err, sizeof q->err, "%s (the credentials expired, and those the credential "
+                 "chain gave again were refused too)", what);
+        q->rc = STK_EIO;
+        return q->rc;
+    }
     if (st == 408 || st == 429 || st >= 500 || strstr(s3, "SlowDown"))
         return 1;
     if (st == 404) {
@@ -885,6 +810,32 @@ static void act_remove(stk__remote *r, stk__req *q)
     q->anext_ = NULL;
 }
 
+/* A request refused for an expired token (judge gave 2): reads the chain
+ * again (unless another request did since q was signed) and queues q again at
+ * once, outside the retry budget, or fails it with the reason. Returns what
+ * io_main does next: 0 (queued or failed here) or the judge's verdict. */
+static int cred_retry(stk__remote *r, stk__req *q)
+{
+    char why[320];
+    if (stk__creds_refresh(r->creds, q->cred_gen_, true, why, sizeof why)) {
+        char last[sizeof q->err];
+        stk__fmt(last, sizeof last, "%s", q->err);
+        stk__fmt(q->err, sizeof q->err, "%s; %s", last, why);
+        q->rc = STK_EIO;
+        return q->rc;
+    }
+    q->cred_retried_ = true;
+    atomic_fetch_add_explicit(&r->n_retries, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->lock);
+    r->active--;
+    q->not_before_ = 0;
+    q->state_ = Q_WAITING_RETRY;
+    q->next_ = r->retry;
+    r->retry = q;
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
 static void *io_main(void *arg)
 {
     stk__remote *r = arg;
@@ -925,6 +876,14 @@ static void *io_main(void *arg)
             r->active++;
         }
         pthread_mutex_unlock(&r->lock);
+        /* Credentials about to expire are renewed before they sign more. */
+        if (take && r->sigv4 && stk__creds_due(r->creds)) {
+            stk__cred *k = stk__creds_acquire(r->creds);
+            char why[320];
+            if (k)
+                (void)stk__creds_refresh(r->creds, k->gen, false, why, sizeof why);
+            stk__creds_release(r->creds, k);
+        }
         for (stk__req *q = take, *n; q; q = n) {
             n = q->next_;
             q->next_ = NULL;
@@ -959,6 +918,8 @@ static void *io_main(void *arg)
             atomic_fetch_add_explicit(&r->n_first_byte_ns, (uint64_t)first_us * 1000u,
                                       memory_order_relaxed);
             int v = judge(r, q, res);
+            if (v == 2 && !(v = cred_retry(r, q)))
+                continue; /* queued again with fresh credentials */
             if (v == 1 && q->attempts <= r->cfg.retries) {
                 uint64_t cap = 10000ULL, base = r->cfg.backoff_ms;
                 unsigned sh = q->attempts - 1 < 16 ? q->attempts - 1 : 16;
@@ -1036,6 +997,8 @@ void stk__remote_submit(stk__remote *r, stk__req *q)
     q->rc = STK_OK;
     q->err[0] = '\0';
     q->attempts = 0;
+    q->cred_gen_ = 0;
+    q->cred_retried_ = false;
     q->got = 0;
     q->status = 0;
     q->next_ = NULL;
@@ -1342,6 +1305,7 @@ void stk__remote_close(stk__remote *r)
     if (!r)
         return;
     if (r->started) {
+        stk__creds_cancel(r->creds); /* a refresh in progress ends now */
         pthread_mutex_lock(&r->lock);
         r->stop = true;
         pthread_mutex_unlock(&r->lock);
@@ -1353,16 +1317,10 @@ void stk__remote_close(stk__remote *r)
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond_done);
     char *strs[] = {r->display, r->base,   r->self_url, r->basename, r->bucket, r->prefix,
-                    r->list_url, r->key_id, r->token,    r->region,   r->sigv4};
+                    r->list_url, r->region, r->sigv4};
     for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
         stk__free(strs[k]);
-    if (r->secret) {
-        /* Do not leave the secret in freed memory. */
-        volatile char *s = r->secret;
-        while (*s)
-            *s++ = 0;
-        stk__free(r->secret);
-    }
+    stk__creds_close(r->creds); /* wipes the secrets */
     stk__free(r);
 }
 

@@ -91,6 +91,8 @@ struct stk__req {
     long retry_after_s_;
     struct curl_slist *hdrs_;
     char ebody_[512]; /* start of an error response's body (S3's XML error) */
+    uint64_t cred_gen_; /* generation of the credentials that signed it */
+    bool cred_retried_; /* already retried once after an expired token */
     size_t ebody_len_;
     stk__req *next_, *anext_;
 };

@@ -297,6 +297,7 @@ def aws_env(monkeypatch, tmp_path):
         if k.startswith("AWS_"):
             monkeypatch.delenv(k)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of the machine's
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata either
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     return monkeypatch
@@ -334,6 +335,66 @@ def test_s3_wrong_secret_fails_fast_naming_bucket_and_code(s3, aws_env):
     assert "s3://bkt/sets/ds" in r.stderr and "SignatureDoesNotMatch" in r.stderr
     assert "not-the-secret" not in r.stderr
     assert time.time() - t0 < 5  # no retry storm
+
+
+def test_s3_missing_profile_fails_at_open_naming_the_files(s3, aws_env, tmp_path):
+    # It used to fall back to unsigned requests and a 403 much later.
+    aws_env.setenv("AWS_PROFILE", "nope")
+    aws_env.setenv("AWS_CONFIG_FILE", str(tmp_path / "cfg"))
+    r = subprocess.run([STOKER, "info", "s3://bkt/sets/ds", "--endpoint", s3.endpoint],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    want = (f"AWS profile 'nope' could not be found (looked in {tmp_path}/.aws/credentials "
+            f"and {tmp_path}/cfg)")
+    assert want in r.stderr
+    assert SECRET not in r.stderr
+    with pytest.raises(Exception) as e:
+        _loader("s3://bkt/sets/ds", options={"endpoint": s3.endpoint})
+    assert "AWS profile 'nope' could not be found" in str(e.value)
+
+
+def test_s3_web_identity_credentials_sign_for_a_real_s3(packed, s3, aws_env, tmp_path):
+    # STS (a stand-in) hands out the key pair the S3 server checks signatures with.
+    import http.server
+    aws_env.delenv("AWS_ACCESS_KEY_ID")
+    aws_env.delenv("AWS_SECRET_ACCESS_KEY")
+    (tmp_path / "jwt").write_text("a.b.c\n")
+    asked = []
+
+    class Sts(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            import urllib.parse
+            n = int(self.headers["Content-Length"])
+            asked.append(dict(urllib.parse.parse_qsl(self.rfile.read(n).decode())))
+            body = (f"<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult>"
+                    f"<Credentials><AccessKeyId>{KEY_ID}</AccessKeyId><SecretAccessKey>"
+                    f"{SECRET}</SecretAccessKey><SessionToken>tok</SessionToken>"
+                    f"<Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>"
+                    f"</AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Sts)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        aws_env.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(tmp_path / "jwt"))
+        aws_env.setenv("AWS_ROLE_ARN", "arn:aws:iam::1:role/r")
+        aws_env.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{srv.server_address[1]}")
+        aws_env.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
+        with _loader("s3://bkt/sets/ds") as r, _loader(packed["local"]) as l:
+            _same(_batches(r), _batches(l))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert len(asked) == 1
+    assert asked[0]["Action"] == "AssumeRoleWithWebIdentity"
+    assert asked[0]["WebIdentityToken"] == "a.b.c" and asked[0]["RoleArn"] == "arn:aws:iam::1:role/r"
 
 
 # ---- faults -----------------------------------------------------------------------
