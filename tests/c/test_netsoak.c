@@ -189,6 +189,9 @@ static const kind K_C = {"C tar cache", "tar/train-{000000..000002}.tar", g_ref_
 
 static int g_port;
 static long g_fresh;
+/* fetch_retries: 10 by default; STK_NETSOAK_RETRIES lower lets requests
+ * fail for good, so that failed samples must be reported, not lost. */
+static int g_retries = 10;
 #define FETCH_CONCURRENCY 16
 #define LOOKAHEAD         96
 
@@ -215,7 +218,9 @@ static stk_loader *open_kind(const kind *k, int remote, uint64_t seed, char *cac
         /* Stalls of 3 s outlast the 2 s timeout; 10 retries make a request
          * that fails for good (p = 0.15^11) practically impossible. */
         REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
-        REQUIRE(stk_options_set(o, "fetch_retries", "10") == STK_OK);
+        char rt[16];
+        snprintf(rt, sizeof rt, "%d", g_retries);
+        REQUIRE(stk_options_set(o, "fetch_retries", rt) == STK_OK);
         REQUIRE(stk_options_set(o, "fetch_concurrency", "16") == STK_OK);
         /* A plan shorter than an epoch, so the window moves all the time,
          * and long enough that a stalled request rarely holds up the
@@ -278,7 +283,7 @@ static void make_refs(const kind *k)
 /* ---- counting -------------------------------------------------------------- */
 
 static struct {
-    uint64_t epochs, delivered, failed, wrong, dup;
+    uint64_t epochs, delivered, failed, wrong, dup, open_failed;
     uint64_t retries, failures, requests; /* fetch stats of closed loaders */
 } g_tot;
 
@@ -446,7 +451,8 @@ static void run_epoch(const kind *k, stk_loader *l, stk_loader *p)
         }
     CHECK_EQ(missing, 0);
     /* Retries enough that no request should fail for good. */
-    CHECK_EQ(failed, 0);
+    if (g_retries >= 10)
+        CHECK_EQ(failed, 0);
     g_tot.epochs++;
     g_tot.delivered += got;
     g_tot.failed += failed;
@@ -478,9 +484,13 @@ static void run_kind(const kind *k, uint64_t seed, int epochs, stk_loader *p)
 {
     char cache[1024];
     stk_loader *l = open_kind(k, 1, seed, cache, sizeof cache);
-    CHECK(l != NULL);
-    if (!l)
+    if (!l) {
+        /* Only a request that failed for good may fail an open. */
+        if (g_retries >= 10)
+            CHECK(l != NULL);
+        g_tot.open_failed++;
         return;
+    }
     g_cur = l;
     for (int e = 0; e < epochs; e++)
         run_epoch(k, l, p);
@@ -550,7 +560,7 @@ static void server_start(unsigned long seed)
     char root[1024], script[1200], plan[4096], planfile[1024], ready[1024], log[1024];
     char s_setpriv[] = "/usr/bin/setpriv", s_pd[] = "--pdeathsig", s_kill[] = "KILL", s_dd[] = "--";
     char s_py[] = "/usr/bin/python3", s_fault[] = "fault", s_plan[] = "--plan", s_ll[] = "--log-limit";
-    char s_zero[] = "0", s_sf[] = "--stats-file", s_rf[] = "--ready-file";
+    char s_zero[] = "0", s_sf[] = "--stats-file", s_rf[] = "--ready-file", s_nd[] = "--nodelay";
     repo_root(root, sizeof root);
     snprintf(script, sizeof script, "%s/tests/servers/stk_servers.py", root);
     REQUIRE(access(script, R_OK) == 0);
@@ -588,6 +598,7 @@ static void server_start(unsigned long seed)
     argv[a++] = s_zero;
     argv[a++] = s_sf;
     argv[a++] = g_stats_file;
+    argv[a++] = s_nd;
     argv[a++] = s_rf;
     argv[a++] = ready;
     argv[a] = NULL;
@@ -668,12 +679,15 @@ static void test_netsoak(void)
                                                  : (SANITIZED ? 15 : 50);
     int epochs = getenv("STK_NETSOAK_EPOCHS") ? atoi(getenv("STK_NETSOAK_EPOCHS"))
                                               : (SANITIZED ? 1 : 2);
+    if (getenv("STK_NETSOAK_RETRIES"))
+        g_retries = atoi(getenv("STK_NETSOAK_RETRIES"));
     server_start(seed);
     g_t0 = g_last_print = time(NULL);
 
     stk_loader *p = NULL;
     char pcache[1024];
-    p = open_kind(&K_A, 1, 5, pcache, sizeof pcache);
+    for (int k = 0; k < 20 && !p; k++)
+        p = open_kind(&K_A, 1, 5, pcache, sizeof pcache);
     REQUIRE(p);
 
     /* Warm-up: the first cycle, or the first minute of a long run. */
@@ -735,10 +749,11 @@ static void test_netsoak(void)
     int nr = server_stats(&requests, fired, 16);
     CHECK_EQ(nr, NPLAN);
     printf("    %ld cycles, %llu epochs, %llu samples delivered, %llu failed; %llu requests, %llu "
-           "retries, %llu failed for good\n",
+           "retries, %llu failed for good; %llu opens failed\n",
            cycle, (unsigned long long)g_tot.epochs, (unsigned long long)g_tot.delivered,
            (unsigned long long)g_tot.failed, (unsigned long long)g_tot.requests,
-           (unsigned long long)g_tot.retries, (unsigned long long)g_tot.failures);
+           (unsigned long long)g_tot.retries, (unsigned long long)g_tot.failures,
+           (unsigned long long)g_tot.open_failed);
     printf("    server: %ld requests;", requests);
     for (int k = 0; k < nr && k < NPLAN; k++)
         printf("%s %ld %s", k ? "," : "", fired[k], g_plan[k].what);
@@ -749,7 +764,8 @@ static void test_netsoak(void)
            base.threads, base.sockets, peak.sockets);
     CHECK_EQ(g_tot.wrong, 0);
     CHECK_EQ(g_tot.dup, 0);
-    CHECK_EQ(g_tot.failed, 0);
+    if (g_retries >= 10)
+        CHECK_EQ(g_tot.failed, 0);
     CHECK(g_tot.retries > 0);
     /* Every kind of fault was injected where at least 10 were expected (none
      * then has a chance of e^-10). */
