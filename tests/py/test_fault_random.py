@@ -1,5 +1,5 @@
 """Self-tests of the FaultServer's seeded random faults (Fault(...,
-probability=p, seed=S)), its fault_stats() / --stats-file and its bounded
+probability=p, seed=S)), its `ranged` selector, its fault_stats() / --stats-file and its bounded
 request log (log_limit / --log-limit), which the network fault soak
 (tests/c/test_netsoak.c) relies on: the same seed gives the same faults to the
 same requests whatever order they arrive in, another seed other faults, and a
@@ -107,6 +107,20 @@ def test_nodelay_answers_without_waiting_for_delayed_acks(www):
         t = time.monotonic()
         _statuses(f.port, range(0, 200, 2))
         assert time.monotonic() - t < 2.0
+
+
+def test_ranged_selects_by_the_range_header(www):
+    plan = [S.Fault("status", status=500, ranged=False), S.Fault("status", status=502, ranged=True, path="/f.bin")]
+    with S.FaultServer(www, plan, nodelay=True) as f:
+        c = http.client.HTTPConnection("127.0.0.1", f.port)
+        for headers, want in (({}, 500), ({"Range": "bytes=0-9"}, 502), ({}, 500)):
+            c.request("GET", "/f.bin", headers=headers)
+            r = c.getresponse()
+            r.read()
+            assert r.status == want
+        c.close()
+        rules = f.fault_stats()["rules"]
+        assert [(r["seen"], r["fired"]) for r in rules] == [(2, 2), (1, 1)]
 
 
 def test_command_line_stats_file(www, tmp_path):

@@ -91,8 +91,10 @@ FaultServer(root, plan=(), port=None)
       kind "stall": wait `seconds` (default 1.0) before answering, or, with
           `fraction` given, after sending that part of the body; then answer in full.
       Which requests: `path` (an fnmatch pattern on the decoded path, e.g.
-      "/ds/shard-0003.stk" or "*.stk"; None = all) and `method` ("GET"/"HEAD")
-      select; then at most one of
+      "/ds/shard-0003.stk" or "*.stk"; None = all), `method` ("GET"/"HEAD")
+      and `ranged` (True: only requests with a Range header, False: only
+      those without, e.g. whole-object downloads; None = both) select; then
+      at most one of
           first_attempts=N  the first N attempts of each distinct request
                             (method, path, Range header)
           every=N           every Nth request this rule selects (N, 2N, ...)
@@ -831,7 +833,7 @@ class Fault:
 
     def __init__(self, kind, path=None, method=None, first_attempts=None, every=None, nth=None, times=None,
                  status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0,
-                 probability=None, seed=0):
+                 probability=None, seed=0, ranged=None):
         if kind not in self.KINDS:
             raise ValueError(f"Fault: kind {kind!r} is not one of {', '.join(self.KINDS)}")
         if sum(x is not None for x in (first_attempts, every, nth, probability)) > 1:
@@ -859,6 +861,7 @@ class Fault:
         self.seconds = seconds
         self.probability = probability
         self.seed = seed
+        self.ranged = ranged
         self.index = 0  # place in the plan (set_plan), so that two rules draw apart
         self.seen = 0  # requests this rule selected
         self.fired = 0
@@ -866,9 +869,11 @@ class Fault:
     def __repr__(self):
         return f"Fault({self.kind!r}, path={self.path!r}, fired={self.fired})"
 
-    def _select(self, method, path):
-        return (self.path is None or fnmatch.fnmatchcase(path, self.path)) and (
-            self.method is None or self.method == method
+    def _select(self, method, path, rng=None):
+        return (
+            (self.path is None or fnmatch.fnmatchcase(path, self.path))
+            and (self.method is None or self.method == method)
+            and (self.ranged is None or self.ranged == (rng is not None))
         )
 
     def _fires(self, attempt, ident=None):
@@ -1133,7 +1138,7 @@ class FaultServer(_Server):
             self._answered += 1
             chosen = None
             for rule in self.plan:
-                if not rule._select(method, path):
+                if not rule._select(method, path, rng):
                     continue
                 rule.seen += 1
                 if chosen is None and rule._fires(attempt, ident):
