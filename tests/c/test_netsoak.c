@@ -30,6 +30,10 @@
  * failures counted by the fetch stats, faults injected by the server, RSS,
  * fds, threads, live allocations) is printed every 10 s.
  *
+ * Then two close tests against their own plans: close while every
+ * whole-shard download is stalled (prompt), and close while downloads
+ * complete (nothing freed that the I/O thread still reads).
+ *
  * Short form (make test): about 50 s of cycles in a release build, 15 s under
  * a sanitizer, seed 1. Long form (docs/remote.md):
  *   STK_NETSOAK_SECONDS=3600 build/release/tests/test_netsoak
