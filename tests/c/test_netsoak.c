@@ -9,7 +9,7 @@
  * Three loaders per cycle, each opened, run for some epochs and closed:
  *   A  a 6-shard remote .stk set, no cache, global order;
  *   B  the same set through the disk cache, shard-aware order, a cache limit
- *      of about 2.5 shards (entries are evicted and downloaded again);
+ *      of about 3 shards (entries are evicted and downloaded again);
  *   C  a 3-shard remote tar set, downloaded at open into a fresh cache;
  * and one loader like A (P) stays open for the whole soak, one epoch a cycle.
  * Every loader runs under the skip policy with retries enough that nothing
@@ -295,6 +295,7 @@ static void make_refs(const kind *k)
 static struct {
     uint64_t epochs, delivered, failed, wrong, dup, open_failed;
     uint64_t retries, failures, requests; /* fetch stats of closed loaders */
+    uint64_t cache_misses, cache_evictions, cache_fallbacks;
 } g_tot;
 
 static char g_stats_file[1024];
@@ -481,6 +482,9 @@ static void add_fetch_stats(const kind *k, stk_loader *l)
         return;
     }
     CHECK_EQ(stk_loader_fetch_stats(l, &fs), STK_OK);
+    g_tot.cache_misses += fs.cache_misses;
+    g_tot.cache_evictions += fs.cache_evictions;
+    g_tot.cache_fallbacks += fs.cache_fallbacks;
     g_tot.retries += fs.retries;
     g_tot.failures += fs.failures;
     g_tot.requests += fs.requests;
@@ -845,6 +849,12 @@ static void test_netsoak(void)
            (unsigned long long)g_tot.failed, (unsigned long long)g_tot.requests,
            (unsigned long long)g_tot.retries, (unsigned long long)g_tot.failures,
            (unsigned long long)g_tot.open_failed);
+    printf("    cache (B): %llu downloads, %llu evictions, %llu shards read by ranges\n",
+           (unsigned long long)g_tot.cache_misses, (unsigned long long)g_tot.cache_evictions,
+           (unsigned long long)g_tot.cache_fallbacks);
+    /* The cache's paths ran: downloads, and evictions as windows moved. */
+    CHECK(g_tot.cache_misses > 0);
+    CHECK(g_tot.cache_evictions > 0);
     printf("    server: %ld requests;", requests);
     for (int k = 0; k < nr && k < NPLAN; k++)
         printf("%s %ld %s", k ? "," : "", fired[k], g_plan[k].what);
