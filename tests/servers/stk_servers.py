@@ -91,12 +91,19 @@ FaultServer(root, plan=(), port=None)
       kind "stall": wait `seconds` (default 1.0) before answering, or, with
           `fraction` given, after sending that part of the body; then answer in full.
       Which requests: `path` (an fnmatch pattern on the decoded path, e.g.
-      "/ds/shard-0003.stk" or "*.stk"; None = all) and `method` ("GET"/"HEAD")
-      select; then at most one of
+      "/ds/shard-0003.stk" or "*.stk"; None = all), `method` ("GET"/"HEAD")
+      and `ranged` (True: only requests with a Range header, False: only
+      those without, e.g. whole-object downloads; None = both) select; then
+      at most one of
           first_attempts=N  the first N attempts of each distinct request
                             (method, path, Range header)
           every=N           every Nth request this rule selects (N, 2N, ...)
           nth=[i, ...]      the i-th requests this rule selects (1-based)
+          probability=p     each attempt with chance p, decided by a hash of
+                            (`seed`, the rule's place in the plan, method,
+                            path, Range header, attempt number): the same
+                            requests get the same faults whatever order they
+                            arrive in, and a retry is a fresh draw
       (none of them: every selected request), and `times=N` caps how often the
       rule fires in all. Each rule counts the requests it selects whether or not
       an earlier rule fired. Examples:
@@ -106,9 +113,18 @@ FaultServer(root, plan=(), port=None)
           Fault("truncate", first_attempts=1)
           Fault("stall", seconds=3, nth=[1])
           Fault("status", status=403, path="/secret/*")
+          Fault("reset", probability=0.02, seed=7)
     To inject faults under an s3:// client, lay out root as BUCKET/KEY and point
     the endpoint at this server (it ignores signatures; it cannot list).
+    FaultServer(root, plan, log_limit=N) keeps only the last N log entries
+    (0: none), for soaks that send millions of requests; nodelay=True sets
+    TCP_NODELAY on each connection, so that a response's headers and body,
+    written apart, do not wait for the client's delayed ACK (about 40 ms per
+    request on a kept-alive connection otherwise).
     .url, .port, .root, .set_plan(plan) (also resets the counters)
+    .fault_stats() -> dict requests (answered or being answered since the
+        plan was set) and rules: one dict per rule, in plan order, with kind,
+        path, status, seconds, fraction, seen (requests it selected) and fired.
     .requests(at_least=0, timeout=5.0) (waits until no request is being
         answered), .clear_requests(): dicts with method, path, range, status (None
         when reset before the headers), bytes (body bytes actually sent), fault
@@ -141,9 +157,12 @@ runs until SIGTERM/SIGINT):
         [--anonymous-read] [--bucket B]... [--upload BUCKET PREFIX LOCAL_DIR]...
         --ready-file F           (keys default to $AWS_ACCESS_KEY_ID /
         $AWS_SECRET_ACCESS_KEY, then stoker-test-key / stoker-test-secret)
-    ... fault ROOT [--plan JSON | --plan @FILE] [--port P] [--log FILE] --ready-file F
+    ... fault ROOT [--plan JSON | --plan @FILE] [--port P] [--log FILE]
+        [--log-limit N] [--stats-file FILE] [--nodelay] --ready-file F
         (JSON: a list of objects with Fault's arguments; --log: the request log
-        as JSON lines, written at exit)
+        as JSON lines, written at exit; --log-limit: keep only the last N
+        entries; --stats-file: fault_stats() as JSON, rewritten atomically
+        every second and at exit)
     ... proxy TARGET --delay-ms D [--port P] [--no-connect-rtt]
         [--stats-file FILE] --ready-file F
         (TARGET: host:port or http://host:port; D: one way; --stats-file: the
@@ -813,11 +832,14 @@ class Fault:
     KINDS = ("status", "reset", "truncate", "stall")
 
     def __init__(self, kind, path=None, method=None, first_attempts=None, every=None, nth=None, times=None,
-                 status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0):
+                 status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0,
+                 probability=None, seed=0, ranged=None):
         if kind not in self.KINDS:
             raise ValueError(f"Fault: kind {kind!r} is not one of {', '.join(self.KINDS)}")
-        if sum(x is not None for x in (first_attempts, every, nth)) > 1:
-            raise ValueError("Fault: give at most one of first_attempts, every, nth")
+        if sum(x is not None for x in (first_attempts, every, nth, probability)) > 1:
+            raise ValueError("Fault: give at most one of first_attempts, every, nth, probability")
+        if probability is not None and not 0 <= probability <= 1:
+            raise ValueError(f"Fault: probability {probability} is not in [0, 1]")
         if fraction is _UNSET:
             fraction = None if kind == "stall" else 0.5
         if fraction is None and kind == "truncate":
@@ -837,20 +859,28 @@ class Fault:
         self.close = close
         self.fraction = fraction
         self.seconds = seconds
+        self.probability = probability
+        self.seed = seed
+        self.ranged = ranged
+        self.index = 0  # place in the plan (set_plan), so that two rules draw apart
         self.seen = 0  # requests this rule selected
         self.fired = 0
 
     def __repr__(self):
         return f"Fault({self.kind!r}, path={self.path!r}, fired={self.fired})"
 
-    def _select(self, method, path):
-        return (self.path is None or fnmatch.fnmatchcase(path, self.path)) and (
-            self.method is None or self.method == method
+    def _select(self, method, path, rng=None):
+        return (
+            (self.path is None or fnmatch.fnmatchcase(path, self.path))
+            and (self.method is None or self.method == method)
+            and (self.ranged is None or self.ranged == (rng is not None))
         )
 
-    def _fires(self, attempt):
+    def _fires(self, attempt, ident=None):
         if self.times is not None and self.fired >= self.times:
             return False
+        if self.probability is not None:
+            return self._draw(ident, attempt) < self.probability
         if self.first_attempts is not None:
             return attempt <= self.first_attempts
         if self.every is not None:
@@ -858,6 +888,19 @@ class Fault:
         if self.nth is not None:
             return self.seen in self.nth
         return True
+
+    def _draw(self, ident, attempt):
+        """A number in [0, 1) fixed by the seed, the rule and the request's
+        attempt, not by arrival order (the server answers in many threads)."""
+        method, path, rng = ident or ("", "", None)
+        key = f"{self.seed}\0{self.index}\0{method}\0{path}\0{rng or ''}\0{attempt}".encode()
+        h = hashlib.blake2b(key, digest_size=8).digest()
+        return int.from_bytes(h, "little") / 2.0**64
+
+    def _stats(self):
+        return {"kind": self.kind, "path": self.path, "status": self.status if self.kind == "status" else None,
+                "retry_after": self.retry_after, "seconds": self.seconds, "fraction": self.fraction,
+                "seen": self.seen, "fired": self.fired}
 
 
 class _FaultHTTPServer(http.server.ThreadingHTTPServer):
@@ -879,6 +922,8 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
     def setup(self):
         super().setup()
         self.owner = self.server.owner
+        if self.owner.nodelay:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.conn_id = self.owner._register(self.connection)
 
     def finish(self):
@@ -1017,13 +1062,16 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
 
 
 class FaultServer(_Server):
-    def __init__(self, root, plan=(), port=None):
+    def __init__(self, root, plan=(), port=None, log_limit=None, nodelay=False):
         self.root = os.path.realpath(root)
+        self.nodelay = nodelay
+        self.log_limit = log_limit
+        self._answered = 0
         self._want_port = port or 0
         self.port = None
         self.url = None
         self._lock = threading.Lock()
-        self._entries = []
+        self._entries = collections.deque(maxlen=log_limit)
         self._in_progress = 0
         self._conns = {}
         self._next_conn = 0
@@ -1035,9 +1083,12 @@ class FaultServer(_Server):
 
     def set_plan(self, plan):
         rules = [p if isinstance(p, Fault) else Fault(**p) for p in plan or ()]
+        for k, rule in enumerate(rules):
+            rule.index = k
         with self._lock:
             self.plan = rules
             self._attempts.clear()
+            self._answered = 0
 
     def start(self):
         if self._httpd is not None:
@@ -1084,12 +1135,13 @@ class FaultServer(_Server):
             ident = (method, path, rng)
             self._attempts[ident] += 1
             attempt = self._attempts[ident]
+            self._answered += 1
             chosen = None
             for rule in self.plan:
-                if not rule._select(method, path):
+                if not rule._select(method, path, rng):
                     continue
                 rule.seen += 1
-                if chosen is None and rule._fires(attempt):
+                if chosen is None and rule._fires(attempt, ident):
                     rule.fired += 1
                     chosen = rule
             return chosen, attempt
@@ -1115,6 +1167,10 @@ class FaultServer(_Server):
     def clear_requests(self):
         with self._lock:
             self._entries.clear()
+
+    def fault_stats(self):
+        with self._lock:
+            return {"requests": self._answered, "rules": [r._stats() for r in self.plan]}
 
 
 # ---------------------------------------------------------------------------
@@ -1427,6 +1483,9 @@ def main(argv=None):
     p.add_argument("root")
     p.add_argument("--plan", default="[]")
     p.add_argument("--log")
+    p.add_argument("--log-limit", type=int)
+    p.add_argument("--stats-file")
+    p.add_argument("--nodelay", action="store_true")
     p = sub.add_parser("proxy")
     p.add_argument("target")
     p.add_argument("--delay-ms", type=float, required=True)
@@ -1451,7 +1510,8 @@ def main(argv=None):
         if plan.startswith("@"):
             with open(plan[1:]) as f:
                 plan = f.read()
-        server = FaultServer(a.root, json.loads(plan), port=a.port)
+        server = FaultServer(a.root, json.loads(plan), port=a.port, log_limit=a.log_limit,
+                             nodelay=a.nodelay)
     else:
         target = a.target.split("://", 1)[-1].rstrip("/")
         host, port = target.rsplit(":", 1)
@@ -1468,11 +1528,17 @@ def main(argv=None):
             shutil.copyfile(server.cafile, a.cafile)
         url = getattr(server, "url", None) or getattr(server, "endpoint")
         _write_atomic(a.ready_file, url + "\n")
+        ticks = 0
         while not stop.wait(0.5):
             proc = getattr(server, "proc", None)
             if proc is not None and proc.poll() is not None:
                 print(f"stk_servers: {a.kind} exited with {proc.returncode}", file=sys.stderr)
                 return 1
+            ticks += 1
+            if a.kind == "fault" and a.stats_file and ticks % 2 == 0:
+                _write_atomic(a.stats_file, json.dumps(server.fault_stats()) + "\n")
+        if a.kind == "fault" and a.stats_file:
+            _write_atomic(a.stats_file, json.dumps(server.fault_stats()) + "\n")
         if a.kind == "fault" and a.log:
             _write_atomic(a.log, "".join(json.dumps(e) + "\n" for e in server.requests()))
         if a.kind == "proxy" and a.stats_file:
