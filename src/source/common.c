@@ -21,13 +21,16 @@
 
 void stk__source_free_common(stk__source *s)
 {
+    /* The I/O thread first: a download finishing now runs its completion,
+     * which reads the shard names and sizes freed below. */
+    stk__remote_close(s->remote);
+    s->remote = NULL;
     if (s->shard_objs)
         for (size_t k = 0; k < s->nshards_objs_; k++)
             stk__free(s->shard_objs[k]);
     stk__free(s->shard_objs);
     stk__free(s->shard_bytes);
     stk__free(s->shard_first);
-    stk__remote_close(s->remote);
     for (size_t k = 0; k < s->npins; k++)
         stk__cache_unpin(s->pins[k]);
     stk__free(s->pins);
@@ -44,6 +47,9 @@ void stk__source_free_common(stk__source *s)
 
 void stk__source_close(stk__source *s)
 {
+    /* Before the reader's own state goes, for the same reason as above. */
+    stk__remote_close(s->remote);
+    s->remote = NULL;
     if (s->ops && s->ops->close)
         s->ops->close(s);
     stk__source_free_common(s);
