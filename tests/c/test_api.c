@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The header this test was compiled with, found from this file's path (the
  * tests are built and run from the repository root). */
@@ -238,7 +239,11 @@ static void run_raise_many(const char *device)
         uint64_t failed[3];
         int nf = 0, rc;
         stk_batch *b;
-        while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        for (;;) {
+            /* Time for the workers and the copy thread to report ahead. */
+            usleep(20000);
+            if ((rc = stk_loader_next(l, &b)) == STK_END)
+                break;
             if (rc == STK_ESAMPLE) {
                 stk_error_info info = {.struct_size = sizeof info};
                 REQUIRE(stk_loader_last_error(l, &info) == STK_OK);
