@@ -711,7 +711,8 @@ static void raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t 
         stk__fmt(err, errlen, "sample %llu (%s): %s%s", (unsigned long long)r->sample,
                  r->path ? r->path : "?", r->reason ? r->reason : stk_strerror(r->code), tail);
     else
-        stk__fmt(err, errlen, "a sample of batch %llu of epoch %llu failed (its report was lost: "
+        stk__fmt(err, errlen,
+                 "a sample of batch %llu of epoch %llu failed (its report was lost: "
                  "out of memory)%s",
                  (unsigned long long)(g % c->part.batches), (unsigned long long)r->epoch, tail);
 }

@@ -748,8 +748,10 @@ static PyObject *batch_errors(stk_loader *l, const stk_error_info *info)
         }
     }
     if (errs && at == n) {
-        e = (stk_sample_error){.sample = info->sample, .epoch = info->epoch,
-                               .code = info->sample_code, .path = info->path,
+        e = (stk_sample_error){.sample = info->sample,
+                               .epoch = info->epoch,
+                               .code = info->sample_code,
+                               .path = info->path,
                                .reason = info->reason};
         if (append_error(errs, &e) < 0)
             Py_CLEAR(errs);

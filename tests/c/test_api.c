@@ -92,7 +92,8 @@ static void test_code_map_expands(void)
     STK_CODE_MAP(XX)
 #undef XX
     CHECK_EQ(n, 16);
-    CHECK(stk_errname(-14) == NULL && stk_errname(3) == NULL && stk_errname(-2147483647 - 1) == NULL);
+    CHECK(stk_errname(-14) == NULL && stk_errname(3) == NULL &&
+          stk_errname(-2147483647 - 1) == NULL);
     CHECK(!strcmp(stk_strerror(-14), "unknown error"));
     CHECK(!strcmp(stk_errname(STK_EIO), "STK_EIO"));
     CHECK(!strcmp(stk_version(), STK_VERSION_STRING));
@@ -143,7 +144,11 @@ static void run_raise(const char *device)
     const char *root = corrupt_folder();
     char want[900];
     snprintf(want, sizeof want, "%s/c/img05.jpg", root);
-    tu_cfg c = {.path = root, .bs = 4, .threads = 2, .shuffle = 0, .transform = "Resize(8)|CenterCrop(8)",
+    tu_cfg c = {.path = root,
+                .bs = 4,
+                .threads = 2,
+                .shuffle = 0,
+                .transform = "Resize(8)|CenterCrop(8)",
                 .on_error = STK_ON_ERROR_RAISE,
                 .options = {"device", device, NULL}};
     stk_loader *l;
@@ -231,8 +236,13 @@ static void run_raise_many(const char *device)
             tu_write_file(file, jpg, n);
     }
     free(jpg);
-    tu_cfg c = {.path = root, .bs = 2, .threads = 2, .depth = 4, .shuffle = 0,
-                .transform = "Resize(8)|CenterCrop(8)", .options = {"device", device, NULL}};
+    tu_cfg c = {.path = root,
+                .bs = 2,
+                .threads = 2,
+                .depth = 4,
+                .shuffle = 0,
+                .transform = "Resize(8)|CenterCrop(8)",
+                .options = {"device", device, NULL}};
     stk_loader *l;
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     for (int pass = 0; pass < 2; pass++) {
@@ -299,7 +309,10 @@ static void test_raise_many_device(void)
 static void test_skip_lists_it(void)
 {
     const char *root = corrupt_folder();
-    tu_cfg c = {.path = root, .bs = 4, .threads = 2, .transform = "Resize(8)|CenterCrop(8)",
+    tu_cfg c = {.path = root,
+                .bs = 4,
+                .threads = 2,
+                .transform = "Resize(8)|CenterCrop(8)",
                 .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l;
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
