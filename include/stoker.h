@@ -71,8 +71,37 @@ extern "C" {
 #define STK_ECANCELED    (-12) /* stk_pack: the progress callback asked to stop */
 #define STK_EDEVICE      (-13) /* the device (CUDA) failed a copy, kernel or allocation */
 
-/* Returns a static, never-NULL description of a return code. Thread-safe. */
+/* Every return code above, once: XX(NAME, number, text). stk_errname() and
+ * stk_strerror() are generated from this list (src/api.c checks at compile
+ * time that each number equals its STK_NAME define), so a code added to the
+ * defines and not here fails the build's tests (tests/c/test_api.c). Callers
+ * may expand it too, e.g. to build their own table of every code. */
+#define STK_CODE_MAP(XX)                                                                           \
+    XX(OK, 0, "success")                                                                           \
+    XX(END, 1, "end of epoch")                                                                     \
+    XX(TIMEOUT, 2, "timed out waiting for a batch")                                                \
+    XX(EINVAL, -1, "invalid argument")                                                             \
+    XX(ENOMEM, -2, "out of memory")                                                                \
+    XX(EIO, -3, "I/O error")                                                                       \
+    XX(ENOENT, -4, "no such file or directory")                                                    \
+    XX(EFORMAT, -5, "malformed data")                                                              \
+    XX(ETOOBIG, -6, "too big for its budget or limit")                                             \
+    XX(EMISUSE, -7, "API misuse")                                                                  \
+    XX(EBUSY, -8, "all ring buffers are held by the consumer")                                     \
+    XX(EEMPTY, -9, "no samples")                                                                   \
+    XX(EUNSUPPORTED, -10, "unsupported")                                                           \
+    XX(ESAMPLE, -11, "a sample failed")                                                            \
+    XX(ECANCELED, -12, "canceled")                                                                 \
+    XX(EDEVICE, -13, "device error")
+
+/* Returns a static, never-NULL description of a return code ("unknown error"
+ * for a number that is no code). Thread-safe, no allocation. */
 STK_API const char *stk_strerror(int code);
+
+/* Returns the name of a return code as the header spells it: "STK_OK",
+ * "STK_EIO", "STK_ESAMPLE", ... Static storage; NULL for a number that is no
+ * code (so a caller can tell the two apart). Thread-safe, no allocation. */
+STK_API const char *stk_errname(int code);
 
 /* Returns the version string of the library that is running (its
  * STK_VERSION_STRING, which may differ from the header a program was compiled
@@ -521,6 +550,36 @@ STK_API int stk_loader_error_get(stk_loader *l, size_t i, stk_sample_error *e);
 /* The last error's detailed message; never NULL ("" when none). Valid until
  * the next call on the loader. */
 STK_API const char *stk_loader_errmsg(stk_loader *l);
+
+/* What the last stk_loader_next or stk_loader_next_timeout call returned, in
+ * structure. After STK_ESAMPLE (the raise policy) has_sample is 1 and sample,
+ * epoch, sample_code, path, reason and nfailed name the failed sample that the
+ * message names (the lowest slot of the batch), so callers need not parse the
+ * message. Strings are owned by the loader, never NULL, and valid until the
+ * next stk_loader_next/stk_loader_next_timeout call or stk_loader_close. */
+typedef struct stk_error_info {
+    size_t struct_size; /* in: sizeof(stk_error_info); out: bytes filled */
+    int code;           /* the call's return code (STK_ESAMPLE for a failed sample);
+                           for a failed handle, the stk_loader_open error */
+    int has_sample;     /* 1: the fields below describe a failed sample */
+    int sample_code;    /* the sample's own STK_E* code (STK_EIO, STK_EFORMAT, ...) */
+    uint64_t sample;    /* dataset index */
+    uint64_t epoch;
+    uint64_t nfailed;    /* failed samples in that batch (>= 1) */
+    const char *path;    /* the sample's file path or key ("" without a sample) */
+    const char *reason;  /* why it failed ("" without a sample) */
+    const char *field;   /* the field that failed; "" (samples have one payload) */
+    const char *message; /* the text stk_loader_errmsg() returns */
+} stk_error_info;
+
+/* Fills *info (info->struct_size set by the caller; see the note on
+ * struct_size above) with the last stk_loader_next/_timeout result; before
+ * any, code is STK_OK and has_sample 0. A failed handle answers too (code is
+ * its open error). A consumer function (see the top): call it from the thread
+ * that called next, before the next call. No allocation, does not block.
+ * Returns STK_OK; STK_EINVAL for a NULL info or a struct_size below the first
+ * version's; STK_EMISUSE for NULL, a closed handle or a forked child. */
+STK_API int stk_loader_last_error(stk_loader *l, stk_error_info *info);
 
 /* Stops the threads (promptly, from any state) and frees the loader. Batches
  * still held stay valid until released; the last release frees them. NULL is

@@ -40,6 +40,7 @@
 
 #define MAX_KEPT_ERRORS 1024         /* per epoch: the first failures in sample order */
 #define NAME_MAX_BYTES  1024         /* a failed sample's path or key as reported */
+#define RAISED_MAX      64           /* raised sample failures the user has not reached */
 #define NSTAGES         2            /* stages counted by the workers: read, process */
 #define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
 
@@ -53,6 +54,18 @@ typedef struct slot_err {
     char *name;
     char *reason;
 } slot_err;
+
+/* A batch's failure reported under the raise policy (STK_ESAMPLE): the
+ * lowest slot's, kept in structure for stk_loader_last_error until the user
+ * reaches the batch at position g. With a device the copy thread reports
+ * ahead of the user, so several may wait. */
+typedef struct raised {
+    uint64_t g, sample, epoch, nfailed;
+    int code;     /* the sample's STK_E* code */
+    bool known;   /* false: the batch's report was lost (out of memory) */
+    char *path;   /* owned; NULL when its copy failed */
+    char *reason; /* owned; NULL when its copy failed */
+} raised;
 
 typedef struct core core;
 
@@ -135,6 +148,8 @@ struct core {
     stk_sample_error *errors; /* failures of epoch errors_epoch, in sample order */
     size_t nerrors;
     uint64_t errors_epoch;
+    raised raised[RAISED_MAX]; /* oldest first */
+    unsigned nraised;
     uint64_t memory_bound;
     stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
     /* Elastic resume: the epoch a restored state continued under another
@@ -178,6 +193,10 @@ struct stk_loader {
     int status; /* STK_OK, or the open error of a failed handle */
     pid_t pid;
     char errmsg[STK_ERRMSG_MAX];
+    /* The last next() call's result, for stk_loader_last_error; touched only
+     * by the consumer functions. */
+    int last_code;
+    raised last; /* last.known: has a sample (STK_ESAMPLE) */
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -203,8 +222,30 @@ static void clear_errors(core *c)
     c->nerrors = 0;
 }
 
+static void raised_free(raised *r)
+{
+    stk__free(r->path);
+    stk__free(r->reason);
+    *r = (raised){0};
+}
+
+/* Drops the raised failures of batches before position `keep_from`. Lock
+ * held (or the core is being freed). */
+static void raised_prune(core *c, uint64_t keep_from)
+{
+    unsigned n = 0;
+    for (unsigned k = 0; k < c->nraised; k++) {
+        if (c->raised[k].g < keep_from)
+            raised_free(&c->raised[k]);
+        else
+            c->raised[n++] = c->raised[k];
+    }
+    c->nraised = n;
+}
+
 static void core_free(core *c)
 {
+    raised_prune(c, UINT64_MAX);
     /* The device stage first: it waits for the copies that read the ring. */
     stk__devstage_destroy(c->dstage);
     if (c->bufs) {
@@ -631,6 +672,51 @@ static const slot_err *first_err(const buffer *b)
     return best;
 }
 
+/* The user's position: the batch the user's next next() returns (with a
+ * device, the copy thread has taken batches ahead of it). Lock held. */
+static uint64_t user_g(const core *c)
+{
+    return c->dstage ? c->cons_g : c->deliver_g;
+}
+
+/* Reports batch b at position g under the raise policy: keeps its first
+ * failure (the lowest slot, as errors go in sample order) in structure, and
+ * writes the message from that same record. Before record_errors(), which
+ * takes the slot errors' strings. Lock held. */
+static void raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t errlen)
+{
+    /* Failures of batches the user has passed were dropped by a seek. */
+    raised_prune(c, user_g(c));
+    if (c->nraised == RAISED_MAX) {
+        raised_free(&c->raised[0]);
+        memmove(&c->raised[0], &c->raised[1], (RAISED_MAX - 1) * sizeof c->raised[0]);
+        c->nraised--;
+    }
+    const slot_err *e = first_err(b);
+    raised *r = &c->raised[c->nraised++];
+    *r = (raised){.g = g, .epoch = g / c->part.batches, .nfailed = b->failed, .known = e != NULL};
+    if (e) {
+        /* If these copies fail, the failure is still reported by index. */
+        r->sample = e->sample;
+        r->code = e->code;
+        r->path = e->name ? stk__strdup(e->name) : NULL;
+        r->reason = e->reason ? stk__strdup(e->reason) : NULL;
+    }
+    uint64_t more = b->failed > 1 ? b->failed - 1 : 0;
+    char tail[96] = "";
+    if (more)
+        stk__fmt(tail, sizeof tail, " (and %llu more failed sample%s in this batch)",
+                 (unsigned long long)more, more > 1 ? "s" : "");
+    if (e)
+        stk__fmt(err, errlen, "sample %llu (%s): %s%s", (unsigned long long)r->sample,
+                 r->path ? r->path : "?", r->reason ? r->reason : stk_strerror(r->code), tail);
+    else
+        stk__fmt(err, errlen,
+                 "a sample of batch %llu of epoch %llu failed (its report was lost: "
+                 "out of memory)%s",
+                 (unsigned long long)(g % c->part.batches), (unsigned long long)r->epoch, tail);
+}
+
 static void (*publish_hook)(void *);
 static void *publish_hook_arg;
 
@@ -866,12 +952,7 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
             if (b->failed && !b->reported) {
                 b->reported = true;
                 if (c->on_error == STK_ON_ERROR_RAISE) {
-                    /* The message first: record_errors() takes the strings. */
-                    const slot_err *e = first_err(b);
-                    stk__fmt(err, errlen, "sample %llu (%s): %s%s",
-                             e ? (unsigned long long)e->sample : 0ULL, e && e->name ? e->name : "?",
-                             e && e->reason ? e->reason : "failed",
-                             b->failed > 1 ? " (and more failed samples in this batch)" : "");
+                    raise_batch(c, b, g, err, errlen);
                     record_errors(c, b);
                     c->failed += b->failed;
                     rc = STK_ESAMPLE;
@@ -1022,6 +1103,30 @@ static int device_next(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     return rc;
 }
 
+/* Keeps a next() call's result for stk_loader_last_error: after
+ * STK_ESAMPLE the structured failure of the user's batch moves to the
+ * handle. The newest record of that position wins: a seek may have left an
+ * older one of the same position behind. */
+static void keep_result(stk_loader *l, int rc)
+{
+    core *c = l->c;
+    raised_free(&l->last);
+    l->last_code = rc;
+    if (rc != STK_ESAMPLE)
+        return;
+    pthread_mutex_lock(&c->lock);
+    uint64_t g = user_g(c);
+    for (unsigned k = c->nraised; k-- > 0;) {
+        if (c->raised[k].g == g) {
+            l->last = c->raised[k];
+            c->raised[k] = (raised){.g = g};
+            break;
+        }
+    }
+    raised_prune(c, g + 1);
+    pthread_mutex_unlock(&c->lock);
+}
+
 static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
 {
     int rc = check_handle(l);
@@ -1029,11 +1134,15 @@ static int next_impl(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
         *out = NULL;
     if (rc)
         return rc;
-    if (!out)
-        return STK_EINVAL;
-    if (l->c->dstage)
-        return device_next(l, out, timeout_ns);
-    return host_next(l->c, out, timeout_ns, l->errmsg, sizeof l->errmsg, true);
+    if (!out) {
+        rc = STK_EINVAL;
+    } else if (l->c->dstage) {
+        rc = device_next(l, out, timeout_ns);
+    } else {
+        rc = host_next(l->c, out, timeout_ns, l->errmsg, sizeof l->errmsg, true);
+    }
+    keep_result(l, rc);
+    return rc;
 }
 
 int stk_loader_next(stk_loader *l, stk_batch **out)
@@ -1222,6 +1331,7 @@ static int put_sized(stk_loader *l, const char *type, void *out, const void *ful
 #define STATS_V1 (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
 #define STAGE_V1 (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
 #define STATE_V1 (offsetof(stk_state, transform) + sizeof(uint64_t))
+#define ERRINFO_V1 (offsetof(stk_error_info, message) + sizeof(const char *))
 
 /* The loader's own state: position and fingerprint. Lock held. The position
  * is the user's: with a device, where the device stage's consumer is (the
@@ -1576,6 +1686,30 @@ const char *stk_loader_errmsg(stk_loader *l)
     return l ? l->errmsg : "";
 }
 
+int stk_loader_last_error(stk_loader *l, stk_error_info *info)
+{
+    int rc = check_handle(l);
+    /* A failed handle answers with its open error. */
+    bool failed = rc && l && l->pid == getpid() && l->status != STK_OK;
+    if (rc && !failed)
+        return rc;
+    const raised *r = l->last.known ? &l->last : NULL;
+    stk_error_info full = {
+        .struct_size = sizeof full,
+        .code = failed ? l->status : l->last_code,
+        .has_sample = r != NULL,
+        .sample_code = r ? r->code : STK_OK,
+        .sample = r ? r->sample : 0,
+        .epoch = r ? r->epoch : 0,
+        .nfailed = r ? r->nfailed : 0,
+        .path = r ? (r->path ? r->path : "?") : "",
+        .reason = r ? (r->reason ? r->reason : stk_strerror(r->code)) : "",
+        .field = "",
+        .message = l->errmsg,
+    };
+    return put_sized(l, "stk_error_info", info, &full, sizeof full, ERRINFO_V1);
+}
+
 /* Stops and joins the workers. */
 static void stop_workers(core *c)
 {
@@ -1628,6 +1762,7 @@ void stk_loader_close(stk_loader *l)
         if (last)
             core_free(c);
     }
+    raised_free(&l->last);
     stk__free(l);
 }
 
@@ -1893,6 +2028,8 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
+           /* raised failures the user has not reached (their records are in core) */
+           (uint64_t)RAISED_MAX * (NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* failures waiting in ring buffers for delivery */
            (uint64_t)c->nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
 }
@@ -2098,34 +2235,6 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
     }
     l->status = rc;
     return rc;
-}
-
-const char *stk_strerror(int code)
-{
-    switch (code) {
-    case STK_OK: return "success";
-    case STK_END: return "end of epoch";
-    case STK_TIMEOUT: return "timed out waiting for a batch";
-    case STK_EINVAL: return "invalid argument";
-    case STK_ENOMEM: return "out of memory";
-    case STK_EIO: return "I/O error";
-    case STK_ENOENT: return "no such file or directory";
-    case STK_EFORMAT: return "malformed data";
-    case STK_ETOOBIG: return "too big for its budget or limit";
-    case STK_EMISUSE: return "API misuse";
-    case STK_EBUSY: return "all ring buffers are held by the consumer";
-    case STK_EEMPTY: return "no samples";
-    case STK_EUNSUPPORTED: return "unsupported";
-    case STK_ESAMPLE: return "a sample failed";
-    case STK_ECANCELED: return "canceled";
-    case STK_EDEVICE: return "device error";
-    default: return "unknown error";
-    }
-}
-
-const char *stk_version(void)
-{
-    return STK_VERSION_STRING;
 }
 
 _Static_assert(NSTAGES == STK_STAGE_PROCESS + 1, "NSTAGES counts every enum stk_stage");

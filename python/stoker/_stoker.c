@@ -106,24 +106,12 @@ static int vtype_of_dtype(int dtype)
 static PyObject *g_Error;       /* stoker.Error(RuntimeError) */
 static PyObject *g_SampleError; /* stoker.SampleError(stoker.Error) */
 
+/* A code's name as Python shows it: the library's (stk_errname) without the
+ * C prefix, STK_EIO -> "EIO". */
 static const char *code_name(int code)
 {
-    switch (code) {
-    case STK_EINVAL: return "EINVAL";
-    case STK_ENOMEM: return "ENOMEM";
-    case STK_EIO: return "EIO";
-    case STK_ENOENT: return "ENOENT";
-    case STK_EFORMAT: return "EFORMAT";
-    case STK_ETOOBIG: return "ETOOBIG";
-    case STK_EMISUSE: return "EMISUSE";
-    case STK_EBUSY: return "EBUSY";
-    case STK_EEMPTY: return "EEMPTY";
-    case STK_EUNSUPPORTED: return "EUNSUPPORTED";
-    case STK_ESAMPLE: return "ESAMPLE";
-    case STK_ECANCELED: return "ECANCELED";
-    case STK_EDEVICE: return "EDEVICE";
-    default: return "?";
-    }
+    const char *name = stk_errname(code);
+    return name ? name + strlen("STK_") : "?";
 }
 
 /* Raises the exception for a library error: message = the handle's detailed
@@ -733,6 +721,85 @@ static PyObject *error_dict(const stk_sample_error *e)
     return d;
 }
 
+/* Appends one failure's dict to list. Returns 0, or -1 with an exception. */
+static int append_error(PyObject *list, const stk_sample_error *e)
+{
+    PyObject *d = error_dict(e);
+    int rc = d ? PyList_Append(list, d) : -1;
+    Py_XDECREF(d);
+    return rc;
+}
+
+/* The failures of the batch a STK_ESAMPLE reported, from the loader's kept
+ * list: the named sample's entry and the nfailed - 1 after it (the list is
+ * in sample order). When the list no longer holds it (its first 1024 of the
+ * epoch are kept; with a device it follows the copy thread, which may be in
+ * the next epoch already), the named sample alone. New reference or NULL. */
+static PyObject *batch_errors(stk_loader *l, const stk_error_info *info)
+{
+    PyObject *errs = PyList_New(0);
+    size_t n = stk_loader_error_count(l), at = n;
+    stk_sample_error e;
+    for (size_t i = n; errs && i-- > 0;) {
+        if (stk_loader_error_get(l, i, &e) == STK_OK && e.sample == info->sample &&
+            e.epoch == info->epoch) {
+            at = i;
+            break;
+        }
+    }
+    if (errs && at == n) {
+        e = (stk_sample_error){.sample = info->sample,
+                               .epoch = info->epoch,
+                               .code = info->sample_code,
+                               .path = info->path,
+                               .reason = info->reason};
+        if (append_error(errs, &e) < 0)
+            Py_CLEAR(errs);
+    }
+    for (size_t i = at; errs && i < n && i - at < info->nfailed; i++) {
+        if (stk_loader_error_get(l, i, &e) == STK_OK && append_error(errs, &e) < 0)
+            Py_CLEAR(errs);
+    }
+    return errs;
+}
+
+/* Raises stoker.SampleError for a STK_ESAMPLE from next(), its attributes
+ * the fields of stk_loader_last_error (never parsed from the message):
+ * .sample, .epoch, .path, .reason, .field name the batch's first failed
+ * sample; .errors lists the batch's failures, that one first. */
+static void raise_sample(stk_loader *l)
+{
+    stk_error_info info = {.struct_size = sizeof info};
+    if (stk_loader_last_error(l, &info) != STK_OK || !info.has_sample) {
+        raise_code(STK_ESAMPLE, stk_loader_errmsg(l));
+        return;
+    }
+    raise_code(info.code, info.message);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (!ev) {
+        PyErr_Restore(et, ev, tb);
+        return;
+    }
+    /* Failures here only lose attributes, never the error itself. */
+    PyObject *vals[6] = {
+        PyLong_FromUnsignedLongLong((unsigned long long)info.sample),
+        PyLong_FromUnsignedLongLong((unsigned long long)info.epoch),
+        PyUnicode_DecodeFSDefault(info.path),
+        PyUnicode_DecodeUTF8(info.reason, (Py_ssize_t)strlen(info.reason), "replace"),
+        PyUnicode_FromString(info.field),
+        batch_errors(l, &info),
+    };
+    static const char *const names[6] = {"sample", "epoch", "path", "reason", "field", "errors"};
+    for (int k = 0; k < 6; k++) {
+        if (!vals[k] || PyObject_SetAttrString(ev, names[k], vals[k]) < 0)
+            PyErr_Clear();
+        Py_XDECREF(vals[k]);
+    }
+    PyErr_Restore(et, ev, tb);
+}
+
 static int engine_enter(EngineObject *self)
 {
     if (check_pid(self))
@@ -964,7 +1031,6 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
     }
     PyObject *result = NULL;
     int tried_gc = 0;
-    size_t nerr0 = stk_loader_error_count(self->l);
     for (;;) {
         stk_batch *b = NULL;
         int rc;
@@ -1019,77 +1085,7 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
             continue;
         }
         if (rc == STK_ESAMPLE) {
-            /* The message names the first failed sample; the structured
-             * list of this batch's failures goes on the exception. */
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", stk_loader_errmsg(self->l));
-            size_t nerr1 = stk_loader_error_count(self->l);
-            PyObject *errs = PyList_New(0);
-            for (size_t i = nerr0; errs && i < nerr1; i++) {
-                stk_sample_error e;
-                if (stk_loader_error_get(self->l, i, &e))
-                    continue;
-                PyObject *d = error_dict(&e);
-                if (!d || PyList_Append(errs, d) < 0)
-                    Py_CLEAR(errs);
-                Py_XDECREF(d);
-            }
-            /* The library's message names the failed sample by index, but
-             * its path and reason may already have moved to the error list
-             * (it then says "(?): failed"); rebuild it from that entry. */
-            unsigned long long first = 0;
-            if (errs && PyList_GET_SIZE(errs) > 0 && sscanf(msg, "sample %llu", &first) == 1) {
-                PyObject *pick = PyList_GET_ITEM(errs, 0);
-                for (Py_ssize_t i = 0; i < PyList_GET_SIZE(errs); i++) {
-                    PyObject *d = PyList_GET_ITEM(errs, i);
-                    PyObject *sn = PyDict_GetItemString(d, "sample");
-                    if (sn && PyLong_AsUnsignedLongLong(sn) == first)
-                        pick = d;
-                }
-                PyErr_Clear();
-                if (pick != PyList_GET_ITEM(errs, 0)) {
-                    /* Put the named sample first, so .path/.reason match it. */
-                    Py_INCREF(pick);
-                    PySequence_DelItem(errs, PySequence_Index(errs, pick));
-                    PyList_Insert(errs, 0, pick);
-                    Py_DECREF(pick);
-                    PyErr_Clear();
-                }
-                const char *path = PyUnicode_AsUTF8(PyDict_GetItemString(pick, "path"));
-                const char *reason = PyUnicode_AsUTF8(PyDict_GetItemString(pick, "reason"));
-                Py_ssize_t more = PyList_GET_SIZE(errs) - 1;
-                if (path && reason) {
-                    if (more > 0)
-                        snprintf(msg, sizeof msg,
-                                 "sample %llu (%s): %s (and %zd more failed samples in this "
-                                 "batch)",
-                                 first, path, reason, more);
-                    else
-                        snprintf(msg, sizeof msg, "sample %llu (%s): %s", first, path, reason);
-                }
-                PyErr_Clear();
-            }
-            raise_code(rc, msg);
-            if (errs) {
-                PyObject *et, *ev, *tb;
-                PyErr_Fetch(&et, &ev, &tb);
-                PyErr_NormalizeException(&et, &ev, &tb);
-                if (ev && PyObject_SetAttrString(ev, "errors", errs) == 0 &&
-                    PyList_GET_SIZE(errs) > 0) {
-                    PyObject *first_d = PyList_GET_ITEM(errs, 0);
-                    static const char *const keys[] = {"sample", "path", "reason"};
-                    for (int k = 0; k < 3; k++) {
-                        PyObject *x = PyDict_GetItemString(first_d, keys[k]);
-                        if (x && PyObject_SetAttrString(ev, keys[k], x) < 0)
-                            PyErr_Clear();
-                    }
-                }
-                PyErr_Restore(et, ev, tb);
-                Py_DECREF(errs);
-            } else {
-                PyErr_Clear();
-                raise_code(rc, msg);
-            }
+            raise_sample(self->l);
             break;
         }
         if (rc == STK_EBUSY) {
@@ -1704,6 +1700,36 @@ static PyObject *mod_strerror(PyObject *m, PyObject *args)
     return PyUnicode_FromString(stk_strerror(code));
 }
 
+static PyObject *mod_errname(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int code;
+    if (!PyArg_ParseTuple(args, "i:errname", &code))
+        return NULL;
+    const char *name = stk_errname(code);
+    if (!name)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(name);
+}
+
+/* The exception raise_code() raises for a code, returned instead of raised:
+ * lets the tests check every code's type and attributes. */
+static PyObject *mod_exception(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "is:_exception", &code, &msg))
+        return NULL;
+    raise_code(code, msg);
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    Py_XDECREF(et);
+    Py_XDECREF(tb);
+    return ev;
+}
+
 
 /* ---- pack ------------------------------------------------------------------
  * stk_pack runs without the GIL. Its progress callback comes on this same
@@ -1840,6 +1866,10 @@ static PyMethodDef module_methods[] = {
      "stoker.pack)"},
     {"version", mod_version, METH_NOARGS, "The C library's version string."},
     {"strerror", mod_strerror, METH_VARARGS, "Static text of a return code."},
+    {"errname", mod_errname, METH_VARARGS,
+     "A return code's name (\"STK_EIO\"), or None for a number that is no code."},
+    {"_exception", mod_exception, METH_VARARGS,
+     "_exception(code, message) -> the exception a library error with that code raises."},
     {NULL, NULL, 0, NULL},
 };
 
