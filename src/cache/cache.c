@@ -460,7 +460,7 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
     stk__cache_path(c, key, path, sizeof path);
     stk__fmt(part, sizeof part, "%s%s", path, PART_SUFFIX);
     struct stat pst;
-    if (stk__lstat(path, &pst) == 0) {
+    if (stk__lstat(path, &pst) == 0 && S_ISREG(pst.st_mode)) {
         rc = STK_EBUSY; /* complete already: the caller pins it */
         goto out;
     }

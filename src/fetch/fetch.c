@@ -189,8 +189,8 @@ static void on_download_done(stk__req *q, void *ctx)
             e->state = ok ? E_READY : E_FAILED;
     }
     if (!ok) {
-        /* Entries waiting for it fail (the download used up its retries);
-         * later ones are read by ranges. */
+        /* Entries waiting for it are read by ranges (stk__fetch_read), as
+         * are later ones until admission is tried again. */
         h->users = 0;
         h->retry_after_ns = stk__now_ns() + 1000000000ULL;
         stk__free(h->err);

@@ -102,9 +102,14 @@ int stk__source_tar_open_remote(stk__source *s, stk__remote *r, const char *cons
         stk__remote_object_id(r, names[k], id, sizeof id);
         stk__cache_key(id, d[k].size, d[k].tag, d[k].key, sizeof d[k].key);
         for (;;) {
-            if (stk__cache_pin(cache, d[k].key, &d[k].fd) == STK_OK) {
+            int prc = stk__cache_pin(cache, d[k].key, &d[k].fd);
+            if (prc == STK_OK) {
                 d[k].pinned = true;
                 break;
+            }
+            if (prc == STK_ENOMEM) {
+                rc = prc;
+                goto out;
             }
             char why[STK_ERRMSG_MAX];
             rc = stk__cache_begin(cache, d[k].key, d[k].size, NULL, NULL, &d[k].fd, why,

@@ -646,7 +646,7 @@ static void test_failed_download_names_its_own_shard(void)
         REQUIRE(p);
         int own = p[10] - '0';
         for (int k = 0; k < SHARDS; k++) {
-            char code[16];
+            char code[32];
             snprintf(code, sizeof code, "HTTP %d", 410 + k);
             if ((strstr(m, code) != NULL) != (k == own)) {
                 if (!wrong)
