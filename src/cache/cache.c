@@ -85,7 +85,7 @@ static void fds_parent(void)
  * that was reused). Only async-signal-safe calls. */
 static void fds_child(void)
 {
-    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int null = g_nfds ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
     for (size_t k = 0; k < g_nfds; k++) {
         if (null >= 0)
             dup2(null, g_fds[k]);
