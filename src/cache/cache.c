@@ -16,7 +16,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define LOCK_NAME ".lock"
+#define LOCK_NAME   ".lock"
 #define MARKER_NAME "VERSION"
 #define MARKER_TEXT "stoker-cache 2\n"
 #define PART_SUFFIX ".part"

@@ -112,8 +112,8 @@ int stk__source_tar_open_remote(stk__source *s, stk__remote *r, const char *cons
                 goto out;
             }
             char why[STK_ERRMSG_MAX];
-            rc = stk__cache_begin(cache, d[k].key, d[k].size, NULL, NULL, &d[k].fd, why,
-                                  sizeof why);
+            rc =
+                stk__cache_begin(cache, d[k].key, d[k].size, NULL, NULL, &d[k].fd, why, sizeof why);
             if (rc == STK_OK) {
                 d[k].q = (stk__req){.name = names[k], .fd = d[k].fd};
                 stk__remote_submit(r, &d[k].q);
