@@ -648,8 +648,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
                      * power loss): drop it so the shard is downloaded again,
                      * and fetch this sample from the store once more. */
                     stk__cache_drop(f->cache, f->sh[shard].key, cfd);
-                    stk__fmt(dlwhy, sizeof dlwhy, "the cached shard failed its checksum (%s)",
-                             err);
+                    stk__fmt(dlwhy, sizeof dlwhy, "the cached shard failed its checksum (%s)", err);
                     by_range = true;
                 }
             }
@@ -663,8 +662,8 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
                 } else {
                     char tmp[STK_ERRMSG_MAX];
                     stk__fmt(tmp, sizeof tmp, "%s", err);
-                    stk__fmt(err, errlen, "%s; reading the sample by range failed too: %s",
-                             dlwhy, tmp);
+                    stk__fmt(err, errlen, "%s; reading the sample by range failed too: %s", dlwhy,
+                             tmp);
                 }
             }
         }

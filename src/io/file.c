@@ -74,9 +74,7 @@ static bool fail_with(int f)
     case STK__IOF_ENOENT:
         errno = ENOENT;
         return true;
-    case STK__IOF_ENOSPC:
-        errno = ENOSPC;
-        return true;
+    case STK__IOF_ENOSPC: errno = ENOSPC; return true;
     default:
         return false;
     }

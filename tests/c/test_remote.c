@@ -169,9 +169,8 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
                                "HTTP/1.1 206 Partial\r\nContent-Length: %llu\r\nContent-Range: "
                                "bytes %llu-%llu/%llu\r\nETag: \"%llx-%llx\"\r\nConnection: "
                                "keep-alive\r\n\r\n",
-                               (unsigned long long)n, (unsigned long long)a,
-                               (unsigned long long)b, (unsigned long long)size,
-                               (unsigned long long)size, mt)
+                               (unsigned long long)n, (unsigned long long)a, (unsigned long long)b,
+                               (unsigned long long)size, (unsigned long long)size, mt)
                     : snprintf(h, sizeof h,
                                "HTTP/1.1 200 OK\r\nContent-Length: %llu\r\nETag: "
                                "\"%llx-%llx\"\r\nConnection: keep-alive\r\n\r\n",
@@ -591,7 +590,6 @@ static void test_resume_mid_epoch(void)
     stk_loader_close(c);
     server_stop();
 }
-
 
 /* ---- the disk cache under faults (issue 18) ------------------------------------ */
 
