@@ -524,6 +524,9 @@ typedef struct stk_fetch_stats {
     uint64_t completed;       /* attempts that ended (success or not) */
     uint64_t request_ns;      /* their summed duration, connection to last byte */
     uint64_t first_byte_ns;   /* their summed time to the first byte */
+    uint64_t cache_write_errors; /* shards the cache's disk refused (full, I/O error): read by
+                                    ranges instead */
+    uint64_t cache_dropped;      /* cached shards removed because they failed a checksum */
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

@@ -1638,7 +1638,9 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .io_busy_ns = f.io_busy_ns,
                             .completed = f.completed,
                             .request_ns = f.request_ns,
-                            .first_byte_ns = f.first_byte_ns};
+                            .first_byte_ns = f.first_byte_ns,
+                            .cache_write_errors = f.cache_write_errors,
+                            .cache_dropped = f.cache_dropped};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);

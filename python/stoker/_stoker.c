@@ -1401,16 +1401,18 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     }
     engine_leave(self);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d}", "requests",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d}", "requests",
         (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
         (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
-        (unsigned long long)f.sample_bytes, "overfetch_bytes", (unsigned long long)f.overfetch_bytes,
-        "inflight_peak", (unsigned long long)f.inflight_peak, "waits", (unsigned long long)f.waits,
-        "wait_s", (double)f.wait_ns * 1e-9, "buffered_peak_bytes",
-        (unsigned long long)f.buffered_peak, "cache_hits", (unsigned long long)f.cache_hits,
-        "cache_misses", (unsigned long long)f.cache_misses, "cache_evictions",
-        (unsigned long long)f.cache_evictions, "cache_fallbacks",
-        (unsigned long long)f.cache_fallbacks, "io_busy_s", (double)f.io_busy_ns * 1e-9,
+        (unsigned long long)f.sample_bytes, "overfetch_bytes",
+        (unsigned long long)f.overfetch_bytes, "inflight_peak", (unsigned long long)f.inflight_peak,
+        "waits", (unsigned long long)f.waits, "wait_s", (double)f.wait_ns * 1e-9,
+        "buffered_peak_bytes", (unsigned long long)f.buffered_peak, "cache_hits",
+        (unsigned long long)f.cache_hits, "cache_misses", (unsigned long long)f.cache_misses,
+        "cache_evictions", (unsigned long long)f.cache_evictions, "cache_fallbacks",
+        (unsigned long long)f.cache_fallbacks, "cache_write_errors",
+        (unsigned long long)f.cache_write_errors, "cache_dropped",
+        (unsigned long long)f.cache_dropped, "io_busy_s", (double)f.io_busy_ns * 1e-9,
         "request_mean_s", f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
         "first_byte_mean_s",
         f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);

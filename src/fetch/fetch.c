@@ -49,6 +49,7 @@ typedef struct shardst {
     uint32_t users; /* planned entries reading it: pinned while > 0 */
     uint64_t retry_after_ns; /* admission refused (full or busy): ranged until then */
     stk__req *dl;
+    char *err; /* why its last download failed (owned), or NULL */
     char key[160];
 } shardst;
 
@@ -77,7 +78,6 @@ struct stk__fetch {
     uint64_t cap; /* power of two >= lookahead + batch_size */
     uint64_t lo, plan_seq;
     uint64_t buffered; /* bytes of live chunks */
-    char dl_err[384];  /* why the last shard download failed */
     chunk *chunks;     /* every live chunk */
 
     stk__cache *cache; /* NULL: no disk cache */
@@ -155,15 +155,31 @@ static void on_download_done(stk__req *q, void *ctx)
     dlreq *d = ctx;
     stk__fetch *f = d->f;
     shardst *h = &f->sh[d->shard];
-    char why[STK_ERRMSG_MAX];
-    bool ok = q->rc == STK_OK && q->got == f->src->shard_bytes[d->shard];
+    char why[STK_ERRMSG_MAX] = "";
+    const char *tag = f->src->shard_tags ? f->src->shard_tags[d->shard] : NULL;
+    bool ok = q->rc == STK_OK;
+    if (!ok)
+        stk__fmt(why, sizeof why, "%s", q->err[0] ? q->err : "download failed");
+    if (ok && q->got != f->src->shard_bytes[d->shard]) {
+        stk__fmt(why, sizeof why, "the object is now %llu bytes, not the %llu it had at open",
+                 (unsigned long long)q->got, (unsigned long long)f->src->shard_bytes[d->shard]);
+        ok = false;
+    }
+    if (ok && tag && q->validator[0] && strcmp(tag, q->validator)) {
+        stk__fmt(why, sizeof why, "the object changed since open (ETag/Last-Modified %s, was %s)",
+                 q->validator, tag);
+        ok = false;
+    }
     if (ok && stk__cache_commit(f->cache, h->key, h->fd, why, sizeof why) != STK_OK) {
         ok = false;
         h->fd = -1; /* commit closed it */
     } else if (!ok) {
-        stk__cache_abort(f->cache, h->key, h->fd);
+        /* A local write error (a full disk): the shard is not admitted, and
+         * its samples are read by ranges like those of any failed download. */
+        stk__cache_abort(f->cache, h->key, h->fd, q->write_errno != 0);
         h->fd = -1;
     }
+    char *msg = ok ? NULL : stk__strdup(why);
     pthread_mutex_lock(&f->lock);
     h->dl = NULL;
     h->st = ok ? SH_RESIDENT : SH_NONE;
@@ -173,11 +189,12 @@ static void on_download_done(stk__req *q, void *ctx)
             e->state = ok ? E_READY : E_FAILED;
     }
     if (!ok) {
-        /* Entries waiting for it fail (the download used up its retries);
-         * later ones are read by ranges. */
+        /* Entries waiting for it are read by ranges (stk__fetch_read), as
+         * are later ones until admission is tried again. */
         h->users = 0;
         h->retry_after_ns = stk__now_ns() + 1000000000ULL;
-        stk__fmt(f->dl_err, sizeof f->dl_err, "%s", q->err[0] ? q->err : "download failed");
+        stk__free(h->err);
+        h->err = msg; /* NULL when out of memory: a generic text then */
     }
     unpin(h);
     pthread_cond_broadcast(&f->cond);
@@ -489,8 +506,9 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         for (size_t k = 0; k < src->nshards; k++) {
             char where[4096];
             f->sh[k].fd = -1;
-            stk__remote_object_display(f->remote, src->shard_objs[k], where, sizeof where);
-            stk__cache_key(where, src->shard_bytes[k], f->sh[k].key, sizeof f->sh[k].key);
+            stk__remote_object_id(f->remote, src->shard_objs[k], where, sizeof where);
+            stk__cache_key(where, src->shard_bytes[k], src->shard_tags ? src->shard_tags[k] : NULL,
+                           f->sh[k].key, sizeof f->sh[k].key);
             f->by_key[k] = k;
         }
         qsort_r(f->by_key, src->nshards, sizeof *f->by_key, cmp_key_ix_ctx, f->sh);
@@ -517,9 +535,11 @@ void stk__fetch_destroy(stk__fetch *f)
      * completed every request, so no chunk is in flight any more. */
     while (f->chunks)
         chunk_unlink_free(f, f->chunks);
-    for (size_t k = 0; f->sh && k < f->nshards; k++)
+    for (size_t k = 0; f->sh && k < f->nshards; k++) {
         if (f->sh[k].st == SH_RESIDENT)
             stk__cache_unpin(f->sh[k].fd);
+        stk__free(f->sh[k].err);
+    }
     stk__free(f->sh);
     stk__free(f->next);
     stk__free(f->by_key);
@@ -579,14 +599,21 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     int cfd = -1;
     uint32_t shard = e->shard;
     bool cached = f->cache && !c && e->state != E_FAILED;
+    /* A sample planned from a shard whose download failed (or that the disk
+     * refused) is read by range instead: the shard was not admitted. */
+    bool by_range = f->cache && !c && e->state == E_FAILED;
+    char dlwhy[STK_ERRMSG_MAX] = "";
     if (e->state == E_PLANNED) {
         stk__fmt(err, errlen, "cancelled: the loader is closing");
         rc = STK_EIO;
+    } else if (by_range) {
+        const char *w = f->sh[shard].err;
+        stk__fmt(dlwhy, sizeof dlwhy, "%s", w ? w : "download failed");
     } else if (e->state == E_FAILED) {
-        stk__fmt(err, errlen, "%s",
-                 c && c->req.err[0] ? c->req.err : f->dl_err[0] ? f->dl_err : "fetch failed");
+        stk__fmt(err, errlen, "%s", c && c->req.err[0] ? c->req.err : "fetch failed");
         rc = c && c->req.rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
     }
+    bool release = cached || rc != STK_OK || by_range;
     if (cached && rc == STK_OK)
         cfd = f->sh[shard].fd; /* pinned: stays open while users > 0 */
     uint64_t off = e->off;
@@ -608,18 +635,43 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
             else
                 stk__fmt(err, errlen, "out of memory for %u bytes", n);
         } else {
-            if (cfd >= 0)
+            if (by_range)
+                ; /* read below */
+            else if (cfd >= 0)
                 rc = stk__pread_all(cfd, buf, n, off, err, errlen);
             else if (n)
                 memcpy(buf, c->buf + off, n);
-            if (rc == STK_OK)
+            if (rc == STK_OK && !by_range) {
                 rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
+                if (rc == STK_EFORMAT && cfd >= 0) {
+                    /* The cached copy is corrupt (a bad disk, a copy cut by
+                     * power loss): drop it so the shard is downloaded again,
+                     * and fetch this sample from the store once more. */
+                    stk__cache_drop(f->cache, f->sh[shard].key, cfd);
+                    stk__fmt(dlwhy, sizeof dlwhy, "the cached shard failed its checksum (%s)", err);
+                    by_range = true;
+                }
+            }
+            if (by_range) {
+                size_t rn = 0;
+                uint8_t *rb = NULL;
+                rc = f->src->ops->read(f->src, i, sink, &rb, &rn, label, err, errlen);
+                if (rc == STK_OK) {
+                    buf = rb;
+                    n = (uint32_t)rn;
+                } else {
+                    char tmp[STK_ERRMSG_MAX];
+                    stk__fmt(tmp, sizeof tmp, "%s", err);
+                    stk__fmt(err, errlen, "%s; reading the sample by range failed too: %s", dlwhy,
+                             tmp);
+                }
+            }
         }
     }
     pthread_mutex_lock(&f->lock);
     if (c)
         chunk_put(f, c);
-    else if (f->cache && f->sh[shard].users && (cached || rc != STK_OK)) {
+    else if (f->cache && f->sh[shard].users && release) {
         f->sh[shard].users--;
         unpin(&f->sh[shard]);
     }
@@ -668,6 +720,8 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
         st->cache_misses = cs.misses;
         st->cache_evictions = cs.evictions;
         st->cache_bytes = cs.bytes;
+        st->cache_write_errors = cs.write_errors;
+        st->cache_dropped = cs.dropped;
     }
 }
 

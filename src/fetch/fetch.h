@@ -67,6 +67,7 @@ typedef struct stk__fetch_stats {
     uint64_t cache_hits, cache_misses, cache_evictions, cache_bytes, cache_fallbacks;
     uint64_t io_busy_ns;
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
+    uint64_t cache_write_errors, cache_dropped;
 } stk__fetch_stats;
 
 /* Creates the stage for a remote source (src->remote and ops->locate set).

@@ -23,6 +23,7 @@ static atomic_long g_fired;
 #define M_PATH (M(STK__IOF_EIO) | M(STK__IOF_EINTR) | M(STK__IOF_ENOENT))
 #define M_FD (M(STK__IOF_EIO) | M(STK__IOF_EINTR))
 #define M_IO(n) (M_FD | ((n) > 1 ? M(STK__IOF_SHORT) : 0u))
+#define M_STORE M(STK__IOF_ENOSPC)
 
 void stk__iofault_arm(int kind, long n, int sticky)
 {
@@ -31,7 +32,7 @@ void stk__iofault_arm(int kind, long n, int sticky)
     atomic_store_explicit(&g_fired, 0, memory_order_relaxed);
     atomic_store_explicit(&g_left, n, memory_order_relaxed);
     atomic_store_explicit(&g_sticky, sticky, memory_order_relaxed);
-    if (n >= 0 && kind > STK__IOF_NONE && kind <= STK__IOF_ENOENT)
+    if (n >= 0 && kind > STK__IOF_NONE && kind <= STK__IOF_ENOSPC)
         atomic_store_explicit(&g_kind, kind, memory_order_release);
 }
 
@@ -73,6 +74,7 @@ static bool fail_with(int f)
     case STK__IOF_ENOENT:
         errno = ENOENT;
         return true;
+    case STK__IOF_ENOSPC: errno = ENOSPC; return true;
     default:
         return false;
     }
@@ -162,9 +164,52 @@ ssize_t stk__preadv(int fd, const struct iovec *iov, int iovcnt, off_t off)
 ssize_t stk__write_fd(int fd, const void *buf, size_t n)
 {
     for (;;) {
-        int f = fault(M_IO(n));
+        int f = fault(M_IO(n) | M_STORE);
         ssize_t r = fail_with(f) ? -1 : write(fd, buf, shorten(f, n));
         if (r >= 0 || errno != EINTR)
+            return r;
+    }
+}
+
+ssize_t stk__pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    for (;;) {
+        int f = fault(M_IO(n) | M_STORE);
+        ssize_t r = fail_with(f) ? -1 : pwrite(fd, buf, shorten(f, n), off);
+        if (r >= 0 || errno != EINTR)
+            return r;
+    }
+}
+
+int stk__fsync(int fd)
+{
+    for (;;) {
+        int r = fail_with(fault(M_FD | M_STORE)) ? -1 : fsync(fd);
+        if (r == 0 || errno != EINTR)
+            return r;
+    }
+}
+
+int stk__fallocate(int fd, off_t off, off_t len)
+{
+    for (;;) {
+        int r;
+        if (fail_with(fault(M_FD | M_STORE)))
+            r = -1;
+        else {
+#ifdef __linux__
+            /* fallocate(2), not posix_fallocate: glibc's posix_fallocate
+             * emulates an unsupporting filesystem by writing every block,
+             * where the caller would rather fall back to a sparse file. */
+            r = fallocate(fd, 0, off, len);
+#else
+            int e = posix_fallocate(fd, off, len);
+            r = e ? -1 : 0;
+            if (e)
+                errno = e == EINVAL ? EOPNOTSUPP : e;
+#endif
+        }
+        if (r == 0 || errno != EINTR)
             return r;
     }
 }
@@ -182,6 +227,15 @@ int stk__stat(const char *path, struct stat *st)
 {
     for (;;) {
         int r = fail_with(fault(M_PATH)) ? -1 : stat(path, st);
+        if (r == 0 || errno != EINTR)
+            return r;
+    }
+}
+
+int stk__lstat(const char *path, struct stat *st)
+{
+    for (;;) {
+        int r = fail_with(fault(M_PATH)) ? -1 : lstat(path, st);
         if (r == 0 || errno != EINTR)
             return r;
     }

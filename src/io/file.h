@@ -30,8 +30,14 @@ ssize_t stk__read(int fd, void *buf, size_t n);
 ssize_t stk__pread(int fd, void *buf, size_t n, off_t off);
 ssize_t stk__preadv(int fd, const struct iovec *iov, int iovcnt, off_t off);
 ssize_t stk__write_fd(int fd, const void *buf, size_t n);
+ssize_t stk__pwrite(int fd, const void *buf, size_t n, off_t off);
+int stk__fsync(int fd);
+/* Allocates the blocks of [off, off+len) (extending the file): 0, or -1 with
+ * errno (EOPNOTSUPP where the filesystem cannot, ENOSPC when full). */
+int stk__fallocate(int fd, off_t off, off_t len);
 int stk__fstat(int fd, struct stat *st);
 int stk__stat(const char *path, struct stat *st);
+int stk__lstat(const char *path, struct stat *st);
 DIR *stk__opendir(const char *path);
 /* readdir; NULL with errno 0 at the end, NULL with errno set on an error. */
 struct dirent *stk__readdir(DIR *d);
@@ -51,11 +57,20 @@ ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off);
  *                    retry, so callers never see it)
  *   STK__IOF_SHORT   read/pread/preadv/write of more than one byte: about half
  *                    the bytes are transferred
- *   STK__IOF_ENOENT  path calls (open, stat, opendir): -1/NULL with ENOENT
+ *   STK__IOF_ENOENT  path calls (open, stat, lstat, opendir): -1/NULL with ENOENT
+ *   STK__IOF_ENOSPC  calls that store bytes (write, pwrite, fallocate, fsync):
+ *                    -1 with ENOSPC, as on a full disk
  * stk__iofault_calls(): applicable calls since the last arm (arm with
  * n = LONG_MAX to count a fault-free session). stk__iofault_fired(): faults
  * injected since the last arm. */
-enum { STK__IOF_NONE = 0, STK__IOF_EIO, STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_ENOENT };
+enum {
+    STK__IOF_NONE = 0,
+    STK__IOF_EIO,
+    STK__IOF_EINTR,
+    STK__IOF_SHORT,
+    STK__IOF_ENOENT,
+    STK__IOF_ENOSPC
+};
 STK_API void stk__iofault_arm(int kind, long n, int sticky);
 STK_API long stk__iofault_calls(void);
 STK_API long stk__iofault_fired(void);

@@ -9,6 +9,7 @@
  * and object keys percent-encoded except unreserved characters and '/'.
  */
 #include "io/remote.h"
+#include "io/file.h"
 
 #include "io/creds.h"
 
@@ -413,6 +414,21 @@ void stk__remote_object_display(const stk__remote *r, const char *name, char *bu
     stk__fmt(buf, n, "%.*s/%s", (int)dl, d, name);
 }
 
+void stk__remote_object_id(const stk__remote *r, const char *name, char *buf, size_t n)
+{
+    if (r->scheme != SCHEME_S3) {
+        stk__remote_object_display(r, name, buf, n);
+        return;
+    }
+    if (!*name) {
+        stk__fmt(buf, n, "%s", r->self_url);
+        return;
+    }
+    char enc[8192];
+    stk__pct_encode(name, true, enc, sizeof enc);
+    stk__fmt(buf, n, "%s%s", r->base, enc);
+}
+
 /* The request URL of object name (malloc'd). */
 static char *object_url(const stk__remote *r, const char *name)
 {
@@ -477,11 +493,11 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
     } else if (q->fd >= 0 && !q->buf) {
         size_t done = 0;
         while (done < n) {
-            ssize_t w = pwrite(q->fd, p + done, n - done, (off_t)(q->got + done));
-            if (w < 0 && errno == EINTR)
-                continue;
+            ssize_t w = stk__pwrite(q->fd, p + done, n - done, (off_t)(q->got + done));
             if (w <= 0) {
-                stk__fmt(q->err, sizeof q->err, "cannot write the download: %s", strerror(errno));
+                q->write_errno = w < 0 ? errno : EIO;
+                stk__fmt(q->err, sizeof q->err, "cannot write the download: %s",
+                         strerror(q->write_errno));
                 q->retry_after_s_ = -2;
                 return 0;
             }
@@ -584,6 +600,8 @@ static int setup_easy(stk__remote *r, stk__req *q)
         stk__creds_release(r->creds, k);
     }
     q->got = 0;
+    q->write_errno = 0;
+    q->validator[0] = '\0';
     q->ebody_len_ = 0;
     q->ebody_[0] = '\0';
     q->retry_after_s_ = -1;
@@ -673,6 +691,11 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
         return retryable_curl(res) ? 1 : (q->rc = STK_EIO);
     }
     if (st == 200 || st == 206) {
+        struct curl_header *vh = NULL;
+        if ((curl_easy_header(e, "ETag", 0, CURLH_HEADER, -1, &vh) == CURLHE_OK ||
+             curl_easy_header(e, "Last-Modified", 0, CURLH_HEADER, -1, &vh) == CURLHE_OK) &&
+            vh && vh->value)
+            stk__fmt(q->validator, sizeof q->validator, "%s", vh->value);
         if (q->len) {
             if (q->got != q->len) {
                 stk__fmt(q->err, sizeof q->err, "short body: %llu of %llu bytes",

@@ -59,6 +59,10 @@ bool stk__remote_names_object(const stk__remote *r);
 const char *stk__remote_basename(const stk__remote *r);
 /* Writes the displayable URL of object name into buf. */
 void stk__remote_object_display(const stk__remote *r, const char *name, char *buf, size_t n);
+/* Writes what identifies object name for the disk cache into buf: its
+ * request URL with the endpoint (s3://), or its display URL (http), never
+ * credentials or a query. */
+void stk__remote_object_id(const stk__remote *r, const char *name, char *buf, size_t n);
 
 /* One request. The caller fills the "in" fields and owns the struct (and buf)
  * until it completes. */
@@ -81,6 +85,8 @@ struct stk__req {
     uint64_t total; /* object size when the server said (Content-Range/Length) */
     uint8_t *body;  /* engine-allocated body (whole object in memory); caller frees */
     unsigned attempts;
+    char validator[128]; /* the response's ETag, else its Last-Modified ("" when neither) */
+    int write_errno;     /* fd destination: why writing the body failed (errno), else 0 */
     char err[384];
     /* engine private */
     char *url_;

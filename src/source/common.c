@@ -29,6 +29,10 @@ void stk__source_free_common(stk__source *s)
         for (size_t k = 0; k < s->nshards_objs_; k++)
             stk__free(s->shard_objs[k]);
     stk__free(s->shard_objs);
+    if (s->shard_tags)
+        for (size_t k = 0; k < s->nshards_objs_; k++)
+            stk__free(s->shard_tags[k]);
+    stk__free(s->shard_tags);
     stk__free(s->shard_bytes);
     stk__free(s->shard_first);
     for (size_t k = 0; k < s->npins; k++)
@@ -40,6 +44,7 @@ void stk__source_free_common(stk__source *s)
     s->cache = NULL;
     s->shard_objs = NULL;
     s->shard_bytes = NULL;
+    s->shard_tags = NULL;
     s->shard_first = NULL;
     s->remote = NULL;
     s->nshards = s->nshards_objs_ = 0;

@@ -85,6 +85,7 @@ struct stk__source {
     struct stk__remote *remote;
     char **shard_objs; /* nshards_objs_ entries (allocated before nshards is known) */
     uint64_t *shard_bytes;
+    char **shard_tags; /* NULL, or per shard its ETag/Last-Modified (NULL: none) */
     size_t nshards_objs_;
     /* Cache entries pinned for the source's life (open descriptors holding
      * shared locks), and the cache they belong to. */
@@ -102,6 +103,9 @@ typedef struct stk__source_params {
     const struct stk__remote_cfg *remote;
     const char *cache_dir;
     uint64_t cache_limit;
+    /* NULL, or a flag set (by another thread) when the open should stop:
+     * waits on other processes re-check it. */
+    const _Atomic bool *cancel;
 } stk__source_params;
 
 void stk__source_close(stk__source *s);

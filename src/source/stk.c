@@ -28,6 +28,7 @@
 typedef struct shard {
     char *path; /* local path, or the object's URL without credentials */
     char *obj;  /* remote: object name relative to the dataset URL */
+    char *tag;  /* remote: its ETag or Last-Modified (NULL: the server gave none) */
     int fd;
     uint8_t *region; /* entries, meta, keys */
     uint64_t first;  /* dataset index of its first sample */
@@ -234,6 +235,7 @@ static void stk_close(stk__source *src)
             stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
         stk__free(d->shards[k].obj);
+        stk__free(d->shards[k].tag);
         stk__free(d->shards[k].region);
     }
     stk__free(d->shards);
@@ -584,6 +586,11 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
             rc = h->rc == STK_ENOENT ? STK_ENOENT : h->rc;
             goto out;
         }
+        /* What identifies this version of the object, for the disk cache. */
+        if (h->validator[0] && !s->tag && !(s->tag = stk__strdup(h->validator))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
         if (s->bytes && h->total && h->total != s->bytes) {
             stk__fmt(err, errlen, "%s: is %llu bytes, the listing or manifest says %llu", s->path,
                      (unsigned long long)h->total, (unsigned long long)s->bytes);
@@ -681,7 +688,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
     }
     if (!(d->shards = stk__calloc(n, sizeof *d->shards)) ||
         !(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
-        !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes))) {
+        !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes)) ||
+        !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags))) {
         rc = STK_ENOMEM;
         goto out;
     }
@@ -714,6 +722,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
             goto out;
         }
         src->shard_bytes[k] = d->shards[k].bytes;
+        src->shard_tags[k] = d->shards[k].tag;
+        d->shards[k].tag = NULL;
     }
     rc = finish_set(src, d, d->man.shards != NULL, stk__remote_display(r), err, errlen);
     d = NULL;

@@ -145,6 +145,11 @@ def test_http_missing_dataset_and_credentials_never_echoed(packed):
 
 # ---- the disk cache ---------------------------------------------------------------
 
+# The cache keeps its entries in this subdirectory of cache_dir, and touches
+# nothing else (docs/remote.md).
+SUB = "stoker-cache"
+
+
 def _dir_bytes(d):
     total = 0
     for name in os.listdir(d):
@@ -178,7 +183,7 @@ def test_cache_cold_then_warm_reads_no_data(packed, tmp_path):
         assert warm["sample_bytes"] > 0
         assert sum(r["bytes"] for r in warm_reqs) < 20000
     # Whole shards, under their URL-hash names, no partial downloads left.
-    names = os.listdir(cache)
+    names = os.listdir(cache / SUB)
     assert not [n for n in names if n.endswith(".part")]
     assert sorted(n.split("-", 1)[1] for n in names if n.endswith(".stk")) == packed["shards"]
 
@@ -192,8 +197,8 @@ def test_cache_limit_holds_at_every_moment(packed, tmp_path):
 
     def sample():
         while not stop.is_set():
-            if cache.exists():
-                peak[0] = max(peak[0], _dir_bytes(cache))
+            if (cache / SUB).exists():
+                peak[0] = max(peak[0], _dir_bytes(cache / SUB))
             time.sleep(0.002)
 
     t = threading.Thread(target=sample)
@@ -220,6 +225,7 @@ def test_cache_discards_stale_partial_and_reuses_complete(packed, tmp_path):
         url = f"{srv.url}/ds"
         with _loader(url, cache_dir=cache) as r:
             _batches(r)
+        cache = cache / SUB
         entries = sorted(n for n in os.listdir(cache) if n.endswith(".stk"))
         # A killed writer leaves KEY.part with nobody holding its lock; a
         # complete entry removed stands for one that was never finished.
@@ -227,7 +233,7 @@ def test_cache_discards_stale_partial_and_reuses_complete(packed, tmp_path):
         os.rename(cache / victim, cache / (victim + ".part"))
         with open(cache / (victim + ".part"), "r+b") as f:
             f.truncate(100)
-        with _loader(url, cache_dir=cache) as r, _loader(packed["local"]) as l:
+        with _loader(url, cache_dir=cache.parent) as r, _loader(packed["local"]) as l:
             _same(_batches(r), _batches(l))
             st = r.stats()["fetch"]
         assert st["cache_misses"] == 1 and st["cache_hits"] >= len(entries) - 1
@@ -246,15 +252,40 @@ def test_kill_mid_download_then_restart(packed, tmp_path):
                               "--batch-size", "8", "--fetch-timeout", "1"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 20
-        while time.time() < deadline and not (cache.exists() and any(
-                n.endswith(".part") for n in os.listdir(cache))):
+        while time.time() < deadline and not ((cache / SUB).exists() and any(
+                n.endswith(".part") for n in os.listdir(cache / SUB))):
             time.sleep(0.05)
         p.send_signal(signal.SIGKILL)
         p.wait()
     with stk_servers.Nginx(packed["www"]) as srv:
         with _loader(f"{srv.url}/ds", cache_dir=cache) as r, _loader(packed["local"]) as l:
             _same(_batches(r), _batches(l))
-    assert not [n for n in os.listdir(cache) if n.endswith(".part")]
+    assert not [n for n in os.listdir(cache / SUB) if n.endswith(".part")]
+
+
+def test_cache_leaves_other_files_alone(packed, tmp_path):
+    # Issue 18: every file in cache_dir was taken for an entry; a browser's
+    # .part was deleted at open and a .tex evicted.
+    cache = tmp_path / "downloads"
+    cache.mkdir()
+    mine = {"x.tex": b"\\documentclass{article}", "browser.part": b"half a file",
+            "0123456789abcdef-old.stk": b"looks like an entry"}
+    for name, data in mine.items():
+        (cache / name).write_bytes(data)
+    sizes = [os.path.getsize(packed["local"] / s) for s in packed["shards"]]
+    kw = dict(order="shards", shard_window=1, options={"fetch_lookahead": "16"})
+    with stk_servers.Nginx(packed["www"]) as srv, _loader(packed["local"], **kw) as l:
+        with _loader(f"{srv.url}/ds", cache_dir=cache, cache_limit=2 * max(sizes) + 1000,
+                     **kw) as r:
+            for epoch in range(3):
+                r.set_epoch(epoch)
+                l.set_epoch(epoch)
+                _same(_batches(r), _batches(l))
+            st = r.stats()["fetch"]
+    assert st["cache_evictions"] > 0 and st["cache_write_errors"] == 0
+    for name, data in mine.items():
+        assert (cache / name).read_bytes() == data
+    assert (cache / SUB / "VERSION").is_file()
 
 
 def test_two_processes_share_one_cache_and_download_each_shard_once(packed, tmp_path):
