@@ -217,7 +217,6 @@ static int plan(stk__pack_plan *p, char *err, size_t errlen)
     return 0;
 }
 
-
 /* The options a caller passed, checked, with the defaults filled in. The
  * first version of the struct ends with progress_user: a smaller struct_size
  * is not one this library knows. */
@@ -261,8 +260,7 @@ static int normalize(const stk_pack_options *in, stk_pack_options *o, char *err,
         return STK_EINVAL;
     }
     if (o->align && (o->align < 512 || o->align > (1u << 20) || (o->align & (o->align - 1)))) {
-        stk__fmt(err, errlen, "align takes 0 or a power of two in 512..1048576, got %u",
-                 o->align);
+        stk__fmt(err, errlen, "align takes 0 or a power of two in 512..1048576, got %u", o->align);
         return STK_EINVAL;
     }
     if (o->label_bytes > 8 || (o->label_bytes & (o->label_bytes - 1))) {
@@ -310,9 +308,8 @@ static int tell(packjob *j)
 }
 
 /* Checks the arguments, opens the source and plans the payload. */
-static int job_open(packjob *j, const char *src, const char *out_dir,
-                    const stk_pack_options *opts, const stk_pack_result *res, char *err,
-                    size_t errlen)
+static int job_open(packjob *j, const char *src, const char *out_dir, const stk_pack_options *opts,
+                    const stk_pack_result *res, char *err, size_t errlen)
 {
     int rc;
     char why[STK_ERRMSG_MAX];
@@ -380,8 +377,7 @@ static int job_writer(packjob *j, const char *out_dir, char *err, size_t errlen)
         j->o.raw_w = h.raw_w;
         j->o.raw_c = h.raw_c;
     }
-    int rc = stk__writer_create(&j->w, out_dir, &h, o->shard_size, j->src.num_classes, err,
-                                errlen);
+    int rc = stk__writer_create(&j->w, out_dir, &h, o->shard_size, j->src.num_classes, err, errlen);
     if (rc)
         return rc;
     j->w->man.has_restart = o->restart != 0;
@@ -408,8 +404,8 @@ static int job_start(packjob *j, char *err, size_t errlen)
     j->nworkers = nt;
     for (unsigned k = 0; k < nt; k++)
         j->workers[k].scratch.limit = PACK_READ_LIMIT;
-    return stk__omap_start(&j->map, j->src.count, nt, j->window, "stk-pack", job_transform, j,
-                           err, errlen);
+    return stk__omap_start(&j->map, j->src.count, nt, j->window, "stk-pack", job_transform, j, err,
+                           errlen);
 }
 
 /* Waits for sample i. A slow sample must not make the caller deaf to its own

@@ -64,16 +64,16 @@ typedef struct stk__pack_buf {
 typedef struct stk__pack_sample {
     stk__pack_buf out; /* the payload */
     int64_t label;
-    uint32_t w, h;     /* the image size recorded in the shard's metadata */
-    int rc;            /* STK_OK, or why the sample failed (reason in err) */
-    bool indexed;      /* restart: the payload carries a restart index */
+    uint32_t w, h; /* the image size recorded in the shard's metadata */
+    int rc;        /* STK_OK, or why the sample failed (reason in err) */
+    bool indexed;  /* restart: the payload carries a restart index */
     char err[STK__PACK_ERR];
 } stk__pack_sample;
 
 /* One worker's reusable buffers. */
 typedef struct stk__pack_worker {
-    stk__scratch scratch;              /* the source's read */
-    stk__pack_buf px, px2, tmp, area;  /* pixels, resized, decoder and resize scratch */
+    stk__scratch scratch;             /* the source's read */
+    stk__pack_buf px, px2, tmp, area; /* pixels, resized, decoder and resize scratch */
 } stk__pack_worker;
 
 /* Makes sample i's payload into s (s->rc and s->err say how it went). */
@@ -110,7 +110,7 @@ struct stk_writer {
     char *dir;
     stk_writer_options o;
     stk__stk_header h;
-    stk__manifest man; /* the shards, class names and counts so far */
+    stk__manifest man;   /* the shards, class names and counts so far */
     stk__stk_writer *sw; /* the shard being written, or NULL */
     size_t cap;          /* entries allocated in man.shards */
     uint64_t bytes;      /* size of the finished shards */

@@ -124,8 +124,7 @@ static int decode(const stk__codec *cd, const uint8_t *b, size_t n, uint32_t nee
     *ow = info.width;
     *oh = info.height;
     if ((uint64_t)info.width * info.height > PACK_MAX_PIXELS) {
-        stk__fmt(err, errlen, "%s of %ux%u pixels is too large", cd->name, info.width,
-                 info.height);
+        stk__fmt(err, errlen, "%s of %ux%u pixels is too large", cd->name, info.width, info.height);
         rc = STK_EFORMAT;
         goto out;
     }

@@ -219,8 +219,7 @@ static int shard_end(stk_writer *w, char *err, size_t errlen)
 static int shard_room(stk_writer *w, size_t len, char *err, size_t errlen)
 {
     int rc;
-    if (w->sw && stk__stkw_count(w->sw) &&
-        stk__stkw_payload_bytes(w->sw) + len > w->o.shard_size &&
+    if (w->sw && stk__stkw_count(w->sw) && stk__stkw_payload_bytes(w->sw) + len > w->o.shard_size &&
         (rc = shard_end(w, err, errlen)))
         return rc;
     if (w->sw)
