@@ -203,8 +203,12 @@ static int marker_off(const char *out)
 static int shard_end(stk_writer *w, char *err, size_t errlen)
 {
     uint64_t fsize, cnt = stk__stkw_count(w->sw);
+    const char *name = w->man.shards[w->man.nshards - 1].name;
+    err[0] = '\0';
     int rc = stk__stkw_finish(w->sw, w->o.num_classes, &fsize, err, errlen);
     w->sw = NULL;
+    if (rc && !err[0])
+        stk__fmt(err, errlen, "%s/%s: cannot finish the shard: %s", w->dir, name, stk_strerror(rc));
     if (rc)
         return rc;
     w->man.shards[w->man.nshards - 1].count = cnt;
@@ -245,7 +249,11 @@ static int shard_room(stk_writer *w, size_t len, char *err, size_t errlen)
     }
     m->nshards++;
     stk__fmt(path, sizeof path, "%s/%s", w->dir, name);
-    return stk__stkw_open(&w->sw, path, &w->h, err, errlen);
+    err[0] = '\0';
+    rc = stk__stkw_open(&w->sw, path, &w->h, err, errlen);
+    if (rc && !err[0]) /* the shard writer does not say why for every failure */
+        stk__fmt(err, errlen, "%s: cannot start the shard: %s", path, stk_strerror(rc));
+    return rc;
 }
 
 /* ---- The writer stk_pack shares ------------------------------------------ */
@@ -292,10 +300,11 @@ int stk__writer_create(stk_writer **out, const char *dir, const stk__stk_header 
 int stk__writer_put(stk_writer *w, uint64_t i, const void *data, size_t len, int64_t label,
                     const char *key, uint32_t iw, uint32_t ih)
 {
-    char why[STK_ERRMSG_MAX];
+    char why[STK_ERRMSG_MAX] = "";
     int rc = shard_room(w, len, w->err, sizeof w->err);
     if (!rc && (rc = stk__stkw_add(w->sw, data, len, label, key, iw, ih, why, sizeof why)))
-        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 " (%s): %s", i, key ? key : "", why);
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 " (%s): %s", i, key ? key : "",
+                 why[0] ? why : stk_strerror(rc));
     if (rc) {
         w->failed = true;
         return rc;
@@ -307,8 +316,9 @@ int stk__writer_put(stk_writer *w, uint64_t i, const void *data, size_t len, int
 int stk__writer_end(stk_writer *w)
 {
     int rc = shard_end(w, w->err, sizeof w->err);
-    if (!rc)
-        rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err);
+    if (!rc && (rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err)) && !w->err[0])
+        stk__fmt(w->err, sizeof w->err, "%s: cannot write the manifest: %s", w->dir,
+                 stk_strerror(rc));
     if (rc) {
         w->failed = true;
         return rc;
