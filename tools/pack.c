@@ -6,7 +6,6 @@
  * samples skipped under --skip-bad and prints the summary line.
  */
 #include "commands.h"
-#include "codec/jpeg_restart.h"
 
 #include "stoker.h"
 

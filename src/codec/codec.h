@@ -24,6 +24,8 @@ typedef struct stk__imginfo {
     int scalable;           /* 1: start() accepts scales m/8 with m in {1,2,4,8} */
     const uint8_t *exif;    /* TIFF-structured EXIF payload or NULL (asked for only) */
     size_t exif_len;        /* valid until close() */
+    int grey;               /* 1: one channel as stored; read() still writes RGB
+                             * with the three equal (JPEG only, else 0) */
 } stk__imginfo;
 
 typedef struct stk__rect {
@@ -69,5 +71,15 @@ typedef struct stk__codec {
 extern const stk__codec stk__codec_jpeg;
 extern const stk__codec stk__codec_png;
 extern const stk__codec stk__codec_raw;
+
+/* ---- Encoding (packing with max_side, src/pack/) -------------------------
+ * Encodes w x h pixels of c channels (1: grey, 3: RGB; rows packed, no
+ * padding) as a baseline JPEG at quality 1..100 with libjpeg's defaults
+ * (4:2:0 for RGB, islow DCT, standard tables), so the same pixels always give
+ * the same bytes. On success *out (stk__malloc'd, the caller frees it) holds
+ * *len bytes. STK_OK, STK_ENOMEM, or STK_EFORMAT with libjpeg's reason in
+ * err. Thread-safe: no shared state. */
+int stk__jpeg_encode(const uint8_t *px, uint32_t w, uint32_t h, uint32_t c, unsigned quality,
+                     uint8_t **out, size_t *len, char *err, size_t errlen);
 
 #endif

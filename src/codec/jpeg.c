@@ -227,6 +227,7 @@ static int jpeg_open(void **out, const uint8_t *b, size_t n, const stk__codec_op
     info->width = s->cinfo.image_width;
     info->height = s->cinfo.image_height;
     info->scalable = 1;
+    info->grey = s->cinfo.jpeg_color_space == JCS_GRAYSCALE;
     info->exif = NULL;
     info->exif_len = 0;
     for (jpeg_saved_marker_ptr m = s->cinfo.marker_list; m; m = m->next) {

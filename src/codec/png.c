@@ -95,6 +95,7 @@ static int png_open(void **out, const uint8_t *b, size_t n, const stk__codec_opt
     info->width = s->ihdr.width;
     info->height = s->ihdr.height;
     info->scalable = 0;
+    info->grey = 0;
     info->exif = NULL;
     info->exif_len = 0;
     s->strict = o->strict;

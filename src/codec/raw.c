@@ -51,6 +51,7 @@ static int raw_open(void **out, const uint8_t *b, size_t n, const stk__codec_opt
     info->width = s->w;
     info->height = s->h;
     info->scalable = 0;
+    info->grey = 0;
     *out = s;
     return STK_OK;
 }

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 /* The countdown only needs each decrement to be atomic (which thread's call
@@ -261,6 +262,33 @@ struct dirent *stk__readdir(DIR *d)
 int stk__closedir(DIR *d)
 {
     return closedir(d);
+}
+
+int stk__mkdir(const char *path, mode_t mode)
+{
+    for (;;) {
+        int r = fail_with(fault(M_PATH)) ? -1 : mkdir(path, mode);
+        if (r == 0 || errno != EINTR)
+            return r;
+    }
+}
+
+int stk__unlink(const char *path)
+{
+    for (;;) {
+        int r = fail_with(fault(M_PATH)) ? -1 : unlink(path);
+        if (r == 0 || errno != EINTR)
+            return r;
+    }
+}
+
+int stk__flock(int fd, int op)
+{
+    for (;;) {
+        int r = fail_with(fault(M_FD)) ? -1 : flock(fd, op);
+        if (r == 0 || errno != EINTR)
+            return r;
+    }
 }
 
 ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off)

@@ -42,6 +42,12 @@ DIR *stk__opendir(const char *path);
 /* readdir; NULL with errno 0 at the end, NULL with errno set on an error. */
 struct dirent *stk__readdir(DIR *d);
 int stk__closedir(DIR *d);
+/* The calls a writer makes besides open/write (packing, src/pack/): they go
+ * through here too so that the fault sweep reaches them. mkdir and unlink
+ * are path calls; flock takes a descriptor (stk__fsync is above). */
+int stk__mkdir(const char *path, mode_t mode);
+int stk__unlink(const char *path);
+int stk__flock(int fd, int op);
 
 /* Reads up to n bytes at off, looping over short reads: fewer than n only at
  * end of file. -1 with errno on an error. */
@@ -57,7 +63,8 @@ ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off);
  *                    retry, so callers never see it)
  *   STK__IOF_SHORT   read/pread/preadv/write of more than one byte: about half
  *                    the bytes are transferred
- *   STK__IOF_ENOENT  path calls (open, stat, lstat, opendir): -1/NULL with ENOENT
+ *   STK__IOF_ENOENT  path calls (open, stat, lstat, opendir, mkdir, unlink):
+ *                    -1/NULL with ENOENT
  *   STK__IOF_ENOSPC  calls that store bytes (write, pwrite, fallocate, fsync):
  *                    -1 with ENOSPC, as on a full disk
  * stk__iofault_calls(): applicable calls since the last arm (arm with

@@ -68,6 +68,18 @@ void stk__resample_v(const stk__view *in, const stk__axis *ax, const stk__view *
  * elsewhere (harmless if it is, either path being exact). */
 void stk__resize_force_generic(int on);
 
+/* ---- Area-average (box) resampling (packing, src/pack/) -----------------
+ * Output pixel o of an axis covers the source interval [o*s, (o+1)*s) with
+ * s = src/dst, each source pixel weighted by its overlap (alias-free for
+ * reductions); an enlarged axis takes the nearest source pixel. Unlike the
+ * functions above it works on c channels (1 or 3), rows packed. The pack
+ * format's bytes depend on this arithmetic: do not change it.
+ * stk__area_bytes: scratch the resize needs; stk__area_resize writes
+ * dw x dh x c bytes to dst using mem (that many bytes, 4-byte aligned). */
+size_t stk__area_bytes(uint32_t sw, uint32_t sh, uint32_t c, uint32_t dw, uint32_t dh);
+void stk__area_resize(const uint8_t *src, uint32_t sw, uint32_t sh, uint32_t c, uint8_t *dst,
+                      uint32_t dw, uint32_t dh, void *mem);
+
 /* ---- Geometry ---------------------------------------------------------- */
 /* Copies in into out at (left, top) and fills the rest of out with fill. */
 void stk__pad(const stk__view *in, const stk__view *out, uint32_t left, uint32_t top,

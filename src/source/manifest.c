@@ -247,3 +247,19 @@ out:
         stk__manifest_free(m);
     return rc;
 }
+
+bool stk__pack_unfinished(const char *dir)
+{
+    bool found = false;
+    DIR *dp = stk__opendir(dir);
+    if (!dp)
+        return false;
+    struct dirent *e;
+    while (!found && (e = stk__readdir(dp))) {
+        size_t l = strlen(e->d_name);
+        found = !strcmp(e->d_name, STK_PACK_MARKER) ||
+                (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
+    }
+    stk__closedir(dp);
+    return found;
+}

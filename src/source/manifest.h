@@ -37,5 +37,11 @@ int stk__manifest_read(const char *dir, stk__manifest *m, char *err, size_t errl
 int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest *m, char *err,
                         size_t errlen);
 void stk__manifest_free(stk__manifest *m);
+/* Does dir show a pack that stopped before its manifest: the marker
+ * STK_PACK_MARKER that a pack or writer keeps while it works, or a shard
+ * still being written (*.stk.tmp)? The one check that the .stk reader (which
+ * refuses such a directory) and the writers (which refuse to write there)
+ * share. */
+bool stk__pack_unfinished(const char *dir);
 
 #endif

@@ -366,24 +366,6 @@ static int check_distinct(const stkset *d, char *err, size_t errlen)
     return rc;
 }
 
-/* Does dir show an unfinished pack: the marker `stoker pack` keeps while it
- * works, or a shard still being written? */
-static bool unfinished_pack(const char *dir)
-{
-    bool found = false;
-    DIR *dp = stk__opendir(dir);
-    if (!dp)
-        return false;
-    struct dirent *e;
-    while (!found && (e = stk__readdir(dp))) {
-        size_t l = strlen(e->d_name);
-        found = !strcmp(e->d_name, STK_PACK_MARKER) ||
-                (l > 8 && !strcmp(e->d_name + l - 8, ".stk.tmp"));
-    }
-    stk__closedir(dp);
-    return found;
-}
-
 /* After every shard of d is parsed: checks them against the manifest and
  * each other, and fills src. Takes d over (freed on failure). */
 static int finish_set(stk__source *src, stkset *d, bool man, const char *where, char *err,
@@ -489,7 +471,7 @@ int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, c
         else if (rc != STK_ENOENT)
             goto out;
         rc = STK_OK;
-        if (!man && unfinished_pack(dir)) {
+        if (!man && stk__pack_unfinished(dir)) {
             stk__fmt(
                 err, errlen,
                 "%s: holds an unfinished or interrupted pack (no manifest yet, and "

@@ -15,6 +15,15 @@
  * indexing sweep (index caches removed before each run) checks that after
  * every run, so no fault leaves a bad index in the cache.
  *
+ *
+ * Packing (test_pack) is swept the same way: each file call of stk_pack
+ * failing in turn (source, output directory, lock, marker, shards,
+ * manifest) either leaves the pack complete and byte-identical to the
+ * fault-free one, or fails with a message naming the OS reason and leaves
+ * no shard that a reader could take for a finished dataset (no manifest,
+ * and no shard without the unfinished-pack marker); EINTR and short
+ * transfers change nothing.
+ *
  * `make test` sweeps at most STK_IOFAULT_POINTS (default 48) points per
  * (source, fault), evenly spread; STK_IOFAULT_FULL=1 sweeps every call. */
 #ifndef _GNU_SOURCE
@@ -628,6 +637,163 @@ static void test_shim(void)
     CHECK_EQ(stk__close(fd), 0);
 }
 
+/* ---- stk_pack under faults -------------------------------------------- */
+
+/* A folder of 2 classes x 4 real JPEGs, for packing with a resize (so the
+ * decode, resize and encode path runs between the file calls). */
+static const char *make_jpeg_tree(void)
+{
+    const char *root = tu_path("pack-src");
+    for (int k = 0; k < 8; k++) {
+        char dir[1024], p[1100];
+        snprintf(dir, sizeof dir, "%s/class%d", root, k / 4);
+        tu_mkdirs(dir);
+        snprintf(p, sizeof p, "%s/img%02d.jpg", dir, k);
+        uint32_t w = 24 + (uint32_t)k * 5, h = 20 + (uint32_t)k * 3;
+        uint8_t *px = malloc((size_t)w * h * 3);
+        REQUIRE(px);
+        fill(px, (size_t)w * h * 3, (unsigned)k + 11);
+        size_t n;
+        uint8_t *jpg = tu_jpeg(px, w, h, 90, &n);
+        tu_write_file(p, jpg, n);
+        free(jpg);
+        free(px);
+    }
+    return root;
+}
+
+static void remove_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        REQUIRE(unlink(p) == 0);
+    }
+    closedir(d);
+    REQUIRE(rmdir(dir) == 0);
+}
+
+/* What a finished pack left: a hash of the names and bytes of its shards
+ * and manifest (other files: none expected). *state: 0 no directory, 1 a
+ * dataset (a manifest), 2 no manifest and nothing a reader could take for a
+ * dataset (no shards, or the unfinished-pack marker beside them), 3 shards
+ * without a manifest or marker. */
+static uint64_t pack_state(const char *dir, int *state)
+{
+    DIR *d = opendir(dir);
+    *state = 0;
+    if (!d)
+        return 0;
+    char names[64][256];
+    int n = 0, manifest = 0, marker = 0, shards = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        size_t l = strlen(e->d_name);
+        manifest |= !strcmp(e->d_name, STK_MANIFEST);
+        marker |= !strcmp(e->d_name, STK_PACK_MARKER);
+        /* Left behind when their removal fails, and harmless then: the lock
+         * file (a lock no one holds) and, beside a manifest, the marker (a
+         * manifest makes the dataset complete). Not part of the pack. */
+        if (!strcmp(e->d_name, ".stoker-pack.lock") || !strcmp(e->d_name, STK_PACK_MARKER))
+            continue;
+        shards += l > 4 && !strcmp(e->d_name + l - 4, ".stk");
+        REQUIRE(n < 64);
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < n; k++) {
+        char p[16384 + 300];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        size_t len;
+        uint8_t *b = tu_read_file(p, &len);
+        h = tu_hash(h, names[k], strlen(names[k]) + 1);
+        if (b)
+            h = tu_hash(h, b, len);
+        free(b);
+    }
+    *state = manifest ? 1 : !shards || marker ? 2 : 3;
+    return h;
+}
+
+static void test_pack(void)
+{
+    const char *src = make_jpeg_tree();
+    char out[1024];
+    snprintf(out, sizeof out, "%s", tu_path("pack-out"));
+    stk_pack_options o = {.struct_size = sizeof o, .max_side = 16, .quality = 80,
+                          .shard_size = 600, .threads = 2};
+    char err[1024];
+    /* The fault-free pack. */
+    REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
+    int state;
+    uint64_t ref = pack_state(out, &state);
+    REQUIRE(state == 1);
+    remove_tree(out);
+    static const int kinds[] = {STK__IOF_EIO, STK__IOF_ENOENT, STK__IOF_EINTR, STK__IOF_SHORT};
+    static const char *const kname[] = {"", "EIO", "EINTR", "SHORT", "ENOENT"};
+    int fds = tu_count_fds();
+    for (size_t kk = 0; kk < sizeof kinds / sizeof *kinds; kk++) {
+        int kind = kinds[kk], failed = 0, lock_failed = 0;
+        /* The calls this kind of fault applies to, in a fault-free pack. */
+        stk__iofault_arm(kind, LONG_MAX, 0);
+        REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
+        long calls = stk__iofault_calls();
+        stk__iofault_arm(0, -1, 0);
+        remove_tree(out);
+        CHECK(calls > 8);
+        for (long n = 0; n < calls + 2; n++) {
+            err[0] = '\0';
+            stk__iofault_arm(kind, n, 0);
+            int rc = stk_pack(src, out, &o, NULL, err, sizeof err);
+            long fired = stk__iofault_fired();
+            stk__iofault_arm(0, -1, 0);
+            uint64_t h = pack_state(out, &state);
+            if (rc == STK_OK) {
+                if (h != ref || state != 1)
+                    fprintf(stderr, "  pack %s at call %ld: OK but not the fault-free pack\n",
+                            kname[kind], n);
+                CHECK(h == ref && state == 1);
+            } else {
+                failed++;
+                lock_failed += strstr(err, "writer lock") != NULL;
+                const char *why = strerror(kind == STK__IOF_ENOENT ? ENOENT : EIO);
+                if (!err[0] || !strstr(err, why) || state == 1 || state == 3)
+                    fprintf(stderr, "  pack %s at call %ld: rc %d, state %d, err: %s\n",
+                            kname[kind], n, rc, state, err);
+                CHECK(fired == 1);
+                CHECK(kind == STK__IOF_EIO || kind == STK__IOF_ENOENT);
+                CHECK(strstr(err, why) != NULL); /* the OS reason reaches the caller */
+                CHECK(state != 1 && state != 3); /* nothing presented as complete */
+            }
+            CHECK_EQ(tu_count_fds(), fds);
+            if (state)
+                remove_tree(out);
+        }
+        /* EIO/ENOENT must actually have failed packs, or the sweep missed them. */
+        if (kind == STK__IOF_EIO || kind == STK__IOF_ENOENT)
+        {
+            CHECK(failed > calls / 2);
+            /* The output directory's calls are swept too (its lock). */
+            CHECK(lock_failed > 0);
+        }
+        fprintf(stderr, "    pack %-6s: %ld calls swept, %d packs failed cleanly, the others "
+                        "complete and identical\n", kname[kind], calls + 2, failed);
+    }
+    REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
+    CHECK(pack_state(out, &state) == ref);
+    remove_tree(out);
+}
+
 int main(void)
 {
     tu_begin("test_iofault", 580);
@@ -635,6 +801,7 @@ int main(void)
     /* The tar index cache lives under the test's own directory. */
     setenv("XDG_CACHE_HOME", tu_path("xdg"), 1);
     RUN(test_shim);
+    RUN(test_pack);
     RUN(test_records);
     RUN(test_cifar);
     RUN(test_stk);

@@ -3,12 +3,19 @@
  * epochs, stats, errors, close) must either succeed or fail cleanly with
  * STK_ENOMEM -- never crash, hang, leak an allocation or a descriptor, or
  * deliver wrong data. The sweep ends at the first n that the session never
- * reaches. */
+ * reaches.
+ *
+ * test_oom_pack sweeps stk_pack the same way (with a resize, so the decode,
+ * resize and re-encode buffers are among the allocations, and two worker
+ * threads): each run completes byte-identical to the fault-free pack or
+ * fails with STK_ENOMEM, leaving no manifest and no allocation, thread or
+ * descriptor behind. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "testutil.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -250,6 +257,132 @@ static void test_oom_entry_points(void)
     CHECK_EQ(stk__alloc_live(), live0);
 }
 
+/* ---- stk_pack ------------------------------------------------------------ */
+
+/* Hash of the names and bytes of the files in dir; *manifest: whether the
+ * manifest is there. -1 files: no directory. */
+static uint64_t dir_hash(const char *dir, int *files, int *manifest)
+{
+    char names[32][256];
+    int n = 0;
+    *manifest = 0;
+    *files = -1;
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        REQUIRE(n < 32);
+        *manifest |= !strcmp(e->d_name, "stoker.manifest");
+        snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < n; k++) {
+        char p[16384 + 200];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        size_t len;
+        uint8_t *b = tu_read_file(p, &len);
+        h = tu_hash(h, names[k], strlen(names[k]) + 1);
+        if (b)
+            h = tu_hash(h, b, len);
+        free(b);
+    }
+    *files = n;
+    return h;
+}
+
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[16384 + 200];
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            REQUIRE(unlink(p) == 0);
+        }
+    }
+    closedir(d);
+    REQUIRE(rmdir(dir) == 0);
+}
+
+static void test_oom_pack(void)
+{
+    char src[1024], out[1024], err[1024];
+    snprintf(src, sizeof src, "%s", tu_path("pack-src"));
+    snprintf(out, sizeof out, "%s", tu_path("pack-out"));
+    for (int k = 0; k < 6; k++) {
+        char dir[1100], p[1200];
+        snprintf(dir, sizeof dir, "%s/c%d", src, k % 2);
+        tu_mkdirs(dir);
+        snprintf(p, sizeof p, "%s/i%d.jpg", dir, k);
+        uint32_t w = 30 + (uint32_t)k * 7, h = 22 + (uint32_t)k * 5;
+        uint8_t *px = malloc((size_t)w * h * 3);
+        REQUIRE(px);
+        for (size_t j = 0; j < (size_t)w * h * 3; j++)
+            px[j] = (uint8_t)(j * 7 + (size_t)k * 13);
+        size_t n;
+        uint8_t *jpg = tu_jpeg(px, w, h, 90, &n);
+        tu_write_file(p, jpg, n);
+        free(jpg);
+        free(px);
+    }
+    stk_pack_options o = {.struct_size = sizeof o, .max_side = 20, .shard_size = 900,
+                          .threads = 2};
+    REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
+    int files, manifest;
+    uint64_t ref = dir_hash(out, &files, &manifest);
+    REQUIRE(manifest && files > 2);
+    remove_dir(out);
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds(), threads0 = tu_count_threads(), failures = 0;
+    long n;
+    for (n = 0; n < 5000; n++) {
+        long c0 = stk__alloc_count();
+        stk__alloc_fail_after(n);
+        int rc = stk_pack(src, out, &o, NULL, err, sizeof err);
+        stk__alloc_fail_after(-1);
+        int injected = stk__alloc_count() - c0 > n;
+        uint64_t h = dir_hash(out, &files, &manifest);
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "    pack: n=%ld: %s: %s\n", n, stk_strerror(rc), err);
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        if (rc == STK_OK) {
+            CHECK(manifest && h == ref);
+        } else {
+            failures++;
+            if (!err[0])
+                fprintf(stderr, "    pack: n=%ld: STK_ENOMEM without a message\n", n);
+            CHECK(err[0] != 0);
+            CHECK(!manifest);
+            CHECK(files <= 0); /* everything taken back, the directory too */
+        }
+        if (files >= 0)
+            remove_dir(out);
+        if (stk__alloc_live() != live0) {
+            fprintf(stderr, "    pack: n=%ld leaked %ld allocations\n", n,
+                    stk__alloc_live() - live0);
+            CHECK(0);
+            break;
+        }
+        CHECK_EQ(tu_count_fds(), fds0);
+        CHECK_EQ(tu_count_threads(), threads0);
+        if (!injected) {
+            CHECK_EQ(rc, STK_OK);
+            break;
+        }
+    }
+    fprintf(stderr, "    pack: %ld allocations swept, %d packs failed with STK_ENOMEM\n", n,
+            failures);
+    CHECK(failures > 20);
+}
+
 int main(void)
 {
     tu_begin("test_oom", 120);
@@ -257,5 +390,6 @@ int main(void)
     RUN(test_oom_folder_skip);
     RUN(test_oom_folder_raise);
     RUN(test_oom_entry_points);
+    RUN(test_oom_pack);
     return tu_end();
 }
