@@ -38,12 +38,21 @@ typedef struct stk__remote_cfg {
 
 typedef struct stk__remote stk__remote;
 
-/* Is path a URL this build reads (http://, https://, s3://)? */
+/* Does path start with a URL scheme ("scheme://")? Any scheme counts, so
+ * that one this build does not read (ftp://) is refused by
+ * stk__remote_open as such, never looked up as a local path. */
 bool stk__is_url(const char *path);
+/* The display form of a dataset path for messages and reprs: for a URL, the
+ * user:password@ of its authority removed and its query and fragment (a
+ * presigned URL's X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token)
+ * replaced by "?..."; written into buf and returned. Anything that is not a
+ * URL is returned as it is (buf untouched). */
+const char *stk__url_display(const char *path, char *buf, size_t n);
 
 /* Parses url, finds credentials and region (S3), starts the I/O thread.
- * STK_EINVAL (bad URL), STK_ENOMEM, STK_EUNSUPPORTED (a scheme this build
- * lacks), with the reason in err. */
+ * STK_EINVAL (bad URL, an invalid S3 bucket name), STK_ENOMEM,
+ * STK_EUNSUPPORTED (a scheme other than http, https and s3), with the reason
+ * in err (which never holds the URL's credentials or query). */
 int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *cfg, char *err,
                      size_t errlen);
 /* Cancels requests in flight (their rc becomes STK_EIO "cancelled"), stops
@@ -91,6 +100,9 @@ struct stk__req {
     long retry_after_s_;
     struct curl_slist *hdrs_;
     char ebody_[512]; /* start of an error response's body (S3's XML error) */
+    char cerr_[256];  /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
+    uint64_t t0_;     /* the current attempt's start (stk__now_ns) */
+    unsigned timeout_s_;
     size_t ebody_len_;
     stk__req *next_, *anext_;
 };
