@@ -696,7 +696,10 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     uint64_t el = stk__now_ns() - q->t0_;
     if (el <= limit_ns)
         return 0;
-    stk__fmt(q->err, sizeof q->err,
+    if (dlnow == 0 && dltotal <= 0)
+        stk__fmt(q->err, sizeof q->err, "no answer in %.1f s (fetch_timeout)", (double)el * 1e-9);
+    else
+        stk__fmt(q->err, sizeof q->err,
              "too slow: %llu of %s%llu bytes in %.1f s (the deadline of an attempt is "
              "fetch_timeout, %u s, plus 1 s per %u KiB)",
              (unsigned long long)dlnow, dltotal > 0 ? "" : "at least ",

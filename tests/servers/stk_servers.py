@@ -90,6 +90,8 @@ FaultServer(root, plan=(), port=None)
           it, then close (FIN).
       kind "stall": wait `seconds` (default 1.0) before answering, or, with
           `fraction` given, after sending that part of the body; then answer in full.
+      kind "trickle": answer in full, but send the body at `rate` bytes/s
+          (default 1024) in pieces of at most 256 bytes: slow, never stalled.
       Which requests: `path` (an fnmatch pattern on the decoded path, e.g.
       "/ds/shard-0003.stk" or "*.stk"; None = all) and `method` ("GET"/"HEAD")
       select; then at most one of
@@ -810,16 +812,19 @@ _UNSET = object()
 
 
 class Fault:
-    KINDS = ("status", "reset", "truncate", "stall")
+    KINDS = ("status", "reset", "truncate", "stall", "trickle")
 
     def __init__(self, kind, path=None, method=None, first_attempts=None, every=None, nth=None, times=None,
-                 status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0):
+                 status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0,
+                 rate=1024):
         if kind not in self.KINDS:
             raise ValueError(f"Fault: kind {kind!r} is not one of {', '.join(self.KINDS)}")
         if sum(x is not None for x in (first_attempts, every, nth)) > 1:
             raise ValueError("Fault: give at most one of first_attempts, every, nth")
         if fraction is _UNSET:
-            fraction = None if kind == "stall" else 0.5
+            fraction = None if kind in ("stall", "trickle") else 0.5
+        if kind == "trickle" and not rate > 0:
+            raise ValueError(f"Fault: trickle needs a rate above 0 bytes/s, got {rate}")
         if fraction is None and kind == "truncate":
             raise ValueError("Fault: truncate needs a fraction")
         if fraction is not None and not 0 <= fraction < 1:
@@ -837,6 +842,7 @@ class Fault:
         self.close = close
         self.fraction = fraction
         self.seconds = seconds
+        self.rate = rate
         self.seen = 0  # requests this rule selected
         self.fired = 0
 
@@ -978,6 +984,9 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
             if not with_body:
                 entry["completed"] = True
                 return
+            if fault and fault.kind == "trickle":
+                self._trickle(f, start, length, fault.rate, entry)
+                return
             first = length
             if fault and fault.fraction is not None:
                 first = int(length * fault.fraction)
@@ -995,6 +1004,23 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
             if sent < length:
                 entry["bytes"] += self.connection.sendfile(f, start + sent, length - sent)
             entry["completed"] = entry["bytes"] == length
+
+    def _trickle(self, f, start, length, rate, entry):
+        # The body in pieces of at most 256 bytes, paced at `rate` bytes/s,
+        # so the client never sees a stall, only a slow transfer.
+        piece = max(1, min(256, int(rate)))
+        sent = 0
+        t0 = time.monotonic()
+        while sent < length and not self.owner._stopping.is_set():
+            f.seek(start + sent)
+            data = f.read(min(piece, length - sent))
+            self.connection.sendall(data)
+            sent += len(data)
+            entry["bytes"] = sent
+            wait = t0 + sent / rate - time.monotonic()
+            if wait > 0:
+                self.owner._stopping.wait(wait)
+        entry["completed"] = sent == length
 
     def _send_error(self, status, code, message, entry, with_body, retry_after=None, close=False, extra=None):
         body = self._error_body(status, code, message)
