@@ -487,3 +487,34 @@ def test_verify_over_http_checks_shard_by_shard(packed, tmp_path):
     assert f"{bad}: the whole shard ({bad_count} samples)" in r.stdout, out
     assert f"{96 - bad_count} samples checked, 0 corrupt" in r.stdout, out
     assert "hunter2" not in out
+
+
+def test_ctrl_c_interrupts_an_open_against_a_silent_server(tmp_path):
+    import socket
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)  # accepts (the kernel does), never answers
+    port = lsock.getsockname()[1]
+    code = f"""
+import sys, time
+sys.path.insert(0, {os.path.join(ROOT, "python")!r})
+import stoker
+print("opening", flush=True)
+t0 = time.monotonic()
+try:
+    stoker.Loader("http://127.0.0.1:{port}/ds", 8, output="numpy")
+except KeyboardInterrupt:
+    print("interrupted", round(time.monotonic() - t0, 2), flush=True)
+"""
+    try:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "opening"
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        lsock.close()
+    assert out.startswith("interrupted"), out
+    assert took < 3, took
