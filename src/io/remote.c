@@ -37,6 +37,7 @@ struct stk__remote {
     char *bucket, *prefix; /* prefix: "" or ends with '/' for a directory */
     char *list_url;        /* bucket URL for ListObjectsV2 */
     char *key_id, *secret, *token, *region, *sigv4;
+    char *cafile; /* AWS_CA_BUNDLE, else CURL_CA_BUNDLE: a CA bundle for https */
     stk__remote_cfg cfg;
 
     /* engine */
@@ -756,6 +757,8 @@ static int setup_easy(stk__remote *r, stk__req *q)
     curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
     if (h)
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    if (r->cafile)
+        curl_easy_setopt(e, CURLOPT_CAINFO, r->cafile);
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, q->cerr_);
     q->cerr_[0] = '\0';
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
@@ -1540,8 +1543,8 @@ void stk__remote_close(stk__remote *r)
         curl_multi_cleanup(r->multi);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond_done);
-    char *strs[] = {r->display, r->base,   r->self_url, r->basename, r->bucket, r->prefix,
-                    r->list_url, r->key_id, r->token,    r->region,   r->sigv4};
+    char *strs[] = {r->display,  r->base,   r->self_url, r->basename, r->bucket, r->prefix,
+                    r->list_url, r->key_id, r->token,    r->region,   r->sigv4,  r->cafile};
     for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
         stk__free(strs[k]);
     if (r->secret) {
@@ -1608,6 +1611,15 @@ int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *
     }
     if (rc)
         goto out;
+    /* A private CA (an internal endpoint, a test server): the variables the
+     * AWS tools and curl read. */
+    const char *ca = getenv("AWS_CA_BUNDLE");
+    if (!ca || !*ca)
+        ca = getenv("CURL_CA_BUNDLE");
+    if (ca && *ca && !(r->cafile = stk__strdup(ca))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
     if (!(r->multi = curl_multi_init())) {
         rc = STK_ENOMEM;
         goto out;

@@ -518,3 +518,22 @@ except KeyboardInterrupt:
         lsock.close()
     assert out.startswith("interrupted"), out
     assert took < 3, took
+
+
+def test_a_redirect_never_downgrades_https_to_http(packed, monkeypatch):
+    shard = packed["shards"][0]
+    with stk_servers.Nginx(packed["www"]) as plain:
+        to_http = {f"/down/{shard}": f"{plain.url}/ds/{shard}"}
+        with stk_servers.Nginx(packed["www"], tls=True, redirects=to_http) as tls:
+            monkeypatch.setenv("AWS_CA_BUNDLE", tls.cafile)
+            # The certificate is trusted: https itself works.
+            with stoker.Loader(f"{tls.url}/ds/{shard}", 8, output="numpy") as L:
+                assert L.num_samples > 0
+            with pytest.raises(Exception) as e:
+                stoker.Loader(f"{tls.url}/down/{shard}", 8, output="numpy")
+            assert "redirect" in str(e.value), str(e.value)
+            assert not plain.requests()  # nothing went out in clear
+        # From http, a redirect to http is followed as before.
+        with stk_servers.Nginx(packed["www"], redirects=to_http) as srv:
+            with stoker.Loader(f"{srv.url}/down/{shard}", 8, output="numpy") as L:
+                assert L.num_samples > 0

@@ -9,7 +9,8 @@ when the test fails. Child processes (nginx, node) are started through
 when this process is killed: start servers from a thread that outlives them
 (normally the main thread).
 
-Nginx(root, http2=False, port=None, access_log=None, tls=False)
+Nginx(root, http2=False, port=None, access_log=None, tls=False, redirects=None)
+    redirects: {path: url}: each path (exact) answers 302 to url.
     nginx in the foreground (one process, `daemon off; master_process off`) from a
     temporary prefix, serving the directory `root`: byte ranges, keep-alive
     (1,000,000 requests, 300 s), sendfile. tls=True serves HTTPS with a fresh
@@ -346,8 +347,9 @@ def make_cert(directory):
 
 
 class Nginx(_Server):
-    def __init__(self, root, http2=False, port=None, access_log=None, tls=False):
+    def __init__(self, root, http2=False, port=None, access_log=None, tls=False, redirects=None):
         self.root = os.path.abspath(root)
+        self.redirects = dict(redirects or {})
         self.http2 = http2
         self.tls = tls
         self.cafile = None
@@ -366,6 +368,8 @@ class Nginx(_Server):
         if self.tls:
             tls = (f"ssl_certificate {_nginx_str(self.cafile)};\n"
                    f"        ssl_certificate_key {_nginx_str(os.path.join(d, 'key.pem'))};")
+        moved = "".join(f"        location = {_nginx_str(a)} {{ return 302 {_nginx_str(b)}; }}\n"
+                        for a, b in self.redirects.items())
         return f"""
 daemon off;
 master_process off;
@@ -395,7 +399,7 @@ http {{
         {tls}
         root {_nginx_str(self.root)};
         access_log {_nginx_str(self.access_log)} stk;
-    }}
+{moved}    }}
 }}
 """
 
