@@ -32,7 +32,8 @@ typedef struct stk__remote_cfg {
     int addressing;       /* 0 default (path-style with a custom endpoint), 1 path, 2 virtual */
     unsigned concurrency; /* requests in flight (default 64) */
     unsigned retries;     /* retries after the first attempt (0: 6; UINT32_MAX: none) */
-    unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30) */
+    unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30);
+                             an attempt's deadline is this + 1 s per 16 KiB of its body */
     unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
 } stk__remote_cfg;
 
