@@ -915,6 +915,10 @@ static void test_auth_message_fits_the_scheme(void)
     /* s3:// without credentials: the request went unsigned. */
     char ep[128];
     snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    const char *creds[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                           "AWS_PROFILE"};
+    for (size_t k = 0; k < sizeof creds / sizeof *creds; k++)
+        unsetenv(creds[k]);
     setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
     setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
     const char *const kv[] = {"endpoint", ep, NULL};
