@@ -701,11 +701,11 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
         stk__fmt(q->err, sizeof q->err, "no answer in %.1f s (fetch_timeout)", (double)el * 1e-9);
     else
         stk__fmt(q->err, sizeof q->err,
-             "too slow: %llu of %s%llu bytes in %.1f s (the deadline of an attempt is "
-             "fetch_timeout, %u s, plus 1 s per %u KiB)",
-             (unsigned long long)dlnow, dltotal > 0 ? "" : "at least ",
-             (unsigned long long)(dltotal > 0 ? dltotal : dlnow), (double)el * 1e-9,
-             q->timeout_s_, MIN_RATE / 1024u);
+                 "too slow: %llu of %s%llu bytes in %.1f s (the deadline of an attempt is "
+                 "fetch_timeout, %u s, plus 1 s per %u KiB)",
+                 (unsigned long long)dlnow, dltotal > 0 ? "" : "at least ",
+                 (unsigned long long)(dltotal > 0 ? dltotal : dlnow), (double)el * 1e-9,
+                 q->timeout_s_, MIN_RATE / 1024u);
     q->retry_after_s_ = -6; /* retried like a stall */
     return 1;
 }

@@ -391,7 +391,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         const char *slash = strrchr(url, '/');
         if (!slash || slash > brace) {
             stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element",
-                     stk__url_display(url, shown, sizeof shown));
+                     shown);
             return STK_EINVAL;
         }
         size_t dl = (size_t)(slash - url);
