@@ -1807,7 +1807,7 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
                      "%s: dtype %s needs an image transform (a preset or a spec, "
                      "docs/transforms.md); without one, samples are their stored bytes, "
                      "delivered as uint8",
-                     o->source, names[o->dtype & 3]);
+                     o->source_shown, names[o->dtype & 3]);
             return STK_EINVAL;
         }
         if (c->src.fixed_len) {
@@ -1855,7 +1855,7 @@ static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
         stk__fmt(err, errlen,
                  "%s: device \"%s:%d\" needs batches of one shape (an image transform with a "
                  "fixed output size, or fixed-size records); this loader's samples vary in size",
-                 o->source, kind, o->device_id);
+                 o->source_shown, kind, o->device_id);
         return STK_EINVAL;
     }
     int rc = o->device == STK_DEVICE_CUDA ? stk__dev_open_cuda(&c->dev, o->device_id, err, errlen)
@@ -1867,7 +1867,7 @@ static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
             stk__fmt(err, errlen,
                      "%s: device \"cuda:%d\" with a float dtype needs stoker's CUDA conversion "
                      "kernel, which %s; use dtype uint8 and convert on the GPU yourself",
-                     o->source, o->device_id,
+                     o->source_shown, o->device_id,
                      stk__cuda_have_kernels() ? "does not load on this GPU (architecture)"
                                               : "this build lacks (built without nvcc)");
             return STK_EUNSUPPORTED;
@@ -2071,7 +2071,7 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
                  "%s: depth \"auto\" finds no depth within the memory budget of %llu bytes: "
                  "depth 1 needs %llu (batch %zu x %zu bytes a sample, %u threads); raise "
                  "memory_budget or lower batch_size",
-                 o->source, (unsigned long long)budget, (unsigned long long)need1, c->batch_size,
+                 o->source_shown, (unsigned long long)budget, (unsigned long long)need1, c->batch_size,
                  c->sample_bytes, c->nthreads);
         return STK_ETOOBIG;
     }
@@ -2087,7 +2087,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     int rc;
     core *c = stk__calloc(1, sizeof *c);
     if (!c) {
-        stk__fmt(err, errlen, "out of memory while opening %s", o->source);
+        stk__fmt(err, errlen, "out of memory while opening %s", o->source_shown);
         return STK_ENOMEM;
     }
     c->refs = 1;
@@ -2138,7 +2138,7 @@ static int open_core(stk_loader *l, const stk_options *o)
             stk__fmt(err, errlen,
                      "%s: order \"shards\" needs a dataset of shards (.stk or .tar); this one "
                      "(%s) has none",
-                     o->source, c->src.ops->kind);
+                     o->source_shown, c->src.ops->kind);
             rc = STK_EINVAL;
             goto fail;
         }
@@ -2158,7 +2158,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
-                 o->source, (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
+                 o->source_shown, (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
                  o->drop_last ? " with drop_last" : "");
         goto fail;
     }
@@ -2214,7 +2214,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     return STK_OK;
 fail:
     if (rc == STK_ENOMEM && !err[0])
-        stk__fmt(err, errlen, "out of memory while opening %s", o->source);
+        stk__fmt(err, errlen, "out of memory while opening %s", o->source_shown);
     core_free(c);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* options.c -- typed setters for stk_options; every value is checked here so a
  * bad option fails at the call that set it. */
 #include "options.h"
+#include "io/remote.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ void stk_options_destroy(stk_options *o)
     if (!o)
         return;
     stk__free(o->source);
+    stk__free(o->source_shown);
     stk__free(o->transform);
     stk__free(o->endpoint);
     stk__free(o->region);
@@ -56,7 +58,22 @@ int stk_options_set_source(stk_options *o, const char *path)
 {
     if (!o || !path || !*path)
         return STK_EINVAL;
-    return set_str(&o->source, path);
+    /* Messages name the source by its display form, so a URL's password or
+     * presigned signature is never printed. */
+    size_t n = strlen(path) + 8;
+    char *shown = stk__malloc(n);
+    if (!shown)
+        return STK_ENOMEM;
+    if (stk__url_display(path, shown, n) != shown)
+        stk__fmt(shown, n, "%s", path);
+    int rc = set_str(&o->source, path);
+    if (rc) {
+        stk__free(shown);
+        return rc;
+    }
+    stk__free(o->source_shown);
+    o->source_shown = shown;
+    return STK_OK;
 }
 
 int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_bytes,

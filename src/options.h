@@ -6,6 +6,7 @@
 
 struct stk_options {
     char *source;
+    char *source_shown; /* source for messages: a URL's credentials and query removed */
     size_t record_bytes, header_bytes;
     unsigned label_bytes;
     size_t batch_size;

@@ -5,6 +5,7 @@
 
 #include "codec/codec.h"
 #include "image.h"
+#include "io/remote.h"
 #include "source/dataset.h"
 #include "source/stkformat.h"
 
@@ -136,20 +137,7 @@ void stoker_json_str(FILE *f, const char *str)
 
 const char *stoker_display_path(const char *path, char *buf, size_t n)
 {
-    const char *sep = strstr(path, "://");
-    if (!sep || !n)
-        return path;
-    const char *host = sep + 3, *end = host;
-    while (*end && *end != '/' && *end != '?')
-        end++;
-    const char *at = NULL;
-    for (const char *p = host; p < end; p++)
-        if (*p == '@')
-            at = p;
-    const char *from = at ? at + 1 : host;
-    const char *q = strchr(from, '?');
-    size_t head = (size_t)(host - path), rest = q ? (size_t)(q - from) : strlen(from);
-    snprintf(buf, n, "%.*s%.*s%s", (int)head, path, (int)rest, from, q ? "?..." : "");
-    return buf;
+    /* One rule for the library's messages and the tool's. */
+    return stk__url_display(path, buf, n);
 }
 

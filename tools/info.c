@@ -145,7 +145,8 @@ int stoker_cmd_info(int argc, char **argv)
     }
     stk__dataset_info di;
     stk__source_describe(&s, &di);
-    printf("path      %s\n", path);
+    char shown_path[4096];
+    printf("path      %s\n", stk__url_display(path, shown_path, sizeof shown_path));
     printf("format    %s", di.format);
     if (di.payload)
         printf(" (%s payloads", di.payload);
@@ -394,6 +395,58 @@ static size_t list_shards(const char *dir, const stk__manifest *m, char ***out, 
     return n;
 }
 
+/* The shards of the remote directory url, as stk__source_open would find
+ * them: its manifest's (each once, in its order; *counts from it), else the
+ * .stk or .tar objects a listing finds (S3), by name (*counts UINT64_MAX).
+ * 0 when there are none or they cannot be found (a single object, a plain
+ * HTTP server without a manifest, a brace pattern). */
+static size_t list_remote_shards(const char *url, const stk__source_params *prm, char ***out,
+                                 uint64_t **counts)
+{
+    char **names = NULL, **lnames = NULL, *text = NULL, err[STK_ERRMSG_MAX];
+    uint64_t *cnt = NULL, *lsizes = NULL;
+    size_t n = 0, ln = 0, tlen = 0;
+    stk__remote *r = NULL;
+    stk__remote_cfg none = {0};
+    *out = NULL;
+    *counts = NULL;
+    if (strchr(url, '{') || stk__remote_open(&r, url, prm->remote ? prm->remote : &none, err,
+                                             sizeof err))
+        return 0;
+    if (stk__remote_names_object(r))
+        goto out;
+    int rc = stk__remote_get_small(r, STK_MANIFEST, 64u << 20, &text, &tlen, err, sizeof err);
+    if (rc == STK_OK) {
+        stk__manifest man;
+        if (stk__manifest_parse(text, tlen, url, &man, err, sizeof err) == STK_OK) {
+            if (man.nshards)
+                n = list_shards(NULL, &man, &names, &cnt);
+            stk__manifest_free(&man);
+        }
+        goto out;
+    }
+    if (rc != STK_ENOENT || stk__remote_list(r, &lnames, &lsizes, &ln, err, sizeof err))
+        goto out;
+    names = calloc(ln ? ln : 1, sizeof *names);
+    cnt = calloc(ln ? ln : 1, sizeof *cnt);
+    for (size_t k = 0; names && cnt && k < ln; k++) {
+        size_t l = strlen(lnames[k]);
+        if (l < 5 || (strcmp(lnames[k] + l - 4, ".stk") && strcmp(lnames[k] + l - 4, ".tar")) ||
+            !(names[n] = strdup(lnames[k])))
+            continue;
+        cnt[n++] = UINT64_MAX;
+    }
+    if (names)
+        qsort(names, n, sizeof *names, cmp_str);
+out:
+    stk__free(text);
+    stk__remote_list_free(lnames, lsizes, ln);
+    stk__remote_close(r);
+    *out = names;
+    *counts = cnt;
+    return n;
+}
+
 int stoker_cmd_verify(int argc, char **argv)
 {
     const char *path;
@@ -440,23 +493,30 @@ int stoker_cmd_verify(int argc, char **argv)
         whole = false;
         char **names = NULL;
         uint64_t *counts = NULL;
-        size_t n = list_shards(path, have_man ? &man : NULL, &names, &counts);
+        bool remote = stk__is_url(path);
+        char shown[4096], one_shown[4096];
+        size_t n = remote ? list_remote_shards(path, &prm, &names, &counts)
+                          : list_shards(path, have_man ? &man : NULL, &names, &counts);
         if (!n) {
-            char shown[4096];
-        fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
-                stoker_display_path(path, shown, sizeof shown), err, stk_strerror(rc));
+            fprintf(stderr, "stoker: cannot open %s: %s (%s)\n",
+                    stoker_display_path(path, shown, sizeof shown), err, stk_strerror(rc));
             free(names);
             free(counts);
             if (have_man)
                 stk__manifest_free(&man);
             return 1;
         }
-        printf("dataset   %s: %s\n", path, err);
+        printf("dataset   %s: %s\n", stoker_display_path(path, shown, sizeof shown), err);
         for (size_t k = 0; k < n; k++) {
             char one[4096], why[STK_ERRMSG_MAX];
-            snprintf(one, sizeof one, "%s/%s", path, names[k]);
+            size_t pl = strlen(path);
+            while (remote && pl && path[pl - 1] == '/')
+                pl--;
+            snprintf(one, sizeof one, "%.*s/%s", (int)pl, path, names[k]);
+            /* A remote shard is opened with the dataset's remote settings
+             * (endpoint, credentials' region, cache), each on its own. */
             stk__source_params none = {0};
-            int r = stk__source_open(&s, one, &none, why, sizeof why);
+            int r = stk__source_open(&s, one, remote ? &prm : &none, why, sizeof why);
             if (r == STK_OK) {
                 verify_source(&s, one, &v);
                 stk__source_close(&s);
@@ -464,9 +524,10 @@ int stoker_cmd_verify(int argc, char **argv)
                 stk__stk_header h;
                 stk__stk_footer f;
                 uint64_t c = counts[k];
-                if (c == UINT64_MAX && (read_ends(one, &h, &f) & 2))
+                if (c == UINT64_MAX && !remote && (read_ends(one, &h, &f) & 2))
                     c = f.count; /* the footer is intact: it knows the count */
-                printf("corrupt   %s: the whole shard", one);
+                printf("corrupt   %s: the whole shard",
+                       stoker_display_path(one, one_shown, sizeof one_shown));
                 if (c != UINT64_MAX)
                     printf(" (%" PRIu64 " samples)", c);
                 printf(": %s\n", why);

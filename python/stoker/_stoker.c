@@ -34,11 +34,14 @@
 
 #include "stoker.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---- DLPack --------------------------------------------------------------
@@ -858,6 +861,117 @@ static int set_or_raise(int rc, const char *what)
  *        max_sample_bytes)
  * records: None or (record_bytes, header_bytes, label_bytes).
  * options: dict of str -> str for stk_options_set. */
+/* stk_loader_open on a thread of its own, so that the Python thread can
+ * wait for it in slices and take signals (Ctrl-C) meanwhile, as next()
+ * does: an open against a server that never answers takes until its
+ * requests run out of attempts. On a signal the caller gives the open up:
+ * the thread then closes the loader it gets and frees what it holds. */
+typedef struct opener {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    stk_options *o; /* owned by the opener from the thread's start */
+    stk_loader *l;
+    int rc;
+    int done, abandoned;
+} opener;
+
+static void opener_free(opener *op)
+{
+    stk_options_destroy(op->o);
+    pthread_cond_destroy(&op->cv);
+    pthread_mutex_destroy(&op->mu);
+    free(op);
+}
+
+static void *opener_main(void *arg)
+{
+    opener *op = arg;
+    stk_loader *l = NULL;
+    int rc = stk_loader_open(&l, op->o);
+    pthread_mutex_lock(&op->mu);
+    op->l = l;
+    op->rc = rc;
+    op->done = 1;
+    int abandoned = op->abandoned;
+    pthread_cond_signal(&op->cv);
+    pthread_mutex_unlock(&op->mu);
+    if (abandoned) {
+        stk_loader_close(l);
+        opener_free(op);
+    }
+    return NULL;
+}
+
+/* Opens a loader from *o (which it takes: *o is NULL after), interruptibly.
+ * Returns 0 with *rc and *out set, or -1 with a Python exception (the
+ * signal's, or MemoryError). */
+static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
+{
+    opener *op = calloc(1, sizeof *op);
+    pthread_attr_t attr;
+    pthread_t th;
+    if (!op) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (pthread_mutex_init(&op->mu, NULL)) {
+        free(op);
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (pthread_cond_init(&op->cv, NULL)) {
+        pthread_mutex_destroy(&op->mu);
+        free(op);
+        PyErr_NoMemory();
+        return -1;
+    }
+    op->o = *o;
+    *o = NULL;
+    int started = !pthread_attr_init(&attr);
+    if (started) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        started = !pthread_create(&th, &attr, opener_main, op);
+        pthread_attr_destroy(&attr);
+    }
+    if (!started) {
+        /* No thread: open here, uninterruptibly. */
+        Py_BEGIN_ALLOW_THREADS opener_main(op);
+        Py_END_ALLOW_THREADS
+    }
+    for (;;) {
+        int done;
+        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&op->mu);
+        if (!op->done) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&op->cv, &op->mu, &ts);
+        }
+        done = op->done;
+        pthread_mutex_unlock(&op->mu);
+        Py_END_ALLOW_THREADS if (done) break;
+        if (PyErr_CheckSignals() < 0) {
+            pthread_mutex_lock(&op->mu);
+            done = op->done;
+            op->abandoned = !done;
+            pthread_mutex_unlock(&op->mu);
+            if (done) {
+                stk_loader_close(op->l);
+                opener_free(op);
+            }
+            return -1;
+        }
+    }
+    *out = op->l;
+    *rc = op->rc;
+    opener_free(op);
+    return 0;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"source",
@@ -953,9 +1067,9 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         }
     }
     stk_loader *l = NULL;
-    Py_BEGIN_ALLOW_THREADS rc = stk_loader_open(&l, o);
-    Py_END_ALLOW_THREADS if (rc != STK_OK)
-    {
+    if (open_interruptibly(&o, &l, &rc) < 0)
+        goto out;
+    if (rc != STK_OK) {
         if (!l) {
             PyErr_NoMemory();
         } else {

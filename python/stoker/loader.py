@@ -2,6 +2,7 @@
 
 import operator
 import os
+import re
 import sys
 import threading
 import weakref
@@ -98,6 +99,32 @@ _FINGERPRINT_KEYS = ("num_samples", "batch_size", "world_size", "rank", "shuffle
                      "transform_hash", "local_world_size")
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _display(path):
+    """path as reprs show it: for a URL, without the user:password@ of its
+    authority and with its query and fragment (a presigned URL's
+    X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token) replaced by
+    "?..." -- the rule of the library's messages (stk__url_display)."""
+    if not isinstance(path, str):
+        return path
+    m = _SCHEME.match(path)
+    if not m:
+        return path
+    head, rest = path[:m.end()], path[m.end():]
+    aend = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i >= 0:
+            aend = min(aend, i)
+    at = rest.rfind("@", 0, aend)
+    if at >= 0:
+        rest = rest[at + 1:]
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+    return head + (rest if cut < 0 else rest[:cut] + "?...")
+
+
 class Records:
     """A file of fixed-size records, as a Loader source.
 
@@ -118,7 +145,7 @@ class Records:
                              "record_bytes")
 
     def __repr__(self):
-        return (f"stoker.Records({self.path!r}, record_bytes={self.record_bytes}, "
+        return (f"stoker.Records({_display(self.path)!r}, record_bytes={self.record_bytes}, "
                 f"header_bytes={self.header_bytes}, label_bytes={self.label_bytes})")
 
 
@@ -915,7 +942,8 @@ class Loader:
             raise _stoker.Error("the loader is closed")
 
     def __repr__(self):
-        src = self.source if isinstance(self.source, Records) else repr(os.fspath(self.source))
+        src = (self.source if isinstance(self.source, Records)
+               else repr(_display(os.fspath(self.source))))
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
                 f"output={self.output!r}, dtype={self.dtype!r})")
@@ -995,7 +1023,7 @@ class LoaderDataset:
                         "return_indices=True to get each row's dataset index)")
 
     def __repr__(self):
-        return (f"<stoker dataset {self.root!r}: {len(self)} samples, {self.num_classes} "
+        return (f"<stoker dataset {_display(self.root)!r}: {len(self)} samples, {self.num_classes} "
                 f"classes, {self.kind}>")
 
 

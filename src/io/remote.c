@@ -21,8 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 enum { SCHEME_HTTP = 1, SCHEME_S3 = 2 };
 enum { Q_QUEUED, Q_ACTIVE, Q_WAITING_RETRY, Q_DONE };
@@ -39,6 +41,7 @@ struct stk__remote {
     char *list_url;        /* bucket URL for ListObjectsV2 */
     char *region, *sigv4;
     stk__creds *creds; /* the S3 credential chain (creds.c); NULL for http(s) */
+    char *cafile;      /* AWS_CA_BUNDLE, else CURL_CA_BUNDLE: a CA bundle for https */
     stk__remote_cfg cfg;
 
     /* engine */
@@ -67,9 +70,45 @@ static void curl_init_once(void)
     g_curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
+/* The length of p's "scheme://" prefix (RFC 3986: a letter, then letters,
+ * digits, '+', '-', '.'), or 0 when p does not start with one. */
+static size_t scheme_len(const char *p)
+{
+    if (!p || !isalpha((unsigned char)p[0]))
+        return 0;
+    size_t k = 1;
+    while (isalnum((unsigned char)p[k]) || p[k] == '+' || p[k] == '-' || p[k] == '.')
+        k++;
+    return strncmp(p + k, "://", 3) ? 0 : k + 3;
+}
+
 bool stk__is_url(const char *p)
 {
-    return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5));
+    /* Any scheme, so that "ftp://host/ds" is refused as a URL this build
+     * does not read rather than looked up as a local path. */
+    return scheme_len(p) != 0;
+}
+
+const char *stk__url_display(const char *url, char *buf, size_t n)
+{
+    size_t head = scheme_len(url);
+    if (!head || !n)
+        return url;
+    /* The authority ends at the first '/', '?' or '#'; what precedes its
+     * last '@' is user:password. A query (a presigned URL's X-Amz-Signature,
+     * X-Amz-Credential, X-Amz-Security-Token, or any other token) and a
+     * fragment are dropped whole: nothing in them is needed to name the
+     * dataset. */
+    const char *host = url + head, *aend = host;
+    while (*aend && *aend != '/' && *aend != '?' && *aend != '#')
+        aend++;
+    const char *from = host;
+    for (const char *p = host; p < aend; p++)
+        if (*p == '@')
+            from = p + 1;
+    size_t rest = strcspn(from, "?#");
+    stk__fmt(buf, n, "%.*s%.*s%s", (int)head, url, (int)rest, from, from[rest] ? "?..." : "");
+    return buf;
 }
 
 static char *dupn(const char *s, size_t n)
@@ -220,29 +259,13 @@ static void split_url(const char *url, const char **authority_end)
     *authority_end = p;
 }
 
-/* A display form: userinfo removed, query replaced by "?...". */
+/* A display form (stk__url_display), allocated. */
 static char *display_of(const char *url)
 {
-    const char *sep = strstr(url, "://");
-    const char *host = sep ? sep + 3 : url;
-    const char *aend;
-    split_url(url, &aend);
-    const char *at = NULL;
-    for (const char *p = host; p < aend; p++)
-        if (*p == '@')
-            at = p;
-    const char *q = strchr(aend, '?');
-    size_t head = (size_t)(host - url);
-    const char *rest = at ? at + 1 : host;
-    size_t restlen = q ? (size_t)(q - rest) : strlen(rest);
-    char *d = stk__malloc(head + restlen + 8);
-    if (!d)
-        return NULL;
-    memcpy(d, url, head);
-    memcpy(d + head, rest, restlen);
-    d[head + restlen] = '\0';
-    if (q)
-        memcpy(d + head + restlen, "?...", 5);
+    size_t n = strlen(url) + 8;
+    char *d = stk__malloc(n);
+    if (d && stk__url_display(url, d, n) != d)
+        stk__fmt(d, n, "%s", url);
     return d;
 }
 
@@ -288,6 +311,40 @@ static int parse_http(stk__remote *r, const char *url, char *err, size_t errlen)
     return STK_OK;
 }
 
+/* Why b is not a valid S3 bucket name (S3's naming rules), or NULL when it
+ * is one. A bucket is pasted into the host name under virtual-host
+ * addressing, so anything else (a ':', '@', '?', an uppercase letter) could
+ * send the signed request, with its key id and session token, to another
+ * host: such names are refused, whatever the addressing. */
+static const char *bucket_invalid(const char *b)
+{
+    size_t n = strlen(b);
+    if (n < 3 || n > 63)
+        return n < 3 ? "shorter than 3 characters" : "longer than 63 characters";
+    for (size_t k = 0; k < n; k++) {
+        char c = b[k];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-'))
+            return "it holds a character other than a-z, 0-9, '.' and '-'";
+    }
+    if (!isalnum((unsigned char)b[0]) || !isalnum((unsigned char)b[n - 1]))
+        return "it does not begin and end with a letter or digit";
+    if (strstr(b, ".."))
+        return "it holds two adjacent dots";
+    /* Four dot-separated groups of digits: an IP address, which virtual-host
+     * addressing would turn into the host itself. */
+    unsigned groups = 1;
+    bool digits = true;
+    for (size_t k = 0; k < n; k++) {
+        if (b[k] == '.')
+            groups++;
+        else if (!isdigit((unsigned char)b[k]))
+            digits = false;
+    }
+    if (digits && groups == 4)
+        return "it has the form of an IP address";
+    return NULL;
+}
+
 static int parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
 {
     const char *b = url + 5;
@@ -299,6 +356,18 @@ static int parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
     }
     if (!(r->bucket = dupn(b, blen)))
         return STK_ENOMEM;
+    const char *why = bucket_invalid(r->bucket);
+    if (why) {
+        /* The bucket as the display form shows it (no user:password@, no
+         * query), so the message never echoes a secret. */
+        const char *db = r->display + 5;
+        stk__fmt(err, errlen,
+                 "%s: \"%.*s\" is not a valid S3 bucket name: %s (bucket names are 3 to 63 "
+                 "lowercase letters, digits, dots and hyphens, beginning and ending with a "
+                 "letter or digit)",
+                 r->display, (int)strcspn(db, "/"), db, why);
+        return STK_EINVAL;
+    }
     const char *key = slash ? slash + 1 : "";
     size_t klen = strlen(key);
     while (klen && key[klen - 1] == '/')
@@ -531,6 +600,41 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
+/* The slowest average rate an attempt may keep beyond its first
+ * fetch_timeout seconds (docs/remote.md "Faults"). */
+#define MIN_RATE (16u * 1024u)
+
+/* libcurl's progress callback: ends an attempt past its deadline, which is
+ * fetch_timeout seconds plus one second per MIN_RATE bytes of the body
+ * (its Content-Length once known, else the bytes received so far). The
+ * stall rule (less than 1 KiB/s for fetch_timeout seconds) alone lets a
+ * server trickling just above 1 KiB/s hold a request slot for hours. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    (void)ultotal;
+    (void)ulnow;
+    stk__req *q = ud;
+    uint64_t bytes = (uint64_t)(dltotal > dlnow ? dltotal : dlnow);
+    uint64_t limit_ns = (uint64_t)q->timeout_s_ * 1000000000ULL +
+                        bytes / MIN_RATE * 1000000000ULL +
+                        bytes % MIN_RATE * (1000000000ULL / MIN_RATE);
+    uint64_t el = stk__now_ns() - q->t0_;
+    if (el <= limit_ns)
+        return 0;
+    if (dlnow == 0 && dltotal <= 0)
+        stk__fmt(q->err, sizeof q->err, "no answer in %.1f s (fetch_timeout)", (double)el * 1e-9);
+    else
+        stk__fmt(q->err, sizeof q->err,
+                 "too slow: %llu of %s%llu bytes in %.1f s (the deadline of an attempt is "
+                 "fetch_timeout, %u s, plus 1 s per %u KiB)",
+                 (unsigned long long)dlnow, dltotal > 0 ? "" : "at least ",
+                 (unsigned long long)(dltotal > 0 ? dltotal : dlnow), (double)el * 1e-9,
+                 q->timeout_s_, MIN_RATE / 1024u);
+    q->retry_after_s_ = -6; /* retried like a stall */
+    return 1;
+}
+
 static int setup_easy(stk__remote *r, stk__req *q)
 {
     CURL *e = q->easy_;
@@ -581,16 +685,32 @@ static int setup_easy(stk__remote *r, stk__req *q)
     curl_easy_setopt(e, CURLOPT_WRITEDATA, q);
     if (h)
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    if (r->cafile)
+        curl_easy_setopt(e, CURLOPT_CAINFO, r->cafile);
+    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, q->cerr_);
+    q->cerr_[0] = '\0';
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)r->cfg.timeout_s);
+    /* The attempt's deadline (deadline_passed) is checked here, at least
+     * once a second whether or not bytes arrive. */
+    curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(e, CURLOPT_XFERINFODATA, q);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(e, CURLOPT_PIPEWAIT, 1L);
+    /* No CURLOPT_PIPEWAIT: it makes each new request wait for a connection
+     * in progress to learn whether it multiplexes, and against a server that
+     * accepts and never answers that connection never learns it, so the
+     * requests of an open went one at a time, each waiting out the timeout.
+     * Requests reuse multiplexed connections once there are some. */
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     if (r->scheme == SCHEME_HTTP) {
         curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
         curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);
-        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+        /* A redirect never downgrades https to http (where the data, and a
+         * presigned URL's signature, would travel in clear). */
+        curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR,
+                         strncasecmp(q->url_, "https://", 8) ? "http,https" : "https");
     }
     if (k) {
         curl_easy_setopt(e, CURLOPT_AWS_SIGV4, r->sigv4);
@@ -605,6 +725,8 @@ static int setup_easy(stk__remote *r, stk__req *q)
     q->ebody_len_ = 0;
     q->ebody_[0] = '\0';
     q->retry_after_s_ = -1;
+    q->t0_ = stk__now_ns();
+    q->timeout_s_ = r->cfg.timeout_s;
     if (!q->len && !(q->fd >= 0 && !q->buf)) {
         stk__free(q->body);
         q->body = NULL;
@@ -637,7 +759,6 @@ static bool retryable_curl(CURLcode c)
 {
     switch (c) {
     case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_OPERATION_TIMEDOUT:
     case CURLE_RECV_ERROR:
     case CURLE_SEND_ERROR:
@@ -645,7 +766,6 @@ static bool retryable_curl(CURLcode c)
     case CURLE_GOT_NOTHING:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
     case CURLE_WEIRD_SERVER_REPLY: return true;
     default: return false;
     }
@@ -686,6 +806,41 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
             stk__fmt(q->err, sizeof q->err, "out of memory for the response");
             q->rc = STK_ENOMEM;
             return q->rc;
+        }
+        if (q->retry_after_s_ == -6)
+            return 1; /* past the attempt's deadline (on_progress wrote why) */
+        const char *detail = q->cerr_[0] ? q->cerr_ : curl_easy_strerror(res);
+        switch (res) {
+        case CURLE_COULDNT_RESOLVE_HOST:
+        case CURLE_COULDNT_RESOLVE_PROXY:
+            /* The resolver has its own retries; ours would only make a
+             * misspelt host take a quarter of a minute to report. */
+            stk__fmt(q->err, sizeof q->err,
+                     "%s (not retried: check the host name in the URL or the endpoint)", detail);
+            return q->rc = STK_EIO;
+        case CURLE_SSL_CONNECT_ERROR:
+        case CURLE_PEER_FAILED_VERIFICATION:
+        case CURLE_SSL_CERTPROBLEM:
+        case CURLE_SSL_CIPHER:
+        case CURLE_SSL_CACERT_BADFILE:
+        case CURLE_SSL_ISSUER_ERROR:
+        case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+        case CURLE_SSL_INVALIDCERTSTATUS:
+            /* A handshake fails the same way each time (a plain-HTTP server,
+             * an untrusted or expired certificate, no common protocol). */
+            stk__fmt(q->err, sizeof q->err,
+                     "TLS connection failed: %s (not retried: a handshake fails the same way "
+                     "each time; check that the server speaks https on this port and that its "
+                     "certificate is trusted)",
+                     detail);
+            return q->rc = STK_EIO;
+        case CURLE_UNSUPPORTED_PROTOCOL:
+            stk__fmt(q->err, sizeof q->err,
+                     "%s (a redirect to another protocol is refused, and one from https to "
+                     "http always is)",
+                     detail);
+            return q->rc = STK_EIO;
+        default: break;
         }
         stk__fmt(q->err, sizeof q->err, "%s", curl_easy_strerror(res));
         return retryable_curl(res) ? 1 : (q->rc = STK_EIO);
@@ -763,9 +918,17 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
         q->rc = STK_ENOENT;
         return q->rc;
     }
-    if (st == 401 || st == 403)
-        stk__fmt(q->err, sizeof q->err, "%s (access denied: check the credentials%s)", what,
-                 r->sigv4 ? ", region and endpoint" : "; this URL may need S3 credentials");
+    if ((st == 401 || st == 403) && r->scheme == SCHEME_HTTP)
+        stk__fmt(q->err, sizeof q->err,
+                 "%s (access denied: the web server %s; give user:password@ in the URL, or "
+                 "a presigned URL, that it accepts)",
+                 what, st == 401 ? "asks for HTTP authentication" : "refuses this URL");
+    else if (st == 401 || st == 403)
+        stk__fmt(q->err, sizeof q->err, "%s (access denied: %s)", what,
+                 r->sigv4 ? "check the credentials, region and endpoint"
+                          : "the request went unsigned, as no S3 credentials were found "
+                            "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
+                            "~/.aws/credentials); this bucket needs them");
     if (st == 416)
         stk__fmt(q->err, sizeof q->err, "%s (range not satisfiable: the object is shorter than "
                                         "its index says)", what);
@@ -1252,6 +1415,8 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
     uint64_t *sizes = NULL;
     size_t n = 0, cap = 0;
     char *token = NULL, *url = NULL;
+    uint64_t *seen = NULL; /* hashes of the continuation tokens followed */
+    size_t nseen = 0, seen_cap = 0;
     stk__req q;
     memset(&q, 0, sizeof q);
     size_t enc_cap = 3 * strlen(r->prefix) + 1;
@@ -1305,8 +1470,34 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
         }
         if (!more)
             break;
+        /* A token seen before would list the same pages again, forever
+         * (a server that ignores the token, or pages that cycle). Tokens are
+         * remembered by a 64-bit hash: one page per token, so few. */
+        uint64_t h = (uint64_t)XXH3_64bits(token, strlen(token));
+        for (size_t k = 0; k < nseen; k++)
+            if (seen[k] == h) {
+                stk__fmt(err, errlen,
+                         "listing s3://%s/%s: the server gave the continuation token of an "
+                         "earlier page again (page %zu), so the listing would never end; the "
+                         "server does not follow ListObjectsV2's continuation-token",
+                         r->bucket, r->prefix, nseen + 1);
+                rc = STK_EFORMAT;
+                goto out;
+            }
+        if (nseen == seen_cap) {
+            size_t nc = seen_cap ? seen_cap * 2 : 64;
+            uint64_t *ns = stk__realloc(seen, nc * sizeof *ns);
+            if (!ns) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+            seen = ns;
+            seen_cap = nc;
+        }
+        seen[nseen++] = h;
     }
 out:
+    stk__free(seen);
     stk__free(q.body);
     stk__free(url);
     stk__free(token);
@@ -1339,8 +1530,8 @@ void stk__remote_close(stk__remote *r)
         curl_multi_cleanup(r->multi);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond_done);
-    char *strs[] = {r->display, r->base,   r->self_url, r->basename, r->bucket, r->prefix,
-                    r->list_url, r->region, r->sigv4};
+    char *strs[] = {r->display,  r->base,   r->self_url, r->basename, r->bucket,
+                    r->prefix,   r->list_url, r->region, r->sigv4,    r->cafile};
     for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
         stk__free(strs[k]);
     stk__creds_close(r->creds); /* wipes the secrets */
@@ -1383,21 +1574,33 @@ int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *
         goto out;
     }
     stk__remote_cfg tmp = cfg ? *cfg : (stk__remote_cfg){0};
-    if (!strncmp(url, "s3://", 5)) {
+    if (!strncasecmp(url, "s3://", 5)) {
         r->scheme = SCHEME_S3;
         r->cfg.endpoint = tmp.endpoint;
         r->cfg.region = tmp.region;
         rc = parse_s3(r, url, err, errlen);
         r->cfg.endpoint = r->cfg.region = NULL;
-    } else if (!strncmp(url, "http://", 7) || !strncmp(url, "https://", 8)) {
+    } else if (!strncasecmp(url, "http://", 7) || !strncasecmp(url, "https://", 8)) {
         r->scheme = SCHEME_HTTP;
         rc = parse_http(r, url, err, errlen);
     } else {
-        stk__fmt(err, errlen, "%s: not an http://, https:// or s3:// URL", r->display);
-        rc = STK_EINVAL;
+        stk__fmt(err, errlen,
+                 "%s: unsupported URL scheme \"%.*s\": stoker reads http://, https:// and "
+                 "s3:// URLs (and local paths, which have no scheme)",
+                 r->display, (int)(scheme_len(url) - 3), url);
+        rc = STK_EUNSUPPORTED;
     }
     if (rc)
         goto out;
+    /* A private CA (an internal endpoint, a test server): the variables the
+     * AWS tools and curl read. */
+    const char *ca = getenv("AWS_CA_BUNDLE");
+    if (!ca || !*ca)
+        ca = getenv("CURL_CA_BUNDLE");
+    if (ca && *ca && !(r->cafile = stk__strdup(ca))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
     if (!(r->multi = curl_multi_init())) {
         rc = STK_ENOMEM;
         goto out;

@@ -32,18 +32,28 @@ typedef struct stk__remote_cfg {
     int addressing;       /* 0 default (path-style with a custom endpoint), 1 path, 2 virtual */
     unsigned concurrency; /* requests in flight (default 64) */
     unsigned retries;     /* retries after the first attempt (0: 6; UINT32_MAX: none) */
-    unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30) */
+    unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30);
+                             an attempt's deadline is this + 1 s per 16 KiB of its body */
     unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
 } stk__remote_cfg;
 
 typedef struct stk__remote stk__remote;
 
-/* Is path a URL this build reads (http://, https://, s3://)? */
+/* Does path start with a URL scheme ("scheme://")? Any scheme counts, so
+ * that one this build does not read (ftp://) is refused by
+ * stk__remote_open as such, never looked up as a local path. */
 bool stk__is_url(const char *path);
+/* The display form of a dataset path for messages and reprs: for a URL, the
+ * user:password@ of its authority removed and its query and fragment (a
+ * presigned URL's X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token)
+ * replaced by "?..."; written into buf and returned. Anything that is not a
+ * URL is returned as it is (buf untouched). */
+const char *stk__url_display(const char *path, char *buf, size_t n);
 
 /* Parses url, finds credentials and region (S3), starts the I/O thread.
- * STK_EINVAL (bad URL), STK_ENOMEM, STK_EUNSUPPORTED (a scheme this build
- * lacks), with the reason in err. */
+ * STK_EINVAL (bad URL, an invalid S3 bucket name), STK_ENOMEM,
+ * STK_EUNSUPPORTED (a scheme other than http, https and s3), with the reason
+ * in err (which never holds the URL's credentials or query). */
 int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *cfg, char *err,
                      size_t errlen);
 /* Cancels requests in flight (their rc becomes STK_EIO "cancelled"), stops
@@ -99,6 +109,9 @@ struct stk__req {
     char ebody_[512]; /* start of an error response's body (S3's XML error) */
     uint64_t cred_gen_; /* generation of the credentials that signed it */
     bool cred_retried_; /* already retried once after an expired token */
+    char cerr_[256];  /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
+    uint64_t t0_;     /* the current attempt's start (stk__now_ns) */
+    unsigned timeout_s_;
     size_t ebody_len_;
     stk__req *next_, *anext_;
 };

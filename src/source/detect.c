@@ -377,9 +377,11 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
     size_t ln = 0;
     char *dir = NULL;
     stk__remote_cfg none = {0};
+    char shown[4096]; /* url without credentials or query, for messages */
+    stk__url_display(url, shown, sizeof shown);
     if (prm->record_bytes) {
         stk__fmt(err, errlen, "%s: files of fixed-size records are read from local disk only",
-                 url);
+                 shown);
         return STK_EUNSUPPORTED;
     }
     const char *brace = strchr(url, '{');
@@ -388,7 +390,8 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         /* A pattern: the directory is the store's root, names expand. */
         const char *slash = strrchr(url, '/');
         if (!slash || slash > brace) {
-            stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element", url);
+            stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element",
+                     shown);
             return STK_EINVAL;
         }
         size_t dl = (size_t)(slash - url);

@@ -40,7 +40,9 @@ enum {
     F_STALL,
     F_500_PAYLOAD,
     F_SHARD_STATUS, /* part-00000K.stk: whole GETs and payload ranges answer HTTP 410 + K */
-    F_WHOLE_SHORT   /* whole GETs of a .tar send its first half (as if replaced by a smaller one) */
+    F_WHOLE_SHORT,  /* whole GETs of a .tar send its first half (as if replaced by a smaller one) */
+    F_401,
+    F_HANG
 };
 
 #define MAX_CONN 256
@@ -113,6 +115,16 @@ static bool is_payload(const char *path, bool ranged, uint64_t a)
 static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
 {
     atomic_fetch_add(&srv.requests, 1);
+    if (srv.fault == F_401) {
+        reply_status(fd, 401, "WWW-Authenticate: Basic realm=\"data\"\r\n");
+        return true;
+    }
+    if (srv.fault == F_HANG) {
+        /* Reads the request, never answers. */
+        while (!atomic_load(&srv.stop))
+            usleep(10000);
+        return false;
+    }
     char file[2048], key[1200];
     snprintf(file, sizeof file, "%s%s", srv.root, path);
     snprintf(key, sizeof key, "%s %d %llu-%llu", path, ranged, (unsigned long long)a,
@@ -204,6 +216,11 @@ static void *conn_main(void *arg)
             if (r <= 0)
                 goto done;
             have += (size_t)r;
+            if ((unsigned char)buf[0] == 0x16) {
+                /* A TLS ClientHello: answered as a plain HTTP server does. */
+                send_all(fd, "HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n", 47);
+                goto done;
+            }
         }
         *end = '\0';
         char method[16], path[1024];
@@ -963,6 +980,240 @@ static void test_s3_error_text(void)
     CHECK(!strcmp(out, ""));
 }
 
+
+/* ---- issue 18: secrets, names, schemes, listing loops, final errors ------------- */
+
+static double secs_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Opens path with the test's settings plus key=value pairs; returns the open's
+ * rc and copies its message. */
+static int open_msg(const char *path, const char *const *kv, char *msg, size_t n)
+{
+    stk_options *o;
+    stk_loader *l = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set_source(o, path) == STK_OK);
+    stk_options_set_batch_size(o, 8);
+    stk_options_set_threads(o, 1);
+    REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    for (; kv && kv[0]; kv += 2)
+        REQUIRE(stk_options_set(o, kv[0], kv[1]) == STK_OK);
+    int rc = stk_loader_open(&l, o);
+    snprintf(msg, n, "%s", rc ? stk_loader_errmsg(l) : "");
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    return rc;
+}
+
+static void test_url_display(void)
+{
+    char b[512];
+    CHECK(!strcmp(stk__url_display("http://alice:PW@h:8/ds", b, sizeof b), "http://h:8/ds"));
+    CHECK(!strcmp(stk__url_display("https://a:b@c@h/x.stk?X-Amz-Signature=S&X-Amz-Credential=C",
+                                   b, sizeof b),
+                  "https://h/x.stk?..."));
+    CHECK(!strcmp(stk__url_display("s3://bkt/p#frag", b, sizeof b), "s3://bkt/p?..."));
+    CHECK(!strcmp(stk__url_display("http://h/a@b/x.stk", b, sizeof b), "http://h/a@b/x.stk"));
+    /* Local paths come back as they are. */
+    const char *local = "/data/x?y@z";
+    CHECK(stk__url_display(local, b, sizeof b) == local);
+    CHECK(stk__is_url("ftp://host/ds") && stk__is_url("S3://b/p") && !stk__is_url("/a://b") &&
+          !stk__is_url("data/train"));
+}
+
+static void test_secrets_never_in_messages(void)
+{
+    server_start(g_www, F_NONE);
+    char src[1024], msg[2048];
+    /* The loader's own messages (here: a float dtype without a transform). */
+    snprintf(src, sizeof src, "http://alice:PW_hunter2@127.0.0.1:%d/ds", srv.port);
+    const char *const f32[] = {"dtype", "float32", NULL};
+    CHECK_EQ(open_msg(src, f32, msg, sizeof msg), STK_EINVAL);
+    CHECK(strstr(msg, "float32") && strstr(msg, "127.0.0.1"));
+    CHECK(!strstr(msg, "hunter2") && !strstr(msg, "alice"));
+    /* A transfer's failure, for a presigned URL. */
+    snprintf(src, sizeof src,
+             "http://alice:PW_hunter2@127.0.0.1:%d/ds/part-000099.stk?X-Amz-Algorithm=AWS4"
+             "&X-Amz-Credential=AKIDSECRETCRED&X-Amz-Security-Token=TOKSECRET"
+             "&X-Amz-Signature=SIGSECRET",
+             srv.port);
+    CHECK(open_msg(src, NULL, msg, sizeof msg) != STK_OK);
+    CHECK(strstr(msg, "part-000099.stk"));
+    CHECK(!strstr(msg, "hunter2") && !strstr(msg, "SECRET"));
+    /* An error the source detection writes itself. */
+    const char *const rec[] = {"dtype", "uint8", NULL};
+    snprintf(src, sizeof src, "http://alice:PW_hunter2@127.0.0.1:%d/d{0..1}s/x.stk?sig=SIGSECRET",
+             srv.port);
+    CHECK(open_msg(src, rec, msg, sizeof msg) != STK_OK);
+    CHECK(msg[0] && !strstr(msg, "hunter2") && !strstr(msg, "SECRET"));
+    server_stop();
+}
+
+static void test_unsupported_scheme_is_not_a_path(void)
+{
+    char msg[2048];
+    CHECK_EQ(open_msg("ftp://host/ds", NULL, msg, sizeof msg), STK_EUNSUPPORTED);
+    CHECK(strstr(msg, "unsupported URL scheme") && strstr(msg, "ftp"));
+    CHECK(!strstr(msg, "No such file"));
+}
+
+static void test_s3_bucket_names_are_validated(void)
+{
+    server_start(g_www, F_NONE);
+    char u[512], ep[128], err[1024];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secretkey", 1);
+    setenv("AWS_SESSION_TOKEN", "sessiontoken", 1);
+    /* With virtual-host addressing the bucket becomes the host: here it
+     * would be 127.0.0.1:PORT, the signed request sent there. */
+    stk__remote_cfg virt = {.addressing = 2};
+    snprintf(u, sizeof u, "s3://127.0.0.1:%d?/train/x.stk", srv.port);
+    stk__remote *r = NULL;
+    err[0] = '\0';
+    CHECK_EQ(stk__remote_open(&r, u, &virt, err, sizeof err), STK_EINVAL);
+    CHECK(r == NULL);
+    CHECK(strstr(err, "not a valid S3 bucket name"));
+    snprintf(u, sizeof u, "s3://localhost:%d?/train/x.stk", srv.port);
+    stk__remote_cfg dflt = {0};
+    err[0] = '\0';
+    CHECK_EQ(stk__remote_open(&r, u, &dflt, err, sizeof err), STK_EINVAL);
+    CHECK(strstr(err, "not a valid S3 bucket name"));
+    const char *bad[] = {"s3://ab/x.stk",         "s3://Upper/x.stk", "s3://a_b_c/x.stk",
+                         "s3://-abc/x.stk",       "s3://abc-/x.stk",  "s3://a..b/x.stk",
+                         "s3://192.168.5.4/x.stk", "s3://user@bkt/x.stk"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        err[0] = '\0';
+        CHECK_EQ(stk__remote_open(&r, bad[k], &virt, err, sizeof err), STK_EINVAL);
+        CHECK(strstr(err, "not a valid S3 bucket name"));
+    }
+    CHECK_EQ(atomic_load(&srv.requests), 0); /* nothing was sent anywhere */
+    /* Valid names open (path-style against the test server). */
+    stk__remote_cfg path = {.endpoint = ep, .addressing = 1};
+    CHECK_EQ(stk__remote_open(&r, "s3://my-bucket.v2/p/x.stk", &path, err, sizeof err), STK_OK);
+    stk__remote_close(r);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    server_stop();
+}
+
+static void test_listing_with_a_repeated_token_ends(void)
+{
+    /* A "bucket" whose every listing page says: truncated, continue at T.
+     * Path-style, the listing is GET /lbkt?..., which the server answers
+     * with this file whatever the query. */
+    const char *page = "<?xml version=\"1.0\"?><ListBucketResult><Name>lbkt</Name>"
+                       "<Contents><Key>ds/a.txt</Key><Size>1</Size></Contents>"
+                       "<IsTruncated>true</IsTruncated>"
+                       "<NextContinuationToken>T0k/en+=</NextContinuationToken>"
+                       "</ListBucketResult>";
+    tu_write_file(tu_path("www/lbkt"), page, strlen(page));
+    server_start(g_www, F_NONE);
+    char ep[128], err[1024] = "";
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    stk__remote_cfg cfg = {.endpoint = ep, .addressing = 1};
+    stk__remote *r = NULL;
+    REQUIRE(stk__remote_open(&r, "s3://lbkt/ds", &cfg, err, sizeof err) == STK_OK);
+    char **names = NULL;
+    uint64_t *sizes = NULL;
+    size_t n = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_EQ(stk__remote_list(r, &names, &sizes, &n, err, sizeof err), STK_EFORMAT);
+    CHECK(secs_since(&t0) < 5);
+    CHECK(strstr(err, "continuation token of an earlier page"));
+    CHECK(atomic_load(&srv.requests) == 2);
+    stk__remote_close(r);
+    server_stop();
+    unlink(tu_path("www/lbkt"));
+}
+
+static void test_deterministic_errors_are_final(void)
+{
+    server_start(g_www, F_NONE);
+    char u[512], err[1024] = "";
+    stk__remote *r = NULL;
+    stk__remote_cfg cfg = {.backoff_ms = 200}; /* 6 retries by default */
+    struct timespec t0;
+    /* https to a plain HTTP server: the handshake fails the same way each
+     * time. */
+    snprintf(u, sizeof u, "https://127.0.0.1:%d/ds/part-000000.stk", srv.port);
+    REQUIRE(stk__remote_open(&r, u, &cfg, err, sizeof err) == STK_OK);
+    char *body = NULL;
+    size_t len = 0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_EQ(stk__remote_get_small(r, "", 1 << 20, &body, &len, err, sizeof err), STK_EIO);
+    CHECK(secs_since(&t0) < 1.0);
+    CHECK(strstr(err, "TLS") && strstr(err, "not retried"));
+    stk__remote_counters c;
+    stk__remote_counters_get(r, &c);
+    CHECK_EQ(c.requests, 1);
+    CHECK_EQ(c.retries, 0);
+    stk__remote_close(r);
+    /* A host that does not resolve (.invalid never does, RFC 6761). */
+    REQUIRE(stk__remote_open(&r, "http://stoker-test.invalid/ds/x.stk", &cfg, err, sizeof err) ==
+            STK_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_EQ(stk__remote_get_small(r, "", 1 << 20, &body, &len, err, sizeof err), STK_EIO);
+    CHECK(strstr(err, "resolve") && strstr(err, "not retried"));
+    stk__remote_counters_get(r, &c);
+    CHECK_EQ(c.requests, 1);
+    CHECK_EQ(c.retries, 0);
+    stk__remote_close(r);
+    server_stop();
+}
+
+static void test_auth_message_fits_the_scheme(void)
+{
+    server_start(g_www, F_401);
+    char msg[2048], src[512];
+    snprintf(src, sizeof src, "http://127.0.0.1:%d/ds", srv.port);
+    CHECK_EQ(open_msg(src, NULL, msg, sizeof msg), STK_EIO);
+    CHECK(strstr(msg, "401") && strstr(msg, "HTTP authentication"));
+    CHECK(!strstr(msg, "S3"));
+    /* s3:// without credentials: the request went unsigned. */
+    char ep[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    const char *creds[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                           "AWS_PROFILE"};
+    for (size_t k = 0; k < sizeof creds / sizeof *creds; k++)
+        unsetenv(creds[k]);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+    setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+    const char *const kv[] = {"endpoint", ep, NULL};
+    CHECK_EQ(open_msg("s3://bkt/ds", kv, msg, sizeof msg), STK_EIO);
+    CHECK(strstr(msg, "401") && strstr(msg, "no S3 credentials"));
+    unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+    unsetenv("AWS_CONFIG_FILE");
+    server_stop();
+}
+
+static void test_open_against_a_hung_server_is_parallel(void)
+{
+    /* 12 shards named by a pattern (no manifest to read first) on a server
+     * that accepts and never answers: every shard's index read stalls. In
+     * parallel the open fails after about (retries + 1) x fetch_timeout; one
+     * at a time it took shards x that. */
+    server_start(g_www, F_HANG);
+    char src[512], msg[2048];
+    snprintf(src, sizeof src, "http://127.0.0.1:%d/ds/part-{000000..000011}.stk", srv.port);
+    const char *const kv[] = {"fetch_timeout", "1", "fetch_retries", "1", NULL};
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(open_msg(src, kv, msg, sizeof msg) != STK_OK);
+    double s = secs_since(&t0);
+    /* 2 attempts of 1 s each plus a backoff under 0.2 s; 12 x 2 x 1 s serial. */
+    CHECK(s < 6.0);
+    CHECK(msg[0]);
+    server_stop();
+}
+
 int main(void)
 {
     tu_begin("test_remote", 300);
@@ -982,6 +1233,14 @@ int main(void)
     make_tars(tu_path("www/tars"));
     RUN(test_tar_download_of_another_size_is_refused);
     RUN(test_tar_wait_for_a_hung_download_ends);
+    RUN(test_url_display);
+    RUN(test_secrets_never_in_messages);
+    RUN(test_unsupported_scheme_is_not_a_path);
+    RUN(test_s3_bucket_names_are_validated);
+    RUN(test_listing_with_a_repeated_token_ends);
+    RUN(test_deterministic_errors_are_final);
+    RUN(test_auth_message_fits_the_scheme);
+    RUN(test_open_against_a_hung_server_is_parallel);
     {
         char lnk[300], tgt[512];
         DIR *d = opendir("/proc/self/fd");

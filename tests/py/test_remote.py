@@ -496,3 +496,136 @@ def test_tar_shards_come_through_the_cache(tmp_path):
             assert all(np.array_equal(a, b) for a, b in zip(xr, xl))
         whole = [q for q in srv.requests() if q["path"].endswith(".tar") and not q["range"]]
         assert len(whole) == 3
+
+
+# ---- issue 18: secrets, deadlines, verify ------------------------------------------
+
+def _presigned(url):
+    return (url + "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIDCREDSECRET"
+            "&X-Amz-Security-Token=TOKENSECRET&X-Amz-Signature=SIGNATURESECRET")
+
+
+def _no_secret(text):
+    return "hunter2" not in text and "SECRET" not in text and "alice" not in text
+
+
+def test_secrets_never_in_messages_reprs_or_info(packed):
+    shard = packed["shards"][0]
+    with stk_servers.Nginx(packed["www"]) as srv:
+        host = srv.url.split("://", 1)[1]
+        ds = f"http://alice:hunter2@{host}/ds"
+        # The loader's own message (a float dtype needs a transform), raised.
+        with pytest.raises(Exception) as e:
+            stoker.Loader(ds, 8, output="numpy", dtype="float32")
+        assert "float32" in str(e.value) and _no_secret(str(e.value)), str(e.value)
+        # A transfer's failure, for a presigned URL.
+        with pytest.raises(Exception) as e:
+            stoker.Loader(_presigned(f"http://alice:hunter2@{host}/ds/part-999999.stk"), 8)
+        assert "part-999999.stk" in str(e.value) and _no_secret(str(e.value)), str(e.value)
+        # repr of the loader and of its dataset (nginx ignores the query and
+        # the credentials, so this opens).
+        url = _presigned(f"http://alice:hunter2@{host}/ds/{shard}")
+        with stoker.Loader(url, 8, output="numpy") as L:
+            for text in (repr(L), repr(L.dataset)):
+                assert shard in text and _no_secret(text), text
+        # The command line: info, and bench's error.
+        r = subprocess.run([STOKER, "info", url], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert shard in r.stdout and _no_secret(r.stdout + r.stderr), r.stdout
+        r = subprocess.run([STOKER, "bench", ds, "--dtype", "float32"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and "float32" in r.stderr
+        assert _no_secret(r.stdout + r.stderr), r.stderr
+
+
+def test_a_trickling_server_meets_the_attempt_deadline(packed, tmp_path):
+    # 4 KiB/s is above the stall rule's 1 KiB/s: only the attempt's deadline
+    # (fetch_timeout + 1 s per 16 KiB) ends the whole-shard download, which
+    # would otherwise take about 10 s.
+    sizes = {s: os.path.getsize(packed["local"] / s) for s in packed["shards"]}
+    shard = max(sizes, key=sizes.get)
+    assert sizes[shard] > 30000
+    plan = [{"kind": "trickle", "rate": 4096, "path": f"/ds/{shard}"}]
+    with stk_servers.FaultServer(packed["www"], plan) as srv:
+        t0 = time.monotonic()
+        with stoker.Loader(f"{srv.url}/ds/{shard}", 8, output="numpy", on_error="skip",
+                           cache_dir=tmp_path / "c",
+                           options={"fetch_timeout": 1, "fetch_retries": 0}) as L:
+            for _ in L:
+                pass
+            st = L.stats()["fetch"]
+        took = time.monotonic() - t0
+        whole = [q for q in srv.requests() if not q["range"]]
+    assert whole and not whole[0]["completed"], whole
+    assert st["failures"] > 0
+    assert took < sizes[shard] / 4096 - 2, took
+
+
+def test_verify_over_http_checks_shard_by_shard(packed, tmp_path):
+    import shutil
+    www = tmp_path / "www"
+    shutil.copytree(packed["local"], www / "ds")
+    bad = packed["shards"][1]
+    with open(www / "ds" / bad, "r+b") as f:  # the footer gone: the shard cannot open
+        f.truncate(os.path.getsize(www / "ds" / bad) - 8)
+    with stoker.Loader(packed["local"] / bad, 8, output="numpy") as L:
+        bad_count = L.num_samples
+    with stk_servers.Nginx(www) as srv:
+        host = srv.url.split("://", 1)[1]
+        r = subprocess.run([STOKER, "verify", f"http://alice:hunter2@{host}/ds"],
+                           capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert f"{bad}: the whole shard ({bad_count} samples)" in r.stdout, out
+    assert f"{96 - bad_count} samples checked, 0 corrupt" in r.stdout, out
+    assert "hunter2" not in out
+
+
+def test_ctrl_c_interrupts_an_open_against_a_silent_server(tmp_path):
+    import socket
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(64)  # accepts (the kernel does), never answers
+    port = lsock.getsockname()[1]
+    code = f"""
+import sys, time
+sys.path.insert(0, {os.path.join(ROOT, "python")!r})
+import stoker
+print("opening", flush=True)
+t0 = time.monotonic()
+try:
+    stoker.Loader("http://127.0.0.1:{port}/ds", 8, output="numpy")
+except KeyboardInterrupt:
+    print("interrupted", round(time.monotonic() - t0, 2), flush=True)
+"""
+    try:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "opening"
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        lsock.close()
+    assert out.startswith("interrupted"), out
+    assert took < 3, took
+
+
+def test_a_redirect_never_downgrades_https_to_http(packed, monkeypatch):
+    shard = packed["shards"][0]
+    with stk_servers.Nginx(packed["www"]) as plain:
+        to_http = {f"/down/{shard}": f"{plain.url}/ds/{shard}"}
+        with stk_servers.Nginx(packed["www"], tls=True, redirects=to_http) as tls:
+            monkeypatch.setenv("AWS_CA_BUNDLE", tls.cafile)
+            # The certificate is trusted: https itself works.
+            with stoker.Loader(f"{tls.url}/ds/{shard}", 8, output="numpy") as L:
+                assert L.num_samples > 0
+            with pytest.raises(Exception) as e:
+                stoker.Loader(f"{tls.url}/down/{shard}", 8, output="numpy")
+            assert "redirect" in str(e.value), str(e.value)
+            assert not plain.requests()  # nothing went out in clear
+        # From http, a redirect to http is followed as before.
+        with stk_servers.Nginx(packed["www"], redirects=to_http) as srv:
+            with stoker.Loader(f"{srv.url}/down/{shard}", 8, output="numpy") as L:
+                assert L.num_samples > 0

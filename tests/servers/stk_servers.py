@@ -9,7 +9,8 @@ when the test fails. Child processes (nginx, node) are started through
 when this process is killed: start servers from a thread that outlives them
 (normally the main thread).
 
-Nginx(root, http2=False, port=None, access_log=None, tls=False)
+Nginx(root, http2=False, port=None, access_log=None, tls=False, redirects=None)
+    redirects: {path: url}: each path (exact) answers 302 to url.
     nginx in the foreground (one process, `daemon off; master_process off`) from a
     temporary prefix, serving the directory `root`: byte ranges, keep-alive
     (1,000,000 requests, 300 s), sendfile. tls=True serves HTTPS with a fresh
@@ -90,6 +91,8 @@ FaultServer(root, plan=(), port=None)
           it, then close (FIN).
       kind "stall": wait `seconds` (default 1.0) before answering, or, with
           `fraction` given, after sending that part of the body; then answer in full.
+      kind "trickle": answer in full, but send the body at `rate` bytes/s
+          (default 1024) in pieces of at most 256 bytes: slow, never stalled.
       Which requests: `path` (an fnmatch pattern on the decoded path, e.g.
       "/ds/shard-0003.stk" or "*.stk"; None = all), `method` ("GET"/"HEAD")
       and `ranged` (True: only requests with a Range header, False: only
@@ -363,8 +366,9 @@ def make_cert(directory):
 
 
 class Nginx(_Server):
-    def __init__(self, root, http2=False, port=None, access_log=None, tls=False):
+    def __init__(self, root, http2=False, port=None, access_log=None, tls=False, redirects=None):
         self.root = os.path.abspath(root)
+        self.redirects = dict(redirects or {})
         self.http2 = http2
         self.tls = tls
         self.cafile = None
@@ -383,6 +387,8 @@ class Nginx(_Server):
         if self.tls:
             tls = (f"ssl_certificate {_nginx_str(self.cafile)};\n"
                    f"        ssl_certificate_key {_nginx_str(os.path.join(d, 'key.pem'))};")
+        moved = "".join(f"        location = {_nginx_str(a)} {{ return 302 {_nginx_str(b)}; }}\n"
+                        for a, b in self.redirects.items())
         return f"""
 daemon off;
 master_process off;
@@ -412,7 +418,7 @@ http {{
         {tls}
         root {_nginx_str(self.root)};
         access_log {_nginx_str(self.access_log)} stk;
-    }}
+{moved}    }}
 }}
 """
 
@@ -829,11 +835,11 @@ _UNSET = object()
 
 
 class Fault:
-    KINDS = ("status", "reset", "truncate", "stall")
+    KINDS = ("status", "reset", "truncate", "stall", "trickle")
 
     def __init__(self, kind, path=None, method=None, first_attempts=None, every=None, nth=None, times=None,
                  status=503, code=None, retry_after=None, close=False, fraction=_UNSET, seconds=1.0,
-                 probability=None, seed=0, ranged=None):
+                 probability=None, seed=0, ranged=None, rate=1024):
         if kind not in self.KINDS:
             raise ValueError(f"Fault: kind {kind!r} is not one of {', '.join(self.KINDS)}")
         if sum(x is not None for x in (first_attempts, every, nth, probability)) > 1:
@@ -841,7 +847,9 @@ class Fault:
         if probability is not None and not 0 <= probability <= 1:
             raise ValueError(f"Fault: probability {probability} is not in [0, 1]")
         if fraction is _UNSET:
-            fraction = None if kind == "stall" else 0.5
+            fraction = None if kind in ("stall", "trickle") else 0.5
+        if kind == "trickle" and not rate > 0:
+            raise ValueError(f"Fault: trickle needs a rate above 0 bytes/s, got {rate}")
         if fraction is None and kind == "truncate":
             raise ValueError("Fault: truncate needs a fraction")
         if fraction is not None and not 0 <= fraction < 1:
@@ -863,6 +871,7 @@ class Fault:
         self.seed = seed
         self.ranged = ranged
         self.index = 0  # place in the plan (set_plan), so that two rules draw apart
+        self.rate = rate
         self.seen = 0  # requests this rule selected
         self.fired = 0
 
@@ -1023,6 +1032,9 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
             if not with_body:
                 entry["completed"] = True
                 return
+            if fault and fault.kind == "trickle":
+                self._trickle(f, start, length, fault.rate, entry)
+                return
             first = length
             if fault and fault.fraction is not None:
                 first = int(length * fault.fraction)
@@ -1040,6 +1052,23 @@ class _FaultHandler(http.server.BaseHTTPRequestHandler):
             if sent < length:
                 entry["bytes"] += self.connection.sendfile(f, start + sent, length - sent)
             entry["completed"] = entry["bytes"] == length
+
+    def _trickle(self, f, start, length, rate, entry):
+        # The body in pieces of at most 256 bytes, paced at `rate` bytes/s,
+        # so the client never sees a stall, only a slow transfer.
+        piece = max(1, min(256, int(rate)))
+        sent = 0
+        t0 = time.monotonic()
+        while sent < length and not self.owner._stopping.is_set():
+            f.seek(start + sent)
+            data = f.read(min(piece, length - sent))
+            self.connection.sendall(data)
+            sent += len(data)
+            entry["bytes"] = sent
+            wait = t0 + sent / rate - time.monotonic()
+            if wait > 0:
+                self.owner._stopping.wait(wait)
+        entry["completed"] = sent == length
 
     def _send_error(self, status, code, message, entry, with_body, retry_after=None, close=False, extra=None):
         body = self._error_body(status, code, message)
