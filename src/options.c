@@ -328,7 +328,7 @@ static const opt_entry table[] = {
         "pixel layout of image batches: channels first (nchw) or last (nhwc)", IMAGE, OFF(nchw),
         ST_INT, layout_words, NULL),
     OPT("dtype", ENUM, 0, 0, "uint8|float32|float16|bfloat16", NULL, "uint8",
-        "element type of image batches (floats are normalized)", IMAGE, OFF(dtype), ST_INT, NULL,
+        "element type of image batches (docs/images.md)", IMAGE, OFF(dtype), ST_INT, NULL,
         NULL),
     OPT("size", UINT, 1, 65535, NULL, "pixels", "the preset's (224; cifar-train 32)",
         "output side of the presets that take a size (stk_transform_preset_sized)", IMAGE,
