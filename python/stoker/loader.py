@@ -22,12 +22,21 @@ _U64_MAX = 2 ** 64 - 1
 _ARGUMENT_KEYS = ("layout", "dtype", "size", "depth", "device")
 
 
+#: The library's option table (stk_option_next; docs/options.md), by key.
+_OPTIONS = {o["name"]: o for o in _stoker.options()}
+
+
 def _option_keys():
     """Keys of Loader(options={...}) and what each does, from the library's
-    option table (docs/options.md): every key stk_options_set() takes that
-    is not a Loader argument."""
-    return {o["name"]: f"{o['doc']} (default {o['default']})" for o in _stoker.options()
-            if o["name"] not in _ARGUMENT_KEYS}
+    option table: every key stk_options_set() takes that is not a Loader
+    argument."""
+    return {k: f"{o['doc']} (default {o['default']})" for k, o in _OPTIONS.items()
+            if k not in _ARGUMENT_KEYS}
+
+
+def _range(key):
+    """(min, max) of a numeric option, from the library's table."""
+    return _OPTIONS[key]["min"], _OPTIONS[key]["max"]
 
 
 def _sized_presets():
@@ -437,7 +446,7 @@ class Loader:
             threads = _int(threads, "threads (None or 0: all usable CPUs, \"auto\" or "
                            "\"auto:N\": autotune)", 0, 256)
         depth_auto = depth == "auto"
-        depth = 2 if depth_auto else _int(depth, "depth", 1, 63)
+        depth = 2 if depth_auto else _int(depth, "depth", *_range("depth"))
         seed = _int(seed, "seed", 0, _U64_MAX)
         shuffle, drop_last = _bool(shuffle, "shuffle"), _bool(drop_last, "drop_last")
         return_indices, strict = _bool(return_indices, "return_indices"), _bool(strict, "strict")
@@ -446,7 +455,7 @@ class Loader:
             raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
                              f"world_size={world_size}{where}")
         if size is not None:
-            size = _int(size, "size", 1, 65535)
+            size = _int(size, "size", *_range("size"))
         if max_sample_bytes is not None:
             max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: no "
                                     "cap but batch_memory)", 1, 2 ** 40)
@@ -482,12 +491,12 @@ class Loader:
             opts["cache_dir"] = os.fspath(cache_dir)
         if cache_limit is not None:
             opts["cache_limit"] = (cache_limit if isinstance(cache_limit, str) else
-                                   str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50)))
+                                   str(_int(cache_limit, "cache_limit (bytes)", *_range("cache_limit"))))
         if order not in ("global", "shards"):
             raise ValueError(f'order must be "global" or "shards", got {order!r}')
         opts["order"] = order
         if shard_window is not None:
-            opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
+            opts["shard_window"] = str(_int(shard_window, "shard_window", *_range("shard_window")))
         if trace is not None:
             opts["trace"] = os.fspath(trace)
         # Ranks per node: each node reads its own contiguous part of the
