@@ -251,18 +251,71 @@ STK_API int stk_options_set_transform(stk_options *o, const char *spec);
  * else (NULL, empty, negative, other units); STK_ETOOBIG for a size above
  * 2^64 - 1. */
 STK_API int stk_parse_size(const char *text, uint64_t *out);
-/* Generic typed setter for image options: "size", "layout" ("nchw"/"nhwc"),
- * "dtype" ("uint8", "float32", "float16", "bfloat16"), "max_dim",
- * "exif" ("0"/"1"), "scratch_bytes", "max_input_bytes", "jpeg_memory"
- * (per-thread cap on libjpeg's own memory, default 64M, at least 4M: a
- * progressive JPEG needing more fails with STK_ETOOBIG; docs/memory.md),
- * "strict" ("0"/"1").
- * strict: decoding checks each image's whole compressed stream, so a
- * truncated or corrupt file fails in every epoch whatever its random crop
- * (default "0": a crop decodes only the rows it needs, which is faster, and
- * damage outside them goes unnoticed in that epoch; see docs/images.md).
- * Copied. STK_EINVAL for an unknown key or a bad value. */
+/* Sets the option key (an stk_option_info name) from its text value: a
+ * bool is "0" or "1"; a number (int, uint) is written as stk_parse_size
+ * reads it; a size is a byte count in stk_parse_size's syntax ("16M",
+ * "16MiB", "1.5G"); an enum is one of its words; a string is copied. The
+ * value must lie in the option's range [min, max]. Every key, its type,
+ * range, default and meaning: stk_option_next / stk_option_by_name and the
+ * generated table in docs/options.md. Copied; o keeps no pointer to key or
+ * value. STK_OK; STK_EINVAL for NULL, an unknown key or a bad value, with
+ * the reason on stk_options_errmsg(o); STK_ENOMEM. */
 STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
+/* Why the last stk_options_set on o failed, naming the key, the value and
+ * what the key takes ("fetch_timeout takes seconds, 1..3600, got '0'"; an
+ * unknown key: "unknown option 'x'"); "" after a call that succeeded. The
+ * text starts with the key as given. Owned by o, valid until the next call
+ * on o; "" for NULL. */
+STK_API const char *stk_options_errmsg(const stk_options *o);
+
+/* ---- The option table --------------------------------------------------- */
+
+/* What an option's value is (stk_option_info.type). */
+typedef enum stk_option_type {
+    STK_OPTION_BOOL = 0,   /* "0" or "1" */
+    STK_OPTION_INT = 1,    /* a signed count (none today; kept for the table's readers) */
+    STK_OPTION_UINT = 2,   /* a count in [min, max] */
+    STK_OPTION_SIZE = 3,   /* bytes in [min, max], with stk_parse_size's units */
+    STK_OPTION_STRING = 4, /* text (a path, a URL) */
+    STK_OPTION_ENUM = 5    /* one of the '|'-separated words in values */
+} stk_option_type;
+
+/* Which part of the engine an option belongs to (stk_option_info.flags). */
+enum {
+    STK_OPTION_ENGINE = 1u << 0, /* order, depth, threads, memory */
+    STK_OPTION_IMAGE = 1u << 1,  /* decode and the image pipeline */
+    STK_OPTION_REMOTE = 1u << 2, /* remote datasets: fetch and disk cache */
+    STK_OPTION_DEVICE = 1u << 3, /* where batches are delivered */
+    STK_OPTION_TRACE = 1u << 4   /* diagnosis */
+};
+
+/* One stk_options_set key. All strings are static. */
+typedef struct stk_option_info {
+    const char *name;  /* the key, e.g. "fetch_timeout" */
+    int type;          /* enum stk_option_type */
+    uint64_t min, max; /* range of a number or size; of N in an enum's "word:N" */
+    const char *values; /* enum: the accepted words separated by '|' ("nchw|nhwc");
+                           other types: words accepted besides a number ("auto"), or NULL */
+    const char *unit;  /* what a number counts ("seconds", "requests"), or NULL */
+    const char *def;   /* the default, as text ("64M", "auto: ...") */
+    const char *doc;   /* one line: what it does */
+    unsigned flags;    /* STK_OPTION_ENGINE ... STK_OPTION_TRACE */
+} stk_option_info;
+
+/* Iterates over every option: stk_option_next(NULL) is the first,
+ * stk_option_next(prev) the one after prev (prev must come from this table),
+ * NULL after the last. Static data: thread-safe, no allocation. */
+STK_API const stk_option_info *stk_option_next(const stk_option_info *prev);
+/* The option named name, or NULL for none (or NULL). Thread-safe. */
+STK_API const stk_option_info *stk_option_by_name(const char *name);
+
+/* Transform presets (docs/transforms.md). stk_transform_preset_next(NULL) is
+ * the first preset's name, stk_transform_preset_next(prev) the next one
+ * (prev a name this function returned), NULL after the last. */
+STK_API const char *stk_transform_preset_next(const char *prev);
+/* 1 when name is a preset whose output size the "size" option sets, else 0
+ * (also for NULL). Thread-safe. */
+STK_API int stk_transform_preset_sized(const char *name);
 
 /* ---- Loader ------------------------------------------------------------- */
 

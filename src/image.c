@@ -628,6 +628,29 @@ static int add_xform(stk__imgpipe *p, const xform *x, char *err, size_t errlen)
     return STK_OK;
 }
 
+/* The presets add_preset builds; the "size" option sets the output side of
+ * each (stk_transform_preset_sized). */
+static const char *const PRESETS[] = {"imagenet-train", "imagenet-val", "cifar-train"};
+
+const char *stk_transform_preset_next(const char *prev)
+{
+    size_t n = sizeof PRESETS / sizeof PRESETS[0];
+    if (!prev)
+        return PRESETS[0];
+    for (size_t k = 0; k + 1 < n; k++)
+        if (prev == PRESETS[k] || !strcmp(prev, PRESETS[k]))
+            return PRESETS[k + 1];
+    return NULL;
+}
+
+int stk_transform_preset_sized(const char *name)
+{
+    for (size_t k = 0; name && k < sizeof PRESETS / sizeof PRESETS[0]; k++)
+        if (!strcmp(name, PRESETS[k]))
+            return 1;
+    return 0;
+}
+
 static int add_preset(stk__imgpipe *p, const char *name, int size, char *err, size_t errlen)
 {
     xform a, b;

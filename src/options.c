@@ -4,6 +4,8 @@
 #include "io/remote.h"
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,16 +228,6 @@ int stk_parse_size(const char *v, uint64_t *out)
     return STK_OK;
 }
 
-/* A size (stk_parse_size) no larger than max. */
-static int parse_size(const char *v, uint64_t max, uint64_t *out)
-{
-    uint64_t n;
-    if (stk_parse_size(v, &n) != STK_OK || n > max)
-        return STK_EINVAL;
-    *out = n;
-    return STK_OK;
-}
-
 /* cache_dir: a directory; "~" and "~/..." mean the home directory ($HOME),
  * as a shell would expand them, never a directory named "~". "~user" and ""
  * are refused. */
@@ -259,195 +251,379 @@ static int set_cache_dir(stk_options *o, const char *v)
     return STK_OK;
 }
 
-int stk_options_set(stk_options *o, const char *key, const char *value)
+/* ---- The option table ------------------------------------------------------
+ * The only list of stk_options_set's keys: stk_options_set parses and checks
+ * values from it, stk_option_next/stk_option_by_name publish it, and the
+ * front ends (the `stoker` flags, Python's options=) and docs/options.md are
+ * built from it. */
+
+/* How an entry keeps its value in struct stk_options. */
+enum { ST_NONE, ST_BOOL, ST_INT, ST_UNSIGNED, ST_U32, ST_SIZE, ST_U64, ST_STR };
+
+typedef struct opt_entry {
+    stk_option_info info; /* first: stk_option_next steps from it to the entry */
+    size_t off;           /* the field (ST_NONE: set does all the work) */
+    unsigned char store;
+    const signed char *words; /* enum: what each word stores (NULL: its index) */
+    /* A value that needs more than a store: called with the text and, for a
+     * number, its checked value; a message it writes on o is kept. */
+    int (*set)(stk_options *o, const char *v, uint64_t n);
+} opt_entry;
+
+static int set_depth(stk_options *o, const char *v, uint64_t n)
 {
-    uint64_t n;
-    if (!o || !key || !value)
+    /* "auto": the deepest ring (1..8) whose memory bound fits memory_budget
+     * (docs/memory.md); a number sets depth as stk_options_set_depth does. */
+    o->depth_auto = !strcmp(v, "auto");
+    if (!o->depth_auto)
+        o->depth = (unsigned)n;
+    return STK_OK;
+}
+
+static int set_retries(stk_options *o, const char *v, uint64_t n)
+{
+    (void)v;
+    o->fetch_retries = n ? (unsigned)n : UINT32_MAX; /* 0 is "none", not "default" */
+    return STK_OK;
+}
+
+static int set_trace(stk_options *o, const char *v, uint64_t n)
+{
+    (void)n;
+    if (*v)
+        return set_str(&o->trace, v);
+    stk__free(o->trace); /* "" turns the trace off */
+    o->trace = NULL;
+    return STK_OK;
+}
+
+static int set_cache_dir_entry(stk_options *o, const char *v, uint64_t n)
+{
+    (void)n;
+    return set_cache_dir(o, v);
+}
+
+/* "cpu", "cuda", "cuda:N", "fake", "fake:N" (the tests' CPU stand-in for a
+ * device; docs/gpu.md). */
+static int set_device(stk_options *o, const char *v, uint64_t n)
+{
+    int kind;
+    const char *rest;
+    if (!strncmp(v, "cuda", 4))
+        kind = STK_DEVICE_CUDA, rest = v + 4;
+    else if (!strncmp(v, "fake", 4))
+        kind = STK_DEVICE_FAKE, rest = v + 4;
+    else if (!strcmp(v, "cpu"))
+        kind = STK_DEVICE_CPU, rest = v + 3;
+    else
         return STK_EINVAL;
-    if (!strcmp(key, "layout")) {
-        if (!strcmp(value, "nchw"))
-            o->nchw = 1;
-        else if (!strcmp(value, "nhwc"))
-            o->nchw = 0;
+    n = 0;
+    if (*rest == ':' &&
+        (kind == STK_DEVICE_CPU || stk_parse_size(rest + 1, &n) != STK_OK || n > 1023))
+        return STK_EINVAL;
+    if (*rest && *rest != ':')
+        return STK_EINVAL;
+    o->device = kind;
+    o->device_id = (int)n;
+    return STK_OK;
+}
+
+static const signed char layout_words[] = {1, 0};       /* nchw, nhwc */
+static const signed char addressing_words[] = {1, 2, 0}; /* path, virtual, auto */
+
+#define OFF(f) offsetof(struct stk_options, f)
+#define TB ((uint64_t)1 << 40)
+#define PB ((uint64_t)1 << 50)
+/* name, type, min, max, values, unit, default, doc, flags; field, store, words, set */
+#define OPT(name, type, lo, hi, values, unit, def, doc, flags, off, store, words, set)             \
+    {{name, STK_OPTION_##type, lo, hi, values, unit, def, doc, STK_OPTION_##flags}, off, store,     \
+     words, set}
+
+static const opt_entry table[] = {
+    /* Images (docs/images.md, docs/transforms.md). */
+    OPT("layout", ENUM, 0, 0, "nchw|nhwc", NULL, "nchw",
+        "pixel layout of image batches: channels first (nchw) or last (nhwc)", IMAGE, OFF(nchw),
+        ST_INT, layout_words, NULL),
+    OPT("dtype", ENUM, 0, 0, "uint8|float32|float16|bfloat16", NULL, "uint8",
+        "element type of image batches (docs/images.md)", IMAGE, OFF(dtype), ST_INT, NULL,
+        NULL),
+    OPT("size", UINT, 1, 65535, NULL, "pixels", "the preset's (224; cifar-train 32)",
+        "output side of the presets that take a size (stk_transform_preset_sized)", IMAGE,
+        OFF(size), ST_INT, NULL, NULL),
+    OPT("max_dim", UINT, 1, 1u << 20, NULL, "pixels", "16384",
+        "longest image side accepted; a larger image is a bad sample", IMAGE, OFF(max_dim), ST_U32,
+        NULL, NULL),
+    OPT("exif", BOOL, 0, 1, NULL, NULL, "0", "apply the EXIF orientation of JPEG images", IMAGE,
+        OFF(exif), ST_INT, NULL, NULL),
+    OPT("strict", BOOL, 0, 1, NULL, NULL, "0",
+        "decode each image's whole compressed stream, so damage outside a random crop fails in "
+        "every epoch (docs/images.md)",
+        IMAGE, OFF(strict), ST_INT, NULL, NULL),
+    OPT("scratch_bytes", SIZE, 4096, TB, NULL, NULL, "64M", "decode scratch memory per thread",
+        IMAGE, OFF(scratch_bytes), ST_SIZE, NULL, NULL),
+    OPT("max_input_bytes", SIZE, 4096, TB, NULL, NULL, "32M",
+        "largest encoded image accepted; a larger file is a bad sample", IMAGE,
+        OFF(max_input_bytes), ST_SIZE, NULL, NULL),
+    /* libjpeg's row buffers take up to about 2 MiB at max_dim widths whatever
+     * the cap, so a smaller cap would not be one. */
+    OPT("jpeg_memory", SIZE, 4u << 20, TB, NULL, NULL, "64M",
+        "libjpeg's own memory per thread; a JPEG needing more fails with STK_ETOOBIG", IMAGE,
+        OFF(jpeg_memory), ST_SIZE, NULL, NULL),
+    /* The engine (docs/engine.md, docs/memory.md). */
+    OPT("depth", UINT, 1, 63, "auto", "batches", "2",
+        "batches prepared ahead of the one the consumer holds; auto: the deepest (1..8) that "
+        "fits memory_budget",
+        ENGINE, 0, ST_NONE, NULL, set_depth),
+    OPT("autotune", BOOL, 0, 1, NULL, NULL, "0",
+        "the threads set are a cap and the number working adapts to the consumer", ENGINE,
+        OFF(autotune), ST_BOOL, NULL, NULL),
+    OPT("order", ENUM, 0, 0, "global|shards", NULL, "global",
+        "sample order: one global permutation, or shuffled shards with samples shuffled within "
+        "windows of shard_window shards",
+        ENGINE, OFF(shard_order), ST_BOOL, NULL, NULL),
+    OPT("shard_window", UINT, 1, 1u << 20, NULL, "shards", "8",
+        "shards per window of the shard-aware order", ENGINE, OFF(shard_window), ST_UNSIGNED,
+        NULL, NULL),
+    OPT("local_world_size", UINT, 0, 1u << 20, NULL, "ranks", "0 (the world is one node)",
+        "ranks per node: each node reads a contiguous part of the order; must divide the world "
+        "size",
+        ENGINE, OFF(local_world), ST_UNSIGNED, NULL, NULL),
+    OPT("batch_memory", SIZE, 4096, TB, NULL, NULL, "512M",
+        "the most one variable-size batch's samples may take", ENGINE, OFF(batch_memory), ST_SIZE,
+        NULL, NULL),
+    OPT("memory_budget", SIZE, 1, PB, NULL, NULL,
+        "a quarter of the available memory, shared by the node's ranks",
+        "memory the loader's bound may take when depth is auto", ENGINE, OFF(memory_budget),
+        ST_U64, NULL, NULL),
+    /* Where batches go (docs/gpu.md). */
+    OPT("device", ENUM, 0, 1023, "cpu|cuda|cuda:N|fake|fake:N", NULL, "cpu",
+        "where batches are delivered: host memory, a CUDA device, or fake (the tests' host "
+        "stand-in for a device)",
+        DEVICE, 0, ST_NONE, NULL, set_device),
+    /* Remote datasets (docs/remote.md). */
+    OPT("endpoint", STRING, 0, 0, NULL, "a URL", "AWS_ENDPOINT_URL, else AWS",
+        "S3 endpoint URL", REMOTE, OFF(endpoint), ST_STR, NULL, NULL),
+    OPT("region", STRING, 0, 0, NULL, "a region name",
+        "AWS_REGION, AWS_DEFAULT_REGION, the profile's, else us-east-1", "S3 region", REMOTE,
+        OFF(region), ST_STR, NULL, NULL),
+    OPT("addressing", ENUM, 0, 0, "path|virtual|auto", NULL,
+        "auto (path with a custom endpoint)", "S3 addressing style", REMOTE, OFF(addressing),
+        ST_INT, addressing_words, NULL),
+    OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "64", "requests in flight",
+        REMOTE, OFF(fetch_concurrency), ST_UNSIGNED, NULL, NULL),
+    OPT("fetch_retries", UINT, 0, 100, NULL, "retries", "6", "retries of a failed request",
+        REMOTE, 0, ST_NONE, NULL, set_retries),
+    OPT("fetch_timeout", UINT, 1, 3600, NULL, "seconds", "30",
+        "seconds a request may stall (under 1 KiB/s) before it is retried", REMOTE,
+        OFF(fetch_timeout), ST_UNSIGNED, NULL, NULL),
+    OPT("fetch_buffer", SIZE, 1, PB, NULL, NULL, "64M",
+        "bytes buffered and in flight ahead of the workers", REMOTE, OFF(fetch_buffer), ST_U64,
+        NULL, NULL),
+    OPT("fetch_lookahead", UINT, 1, PB, NULL, "samples", "2 batches or 2 x fetch_concurrency",
+        "samples the fetch stage plans ahead", REMOTE, OFF(fetch_lookahead), ST_U64, NULL, NULL),
+    OPT("cache_dir", STRING, 0, 0, NULL, "a directory (~ or ~/ for the home directory)",
+        "none (no disk cache)", "disk cache of whole shards", REMOTE, 0, ST_NONE, NULL,
+        set_cache_dir_entry),
+    OPT("cache_limit", SIZE, 1, PB, NULL, NULL, "90% of the free space when the loader opens",
+        "size limit of the disk cache", REMOTE, OFF(cache_limit), ST_U64, NULL, NULL),
+    /* Diagnosis (docs/diagnosis.md). */
+    OPT("trace", STRING, 0, 0, NULL, "a file name", "none (\"\" turns it off)",
+        "Chrome trace-event JSON file written at close", TRACE, 0, ST_NONE, NULL, set_trace),
+    OPT("trace_events", UINT, 1024, (uint64_t)1 << 32, NULL, "events", "1048576 (40 MiB)",
+        "events the trace keeps (the newest)", TRACE, OFF(trace_events), ST_U64, NULL, NULL),
+};
+#undef OPT
+#define NOPT (sizeof table / sizeof table[0])
+
+const stk_option_info *stk_option_next(const stk_option_info *prev)
+{
+    if (!prev)
+        return &table[0].info;
+    const opt_entry *e = (const opt_entry *)(const void *)prev + 1;
+    return e < table + NOPT ? &e->info : NULL;
+}
+
+const stk_option_info *stk_option_by_name(const char *name)
+{
+    for (size_t k = 0; name && k < NOPT; k++)
+        if (!strcmp(table[k].info.name, name))
+            return &table[k].info;
+    return NULL;
+}
+
+/* The index of v among the '|'-separated words, or -1. */
+static int word_index(const char *words, const char *v)
+{
+    size_t vn = strlen(v);
+    for (int k = 0; words && *words; k++) {
+        size_t n = strcspn(words, "|");
+        if (n == vn && !strncmp(words, v, n))
+            return k;
+        words += n + (words[n] == '|');
+    }
+    return -1;
+}
+
+/* n as "4K", "1T" where a binary unit divides it exactly, else digits. */
+static void fmt_size(char *buf, size_t len, uint64_t n)
+{
+    static const char units[] = "KMGTP";
+    int u = -1;
+    while (n && u < 4 && !(n & 1023))
+        n >>= 10, u++;
+    if (u < 0)
+        stk__fmt(buf, len, "%llu", (unsigned long long)n);
+    else
+        stk__fmt(buf, len, "%llu%c", (unsigned long long)n, units[u]);
+}
+
+/* What the option takes, for its message: "seconds, 1..3600". */
+static void describe(const stk_option_info *in, char *buf, size_t len)
+{
+    char lo[32], hi[32], range[80];
+    if (in->type == STK_OPTION_SIZE) {
+        fmt_size(lo, sizeof lo, in->min);
+        fmt_size(hi, sizeof hi, in->max);
+    } else {
+        stk__fmt(lo, sizeof lo, "%llu", (unsigned long long)in->min);
+        stk__fmt(hi, sizeof hi, "%llu", (unsigned long long)in->max);
+    }
+    if (in->max >= TB && in->type != STK_OPTION_SIZE)
+        stk__fmt(range, sizeof range, "%s or more", lo);
+    else
+        stk__fmt(range, sizeof range, "%s..%s", lo, hi);
+    switch (in->type) {
+    case STK_OPTION_BOOL:
+        stk__fmt(buf, len, "0 or 1");
+        break;
+    case STK_OPTION_SIZE:
+        stk__fmt(buf, len, "a size in bytes (%s), %s", STK__SIZE_SYNTAX, range);
+        break;
+    case STK_OPTION_ENUM: {
+        size_t at = 0;
+        const char *w = in->values;
+        buf[0] = '\0';
+        for (int k = 0; *w; k++) {
+            size_t n = strcspn(w, "|");
+            const char *sep = !k ? "" : w[n] ? ", " : " or ";
+            if (at < len)
+                at += (size_t)snprintf(buf + at, len - at, "%s%.*s", sep, (int)n, w);
+            w += n + (w[n] == '|');
+        }
+        if (in->max && at < len)
+            snprintf(buf + at, len - at, " (N %s)", range);
+        break;
+    }
+    case STK_OPTION_STRING:
+        stk__fmt(buf, len, "%s", in->unit ? in->unit : "text");
+        break;
+    default:
+        if (in->unit && !strcmp(in->unit, "seconds"))
+            stk__fmt(buf, len, "seconds, %s", range);
+        else if (in->unit)
+            stk__fmt(buf, len, "a number of %s, %s", in->unit, range);
         else
-            return STK_EINVAL;
-        return STK_OK;
+            stk__fmt(buf, len, "a number, %s", range);
+        if (in->values)
+            stk__fmt(buf + strlen(buf), len - strlen(buf), ", or %s", in->values);
+        break;
     }
-    if (!strcmp(key, "dtype")) {
-        static const char *const names[] = {"uint8", "float32", "float16", "bfloat16"};
-        for (int k = 0; k < 4; k++)
-            if (!strcmp(value, names[k])) {
-                o->dtype = k;
-                return STK_OK;
-            }
-        return STK_EINVAL;
+}
+
+static void store(stk_options *o, const opt_entry *e, uint64_t n)
+{
+    void *f = (char *)o + e->off;
+    switch (e->store) {
+    case ST_BOOL:
+        *(bool *)f = n != 0;
+        break;
+    case ST_INT:
+        *(int *)f = (int)n;
+        break;
+    case ST_UNSIGNED:
+        *(unsigned *)f = (unsigned)n;
+        break;
+    case ST_U32:
+        *(uint32_t *)f = (uint32_t)n;
+        break;
+    case ST_SIZE:
+        *(size_t *)f = (size_t)n;
+        break;
+    case ST_U64:
+        *(uint64_t *)f = n;
+        break;
+    default:
+        break;
     }
-    if (!strcmp(key, "exif") || !strcmp(key, "strict") || !strcmp(key, "autotune")) {
+}
+
+/* Parses and checks value as e takes it, then stores it. */
+static int set_entry(stk_options *o, const opt_entry *e, const char *value)
+{
+    const stk_option_info *in = &e->info;
+    uint64_t n = 0;
+    int k;
+    switch (in->type) {
+    case STK_OPTION_BOOL:
         if (strcmp(value, "0") && strcmp(value, "1"))
             return STK_EINVAL;
-        if (key[0] == 'e')
-            o->exif = value[0] == '1';
-        else if (key[0] == 's')
-            o->strict = value[0] == '1';
-        else
-            o->autotune = value[0] == '1';
-        return STK_OK;
-    }
-    if (!strcmp(key, "size")) {
-        if (parse_size(value, 65535, &n) || n < 1)
+        n = value[0] == '1';
+        break;
+    case STK_OPTION_ENUM:
+        if (e->set)
+            return e->set(o, value, 0);
+        if ((k = word_index(in->values, value)) < 0)
             return STK_EINVAL;
-        o->size = (int)n;
-        return STK_OK;
-    }
-    if (!strcmp(key, "max_dim")) {
-        if (parse_size(value, 1u << 20, &n) || n < 1)
+        n = e->words ? (uint64_t)(int64_t)e->words[k] : (uint64_t)k;
+        break;
+    case STK_OPTION_STRING:
+        if (e->set)
+            return e->set(o, value, 0);
+        return set_str((char **)(void *)((char *)o + e->off), value);
+    default:
+        if (word_index(in->values, value) >= 0)
+            break; /* a word the number's setter takes ("auto") */
+        if (stk_parse_size(value, &n) != STK_OK || n < in->min || n > in->max)
             return STK_EINVAL;
-        o->max_dim = (uint32_t)n;
-        return STK_OK;
+        break;
     }
-    if (!strcmp(key, "scratch_bytes") || !strcmp(key, "max_input_bytes") ||
-        !strcmp(key, "jpeg_memory")) {
-        /* jpeg_memory: libjpeg's row buffers take up to about 2 MiB at max_dim
-         * widths whatever the cap, so a smaller cap would not be one. */
-        if (parse_size(value, (uint64_t)1 << 40, &n) || n < (key[0] == 'j' ? 4u << 20 : 4096))
-            return STK_EINVAL;
-        if (key[0] == 's')
-            o->scratch_bytes = (size_t)n;
-        else if (key[0] == 'm')
-            o->max_input_bytes = (size_t)n;
-        else
-            o->jpeg_memory = (size_t)n;
-        return STK_OK;
+    if (e->set)
+        return e->set(o, value, n);
+    store(o, e, n);
+    return STK_OK;
+}
+
+int stk_options_set(stk_options *o, const char *key, const char *value)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->errmsg[0] = '\0';
+    const opt_entry *e = NULL;
+    for (size_t k = 0; key && k < NOPT && !e; k++)
+        if (!strcmp(table[k].info.name, key))
+            e = &table[k];
+    if (!key || !value) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "%s: no %s given", key ? key : "(null)",
+                 key ? "value" : "key");
+        return STK_EINVAL;
     }
-    /* Remote datasets (docs/remote.md). */
-    if (!strcmp(key, "endpoint"))
-        return set_str(&o->endpoint, value);
-    if (!strcmp(key, "region"))
-        return set_str(&o->region, value);
-    if (!strcmp(key, "cache_dir"))
-        return set_cache_dir(o, value);
-    /* depth "auto": the deepest ring (1..8) whose memory bound fits
-     * memory_budget (docs/memory.md); a number sets depth as
-     * stk_options_set_depth does. */
-    if (!strcmp(key, "depth")) {
-        if (!strcmp(value, "auto")) {
-            o->depth_auto = true;
-            return STK_OK;
-        }
-        if (parse_size(value, 63, &n) || n < 1)
-            return STK_EINVAL;
-        o->depth_auto = false;
-        o->depth = (unsigned)n;
-        return STK_OK;
+    if (!e) {
+        stk__fmt(o->errmsg, sizeof o->errmsg,
+                 "unknown option '%.64s' (the options: stk_option_next, docs/options.md)", key);
+        return STK_EINVAL;
     }
-    /* Ranks per node: each node reads a contiguous part of the order
-     * (docs/engine.md); must divide the world size at open. */
-    if (!strcmp(key, "local_world_size")) {
-        if (parse_size(value, 1u << 20, &n))
-            return STK_EINVAL;
-        o->local_world = (unsigned)n;
-        return STK_OK;
+    int rc = set_entry(o, e, value);
+    if (rc == STK_EINVAL && !o->errmsg[0]) {
+        char what[320];
+        describe(&e->info, what, sizeof what);
+        stk__fmt(o->errmsg, sizeof o->errmsg, "%s takes %s, got '%.64s'", key, what, value);
+    } else if (rc == STK_ENOMEM) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "%s: out of memory", key);
     }
-    /* The most one variable-size batch's samples may take (docs/memory.md). */
-    if (!strcmp(key, "batch_memory")) {
-        if (parse_size(value, (uint64_t)1 << 40, &n) || n < 4096)
-            return STK_EINVAL;
-        o->batch_memory = (size_t)n;
-        return STK_OK;
-    }
-    if (!strcmp(key, "memory_budget")) {
-        if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
-            return STK_EINVAL;
-        o->memory_budget = n;
-        return STK_OK;
-    }
-    /* Trace (docs/diagnosis.md); "" turns it off. */
-    if (!strcmp(key, "trace")) {
-        if (!*value) {
-            stk__free(o->trace);
-            o->trace = NULL;
-            return STK_OK;
-        }
-        return set_str(&o->trace, value);
-    }
-    if (!strcmp(key, "trace_events")) {
-        if (parse_size(value, (uint64_t)1 << 32, &n) || n < 1024)
-            return STK_EINVAL;
-        o->trace_events = n;
-        return STK_OK;
-    }
-    if (!strcmp(key, "addressing")) {
-        if (!strcmp(value, "path"))
-            o->addressing = 1;
-        else if (!strcmp(value, "virtual"))
-            o->addressing = 2;
-        else if (!strcmp(value, "auto"))
-            o->addressing = 0;
-        else
-            return STK_EINVAL;
-        return STK_OK;
-    }
-    if (!strcmp(key, "fetch_concurrency") || !strcmp(key, "fetch_retries") ||
-        !strcmp(key, "fetch_timeout")) {
-        uint64_t lo = key[6] == 'r' ? 0 : 1, hi = key[6] == 'c' ? 1024 : key[6] == 'r' ? 100 : 3600;
-        if (parse_size(value, hi, &n) || n < lo)
-            return STK_EINVAL;
-        if (key[6] == 'c')
-            o->fetch_concurrency = (unsigned)n;
-        else if (key[6] == 'r')
-            o->fetch_retries = n ? (unsigned)n : UINT32_MAX;
-        else
-            o->fetch_timeout = (unsigned)n;
-        return STK_OK;
-    }
-    /* Where batches are delivered (docs/gpu.md): "cpu", "cuda", "cuda:N",
-     * "fake", "fake:N" (the tests' CPU stand-in for a device). */
-    if (!strcmp(key, "device")) {
-        int kind;
-        const char *rest;
-        if (!strncmp(value, "cuda", 4))
-            kind = STK_DEVICE_CUDA, rest = value + 4;
-        else if (!strncmp(value, "fake", 4))
-            kind = STK_DEVICE_FAKE, rest = value + 4;
-        else if (!strcmp(value, "cpu"))
-            kind = STK_DEVICE_CPU, rest = value + 3;
-        else
-            return STK_EINVAL;
-        n = 0;
-        if (*rest == ':' && (kind == STK_DEVICE_CPU || parse_size(rest + 1, 1023, &n)))
-            return STK_EINVAL;
-        if (*rest && *rest != ':')
-            return STK_EINVAL;
-        o->device = kind;
-        o->device_id = (int)n;
-        return STK_OK;
-    }
-    if (!strcmp(key, "order")) {
-        if (!strcmp(value, "shards"))
-            o->shard_order = true;
-        else if (!strcmp(value, "global"))
-            o->shard_order = false;
-        else
-            return STK_EINVAL;
-        return STK_OK;
-    }
-    if (!strcmp(key, "shard_window")) {
-        if (parse_size(value, 1u << 20, &n) || n < 1)
-            return STK_EINVAL;
-        o->shard_window = (unsigned)n;
-        return STK_OK;
-    }
-    if (!strcmp(key, "fetch_buffer") || !strcmp(key, "cache_limit") ||
-        !strcmp(key, "fetch_lookahead")) {
-        if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
-            return STK_EINVAL;
-        if (key[0] == 'c')
-            o->cache_limit = n;
-        else if (key[6] == 'b')
-            o->fetch_buffer = n;
-        else
-            o->fetch_lookahead = n;
-        return STK_OK;
-    }
-    return STK_EINVAL;
+    return rc;
+}
+
+const char *stk_options_errmsg(const stk_options *o)
+{
+    return o ? o->errmsg : "";
 }

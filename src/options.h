@@ -51,6 +51,13 @@ struct stk_options {
     uint64_t trace_events;  /* events kept in all (the ring's size) */
     int device;             /* enum stk_device of the batches (docs/gpu.md) */
     int device_id;
+    char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };
+
+/* How a size is written, for messages (the tools have their own copy for
+ * options that are not in the table). */
+#define STK__SIZE_SYNTAX                                                                           \
+    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "    \
+    "KB/MB/GB/TB powers of 1000"
 
 #endif

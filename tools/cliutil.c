@@ -141,3 +141,15 @@ const char *stoker_display_path(const char *path, char *buf, size_t n)
     return stk__url_display(path, buf, n);
 }
 
+const stk_option_info *stoker_flag_option(const char *flag, char *key, size_t n)
+{
+    if (!flag || strncmp(flag, "--", 2) || !n)
+        return NULL;
+    size_t k = 0;
+    for (const char *s = flag + 2; *s && k + 1 < n; s++, k++)
+        key[k] = *s == '-' ? '_' : *s == '_' ? '\0' : *s; /* --cache_dir is no flag */
+    key[k] = '\0';
+    if (strlen(key) != strlen(flag + 2))
+        return NULL;
+    return stk_option_by_name(key);
+}

@@ -88,5 +88,10 @@ int stoker_cmd_pack(int argc, char **argv);   /* stoker pack ... */
 int stoker_cmd_info(int argc, char **argv);   /* stoker info PATH */
 int stoker_cmd_verify(int argc, char **argv); /* stoker verify PATH */
 int stoker_cmd_doctor(int argc, char **argv); /* stoker doctor PATH [bench options] */
+int stoker_cmd_options(int argc, char **argv); /* stoker options [--markdown] */
+struct stk_option_info;
+/* The library option a flag names ("--cache-limit": cache_limit), with its
+ * key written into key[n]; NULL when flag names none. */
+const struct stk_option_info *stoker_flag_option(const char *flag, char *key, size_t n);
 
 #endif

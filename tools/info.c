@@ -29,35 +29,47 @@ static stk__remote_cfg g_remote;
 static uint64_t g_max_input = 32u << 20;
 
 /* Parses one remote option (--endpoint URL ...) into prm. 1 when k was one,
- * 0 when not, 2 for a bad value. */
+ * 0 when not, 2 for a bad value (with the library's message printed: the
+ * value is checked by the option table, as bench checks it). */
 static int parse_remote(const char *k, const char *v, stk__source_params *prm)
 {
+    static const char *const used[] = {"endpoint",          "region",        "cache_dir",
+                                       "addressing",        "cache_limit",   "fetch_concurrency",
+                                       "fetch_retries",     "fetch_timeout"};
+    char key[64];
+    const stk_option_info *opt = stoker_flag_option(k, key, sizeof key);
+    size_t u = 0;
+    while (opt && u < sizeof used / sizeof used[0] && strcmp(key, used[u]))
+        u++;
+    if (!opt || u == sizeof used / sizeof used[0])
+        return 0;
+    stk_options *check = NULL;
+    int rc = stk_options_create(&check);
+    if (rc == STK_OK && (rc = stk_options_set(check, key, v)) != STK_OK)
+        fprintf(stderr, "stoker: %s%s\n", k, stk_options_errmsg(check) + strlen(key));
+    stk_options_destroy(check);
+    if (rc != STK_OK)
+        return 2;
     uint64_t n = 0;
     prm->remote = &g_remote;
-    if (!strcmp(k, "--endpoint"))
+    if (opt->type == STK_OPTION_UINT || opt->type == STK_OPTION_SIZE)
+        stoker_parse_size(v, &n);
+    if (!strcmp(key, "endpoint"))
         g_remote.endpoint = v;
-    else if (!strcmp(k, "--region"))
+    else if (!strcmp(key, "region"))
         g_remote.region = v;
-    else if (!strcmp(k, "--cache-dir"))
+    else if (!strcmp(key, "cache_dir"))
         prm->cache_dir = v;
-    else if (!strcmp(k, "--addressing")) {
-        if (strcmp(v, "path") && strcmp(v, "virtual"))
-            return 2;
-        g_remote.addressing = v[0] == 'p' ? 1 : 2;
-    } else if (!strcmp(k, "--cache-limit") || !strcmp(k, "--fetch-concurrency") ||
-               !strcmp(k, "--fetch-retries") || !strcmp(k, "--fetch-timeout")) {
-        if (!stoker_parse_size(v, &n))
-            return 2;
-        if (k[2] == 'c')
-            prm->cache_limit = n;
-        else if (k[8] == 'c')
-            g_remote.concurrency = n < 1 ? 1 : n > 1024 ? 1024 : (unsigned)n;
-        else if (k[8] == 'r')
-            g_remote.retries = n ? (unsigned)(n > 100 ? 100 : n) : UINT32_MAX;
-        else
-            g_remote.timeout_s = n < 1 ? 1 : n > 3600 ? 3600 : (unsigned)n;
-    } else
-        return 0;
+    else if (!strcmp(key, "addressing"))
+        g_remote.addressing = v[0] == 'p' ? 1 : v[0] == 'v' ? 2 : 0;
+    else if (!strcmp(key, "cache_limit"))
+        prm->cache_limit = n;
+    else if (!strcmp(key, "fetch_concurrency"))
+        g_remote.concurrency = (unsigned)n;
+    else if (!strcmp(key, "fetch_retries"))
+        g_remote.retries = n ? (unsigned)n : UINT32_MAX;
+    else
+        g_remote.timeout_s = (unsigned)n;
     return 1;
 }
 
@@ -70,10 +82,8 @@ static int parse_path(int argc, char **argv, const char **path, stk__source_para
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
         int r = i + 1 < argc ? parse_remote(k, argv[i + 1], prm) : 0;
-        if (r == 2) {
-            fprintf(stderr, "stoker: invalid value for %s: %s\n", k, argv[i + 1]);
+        if (r == 2)
             return 2;
-        }
         if (r == 1) {
             i++;
             continue;

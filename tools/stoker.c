@@ -34,6 +34,7 @@ static void usage(FILE *f)
                "       stoker doctor PATH [bench options] [--seconds S]\n"
                "       stoker info PATH\n"
                "       stoker verify PATH [--max-input-bytes N]\n"
+               "       stoker options [--markdown]\n"
                "       stoker version\n"
                "\n"
                "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
@@ -98,7 +99,9 @@ static void usage(FILE *f)
                "  --region R          S3 region (else AWS_REGION, profile, us-east-1)\n"
                "  --addressing A      path | virtual (path with a custom endpoint)\n"
                "  --order O           global | shards (shuffled shards, samples shuffled\n"
-               "                      within windows of --shard-window K shards, default 8)\n");
+               "                      within windows of --shard-window K shards, default 8)\n"
+               "every library option is also a flag (--max-dim 4096 sets max_dim); stoker\n"
+               "options lists them all (docs/options.md).\n");
 }
 
 /* Peak resident set of this process image. VmHWM belongs to the address
@@ -150,46 +153,27 @@ static void hash_batch(XXH3_state_t *h, const stk_batch *b)
 }
 
 /* Sets option key; a bad value is reported under the flag as the user wrote
- * it (flag), with what it takes. */
-static int set_flag(stk_options *o, const char *key, const char *flag, const char *val,
-                    const char *choices)
+ * it (flag), with what the library says the key takes. */
+static int set_flag(stk_options *o, const char *key, const char *flag, const char *val)
 {
     if (stk_options_set(o, key, val) != STK_OK) {
-        fprintf(stderr, "stoker: %s takes %s, got '%s'\n", flag, choices, val);
+        const char *why = stk_options_errmsg(o);
+        size_t n = strlen(key);
+        /* The message starts with the key: show the flag in its place. */
+        if (!strncmp(why, key, n))
+            fprintf(stderr, "stoker: %s%s\n", flag, why + n);
+        else
+            fprintf(stderr, "stoker: %s: %s\n", flag, why);
         return 2;
     }
     return 0;
 }
 
-static int set_opt(stk_options *o, const char *key, const char *val, const char *choices)
+static int set_opt(stk_options *o, const char *key, const char *val)
 {
     char flag[64];
     snprintf(flag, sizeof flag, "--%s", key);
-    return set_flag(o, key, flag, val, choices);
-}
-
-/* What each remote option takes, for its message. */
-static const char *remote_syntax(const char *k)
-{
-    if (!strcmp(k, "--cache-limit") || !strcmp(k, "--fetch-buffer"))
-        return "a size in bytes (" STOKER_SIZE_SYNTAX ")";
-    if (!strcmp(k, "--fetch-concurrency"))
-        return "a number of requests, 1..1024";
-    if (!strcmp(k, "--fetch-retries"))
-        return "a number of retries, 0..100";
-    if (!strcmp(k, "--fetch-timeout"))
-        return "seconds, 1..3600";
-    if (!strcmp(k, "--fetch-lookahead"))
-        return "a number of samples, 1 or more";
-    if (!strcmp(k, "--addressing"))
-        return "path, virtual or auto";
-    if (!strcmp(k, "--order"))
-        return "global or shards";
-    if (!strcmp(k, "--shard-window"))
-        return "a number of shards, 1..1048576";
-    if (!strcmp(k, "--cache-dir"))
-        return "a directory (~ or ~/ for the home directory)";
-    return "a value (see docs/remote.md)";
+    return set_flag(o, key, flag, val);
 }
 
 /* A path the fetch stage reads (docs/remote.md). */
@@ -197,27 +181,6 @@ static bool is_remote(const char *path)
 {
     return !strncmp(path, "http://", 7) || !strncmp(path, "https://", 8) ||
            !strncmp(path, "s3://", 5);
-}
-
-/* Remote-dataset options, passed to stk_options_set with '-' as '_'. */
-static bool remote_opt(const char *k)
-{
-    static const char *const names[] = {"--cache-dir",     "--cache-limit",   "--fetch-concurrency",
-                                        "--fetch-retries", "--fetch-timeout", "--fetch-buffer",
-                                        "--fetch-lookahead", "--endpoint",    "--region",
-                                        "--addressing",    "--order",         "--shard-window"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (!strcmp(k, names[i]))
-            return true;
-    return false;
-}
-
-static void stk__opt_key(const char *s, char *out, size_t n)
-{
-    size_t k = 0;
-    for (; s[k] && k + 1 < n; k++)
-        out[k] = s[k] == '-' ? '_' : s[k];
-    out[k] = '\0';
 }
 
 /* The fetch stage's counters (remote datasets): a report line, or a JSON
@@ -259,10 +222,10 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
                (double)f.first_byte_ns * 1e-6 / (double)f.completed);
 }
 
-/* Does the transform spec use a preset (the only transforms --size sets)? */
+/* Does the transform spec use a preset whose output size --size sets
+ * (stk_transform_preset_sized)? */
 static bool has_preset(const char *spec)
 {
-    static const char *const presets[] = {"imagenet-train", "imagenet-val", "cifar-train"};
     for (const char *p = spec; p && *p;) {
         while (*p == ' ' || *p == '\t')
             p++;
@@ -270,12 +233,28 @@ static bool has_preset(const char *spec)
         size_t m = n;
         while (m && (p[m - 1] == ' ' || p[m - 1] == '\t'))
             m--;
-        for (size_t k = 0; k < sizeof presets / sizeof presets[0]; k++)
-            if (m == strlen(presets[k]) && !strncmp(p, presets[k], m))
+        char name[64];
+        if (m < sizeof name) {
+            memcpy(name, p, m);
+            name[m] = '\0';
+            if (stk_transform_preset_sized(name))
                 return true;
+        }
         p += n + (p[n] == '|');
     }
     return false;
+}
+
+/* The presets --size applies to, for messages: "a, b, c". */
+static const char *sized_presets(char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (const char *p = stk_transform_preset_next(NULL); p && at < n;
+         p = stk_transform_preset_next(p))
+        if (stk_transform_preset_sized(p))
+            at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? ", " : "", p);
+    return buf;
 }
 
 /* Parses bench's arguments into o. Returns 0, or 2 for bad usage (with the
@@ -289,6 +268,8 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const stk_option_info *opt;
+        char key[64];
         int rc = STK_OK;
 #define NUM(lo, hi)                                                                                \
     do {                                                                                           \
@@ -375,7 +356,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--json")) {
             a->json = true;
         } else if (!strcmp(k, "--trace") && val) {
-            if (!*val || set_opt(o, "trace", val, "a file name"))
+            if (!*val || set_opt(o, "trace", val))
                 return 2;
             i++;
         } else if (!strcmp(k, "--trace-events")) {
@@ -417,36 +398,36 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
         } else if (!strcmp(k, "--size")) {
             NUM(1, 65535);
             size = val;
-            if (set_opt(o, "size", val, "1..65535"))
+            if (set_opt(o, "size", val))
                 return 2;
         } else if (!strcmp(k, "--layout") && val) {
-            if (set_opt(o, "layout", val, "nchw or nhwc"))
+            if (set_opt(o, "layout", val))
                 return 2;
             i++;
         } else if (!strcmp(k, "--device") && val) {
-            if (set_opt(o, "device", val, "cpu, cuda, cuda:N or fake"))
+            if (set_opt(o, "device", val))
                 return 2;
             a->device = strcmp(val, "cpu") != 0;
             i++;
         } else if (!strcmp(k, "--dtype") && val) {
-            if (set_opt(o, "dtype", val, "uint8, float32, float16 or bfloat16"))
+            if (set_opt(o, "dtype", val))
                 return 2;
             i++;
-        } else if (remote_opt(k) && val) {
-            char key[64];
-            stk__opt_key(k + 2, key, sizeof key);
+        } else if ((opt = stoker_flag_option(k, key, sizeof key)) && val) {
+            /* Every other library option is a flag of the same name
+             * (docs/options.md): --cache-limit sets cache_limit. */
             if (!strcmp(k, "--cache-dir") && !*val) {
                 fprintf(stderr, "stoker: --cache-dir needs a directory (leave the option out "
                                 "for no disk cache)\n");
                 return 2;
             }
-            if (set_flag(o, key, k, val, remote_syntax(k)))
+            if (set_flag(o, key, k, val))
                 return 2;
             if (!strcmp(k, "--cache-dir"))
                 cache_dir = true;
             else if (!strcmp(k, "--cache-limit"))
                 cache_limit = true;
-            if (strcmp(k, "--order") && strcmp(k, "--shard-window"))
+            if (opt->flags & STK_OPTION_REMOTE)
                 remote_flag = k;
             i++;
         } else if (!strcmp(k, "--max-input-bytes")) {
@@ -487,11 +468,11 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
     /* Options that would otherwise change nothing are refused, so a run never
      * silently measures something other than what was asked for. */
     if (size && !has_preset(a->transform)) {
+        char presets[128];
         fprintf(stderr,
-                "stoker: --size sets the output size of the presets (imagenet-train, "
-                "imagenet-val, cifar-train); --transform %s has none (give sizes in "
-                "the spec instead)\n",
-                a->transform ? a->transform : "none");
+                "stoker: --size sets the output size of the presets (%s); --transform %s has "
+                "none (give sizes in the spec instead)\n",
+                sized_presets(presets, sizeof presets), a->transform ? a->transform : "none");
         return 2;
     }
     if (remote_flag && !is_remote(a->path)) {
@@ -741,6 +722,8 @@ int main(int argc, char **argv)
         return stoker_cmd_verify(argc, argv);
     if (!strcmp(argv[1], "doctor"))
         return stoker_cmd_doctor(argc, argv);
+    if (!strcmp(argv[1], "options"))
+        return stoker_cmd_options(argc, argv);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("stoker %s\n", stk_version());
         return 0;

@@ -1061,7 +1061,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
             if (!k || !v)
                 goto out;
             if (stk_options_set(o, k, v)) {
-                PyErr_Format(PyExc_ValueError, "invalid value for %s: '%s'", k, v);
+                PyErr_Format(PyExc_ValueError, "options: %s", stk_options_errmsg(o));
                 goto out;
             }
         }
@@ -1975,7 +1975,76 @@ done:
     return ret;
 }
 
+/* options() -> the library's option table (stk_option_next), one dict per
+ * key, so Python's checks and messages come from the library. */
+static PyObject *mod_options(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    static const char *const types[] = {"bool", "int", "uint", "size", "string", "enum"};
+    PyObject *list = PyList_New(0);
+    for (const stk_option_info *in = stk_option_next(NULL); list && in;
+         in = stk_option_next(in)) {
+        PyObject *d = Py_BuildValue(
+            "{s:s,s:s,s:K,s:K,s:z,s:z,s:s,s:s,s:I}", "name", in->name, "type",
+            in->type >= 0 && in->type <= STK_OPTION_ENUM ? types[in->type] : "?", "min",
+            (unsigned long long)in->min, "max", (unsigned long long)in->max, "values", in->values,
+            "unit", in->unit, "default", in->def, "doc", in->doc, "flags", in->flags);
+        if (!d || PyList_Append(list, d)) {
+            Py_XDECREF(d);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(d);
+    }
+    return list;
+}
+
+/* option_error(key, value) -> None when stk_options_set takes value for key,
+ * else the library's message (which key, which value, what it takes). */
+static PyObject *mod_option_error(PyObject *self, PyObject *args)
+{
+    (void)self;
+    const char *k, *v;
+    if (!PyArg_ParseTuple(args, "ss:option_error", &k, &v))
+        return NULL;
+    stk_options *o = NULL;
+    if (stk_options_create(&o) != STK_OK)
+        return PyErr_NoMemory();
+    PyObject *r = Py_None;
+    if (stk_options_set(o, k, v) == STK_OK)
+        Py_INCREF(r);
+    else
+        r = PyUnicode_FromString(stk_options_errmsg(o));
+    stk_options_destroy(o);
+    return r;
+}
+
+/* presets() -> [(name, sized)]: the transform presets and whether size=
+ * sets their output size. */
+static PyObject *mod_presets(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    PyObject *list = PyList_New(0);
+    for (const char *p = stk_transform_preset_next(NULL); list && p;
+         p = stk_transform_preset_next(p)) {
+        PyObject *t = Py_BuildValue("(sO)", p, stk_transform_preset_sized(p) ? Py_True : Py_False);
+        if (!t || PyList_Append(list, t))
+            Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    return list;
+}
+
 static PyMethodDef module_methods[] = {
+    {"options", mod_options, METH_NOARGS,
+     "options() -> [dict]: every stk_options_set key (name, type, min, max, values, unit, "
+     "default, doc, flags)."},
+    {"option_error", mod_option_error, METH_VARARGS,
+     "option_error(key, value) -> None, or why the library refuses value for key."},
+    {"presets", mod_presets, METH_NOARGS,
+     "presets() -> [(name, sized)]: transform presets, sized when size= sets their output."},
     {"pack", mod_pack, METH_VARARGS,
      "pack(src, out, shard_size, max_side, quality, raw_h, raw_w, raw_c, threads, align, "
      "skip_bad, record_bytes, header_bytes, label_bytes, progress, restart=False) -> dict (see "

@@ -18,46 +18,31 @@ _DTYPES = ("uint8", "float32", "float16", "bfloat16")
 _STATE_KEYS = ("seed", "epoch", "batch")
 _U64_MAX = 2 ** 64 - 1
 
-#: Keys of Loader(options={...}) and what each accepts. Every key the C
-#: library's stk_options_set() takes is here or is a Loader argument (see
-#: _ARGUMENT_KEYS); tests/py/test_arguments.py checks that against
-#: src/options.c, so a key added there must be added here too.
-OPTION_KEYS = {
-    "max_dim": "longest image side accepted, 1 .. 1048576 (default 16384)",
-    "exif": "0 or 1: apply the EXIF orientation (default 0)",
-    "scratch_bytes": "decode scratch limit per thread, >= 4096, K/M/G suffixes (default 64M)",
-    "max_input_bytes": "largest encoded file accepted, >= 4096, K/M/G suffixes (default 32M)",
-    "batch_memory": "the most one variable-size batch's samples may take (raw bytes, "
-                    "\"decode\"), >= 4096, K/M/G suffixes (default 512M)",
-    # Remote datasets (docs/remote.md).
-    "endpoint": "S3 endpoint URL (default: AWS_ENDPOINT_URL, else AWS)",
-    "region": "S3 region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile, us-east-1)",
-    "addressing": "S3 addressing: path, virtual or auto (default auto: path with a custom "
-                  "endpoint)",
-    "fetch_concurrency": "requests in flight, 1 .. 1024 (default 64)",
-    "fetch_retries": "retries per request, 0 .. 100 (default 6)",
-    "fetch_timeout": "seconds a request may stall before it is retried, 1 .. 3600 (default 30)",
-    "fetch_buffer": "bytes buffered ahead of the workers, K/M/G suffixes (default 64M)",
-    "fetch_lookahead": "samples planned ahead (default: 2 batches or 2 x concurrency)",
-    "cache_dir": "disk cache directory (the cache_dir argument)",
-    "cache_limit": "disk cache size limit in bytes, K/M/G suffixes (the cache_limit argument)",
-    "order": "global or shards (the order argument)",
-    "shard_window": "shards per window of the shard-aware order (the shard_window argument)",
-    "strict": "0 or 1: check each image's whole compressed stream (the strict argument)",
-    "jpeg_memory": "libjpeg's own memory per thread, >= 4M, K/M/G suffixes (default 64M)",
-    # Diagnosis (docs/diagnosis.md).
-    "trace": "Chrome trace-event JSON file written at close (the trace argument)",
-    "autotune": "0 or 1: threads is a cap and the active count adapts (threads=\"auto\")",
-    "local_world_size": "ranks per node (the local_world_size argument)",
-    "memory_budget": "bytes the loader's memory bound may take when depth=\"auto\" picks the "
-                     "depth, K/M/G suffixes (default: a quarter of the available memory)",
-    "trace_events": "events the trace keeps, >= 1024, K/M/G suffixes (default 1M: 40 MiB)",
-}
 #: Engine options that are Loader arguments: giving them in options= would
 #: make the loader's attributes disagree with what the engine does.
-_ARGUMENT_KEYS = ("layout", "dtype", "size", "depth")
-#: Presets whose output size size= sets (docs/transforms.md).
-_SIZED_PRESETS = ("imagenet-train", "imagenet-val", "cifar-train")
+_ARGUMENT_KEYS = ("layout", "dtype", "size", "depth", "device")
+
+
+#: The library's option table (stk_option_next; docs/options.md), by key.
+_OPTIONS = {o["name"]: o for o in _stoker.options()}
+
+
+def _option_keys():
+    """Keys of Loader(options={...}) and what each does, from the library's
+    option table: every key stk_options_set() takes that is not a Loader
+    argument."""
+    return {k: f"{o['doc']} (default {o['default']})" for k, o in _OPTIONS.items()
+            if k not in _ARGUMENT_KEYS}
+
+
+def _range(key):
+    """(min, max) of a numeric option, from the library's table."""
+    return _OPTIONS[key]["min"], _OPTIONS[key]["max"]
+
+
+def _sized_presets():
+    """Presets whose output size size= sets (docs/transforms.md), from the library."""
+    return [name for name, sized in _stoker.presets() if sized]
 
 
 def _type_name(value):
@@ -264,8 +249,9 @@ def _option_value(key, value):
         raise TypeError(f"options: keys are option names (str), got {_describe(key)}")
     if key in _ARGUMENT_KEYS:
         raise ValueError(f"options: {key!r} is a Loader argument: pass {key}= instead")
-    if key not in OPTION_KEYS:
-        known = "; ".join(f"{k}: {v}" for k, v in OPTION_KEYS.items())
+    keys = _option_keys()
+    if key not in keys:
+        known = "; ".join(f"{k}: {v}" for k, v in keys.items())
         raise ValueError(f"options: unknown key {key!r}; the known keys are {known}")
     if _is_bool(value):
         return "1" if value else "0"
@@ -303,8 +289,7 @@ def _device_name(device):
     if device is None:
         return "cpu"
     name = str(device)
-    kind, sep, index = name.partition(":")
-    if kind not in ("cpu", "cuda", "fake") or (sep and (kind == "cpu" or not index.isdigit())):
+    if _stoker.option_error("device", name) is not None:   # the library's device names
         raise ValueError(f'device must be None, "cpu", "cuda", "cuda:N" (a torch.device works '
                          f'too), or "fake"/"fake:N" (the CPU stand-in for a GPU that the tests '
                          f'use), got {device!r}')
@@ -402,7 +387,7 @@ class Loader:
     max_sample_bytes: a cap on one sample of variable-size batches (None: no cap
         but the batch's own, options={"batch_memory": ...}, default 512 MiB;
         docs/memory.md).
-    options: other engine options (OPTION_KEYS); unknown keys are refused.
+    options: other engine options (docs/options.md); unknown keys are refused.
     cache_dir, cache_limit: for remote datasets (http://, https://, s3://
         URLs; docs/remote.md), a disk cache of whole shards shared by the
         processes of a node, and its size limit in bytes (default: 90 % of
@@ -488,7 +473,7 @@ class Loader:
             threads = _int(threads, "threads (None or 0: all usable CPUs, \"auto\" or "
                            "\"auto:N\": autotune)", 0, 256)
         depth_auto = depth == "auto"
-        depth = 2 if depth_auto else _int(depth, "depth", 1, 63)
+        depth = 2 if depth_auto else _int(depth, "depth", *_range("depth"))
         seed = _int(seed, "seed", 0, _U64_MAX)
         shuffle, drop_last = _bool(shuffle, "shuffle"), _bool(drop_last, "drop_last")
         return_indices, strict = _bool(return_indices, "return_indices"), _bool(strict, "strict")
@@ -497,7 +482,7 @@ class Loader:
             raise ValueError(f"need 0 <= rank < world_size <= {2 ** 32 - 1}, got rank={rank}, "
                              f"world_size={world_size}{where}")
         if size is not None:
-            size = _int(size, "size", 1, 65535)
+            size = _int(size, "size", *_range("size"))
         if max_sample_bytes is not None:
             max_sample_bytes = _int(max_sample_bytes, "max_sample_bytes (bytes; None: no "
                                     "cap but batch_memory)", 1, 2 ** 40)
@@ -533,12 +518,12 @@ class Loader:
             opts["cache_dir"] = os.fspath(cache_dir)
         if cache_limit is not None:
             opts["cache_limit"] = (cache_limit if isinstance(cache_limit, str) else
-                                   str(_int(cache_limit, "cache_limit (bytes)", 1, 2 ** 50)))
+                                   str(_int(cache_limit, "cache_limit (bytes)", *_range("cache_limit"))))
         if order not in ("global", "shards"):
             raise ValueError(f'order must be "global" or "shards", got {order!r}')
         opts["order"] = order
         if shard_window is not None:
-            opts["shard_window"] = str(_int(shard_window, "shard_window", 1, 2 ** 20))
+            opts["shard_window"] = str(_int(shard_window, "shard_window", *_range("shard_window")))
         if trace is not None:
             opts["trace"] = os.fspath(trace)
         # Ranks per node: each node reads its own contiguous part of the
@@ -565,10 +550,10 @@ class Loader:
         else:
             path = os.fspath(source)
         spec = to_spec(transform)
-        if size is not None and not any(p.strip() in _SIZED_PRESETS for p in _split_spec(spec or
-                                                                                       "none")):
+        sized = _sized_presets()
+        if size is not None and not any(p.strip() in sized for p in _split_spec(spec or "none")):
             raise ValueError(f"size={size} sets the output size of the presets "
-                             f"{', '.join(_SIZED_PRESETS)}, and transform={spec!r} has none: "
+                             f"{', '.join(sized)}, and transform={spec!r} has none: "
                              f"it would be ignored. Give the size in the transforms themselves "
                              f"(e.g. RandomResizedCrop({size})), or drop size=")
 

@@ -794,6 +794,139 @@ static void test_pack_into_source(void)
     CHECK(access(out, F_OK) != 0);
 }
 
+/* The option table (issue 19.1): every key has its type, range, default and
+ * doc line; stk_options_set parses and checks from it, stores what the old
+ * setter stored, and says which key, which value and what it takes. */
+static void test_option_table(void)
+{
+    size_t count = 0;
+    for (const stk_option_info *in = stk_option_next(NULL); in; in = stk_option_next(in)) {
+        count++;
+        CHECK(in->name && *in->name && in->doc && *in->doc && in->def && *in->def);
+        CHECK(stk_option_by_name(in->name) == in);
+        CHECK(in->min <= in->max);
+        CHECK(in->type != STK_OPTION_ENUM || (in->values && *in->values));
+        CHECK(in->flags != 0);
+        stk_options *o = NULL;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        char good[64], bad[64] = "";
+        switch (in->type) {
+        case STK_OPTION_BOOL:
+            snprintf(good, sizeof good, "1");
+            snprintf(bad, sizeof bad, "yes");
+            break;
+        case STK_OPTION_ENUM:
+            snprintf(good, sizeof good, "%.*s", (int)strcspn(in->values, "|"), in->values);
+            snprintf(bad, sizeof bad, "no-such-word");
+            break;
+        case STK_OPTION_STRING:
+            snprintf(good, sizeof good, "/tmp/x");
+            break;
+        default:
+            snprintf(good, sizeof good, "%llu", (unsigned long long)in->min);
+            snprintf(bad, sizeof bad, "%llu", (unsigned long long)in->max + 1);
+            break;
+        }
+        CHECK_EQ(stk_options_set(o, in->name, good), STK_OK);
+        CHECK(!strcmp(stk_options_errmsg(o), ""));
+        if (*bad) {
+            CHECK_EQ(stk_options_set(o, in->name, bad), STK_EINVAL);
+            const char *m = stk_options_errmsg(o);
+            CHECK(!strncmp(m, in->name, strlen(in->name)) && strstr(m, bad));
+            if (!strstr(m, bad))
+                printf("    %s: %s\n", in->name, m);
+        }
+        stk_options_destroy(o);
+    }
+    CHECK(count >= 29);
+    CHECK(stk_option_by_name("no_such_key") == NULL && stk_option_by_name(NULL) == NULL);
+
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set(o, "no_such_key", "1"), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "unknown option 'no_such_key'"));
+    CHECK_EQ(stk_options_set(o, "fetch_timeout", "0"), STK_EINVAL);
+    CHECK(!strcmp(stk_options_errmsg(o), "fetch_timeout takes seconds, 1..3600, got '0'"));
+    CHECK_EQ(stk_options_set(o, "jpeg_memory", "1M"), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "a size in bytes (e.g. 1048576") &&
+          strstr(stk_options_errmsg(o), "4M..1T, got '1M'"));
+    /* What each key stores, as the strcmp chain before the table did. */
+    CHECK(stk_options_set(o, "layout", "nhwc") == STK_OK && o->nchw == 0);
+    CHECK(stk_options_set(o, "dtype", "bfloat16") == STK_OK && o->dtype == STK_DTYPE_BFLOAT16);
+    CHECK(stk_options_set(o, "addressing", "virtual") == STK_OK && o->addressing == 2);
+    CHECK(stk_options_set(o, "addressing", "auto") == STK_OK && o->addressing == 0);
+    CHECK(stk_options_set(o, "order", "shards") == STK_OK && o->shard_order);
+    CHECK(stk_options_set(o, "fetch_retries", "0") == STK_OK && o->fetch_retries == UINT32_MAX);
+    CHECK(stk_options_set(o, "fetch_retries", "7") == STK_OK && o->fetch_retries == 7);
+    CHECK(stk_options_set(o, "depth", "auto") == STK_OK && o->depth_auto);
+    CHECK(stk_options_set(o, "depth", "5") == STK_OK && !o->depth_auto && o->depth == 5);
+    CHECK(stk_options_set(o, "device", "fake:3") == STK_OK && o->device == STK_DEVICE_FAKE &&
+          o->device_id == 3);
+    CHECK_EQ(stk_options_set(o, "device", "cpu:0"), STK_EINVAL);
+    CHECK(stk_options_set(o, "cache_limit", "1.5G") == STK_OK &&
+          o->cache_limit == (uint64_t)3 << 29);
+    CHECK(stk_options_set(o, "batch_memory", "16MB") == STK_OK && o->batch_memory == 16000000);
+    CHECK(stk_options_set(o, "max_dim", "4K") == STK_OK && o->max_dim == 4096);
+    CHECK(stk_options_set(o, "exif", "1") == STK_OK && o->exif == 1);
+    CHECK(stk_options_set(o, "autotune", "1") == STK_OK && o->autotune);
+    CHECK(stk_options_set(o, "trace", "/tmp/t.json") == STK_OK && o->trace);
+    CHECK(stk_options_set(o, "trace", "") == STK_OK && !o->trace);
+    CHECK(stk_options_set(o, "local_world_size", "0") == STK_OK && o->local_world == 0);
+    CHECK(stk_options_set(o, "trace_events", "2048") == STK_OK && o->trace_events == 2048);
+    stk_options_destroy(o);
+
+    size_t presets = 0;
+    for (const char *p = stk_transform_preset_next(NULL); p; p = stk_transform_preset_next(p))
+        presets += (size_t)stk_transform_preset_sized(p);
+    CHECK_EQ(presets, 3);
+    CHECK(!stk_transform_preset_sized("CenterCrop(8)") && !stk_transform_preset_sized(NULL));
+}
+
+/* docs/options.md is `stoker options --markdown`: a key added to the table
+ * without regenerating the docs (stoker options --markdown > docs/options.md)
+ * fails here; every key has its row with its doc line. Every option is a
+ * flag of bench, and info's remote flags are checked by the same table. */
+static void test_options_doc_and_flags(void)
+{
+    const char *args[] = {"options", "--markdown", NULL};
+    result r = run_cli(args);
+    CHECK_EQ(r.status, 0);
+    char path[1024];
+    snprintf(path, sizeof path, "%s", __FILE__);
+    char *slash = strrchr(path, '/');
+    REQUIRE(slash);
+    snprintf(slash, sizeof path - (size_t)(slash - path), "/../../docs/options.md");
+    size_t n = 0;
+    char *doc = tu_read_file(path, &n);
+    if (!doc)
+        doc = tu_read_file("docs/options.md", &n);
+    REQUIRE(doc);
+    bool same = n == strlen(r.out) && !memcmp(doc, r.out, n);
+    CHECK(same);
+    if (!same)
+        printf("    docs/options.md is not `stoker options --markdown`: regenerate it with\n"
+               "    build/release/stoker options --markdown > docs/options.md\n");
+    for (const stk_option_info *in = stk_option_next(NULL); in; in = stk_option_next(in)) {
+        char row[128];
+        snprintf(row, sizeof row, "| `%s` |", in->name);
+        const char *at = memmem(doc, n, row, strlen(row));
+        CHECK(at && memmem(at, n - (size_t)(at - doc), in->doc, strlen(in->doc)));
+    }
+    free(doc);
+    result_free(&r);
+
+    const char *flag[] = {"bench", "x", "--max-dim", "0", NULL};
+    r = run_cli(flag);
+    CHECK_EQ(r.status, 2);
+    CHECK(strstr(r.err, "--max-dim takes a number of pixels, 1..1048576, got '0'"));
+    result_free(&r);
+    const char *info[] = {"info", "x", "--fetch-retries", "101", NULL};
+    r = run_cli(info);
+    CHECK_EQ(r.status, 2);
+    CHECK(strstr(r.err, "--fetch-retries takes a number of retries, 0..100, got '101'"));
+    result_free(&r);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -809,6 +942,7 @@ int main(int argc, char **argv)
             snprintf(slash, sizeof g_bin - (size_t)(slash - g_bin), "/../stoker");
     }
     RUN(test_parse_size);
+    RUN(test_option_table);
     if (access(g_bin, X_OK) != 0) {
         printf("  skipped: no stoker binary at %s (set STOKER_BIN)\n", g_bin);
         return tu_end();
@@ -824,5 +958,6 @@ int main(int argc, char **argv)
     RUN(test_sizes_and_unused_remote_options);
     RUN(test_max_input_bytes);
     RUN(test_libjpeg_messages_stay_quiet);
+    RUN(test_options_doc_and_flags);
     return tu_end();
 }

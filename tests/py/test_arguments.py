@@ -115,29 +115,57 @@ def test_unknown_option_key_is_named_with_the_known_ones(make_records):
         stoker.Loader(make_records(4), 2, output="numpy", options={"max_dimm": 4096})
     msg = str(e.value)
     assert "unknown key 'max_dimm'" in msg and "invalid value" not in msg
-    for k in stoker.loader.OPTION_KEYS:
+    for k in stoker.loader._option_keys():
         assert k in msg
     # A value the library refuses is still reported as a bad value of that key.
     with pytest.raises(ValueError, match="max_dim"):
         stoker.Loader(make_records(4), 2, output="numpy", options={"max_dim": "huge"})
 
 
-@pytest.mark.parametrize("key", ["dtype", "layout", "size", "depth"])
+@pytest.mark.parametrize("key", ["dtype", "layout", "size", "depth", "device"])
 def test_options_that_are_arguments_point_to_the_argument(make_records, key):
     with pytest.raises(ValueError, match=f"'{key}' is a Loader argument: pass {key}="):
         stoker.Loader(make_records(4), 2, output="numpy", options={key: "1"})
 
 
-def test_option_keys_cover_the_librarys():
-    """Every key stk_options_set() takes is known to Python (as an option or
-    a Loader argument): a key added to src/options.c must be added to
-    stoker.loader.OPTION_KEYS too, or Python would call it unknown."""
-    with open(os.path.join(ROOT, "src", "options.c")) as f:
-        src = f.read()
-    body = src[src.index("int stk_options_set(stk_options *o, const char *key"):]
-    body = body[:body.index("\n}\n")]
-    keys = set(re.findall(r'strcmp\(key, "([a-z_]+)"\)', body))
-    assert keys and keys == set(stoker.loader.OPTION_KEYS) | {"layout", "dtype", "size", "depth", "device"}
+def test_option_keys_come_from_the_library():
+    """Python's option keys are the library's table (stk_option_next), less
+    the Loader arguments: a key added to the library is known to Python
+    without an edit here, and each has its doc line."""
+    table = {o["name"]: o for o in stoker._stoker.options()}
+    assert "max_dim" in table and "fetch_timeout" in table
+    assert set(stoker.loader._option_keys()) == set(table) - set(stoker.loader._ARGUMENT_KEYS)
+    assert set(stoker.loader._ARGUMENT_KEYS) <= set(table)
+    for name, o in table.items():
+        assert o["doc"] and o["default"], name
+    t = table["fetch_timeout"]
+    assert (t["type"], t["min"], t["max"]) == ("uint", 1, 3600)
+    assert table["layout"]["values"] == "nchw|nhwc"
+
+
+def test_option_values_are_checked_by_the_library():
+    """The library says which key, which value and what the key takes."""
+    assert stoker._stoker.option_error("fetch_timeout", "30") is None
+    msg = stoker._stoker.option_error("fetch_timeout", "0")
+    assert msg == "fetch_timeout takes seconds, 1..3600, got '0'"
+    assert "unknown option 'nope'" in stoker._stoker.option_error("nope", "1")
+    assert stoker._stoker.option_error("cache_limit", "16MiB") is None
+    assert "a size in bytes" in stoker._stoker.option_error("cache_limit", "16QB")
+
+
+def test_bad_option_value_names_key_value_and_range(make_records):
+    with pytest.raises(ValueError, match=r"options: max_dim takes a number of pixels, "
+                                         r"1\.\.1048576, got 'huge'"):
+        stoker.Loader(make_records(4), 2, output="numpy", options={"max_dim": "huge"})
+
+
+def test_sized_presets_and_device_names_come_from_the_library():
+    assert stoker.loader._sized_presets() == [p for p, sized in stoker._stoker.presets() if sized]
+    assert "imagenet-train" in stoker.loader._sized_presets()
+    assert stoker.loader._device_name("cuda:3") == "cuda:3"
+    for bad in ("gpu", "cpu:0", "cuda:x", "cuda:1024"):
+        with pytest.raises(ValueError, match="device must be"):
+            stoker.loader._device_name(bad)
 
 
 def test_load_state_dict_negative_epoch_names_the_epoch(make_records):
