@@ -16,8 +16,8 @@
  * budget; counted in the memory bound).
  *
  * With a disk cache (cache.h), whole shards are downloaded into the cache
- * and samples read from there; a shard the cache cannot admit is read by
- * ranged GETs as above.
+ * and samples read from there; a shard the cache cannot admit, or whose
+ * download fails, is read by ranged GETs as above.
  *
  * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
  * the loader with no worker inside read (reset) or any time (cancel). Lock
@@ -43,6 +43,11 @@ typedef struct stk__fetch_plan {
      * false when it cannot tell (global order). */
     bool (*next_uses)(void *ctx, uint64_t g, uint64_t *next, size_t nshards);
 } stk__fetch_plan;
+
+/* The most samples planned ahead (fetch_lookahead): the ring of planned
+ * entries and their chunk headers count in the memory bound, and a million
+ * samples ahead is already far past what keeps every request slot busy. */
+#define STK_FETCH_LOOKAHEAD_MAX ((uint64_t)1 << 20)
 
 typedef struct stk__fetch_cfg {
     uint64_t buffer_bytes;  /* budget for bytes buffered + in flight (default 64 MiB) */
@@ -70,7 +75,8 @@ typedef struct stk__fetch_stats {
 } stk__fetch_stats;
 
 /* Creates the stage for a remote source (src->remote and ops->locate set).
- * Plans nothing until stk__fetch_reset. */
+ * Plans nothing until stk__fetch_reset. STK_EINVAL for a lookahead over
+ * STK_FETCH_LOOKAHEAD_MAX. */
 int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
                       const stk__fetch_cfg *cfg, char *err, size_t errlen);
 /* Stops planning and wakes waiting workers (their reads fail). */

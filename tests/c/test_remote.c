@@ -323,6 +323,8 @@ typedef struct run_out {
 } run_out;
 
 static const char *g_order = "global";
+/* Extra key, value option pairs for the next opens (NULL ends). */
+static const char *g_extra[8];
 
 static stk_loader *open_url(const char *path, unsigned threads, const char *cache_dir,
                             const char *limit, int on_error, int *rc)
@@ -341,6 +343,8 @@ static stk_loader *open_url(const char *path, unsigned threads, const char *cach
     REQUIRE(stk_options_set(o, "shard_window", "2") == STK_OK);
     /* A plan shorter than an epoch, so windows come and go in the cache. */
     REQUIRE(stk_options_set(o, "fetch_lookahead", "24") == STK_OK);
+    for (int k = 0; g_extra[k]; k += 2)
+        REQUIRE(stk_options_set(o, g_extra[k], g_extra[k + 1]) == STK_OK);
     if (cache_dir)
         REQUIRE(stk_options_set(o, "cache_dir", cache_dir) == STK_OK);
     if (limit)
