@@ -630,9 +630,10 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     int rc = STK_OK;
     int cfd = -1;
     bool by_range = false;
-    if (!c) {
-        stk__fmt(err, errlen, "out of memory planning the read");
-        rc = STK_ENOMEM;
+    if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
+        /* Reading ahead ran out of memory (planning, or the request): that
+         * is no fault of the sample; it is read now, on its own. */
+        by_range = true;
     } else if (c->state == C_INFLIGHT) {
         stk__fmt(err, errlen, "cancelled: the loader is closing");
         rc = STK_EIO;
@@ -643,7 +644,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
         by_range = true;
     } else if (c->state == C_FAILED) {
         stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
-        rc = c->req.rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
+        rc = STK_EIO;
     } else if (c->kind == K_CACHE) {
         cfd = c->fd; /* pinned: stays open while this entry references c */
     }
