@@ -394,8 +394,8 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
 
 /* The dataset sample at position pos of epoch `epoch`'s order (ord: the
  * global order of that epoch, used when the order is not shard-aware).
- * Shard-aware tables are built once per epoch; a failed build (out of
- * memory) falls back to the global order rather than repeat a sample. */
+ * Shard-aware lookups never fail (their tables are allocated at open,
+ * order.h), so no position of an epoch can take the global order. */
 static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64_t pos)
 {
     uint64_t i;
