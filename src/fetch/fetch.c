@@ -325,21 +325,16 @@ static int cmp_pend(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Plans one chunk for pends [a, b) (same shard, sorted by offset). */
-static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
+/* A ranged chunk for bytes [start, end) of shard k, its request queued
+ * (none for an empty range: ready at once). NULL when out of memory. Lock
+ * held. */
+static chunk *range_chunk(stk__fetch *f, size_t k, uint64_t start, uint64_t end)
 {
-    uint64_t start = p[a].off, end = p[a].off + p[a].len;
-    for (size_t k = a; k < b; k++)
-        if (p[k].off + p[k].len > end)
-            end = p[k].off + p[k].len;
     uint8_t *buf = stk__malloc(end > start ? (size_t)(end - start) : 1);
-    chunk *c = buf ? chunk_new(f, K_RANGE, (uint32_t)p[a].shard) : NULL;
+    chunk *c = buf ? chunk_new(f, K_RANGE, (uint32_t)k) : NULL;
     if (!c) {
         stk__free(buf);
-        /* Out of memory: the entries fail like a failed read. */
-        for (size_t k = a; k < b; k++)
-            f->ring[p[k].seq & (f->cap - 1)].state = E_FAILED;
-        return;
+        return NULL;
     }
     c->buf = buf;
     c->bytes = end - start;
@@ -347,6 +342,33 @@ static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
     f->buffered += c->bytes;
     if (f->buffered > f->buffered_peak)
         f->buffered_peak = f->buffered;
+    if (end > start) {
+        c->req.name = f->src->shard_objs[k];
+        c->req.off = start;
+        c->req.len = end - start;
+        c->req.buf = buf;
+        c->req.fd = -1;
+        c->req.done = on_chunk_done;
+        c->req.ctx = c;
+        queue_submit(f, c);
+    }
+    return c;
+}
+
+/* Plans one chunk for pends [a, b) (same shard, sorted by offset). */
+static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
+{
+    uint64_t start = p[a].off, end = p[a].off + p[a].len;
+    for (size_t k = a; k < b; k++)
+        if (p[k].off + p[k].len > end)
+            end = p[k].off + p[k].len;
+    chunk *c = range_chunk(f, p[a].shard, start, end);
+    if (!c) {
+        /* Out of memory: the entries are read on their own when reached. */
+        for (size_t k = a; k < b; k++)
+            f->ring[p[k].seq & (f->cap - 1)].state = E_FAILED;
+        return;
+    }
     uint64_t useful = 0;
     for (size_t k = a; k < b; k++) {
         entry *e = &f->ring[p[k].seq & (f->cap - 1)];
@@ -358,16 +380,6 @@ static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
     }
     if (c->bytes > useful)
         f->overfetch += c->bytes - useful;
-    if (end == start)
-        return;
-    c->req.name = f->src->shard_objs[p[a].shard];
-    c->req.off = start;
-    c->req.len = end - start;
-    c->req.buf = buf;
-    c->req.fd = -1;
-    c->req.done = on_chunk_done;
-    c->req.ctx = c;
-    queue_submit(f, c);
 }
 
 /* Plans sequence numbers up to `upto` (exclusive) or until the budget or the
@@ -596,89 +608,156 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
     unlock_and_submit(f);
 }
 
+/* Waits for chunk c's request (lock held), re-checking cancel every slice
+ * so that close is prompt whatever the network does. */
+static void wait_chunk(stk__fetch *f, chunk *c)
+{
+    if (c->state != C_INFLIGHT)
+        return;
+    uint64_t t0 = stk__now_ns();
+    f->waits++;
+    while (c->state == C_INFLIGHT && !f->cancel)
+        stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
+    f->wait_ns += stk__now_ns() - t0;
+}
+
+/* Copies sample i's n bytes (from buf, or from the cached shard fd at off)
+ * into the sink and checks them. No lock held. */
+static int deliver(stk__fetch *f, uint64_t i, stk__sink *sink, const uint8_t *src, int fd,
+                   uint64_t off, uint32_t n, uint8_t **out, int64_t *label, char *err,
+                   size_t errlen)
+{
+    int rc;
+    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
+    if (!buf) {
+        if (rc == STK_ETOOBIG)
+            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", n,
+                     sink->grow ? sink->grow->limit : sink->cap);
+        else
+            stk__fmt(err, errlen, "out of memory for %u bytes", n);
+        return rc;
+    }
+    if (fd >= 0)
+        rc = stk__pread_all(fd, buf, n, off, err, errlen);
+    else if (n)
+        memcpy(buf, src + off, n);
+    if (rc == STK_OK)
+        rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
+    if (rc == STK_OK)
+        *out = buf;
+    return rc;
+}
+
+/* Reads sample i by a ranged request of its own, waited for like a planned
+ * one (cancel re-checked), for a sample the plan does not hold or whose
+ * planned read failed for a reason that is not the sample's. Only when even
+ * that request cannot be set up for want of memory does it fall back to the
+ * source's own (blocking) read. No lock held. */
+static int read_alone(stk__fetch *f, uint64_t i, stk__sink *sink, uint8_t **data, uint32_t *len,
+                      int64_t *label, char *err, size_t errlen)
+{
+    size_t shard;
+    uint64_t off, n;
+    f->src->ops->locate(f->src, i, &shard, &off, &n);
+    pthread_mutex_lock(&f->lock);
+    chunk *c = range_chunk(f, shard, off, off + n);
+    if (c)
+        c->refs = 1;
+    unlock_and_submit(f);
+    int rc = STK_OK;
+    if (c) {
+        pthread_mutex_lock(&f->lock);
+        wait_chunk(f, c);
+        if (c->state == C_INFLIGHT) {
+            stk__fmt(err, errlen, "cancelled: the loader is closing");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED && c->req.rc != STK_ENOMEM) {
+            stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED) {
+            rc = STK_ENOMEM;
+        }
+        pthread_mutex_unlock(&f->lock);
+    }
+    if (!c || rc == STK_ENOMEM) {
+        size_t got = 0;
+        rc = f->src->ops->read(f->src, i, sink, data, &got, label, err, errlen);
+        *len = (uint32_t)got;
+    } else if (rc == STK_OK) {
+        rc = deliver(f, i, sink, c->buf, -1, 0, (uint32_t)n, data, label, err, errlen);
+        *len = (uint32_t)n;
+    }
+    if (c) {
+        pthread_mutex_lock(&f->lock);
+        chunk_put(f, c);
+        pthread_mutex_unlock(&f->lock);
+    }
+    return rc;
+}
+
 int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__sink *sink,
                     uint8_t **data, size_t *len, int64_t *label, char *err, size_t errlen)
 {
     uint64_t seq = g * f->plan.batch_size + slot;
     pthread_mutex_lock(&f->lock);
-    if (seq < f->lo || seq >= f->lo + f->cap) {
-        /* Not in the window (cannot happen in order; be safe): read directly. */
-        pthread_mutex_unlock(&f->lock);
-        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
-    }
-    if (seq >= f->plan_seq)
-        plan_more(f, seq + 1, true);
-    entry *e = &f->ring[seq & (f->cap - 1)];
-    if (e->sample != i || e->state == E_FREE) {
-        unlock_and_submit(f);
-        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
-    }
-    chunk *c = e->state == E_LIVE ? e->ch : NULL;
-    if (c && c->state == C_INFLIGHT) {
-        /* The requests this thread planned go out before it waits. */
-        chunk *pending = f->pending;
-        if (pending) {
-            unlock_and_submit(f);
-            pthread_mutex_lock(&f->lock);
-        }
-        uint64_t t0 = stk__now_ns();
-        f->waits++;
-        while (c->state == C_INFLIGHT && !f->cancel)
-            stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
-        f->wait_ns += stk__now_ns() - t0;
+    entry *e = NULL;
+    /* Outside the window cannot happen in order; be safe. */
+    if (seq >= f->lo && seq < f->lo + f->cap) {
+        if (seq >= f->plan_seq)
+            plan_more(f, seq + 1, true);
+        e = &f->ring[seq & (f->cap - 1)];
+        if (e->sample != i || e->state == E_FREE)
+            e = NULL;
     }
     int rc = STK_OK;
     int cfd = -1;
-    bool by_range = false;
-    if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
-        /* Reading ahead ran out of memory (planning, or the request): that
-         * is no fault of the sample; it is read now, on its own. */
-        by_range = true;
-    } else if (c->state == C_INFLIGHT) {
-        stk__fmt(err, errlen, "cancelled: the loader is closing");
-        rc = STK_EIO;
-    } else if (c->state == C_FAILED && c->kind == K_CACHE) {
-        /* The shard's download into the cache failed: its samples are read
-         * by range, which may well work (a failed whole-object GET, a
-         * local write error); if it fails too, that error is the sample's. */
-        by_range = true;
-    } else if (c->state == C_FAILED) {
-        stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
-        rc = STK_EIO;
-    } else if (c->kind == K_CACHE) {
-        cfd = c->fd; /* pinned: stays open while this entry references c */
+    bool alone = !e;
+    chunk *c = NULL;
+    uint64_t off = 0;
+    uint32_t n = 0;
+    if (e) {
+        c = e->state == E_LIVE ? e->ch : NULL;
+        if (c && c->state == C_INFLIGHT && f->pending) {
+            /* The requests this thread planned go out before it waits. */
+            unlock_and_submit(f);
+            pthread_mutex_lock(&f->lock);
+        }
+        if (c)
+            wait_chunk(f, c);
+        if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
+            /* Reading ahead ran out of memory (planning, or the request):
+             * that is no fault of the sample; it is read on its own. */
+            alone = true;
+        } else if (c->state == C_INFLIGHT) {
+            stk__fmt(err, errlen, "cancelled: the loader is closing");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED && c->kind == K_CACHE) {
+            /* The shard's download into the cache failed: its samples are
+             * read by range, which may well work (a failed whole-object GET,
+             * a local write error); if it fails too, that error is the
+             * sample's. */
+            alone = true;
+        } else if (c->state == C_FAILED) {
+            stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
+            rc = STK_EIO;
+        } else if (c->kind == K_CACHE) {
+            cfd = c->fd; /* pinned: stays open while this entry references c */
+        }
+        off = e->off;
+        n = e->len;
+        memset(e, 0, sizeof *e);
+        advance_lo(f);
     }
-    uint64_t off = e->off;
-    uint32_t n = e->len;
-    memset(e, 0, sizeof *e);
-    advance_lo(f);
     unlock_and_submit(f);
 
     /* The chunk stays alive: this entry's reference is dropped below. The
      * copy and the checksum run outside the lock, in parallel across
      * workers. */
     uint8_t *buf = NULL;
-    if (by_range) {
-        size_t got = 0;
-        rc = f->src->ops->read(f->src, i, sink, &buf, &got, label, err, errlen);
-        n = (uint32_t)got;
-    } else if (rc == STK_OK) {
-        buf = stk__sink_reserve(sink, n, &rc);
-        if (!buf) {
-            if (rc == STK_ETOOBIG)
-                stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", n,
-                         sink->grow ? sink->grow->limit : sink->cap);
-            else
-                stk__fmt(err, errlen, "out of memory for %u bytes", n);
-        } else {
-            if (cfd >= 0)
-                rc = stk__pread_all(cfd, buf, n, off, err, errlen);
-            else if (n)
-                memcpy(buf, c->buf + off, n);
-            if (rc == STK_OK)
-                rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
-        }
-    }
+    if (alone)
+        rc = read_alone(f, i, sink, &buf, &n, label, err, errlen);
+    else if (rc == STK_OK)
+        rc = deliver(f, i, sink, c->buf, cfd, off, n, &buf, label, err, errlen);
     pthread_mutex_lock(&f->lock);
     if (c)
         chunk_put(f, c);

@@ -40,7 +40,8 @@ enum {
     F_TRUNC_FIRST,
     F_STALL,
     F_500_PAYLOAD,
-    F_500_WHOLE_FIRST /* each shard's first whole-object GET fails (500) */
+    F_500_WHOLE_FIRST, /* each shard's first whole-object GET fails (500) */
+    F_500_WHOLE_STALL  /* whole-object GETs fail (500), payload ranges hang */
 };
 
 #define MAX_CONN 256
@@ -62,6 +63,7 @@ static struct {
     char *seen[MAX_KEYS];
     int nseen;
     atomic_int requests, whole_gets;
+    atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
 } srv;
 
 static bool first_time(const char *key)
@@ -151,13 +153,20 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
         reply_status(fd, 500, "");
         return true;
     }
-    if (fault == F_STALL && is_payload(path, ranged, a)) {
+    if (fault == F_500_WHOLE_STALL && !ranged && strstr(path, ".stk")) {
+        close(f);
+        reply_status(fd, 500, "");
+        return true;
+    }
+    if ((fault == F_STALL || fault == F_500_WHOLE_STALL) && is_payload(path, ranged, a)) {
         while (!atomic_load(&srv.stop))
             usleep(10000);
         close(f);
         return false;
     }
     uint64_t n = b - a + 1;
+    if (ranged && n > (1u << 20))
+        atomic_fetch_add(&srv.big_bytes, n);
     char h[512];
     int hl = ranged ? snprintf(h, sizeof h,
                                "HTTP/1.1 206 Partial\r\nContent-Length: %llu\r\nContent-Range: "
@@ -556,6 +565,34 @@ static void test_close_is_prompt_while_stalled(void)
     server_stop();
 }
 
+/* The same when the workers read samples on their own (here: the shards'
+ * downloads into the cache fail, so each sample is read by range): those
+ * reads are waited for like planned ones, re-checking cancel, where they
+ * used to block close until the request gave up (fetch_timeout). */
+static void test_close_is_prompt_while_reading_alone(void)
+{
+    server_start(g_www, F_500_WHOLE_STALL);
+    g_extra[0] = "fetch_retries";
+    g_extra[1] = "0";
+    g_extra[2] = "fetch_timeout";
+    g_extra[3] = "20";
+    int rc;
+    stk_loader *l = open_url(url("ds"), 2, tu_path("cache-stall"), NULL, 0, &rc);
+    g_extra[0] = NULL;
+    CHECK_EQ(rc, STK_OK);
+    stk_batch *b;
+    CHECK_EQ(stk_loader_next_timeout(l, &b, 500), STK_TIMEOUT);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stk_loader_close(l);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    CHECK(secs < 1.5);
+    if (secs >= 1.5)
+        fprintf(stderr, "    close took %.1f s\n", secs);
+    server_stop();
+}
+
 static void test_resume_mid_epoch(void)
 {
     server_start(g_www, F_NONE);
@@ -754,6 +791,50 @@ static void test_oom_sweep(void)
     server_stop();
 }
 
+/* A sample larger than fetch_buffer is fetched once per read: planned alone,
+ * past the budget. */
+static void test_sample_larger_than_buffer(void)
+{
+    char dir[1200], path[1300], err[512];
+    snprintf(dir, sizeof dir, "%s/big", g_www);
+    tu_mkdirs(dir);
+    snprintf(path, sizeof path, "%s/one.stk", dir);
+    stk__stk_header h = {0};
+    h.kind = STK_PAYLOAD_ENCODED;
+    stk__stk_writer *w;
+    REQUIRE(stk__stkw_open(&w, path, &h, err, sizeof err) == STK_OK);
+    size_t big = 3u << 20;
+    uint8_t *data = malloc(big);
+    for (size_t j = 0; j < big; j++)
+        data[j] = (uint8_t)(j * 7 + j / 4096);
+    for (int k = 0; k < 12; k++) {
+        size_t n = k == 5 ? big : 1000 + (size_t)k;
+        REQUIRE(stk__stkw_add(w, data, n, k % 3, NULL, 0, 0, err, sizeof err) == STK_OK);
+    }
+    uint64_t fsize;
+    REQUIRE(stk__stkw_finish(w, 3, &fsize, err, sizeof err) == STK_OK);
+    free(data);
+    g_extra[0] = "fetch_buffer";
+    g_extra[1] = "1M";
+    g_extra[2] = "batch_memory";
+    g_extra[3] = "8M";
+    for (unsigned t = 1; t <= 3; t += 2) {
+        server_start(g_www, F_NONE);
+        run_out r = run(url("big/one.stk"), t, NULL, NULL, STK_ON_ERROR_RAISE, 6);
+        uint64_t got = atomic_load(&srv.big_bytes);
+        server_stop();
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK_EQ(r.samples, 6 * 12);
+        /* Each read of the big sample is one request of it, and the stage
+         * runs at most a few reads ahead of the consumer. */
+        uint64_t reads = r.fs.sample_bytes / big;
+        fprintf(stderr, "    %u threads: %llu big reads, %llu bytes of big replies (%.2f each)\n",
+                t, (unsigned long long)reads, (unsigned long long)got, (double)got / (double)big);
+        CHECK(got <= (reads + 1) * (big + 64 * 1024));
+    }
+    g_extra[0] = NULL;
+}
+
 /* ---- the S3 XML parsers, on bodies a server might send ---------------------- */
 
 static int list_page(const char *body, const char *prefix, char ***names, uint64_t **sizes,
@@ -918,10 +999,12 @@ int main(void)
     RUN_IF(test_faults_are_retried);
     RUN_IF(test_past_the_budget);
     RUN_IF(test_close_is_prompt_while_stalled);
+    RUN_IF(test_close_is_prompt_while_reading_alone);
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_failed_download_then_readmitted);
     RUN_IF(test_huge_lookahead);
     RUN_IF(test_oom_sweep);
+    RUN_IF(test_sample_larger_than_buffer);
     {
         char lnk[300], tgt[512];
         DIR *d = opendir("/proc/self/fd");
