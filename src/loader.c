@@ -987,6 +987,10 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool 
     if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch ||
         (set_lay && lay != cur)) {
         c->seeking = true;
+        /* Reads of the batches being dropped stop waiting on the network
+         * (their failures are dropped with the batches); reset resumes. */
+        if (c->fetch)
+            stk__fetch_interrupt(c->fetch);
         while (c->busy)
             stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
         for (unsigned k = 0; k < c->nbufs; k++) {

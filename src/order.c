@@ -414,10 +414,12 @@ int stk__shard_orders_at(stk__shard_orders *c, uint64_t epoch, uint64_t pos, uin
     if (i == 2) {
         /* Refill the least recently used table in place. The lookup and the
          * refill stay under the lock, so no reader is using it. */
-        i = !c->slot[0].built ? 0
-            : !c->slot[1].built ? 1
-            : c->slot[0].used <= c->slot[1].used ? 0
-                                                  : 1;
+        if (!c->slot[0].built)
+            i = 0;
+        else if (!c->slot[1].built)
+            i = 1;
+        else
+            i = c->slot[0].used <= c->slot[1].used ? 0 : 1;
         shard_order_fill(&c->slot[i].t, c->first, c->nshards, c->window, c->seed, epoch,
                          c->shuffle);
         c->slot[i].built = true;

@@ -63,8 +63,8 @@ typedef struct shardst {
 struct chunk {
     stk__req req;
     stk__fetch *f;
-    uint8_t *buf;   /* K_RANGE: the bytes of the range */
-    int fd;         /* K_CACHE: the download (exclusive lock), then the pin; -1 */
+    uint8_t *buf; /* K_RANGE: the bytes of the range */
+    int fd;       /* K_CACHE: the download (exclusive lock), then the pin; -1 */
     uint32_t shard;
     uint8_t kind, state;
     bool inflight;  /* submitted (or queued for submission) and not completed */
@@ -82,12 +82,13 @@ struct stk__fetch {
     stk__fetch_plan plan;
     stk__fetch_cfg cfg;
     bool cancel;
+    bool interrupt; /* a seek is coming: waits end until the next reset */
 
     entry *ring;
     uint64_t cap; /* power of two >= lookahead + batch_size */
     uint64_t lo, plan_seq;
-    uint64_t buffered; /* bytes of live chunks */
-    chunk *chunks;     /* every live chunk */
+    uint64_t buffered;             /* bytes of live chunks */
+    chunk *chunks;                 /* every live chunk */
     chunk *pending, *pending_tail; /* planned requests not yet submitted */
 
     stk__cache *cache; /* NULL: no disk cache */
@@ -206,8 +207,7 @@ static void on_download_done(stk__req *q, void *ctx)
         c->fd = -1;
         if (q->rc == STK_OK)
             stk__fmt(q->err, sizeof q->err, "download ended after %llu of %llu bytes",
-                     (unsigned long long)q->got,
-                     (unsigned long long)f->src->shard_bytes[c->shard]);
+                     (unsigned long long)q->got, (unsigned long long)f->src->shard_bytes[c->shard]);
     }
     pthread_mutex_lock(&f->lock);
     c->inflight = false;
@@ -278,9 +278,9 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
                 f->fallbacks++;
                 return false;
             }
-            bool belady = f->plan.next_uses &&
-                          f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next,
-                                            f->nshards);
+            bool belady =
+                f->plan.next_uses &&
+                f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next, f->nshards);
             int rc = stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k],
                                       belady ? next_use_of : NULL, f, &c->fd, why, sizeof why);
             if (rc) {
@@ -405,8 +405,8 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
                 full = true;
                 break;
             }
-            if (!must && (s - f->lo >= f->cfg.lookahead ||
-                          f->buffered + pbytes >= f->cfg.buffer_bytes))
+            if (!must &&
+                (s - f->lo >= f->cfg.lookahead || f->buffered + pbytes >= f->cfg.buffer_bytes))
                 break;
             uint64_t g = s / B, slot = s % B;
             entry *e = &f->ring[s & (f->cap - 1)];
@@ -575,6 +575,14 @@ void stk__fetch_cancel(stk__fetch *f)
     pthread_mutex_unlock(&f->lock);
 }
 
+void stk__fetch_interrupt(stk__fetch *f)
+{
+    pthread_mutex_lock(&f->lock);
+    f->interrupt = true;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
 void stk__fetch_destroy(stk__fetch *f)
 {
     if (!f)
@@ -604,19 +612,20 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
         memset(e, 0, sizeof *e);
     }
     f->lo = f->plan_seq = g * f->plan.batch_size;
+    f->interrupt = false;
     plan_more(f, 0, false);
     unlock_and_submit(f);
 }
 
-/* Waits for chunk c's request (lock held), re-checking cancel every slice
- * so that close is prompt whatever the network does. */
+/* Waits for chunk c's request (lock held), re-checking cancel and interrupt
+ * every slice so that close and seeks are prompt whatever the network does. */
 static void wait_chunk(stk__fetch *f, chunk *c)
 {
     if (c->state != C_INFLIGHT)
         return;
     uint64_t t0 = stk__now_ns();
     f->waits++;
-    while (c->state == C_INFLIGHT && !f->cancel)
+    while (c->state == C_INFLIGHT && !f->cancel && !f->interrupt)
         stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
     f->wait_ns += stk__now_ns() - t0;
 }
@@ -669,7 +678,9 @@ static int read_alone(stk__fetch *f, uint64_t i, stk__sink *sink, uint8_t **data
         pthread_mutex_lock(&f->lock);
         wait_chunk(f, c);
         if (c->state == C_INFLIGHT) {
-            stk__fmt(err, errlen, "cancelled: the loader is closing");
+            stk__fmt(err, errlen,
+                     f->cancel ? "cancelled: the loader is closing"
+                               : "interrupted: the loader is seeking");
             rc = STK_EIO;
         } else if (c->state == C_FAILED && c->req.rc != STK_ENOMEM) {
             stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
@@ -729,7 +740,9 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
              * that is no fault of the sample; it is read on its own. */
             alone = true;
         } else if (c->state == C_INFLIGHT) {
-            stk__fmt(err, errlen, "cancelled: the loader is closing");
+            stk__fmt(err, errlen,
+                     f->cancel ? "cancelled: the loader is closing"
+                               : "interrupted: the loader is seeking");
             rc = STK_EIO;
         } else if (c->state == C_FAILED && c->kind == K_CACHE) {
             /* The shard's download into the cache failed: its samples are

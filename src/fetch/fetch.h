@@ -81,10 +81,16 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
                       const stk__fetch_cfg *cfg, char *err, size_t errlen);
 /* Stops planning and wakes waiting workers (their reads fail). */
 void stk__fetch_cancel(stk__fetch *f);
+/* A seek is coming: reads waiting on the network now, or until the
+ * following stk__fetch_reset, fail at once ("interrupted") instead of
+ * waiting for their requests, so the loader need not wait for the network
+ * to drop the batches they fill. Any thread. */
+void stk__fetch_interrupt(stk__fetch *f);
 /* Frees the stage, after the workers have stopped and the source's store has
  * been closed (which completes the stage's requests). NULL is harmless. */
 void stk__fetch_destroy(stk__fetch *f);
-/* Drops what was planned and plans from global batch g on. */
+/* Drops what was planned and plans from global batch g on (and ends an
+ * interrupt). */
 void stk__fetch_reset(stk__fetch *f, uint64_t g);
 /* Reads sample i, at slot `slot` of global batch g, into the sink: the same
  * contract as stk__source_ops.read. */

@@ -593,6 +593,42 @@ static void test_close_is_prompt_while_reading_alone(void)
     server_stop();
 }
 
+static double secs_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* A seek (set_epoch) while every sample request hangs returns at once: the
+ * reads of the batches it drops stop waiting (they used to hold the seek
+ * until their requests gave up, retries included: minutes); the loader then
+ * delivers from the new position once the server answers again. */
+static void test_seek_is_prompt_while_stalled(void)
+{
+    server_start(g_www, F_STALL);
+    g_extra[0] = "fetch_timeout";
+    g_extra[1] = "20";
+    int rc;
+    stk_loader *l = open_url(url("ds"), 2, NULL, NULL, 0, &rc);
+    g_extra[0] = NULL;
+    CHECK_EQ(rc, STK_OK);
+    stk_batch *b;
+    CHECK_EQ(stk_loader_next_timeout(l, &b, 300), STK_TIMEOUT);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_EQ(stk_loader_set_epoch(l, 1), STK_OK);
+    double secs = secs_since(&t0);
+    CHECK(secs < 1.5);
+    if (secs >= 1.5)
+        fprintf(stderr, "    set_epoch took %.1f s\n", secs);
+    CHECK_EQ(stk_loader_next_timeout(l, &b, 300), STK_TIMEOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stk_loader_close(l);
+    CHECK(secs_since(&t0) < 1.5);
+    server_stop();
+}
+
 static void test_resume_mid_epoch(void)
 {
     server_start(g_www, F_NONE);
@@ -1000,6 +1036,7 @@ int main(void)
     RUN_IF(test_past_the_budget);
     RUN_IF(test_close_is_prompt_while_stalled);
     RUN_IF(test_close_is_prompt_while_reading_alone);
+    RUN_IF(test_seek_is_prompt_while_stalled);
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_failed_download_then_readmitted);
     RUN_IF(test_huge_lookahead);
