@@ -20,9 +20,11 @@
  * download fails, is read by ranged GETs as above.
  *
  * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
- * the loader with no worker inside read (reset) or any time (cancel). Lock
- * order: stk_loader.lock is never held while calling in; fetch.lock is taken
- * before the remote engine's lock.
+ * the loader with no worker inside read (reset) or any time (cancel,
+ * interrupt). Lock order: stk_loader.lock may be held while calling reset or
+ * interrupt (the stage never calls back into the loader); fetch.lock is never
+ * held while calling the remote engine (a request may complete at once, and
+ * its callback takes fetch.lock).
  */
 #ifndef STK_FETCH_H
 #define STK_FETCH_H
