@@ -1,6 +1,7 @@
 /* options.c -- typed setters for stk_options; every value is checked here so a
  * bad option fails at the call that set it. */
 #include "options.h"
+#include "fetch/fetch.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -422,7 +423,9 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
     }
     if (!strcmp(key, "fetch_buffer") || !strcmp(key, "cache_limit") ||
         !strcmp(key, "fetch_lookahead")) {
-        if (parse_size(value, (uint64_t)1 << 50, &n) || n < 1)
+        /* fetch_lookahead: its ring counts in the memory bound (fetch.h). */
+        uint64_t max = !strcmp(key, "fetch_lookahead") ? STK_FETCH_LOOKAHEAD_MAX : (uint64_t)1 << 50;
+        if (parse_size(value, max, &n) || n < 1)
             return STK_EINVAL;
         if (key[0] == 'c')
             o->cache_limit = n;
