@@ -456,8 +456,8 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
 
 /* The dataset sample at position pos of epoch `epoch`'s order (ord: the
  * global order of that epoch, used when the order is not shard-aware).
- * Shard-aware tables are built once per epoch; a failed build (out of
- * memory) falls back to the global order rather than repeat a sample. */
+ * Shard-aware lookups never fail (their tables are allocated at open,
+ * order.h), so no position of an epoch can take the global order. */
 static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64_t pos)
 {
     uint64_t i;
@@ -1238,6 +1238,10 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool 
     if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch ||
         (set_lay && lay != cur)) {
         c->seeking = true;
+        /* Reads of the batches being dropped stop waiting on the network
+         * (their failures are dropped with the batches); reset resumes. */
+        if (c->fetch)
+            stk__fetch_interrupt(c->fetch);
         while (c->busy)
             stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
         for (unsigned k = 0; k < c->nbufs; k++) {

@@ -1,6 +1,7 @@
 /* options.c -- typed setters for stk_options; every value is checked here so a
  * bad option fails at the call that set it. */
 #include "options.h"
+#include "fetch/fetch.h"
 #include "io/remote.h"
 
 #include <errno.h>
@@ -419,8 +420,9 @@ static const opt_entry table[] = {
     OPT("fetch_buffer", SIZE, 1, PB, NULL, NULL, "64M",
         "bytes buffered and in flight ahead of the workers", REMOTE, OFF(fetch_buffer), ST_U64,
         NULL, NULL),
-    OPT("fetch_lookahead", UINT, 1, PB, NULL, "samples", "2 batches or 2 x fetch_concurrency",
-        "samples the fetch stage plans ahead", REMOTE, OFF(fetch_lookahead), ST_U64, NULL, NULL),
+    /* Its ring of planned entries counts in the memory bound (fetch.h). */
+    OPT("fetch_lookahead", UINT, 1, STK_FETCH_LOOKAHEAD_MAX, NULL, "samples",
+        "2 batches or 2 x fetch_concurrency", "samples the fetch stage plans ahead", REMOTE, OFF(fetch_lookahead), ST_U64, NULL, NULL),
     OPT("cache_dir", STRING, 0, 0, NULL, "a directory (~ or ~/ for the home directory)",
         "none (no disk cache)", "disk cache of whole shards", REMOTE, 0, ST_NONE, NULL,
         set_cache_dir_entry),

@@ -221,8 +221,9 @@ static size_t slot_of(const uint64_t *prefix, size_t lo, size_t hi, uint64_t x)
     return lo;
 }
 
-/* Fills o (with o->first set) for epoch `epoch`. */
-static int shard_order_build(stk__shard_order *o, const uint64_t *first, size_t nshards,
+/* Fills o for epoch `epoch`, into its prefix table of nshards + 1 entries
+ * (allocated by the caller): allocates nothing, so it cannot fail. */
+static void shard_order_fill(stk__shard_order *o, const uint64_t *first, size_t nshards,
                              unsigned window, uint64_t seed, uint64_t epoch, bool shuffle)
 {
     o->first = first;
@@ -233,14 +234,21 @@ static int shard_order_build(stk__shard_order *o, const uint64_t *first, size_t 
     o->n = first[nshards] - first[0];
     o->wkey = stk__mix64(stk__mix64(seed ^ WINDOW_TAG) + epoch);
     stk__order_init(&o->shards, nshards, stk__mix64(seed ^ SHARD_TAG), epoch, shuffle);
-    o->prefix = stk__malloc((nshards + 1) * sizeof *o->prefix);
-    if (!o->prefix)
-        return STK_ENOMEM;
     o->prefix[0] = 0;
     for (size_t j = 0; j < nshards; j++) {
         size_t k = (size_t)stk__order_at(&o->shards, j);
         o->prefix[j + 1] = o->prefix[j] + (first[k + 1] - first[k]);
     }
+}
+
+/* Fills o (with o->first set) for epoch `epoch`. */
+static int shard_order_build(stk__shard_order *o, const uint64_t *first, size_t nshards,
+                             unsigned window, uint64_t seed, uint64_t epoch, bool shuffle)
+{
+    o->prefix = stk__malloc((nshards + 1) * sizeof *o->prefix);
+    if (!o->prefix)
+        return STK_ENOMEM;
+    shard_order_fill(o, first, nshards, window, seed, epoch, shuffle);
     return STK_OK;
 }
 
@@ -335,9 +343,15 @@ struct stk__shard_orders {
     uint64_t seed;
     bool shuffle;
     uint64_t tick; /* lookups so far, for least-recently-used replacement */
+    /* Both tables' memory is allocated at init and refilled in place for
+     * another epoch, so a lookup never allocates and never fails: a lookup
+     * that could fail would leave its caller a position with no sample, or
+     * one taken from another order than its neighbours' (samples repeated
+     * and dropped). */
     struct {
-        stk__shard_order *t; /* NULL: empty slot */
-        uint64_t used;       /* tick of the last lookup */
+        stk__shard_order t;
+        bool built;    /* t holds epoch t.epoch */
+        uint64_t used; /* tick of the last lookup */
     } slot[2];
 };
 
@@ -357,7 +371,13 @@ int stk__shard_orders_init(stk__shard_orders **out, const uint64_t *shard_first,
         goto out;
     }
     c->first = stk__malloc((nshards + 1) * sizeof *c->first);
-    if (!c->first) {
+    for (int i = 0; i < 2 && c->first; i++)
+        if (!(c->slot[i].t.prefix = stk__malloc((nshards + 1) * sizeof *c->slot[i].t.prefix)))
+            rc = STK_ENOMEM;
+    if (!c->first || rc != STK_OK) {
+        stk__free(c->slot[0].t.prefix);
+        stk__free(c->slot[1].t.prefix);
+        stk__free(c->first);
         stk__free(c);
         c = NULL;
         rc = STK_ENOMEM;
@@ -379,7 +399,7 @@ void stk__shard_orders_destroy(stk__shard_orders *c)
     if (!c)
         return;
     for (int i = 0; i < 2; i++)
-        stk__shard_order_destroy(c->slot[i].t);
+        stk__free(c->slot[i].t.prefix);
     pthread_mutex_destroy(&c->lock);
     stk__free(c->first);
     stk__free(c);
@@ -387,32 +407,25 @@ void stk__shard_orders_destroy(stk__shard_orders *c)
 
 int stk__shard_orders_at(stk__shard_orders *c, uint64_t epoch, uint64_t pos, uint64_t *sample)
 {
-    int rc = STK_OK;
     pthread_mutex_lock(&c->lock);
     int i = 0;
-    while (i < 2 && !(c->slot[i].t && c->slot[i].t->epoch == epoch))
+    while (i < 2 && !(c->slot[i].built && c->slot[i].t.epoch == epoch))
         i++;
     if (i == 2) {
-        /* Build before evicting, so a failed build leaves both tables. The
-         * lookup and the build stay under the lock: a table is freed only
-         * here, so no reader can be using one that is replaced. */
-        stk__shard_order *t = stk__calloc(1, sizeof *t);
-        if (!t) {
-            rc = STK_ENOMEM;
-            goto out;
-        }
-        rc = shard_order_build(t, c->first, c->nshards, c->window, c->seed, epoch, c->shuffle);
-        if (rc != STK_OK) {
-            stk__shard_order_destroy(t);
-            goto out;
-        }
-        i = !c->slot[0].t ? 0 : !c->slot[1].t ? 1 : c->slot[0].used <= c->slot[1].used ? 0 : 1;
-        stk__shard_order_destroy(c->slot[i].t);
-        c->slot[i].t = t;
+        /* Refill the least recently used table in place. The lookup and the
+         * refill stay under the lock, so no reader is using it. */
+        if (!c->slot[0].built)
+            i = 0;
+        else if (!c->slot[1].built)
+            i = 1;
+        else
+            i = c->slot[0].used <= c->slot[1].used ? 0 : 1;
+        shard_order_fill(&c->slot[i].t, c->first, c->nshards, c->window, c->seed, epoch,
+                         c->shuffle);
+        c->slot[i].built = true;
     }
     c->slot[i].used = ++c->tick;
-    *sample = stk__shard_order_at(c->slot[i].t, pos);
-out:
+    *sample = stk__shard_order_at(&c->slot[i].t, pos);
     pthread_mutex_unlock(&c->lock);
-    return rc;
+    return STK_OK;
 }

@@ -210,8 +210,11 @@ size_t stk__shard_order_window_of(const stk__shard_order *o, uint64_t pos);
 
 /* A thread-safe cache of the tables of the last two epochs used (claims of
  * the workers cross an epoch boundary, so two epochs are live at once). It
- * owns a copy of shard_first, shared by its tables, so each held epoch costs
- * one more array of nshards + 1 uint64.
+ * owns a copy of shard_first, shared by its tables, and allocates both
+ * tables (one array of nshards + 1 uint64 each) at init: another epoch's
+ * table is refilled in place, so a lookup never allocates and never fails
+ * (one position of an epoch taken from another order than the rest would
+ * repeat some samples and drop others).
  *
  * Locking: one mutex, held for a lookup or for building a missing table
  * (O(nshards), once per epoch); it takes no other lock and does no I/O, so
@@ -223,10 +226,10 @@ int stk__shard_orders_init(stk__shard_orders **out, const uint64_t *shard_first,
                            unsigned window, uint64_t seed, bool shuffle);
 void stk__shard_orders_destroy(stk__shard_orders *c); /* NULL is harmless */
 
-/* The sample at position pos (pos < n) of epoch `epoch` in *sample, building
+/* The sample at position pos (pos < n) of epoch `epoch` in *sample, filling
  * that epoch's table when the cache does not hold it (the least recently
- * used of the two is replaced). Any thread. STK_OK, or STK_ENOMEM when the
- * table cannot be built (the cache is unchanged then). */
+ * used of the two is replaced, in place). Any thread. Always STK_OK: it
+ * allocates nothing. */
 int stk__shard_orders_at(stk__shard_orders *c, uint64_t epoch, uint64_t pos, uint64_t *sample);
 
 #endif

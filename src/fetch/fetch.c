@@ -3,13 +3,31 @@
  *
  * State, all under f->lock:
  *   - a ring of `cap` entries indexed by seq % cap, covering the planned
- *     window [lo, plan_seq); an entry is PLANNED (its chunk in flight),
- *     READY, FAILED, or FREE (consumed, or a slot past a short batch);
- *   - chunks: one ranged GET each, covering one or more entries of one
- *     shard; a chunk's buffer is freed when its last entry is consumed and
- *     its request is done.
+ *     window [lo, plan_seq); an entry is LIVE (it holds a reference to the
+ *     chunk its bytes come from), FAILED (no chunk: out of memory while
+ *     planning) or FREE (consumed, or a slot past a short batch);
+ *   - chunks, each the source of one or more entries' bytes: a ranged GET
+ *     into memory (one shard, neighbouring samples merged), or, with a disk
+ *     cache, one admission of a whole shard to the cache (a download into the
+ *     cache, or a pinned complete entry). A chunk's state (in flight, ready,
+ *     failed) is the state of all its entries, so a completion is O(1): it
+ *     sets the chunk's state and wakes the waiters. A chunk is freed (its
+ *     buffer, or its pin) when no entry references it and its request is
+ *     done; an entry always releases the chunk it references, never "the
+ *     shard's current one", so a shard admitted again after a failed
+ *     download cannot lose the new admission's pin to the old entries.
+ * With a disk cache, a sample whose shard is not usable from the cache is
+ * read by a ranged request of its own (read_alone): when the shard's
+ * download failed (the store's error, a local write error such as a full
+ * disk, an object whose size or ETag/Last-Modified changed since open), and
+ * when the cached copy fails the sample's checksum (the entry is then
+ * dropped from the cache, and the chunk's other entries read by range too).
+ * A failed sample's error starts with its own shard's reason (the chunk's).
  * The planner (plan_more) runs in whichever thread made room: a worker that
- * consumed an entry, or reset. It never blocks.
+ * consumed an entry, or reset. It never blocks, and it only queues the
+ * requests it creates: they are submitted after the lock is dropped
+ * (unlock_and_submit), because the store may complete a request at once (out
+ * of memory), running its callback, which takes this lock.
  */
 #include "fetch/fetch.h"
 #include "io/remote.h"
@@ -27,41 +45,42 @@
 
 #define WAIT_SLICE_NS 100000000ULL
 
-enum { E_FREE = 0, E_PLANNED, E_READY, E_FAILED };
+enum { E_FREE = 0, E_LIVE, E_FAILED };
+enum { C_INFLIGHT = 0, C_READY, C_FAILED };
+enum { K_RANGE = 0, K_CACHE };
 
 typedef struct chunk chunk;
 
 typedef struct entry {
     uint64_t sample;
-    chunk *ch;    /* ranged read, or NULL: read from the cached shard */
-    uint64_t off; /* into ch->buf, or into the shard (cached) */
+    chunk *ch;    /* LIVE: the chunk holding (or fetching) the bytes */
+    uint64_t off; /* into ch->buf (ranged), or into the shard (cached) */
     uint32_t len;
-    uint32_t shard;
     uint8_t state;
 } entry;
 
-/* With a disk cache: each shard's state in this process. */
-enum { SH_NONE = 0, SH_DOWNLOADING, SH_RESIDENT };
-
+/* With a disk cache: the shard's current admission, which later entries
+ * join (downloading or resident), or NULL. */
 typedef struct shardst {
-    int fd;         /* pinned entry (shared lock) or download (exclusive) */
-    uint8_t st;
-    uint32_t users; /* planned entries reading it: pinned while > 0 */
-    uint64_t retry_after_ns; /* admission refused (full or busy): ranged until then */
-    stk__req *dl;
-    char *err; /* why its last download failed (owned), or NULL */
+    chunk *cur;
+    uint64_t retry_after_ns; /* admission refused or failed: ranged until then */
     char key[160];
 } shardst;
 
 struct chunk {
     stk__req req;
     stk__fetch *f;
-    uint8_t *buf;
-    uint64_t bytes;
-    unsigned refs; /* entries not yet consumed */
-    bool inflight;
-    uint64_t gen;
+    uint8_t *buf; /* K_RANGE: the bytes of the range */
+    int fd;       /* K_CACHE: the download (exclusive lock), then the pin; -1 */
+    uint32_t shard;
+    uint8_t kind, state;
+    bool inflight;  /* submitted (or queued for submission) and not completed */
+    bool dropped;   /* K_CACHE: the entry failed a checksum and was dropped from the
+                     * cache; the chunk's entries read their samples by range */
+    unsigned refs;  /* entries referencing it */
+    uint64_t bytes; /* buffered (K_RANGE) */
     chunk *next_all, *prev_all;
+    chunk *next_submit; /* the planner's queue of requests to submit */
 };
 
 struct stk__fetch {
@@ -72,13 +91,14 @@ struct stk__fetch {
     stk__fetch_plan plan;
     stk__fetch_cfg cfg;
     bool cancel;
-    uint64_t gen;
+    bool interrupt; /* a seek is coming: waits end until the next reset */
 
     entry *ring;
     uint64_t cap; /* power of two >= lookahead + batch_size */
     uint64_t lo, plan_seq;
-    uint64_t buffered; /* bytes of live chunks */
-    chunk *chunks;     /* every live chunk */
+    uint64_t buffered;             /* bytes of live chunks */
+    chunk *chunks;                 /* every live chunk */
+    chunk *pending, *pending_tail; /* planned requests not yet submitted */
 
     stk__cache *cache; /* NULL: no disk cache */
     uint64_t *next;    /* per shard: next use (eviction), filled per admission */
@@ -93,7 +113,24 @@ struct stk__fetch {
 
 /* ---- chunks ---------------------------------------------------------------- */
 
-static void chunk_unlink_free(stk__fetch *f, chunk *c)
+static chunk *chunk_new(stk__fetch *f, uint8_t kind, uint32_t shard)
+{
+    chunk *c = stk__calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->f = f;
+    c->fd = -1;
+    c->kind = kind;
+    c->shard = shard;
+    c->next_all = f->chunks;
+    if (f->chunks)
+        f->chunks->prev_all = c;
+    f->chunks = c;
+    return c;
+}
+
+/* Frees a chunk no entry references and no request uses. Lock held. */
+static void chunk_free(stk__fetch *f, chunk *c)
 {
     if (c->prev_all)
         c->prev_all->next_all = c->next_all;
@@ -102,6 +139,12 @@ static void chunk_unlink_free(stk__fetch *f, chunk *c)
     if (c->next_all)
         c->next_all->prev_all = c->prev_all;
     f->buffered -= c->bytes;
+    if (c->kind == K_CACHE) {
+        if (f->sh[c->shard].cur == c)
+            f->sh[c->shard].cur = NULL;
+        if (c->state == C_READY && c->fd >= 0)
+            stk__cache_unpin(c->fd);
+    }
     stk__free(c->buf);
     stk__free(c);
 }
@@ -110,7 +153,34 @@ static void chunk_unlink_free(stk__fetch *f, chunk *c)
 static void chunk_put(stk__fetch *f, chunk *c)
 {
     if (--c->refs == 0 && !c->inflight)
-        chunk_unlink_free(f, c);
+        chunk_free(f, c);
+}
+
+/* Queues c's request for submit_pending. Lock held. */
+static void queue_submit(stk__fetch *f, chunk *c)
+{
+    c->inflight = true;
+    c->next_submit = NULL;
+    if (f->pending_tail)
+        f->pending_tail->next_submit = c;
+    else
+        f->pending = c;
+    f->pending_tail = c;
+}
+
+/* Unlocks f and submits the requests the planner queued, in order. A
+ * queued chunk stays alive until its completion (inflight), which cannot
+ * come before its submission, so the list is safe to walk unlocked. */
+static void unlock_and_submit(stk__fetch *f)
+{
+    chunk *c = f->pending;
+    f->pending = f->pending_tail = NULL;
+    pthread_mutex_unlock(&f->lock);
+    while (c) {
+        chunk *n = c->next_submit; /* c may be freed by its completion */
+        stk__remote_submit(f->remote, &c->req);
+        c = n;
+    }
 }
 
 static void on_chunk_done(stk__req *q, void *ctx)
@@ -119,87 +189,67 @@ static void on_chunk_done(stk__req *q, void *ctx)
     stk__fetch *f = c->f;
     pthread_mutex_lock(&f->lock);
     c->inflight = false;
-    if (c->gen == f->gen) {
-        for (uint64_t s = f->lo; s < f->plan_seq; s++) {
-            entry *e = &f->ring[s & (f->cap - 1)];
-            if (e->ch == c && e->state == E_PLANNED)
-                e->state = q->rc == STK_OK ? E_READY : E_FAILED;
-        }
-        pthread_cond_broadcast(&f->cond);
-    }
+    c->state = q->rc == STK_OK ? C_READY : C_FAILED;
+    pthread_cond_broadcast(&f->cond);
     if (c->refs == 0)
-        chunk_unlink_free(f, c);
+        chunk_free(f, c);
     pthread_mutex_unlock(&f->lock);
 }
 
 /* ---- the disk cache ----------------------------------------------------------- */
 
-typedef struct dlreq {
-    stk__req q;
-    stk__fetch *f;
-    uint32_t shard;
-    uint64_t gen;
-} dlreq;
-
-static void unpin(shardst *h)
-{
-    if (h->st == SH_RESIDENT && h->users == 0) {
-        stk__cache_unpin(h->fd);
-        h->fd = -1;
-        h->st = SH_NONE;
-    }
-}
-
 static void on_download_done(stk__req *q, void *ctx)
 {
-    dlreq *d = ctx;
-    stk__fetch *f = d->f;
-    shardst *h = &f->sh[d->shard];
+    chunk *c = ctx;
+    stk__fetch *f = c->f;
+    const shardst *h = &f->sh[c->shard]; /* key: immutable after create */
+    const char *tag = f->src->shard_tags ? f->src->shard_tags[c->shard] : NULL;
+    uint64_t want = f->src->shard_bytes[c->shard];
     char why[STK_ERRMSG_MAX] = "";
-    const char *tag = f->src->shard_tags ? f->src->shard_tags[d->shard] : NULL;
     bool ok = q->rc == STK_OK;
-    if (!ok)
-        stk__fmt(why, sizeof why, "%s", q->err[0] ? q->err : "download failed");
-    if (ok && q->got != f->src->shard_bytes[d->shard]) {
+    /* The object must still be the one opened: same size, same ETag or
+     * Last-Modified (a republished shard is not cached under the old key). */
+    if (ok && q->got != want) {
         stk__fmt(why, sizeof why, "the object is now %llu bytes, not the %llu it had at open",
-                 (unsigned long long)q->got, (unsigned long long)f->src->shard_bytes[d->shard]);
+                 (unsigned long long)q->got, (unsigned long long)want);
         ok = false;
-    }
-    if (ok && tag && q->validator[0] && strcmp(tag, q->validator)) {
+    } else if (ok && tag && q->validator[0] && strcmp(tag, q->validator)) {
         stk__fmt(why, sizeof why, "the object changed since open (ETag/Last-Modified %s, was %s)",
                  q->validator, tag);
         ok = false;
     }
-    if (ok && stk__cache_commit(f->cache, h->key, h->fd, why, sizeof why) != STK_OK) {
+    /* Committing renames and re-locks a file: outside the stage's lock. The
+     * fd is the chunk's alone until its state says otherwise. */
+    if (ok && stk__cache_commit(f->cache, h->key, c->fd, why, sizeof why) != STK_OK) {
         ok = false;
-        h->fd = -1; /* commit closed it */
+        c->fd = -1; /* commit closed it */
     } else if (!ok) {
-        /* A local write error (a full disk): the shard is not admitted, and
-         * its samples are read by ranges like those of any failed download. */
-        stk__cache_abort(f->cache, h->key, h->fd, q->write_errno != 0);
-        h->fd = -1;
+        /* A local write error (a full disk) is counted by the cache: the
+         * shard is not admitted, its samples are read by ranges like those
+         * of any failed download. */
+        stk__cache_abort(f->cache, h->key, c->fd, q->write_errno != 0);
+        c->fd = -1;
     }
-    char *msg = ok ? NULL : stk__strdup(why);
+    /* The chunk's request holds its own shard's reason: its entries report
+     * it, not the last failed download of any shard. */
+    if (why[0])
+        stk__fmt(q->err, sizeof q->err, "%s", why);
     pthread_mutex_lock(&f->lock);
-    h->dl = NULL;
-    h->st = ok ? SH_RESIDENT : SH_NONE;
-    for (uint64_t s = f->lo; s < f->plan_seq; s++) {
-        entry *e = &f->ring[s & (f->cap - 1)];
-        if (e->state == E_PLANNED && !e->ch && e->shard == d->shard)
-            e->state = ok ? E_READY : E_FAILED;
-    }
+    c->inflight = false;
+    c->state = ok ? C_READY : C_FAILED;
     if (!ok) {
-        /* Entries waiting for it are read by ranges (stk__fetch_read), as
-         * are later ones until admission is tried again. */
-        h->users = 0;
-        h->retry_after_ns = stk__now_ns() + 1000000000ULL;
-        stk__free(h->err);
-        h->err = msg; /* NULL when out of memory: a generic text then */
+        /* The download used up its retries. Its entries read their samples
+         * by range (stk__fetch_read), and so do later ones for a while: the
+         * shard is admitted again only after retry_after. */
+        if (f->sh[c->shard].cur == c)
+            f->sh[c->shard].cur = NULL;
+        f->sh[c->shard].retry_after_ns = stk__now_ns() + 1000000000ULL;
+        f->fallbacks++;
     }
-    unpin(h);
     pthread_cond_broadcast(&f->cond);
+    if (c->refs == 0)
+        chunk_free(f, c);
     pthread_mutex_unlock(&f->lock);
-    stk__free(d);
 }
 
 static int cmp_key_ix_ctx(const void *a, const void *b, void *ctx)
@@ -229,27 +279,38 @@ static uint64_t next_use_of(void *ctx, const char *key)
 }
 
 /* Decides how entry e (sample of shard k, not yet requested) is read: from
- * the cache (true: e is planned as a cached read) or by range (false). */
+ * the cache (true: e references the shard's admission) or by range (false). */
 static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
 {
     shardst *h = &f->sh[k];
-    if (h->st == SH_NONE) {
+    chunk *c = h->cur;
+    if (!c) {
         uint64_t now = stk__now_ns();
         if (h->retry_after_ns > now)
             return false;
-        if (stk__cache_pin(f->cache, h->key, &h->fd) == STK_OK) {
-            h->st = SH_RESIDENT;
+        int fd = -1;
+        if (stk__cache_pin(f->cache, h->key, &fd) == STK_OK) {
+            if (!(c = chunk_new(f, K_CACHE, k))) {
+                stk__cache_unpin(fd);
+                return false; /* read by range (which may fail the same way) */
+            }
+            c->fd = fd;
+            c->state = C_READY;
         } else {
             char why[STK_ERRMSG_MAX];
-            dlreq *d = stk__calloc(1, sizeof *d);
-            bool belady = f->plan.next_uses &&
-                          f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next,
-                                            f->nshards);
-            int rc = d ? stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k],
-                                          belady ? next_use_of : NULL, f, &h->fd, why, sizeof why)
-                       : STK_ENOMEM;
+            if (!(c = chunk_new(f, K_CACHE, k))) {
+                h->retry_after_ns = now + 500000000ULL;
+                f->fallbacks++;
+                return false;
+            }
+            bool belady =
+                f->plan.next_uses &&
+                f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next, f->nshards);
+            int rc = stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k],
+                                      belady ? next_use_of : NULL, f, &c->fd, why, sizeof why);
             if (rc) {
-                stk__free(d);
+                c->fd = -1;
+                chunk_free(f, c);
                 /* Full of pinned entries, or another process downloads it:
                  * read by ranges for a while, then ask again. */
                 h->retry_after_ns = now + (rc == STK_EBUSY ? 50000000ULL : 500000000ULL);
@@ -257,21 +318,18 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
                     f->fallbacks++;
                 return false;
             }
-            d->f = f;
-            d->shard = k;
-            d->q.name = f->src->shard_objs[k];
-            d->q.fd = h->fd;
-            d->q.done = on_download_done;
-            d->q.ctx = d;
-            h->dl = &d->q;
-            h->st = SH_DOWNLOADING;
-            stk__remote_submit(f->remote, &d->q);
+            c->state = C_INFLIGHT;
+            c->req.name = f->src->shard_objs[k];
+            c->req.fd = c->fd;
+            c->req.done = on_download_done;
+            c->req.ctx = c;
+            queue_submit(f, c);
         }
+        h->cur = c;
     }
-    e->ch = NULL;
-    e->shard = k;
-    h->users++;
-    e->state = h->st == SH_RESIDENT ? E_READY : E_PLANNED;
+    e->ch = c;
+    c->refs++;
+    e->state = E_LIVE;
     return true;
 }
 
@@ -292,118 +350,128 @@ static int cmp_pend(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
-/* Issues one chunk for pends [a, b) (same shard, sorted by offset). */
+/* A ranged chunk for bytes [start, end) of shard k, its request queued
+ * (none for an empty range: ready at once). NULL when out of memory. Lock
+ * held. */
+static chunk *range_chunk(stk__fetch *f, size_t k, uint64_t start, uint64_t end)
+{
+    uint8_t *buf = stk__malloc(end > start ? (size_t)(end - start) : 1);
+    chunk *c = buf ? chunk_new(f, K_RANGE, (uint32_t)k) : NULL;
+    if (!c) {
+        stk__free(buf);
+        return NULL;
+    }
+    c->buf = buf;
+    c->bytes = end - start;
+    c->state = end > start ? C_INFLIGHT : C_READY;
+    f->buffered += c->bytes;
+    if (f->buffered > f->buffered_peak)
+        f->buffered_peak = f->buffered;
+    if (end > start) {
+        c->req.name = f->src->shard_objs[k];
+        c->req.off = start;
+        c->req.len = end - start;
+        c->req.buf = buf;
+        c->req.fd = -1;
+        c->req.done = on_chunk_done;
+        c->req.ctx = c;
+        queue_submit(f, c);
+    }
+    return c;
+}
+
+/* Plans one chunk for pends [a, b) (same shard, sorted by offset). */
 static void issue(stk__fetch *f, pend *p, size_t a, size_t b)
 {
     uint64_t start = p[a].off, end = p[a].off + p[a].len;
     for (size_t k = a; k < b; k++)
         if (p[k].off + p[k].len > end)
             end = p[k].off + p[k].len;
-    chunk *c = stk__calloc(1, sizeof *c);
-    uint8_t *buf = c ? stk__malloc(end > start ? (size_t)(end - start) : 1) : NULL;
-    if (!buf) {
-        stk__free(c);
-        /* Out of memory: the entries fail like a failed read. */
+    chunk *c = range_chunk(f, p[a].shard, start, end);
+    if (!c) {
+        /* Out of memory: the entries are read on their own when reached. */
         for (size_t k = a; k < b; k++)
             f->ring[p[k].seq & (f->cap - 1)].state = E_FAILED;
         return;
     }
-    c->f = f;
-    c->buf = buf;
-    c->bytes = end - start;
-    c->inflight = end > start;
-    c->gen = f->gen;
-    c->next_all = f->chunks;
-    if (f->chunks)
-        f->chunks->prev_all = c;
-    f->chunks = c;
-    f->buffered += c->bytes;
-    if (f->buffered > f->buffered_peak)
-        f->buffered_peak = f->buffered;
     uint64_t useful = 0;
     for (size_t k = a; k < b; k++) {
         entry *e = &f->ring[p[k].seq & (f->cap - 1)];
         e->ch = c;
         e->off = p[k].off - start;
+        e->state = E_LIVE;
         c->refs++;
         useful += p[k].len;
-        if (end == start)
-            e->state = E_READY;
     }
     if (c->bytes > useful)
         f->overfetch += c->bytes - useful;
-    if (end == start)
-        return;
-    c->req.name = f->src->shard_objs[p[a].shard];
-    c->req.off = start;
-    c->req.len = end - start;
-    c->req.buf = buf;
-    c->req.fd = -1;
-    c->req.done = on_chunk_done;
-    c->req.ctx = c;
-    stk__remote_submit(f->remote, &c->req);
 }
 
 /* Plans sequence numbers up to `upto` (exclusive) or until the budget or the
  * ring is full. force: plan at least up to `upto` whatever the budget.
- * Lock held. */
+ * Groups of at most 64 ranged entries are merged into requests one group at
+ * a time, in a loop (a lookahead of millions of samples must not grow the
+ * stack). Lock held; the requests are queued, the caller submits them. */
 static void plan_more(stk__fetch *f, uint64_t upto, bool force)
 {
     pend pb[64]; /* one group: requests go out in the order they are needed */
-    size_t np = 0;
-    uint64_t pbytes = 0;
     uint64_t B = f->plan.batch_size;
-    while (!f->cancel) {
-        uint64_t s = f->plan_seq;
-        bool must = force && s < upto;
-        if (s >= f->lo + f->cap || np == sizeof pb / sizeof *pb)
-            break;
-        if (!must && (s - f->lo >= f->cfg.lookahead ||
-                      f->buffered + pbytes >= f->cfg.buffer_bytes))
-            break;
-        uint64_t g = s / B, slot = s % B;
-        entry *e = &f->ring[s & (f->cap - 1)];
-        memset(e, 0, sizeof *e);
-        f->plan_seq++;
-        if (slot >= f->plan.batch_len(f->plan.ctx, g)) {
-            /* Past a short batch: skip to the next batch. */
-            e->state = E_FREE;
-            continue;
+    bool full = true;
+    while (full) {
+        size_t np = 0;
+        uint64_t pbytes = 0;
+        full = false;
+        while (!f->cancel) {
+            uint64_t s = f->plan_seq;
+            bool must = force && s < upto;
+            if (s >= f->lo + f->cap)
+                break;
+            if (np == sizeof pb / sizeof *pb) {
+                full = true;
+                break;
+            }
+            if (!must &&
+                (s - f->lo >= f->cfg.lookahead || f->buffered + pbytes >= f->cfg.buffer_bytes))
+                break;
+            uint64_t g = s / B, slot = s % B;
+            entry *e = &f->ring[s & (f->cap - 1)];
+            memset(e, 0, sizeof *e);
+            f->plan_seq++;
+            if (slot >= f->plan.batch_len(f->plan.ctx, g)) {
+                /* Past a short batch: skip to the next batch. */
+                e->state = E_FREE;
+                continue;
+            }
+            uint64_t i = f->plan.sample_at(f->plan.ctx, g, slot);
+            size_t shard;
+            uint64_t off, len;
+            f->src->ops->locate(f->src, i, &shard, &off, &len);
+            e->sample = i;
+            e->len = (uint32_t)len;
+            if (f->cache && plan_cached(f, e, (uint32_t)shard)) {
+                e->off = off;
+                continue;
+            }
+            pb[np++] = (pend){s, off, len, shard};
+            pbytes += len;
         }
-        uint64_t i = f->plan.sample_at(f->plan.ctx, g, slot);
-        size_t shard;
-        uint64_t off, len;
-        f->src->ops->locate(f->src, i, &shard, &off, &len);
-        e->sample = i;
-        e->len = (uint32_t)len;
-        e->state = E_PLANNED;
-        if (f->cache && plan_cached(f, e, (uint32_t)shard)) {
-            e->off = off;
-            continue;
+        if (!np)
+            return;
+        qsort(pb, np, sizeof *pb, cmp_pend);
+        size_t a = 0;
+        for (size_t k = 1; k <= np; k++) {
+            bool split = k == np || pb[k].shard != pb[a].shard;
+            if (!split) {
+                uint64_t end = pb[k - 1].off + pb[k - 1].len;
+                split = pb[k].off > end + f->cfg.coalesce_gap ||
+                        pb[k].off + pb[k].len - pb[a].off > f->cfg.max_request;
+            }
+            if (split) {
+                issue(f, pb, a, k);
+                a = k;
+            }
         }
-        e->shard = (uint32_t)shard;
-        pb[np++] = (pend){s, off, len, shard};
-        pbytes += len;
     }
-    if (!np)
-        return;
-    qsort(pb, np, sizeof *pb, cmp_pend);
-    size_t a = 0;
-    for (size_t k = 1; k <= np; k++) {
-        bool split = k == np || pb[k].shard != pb[a].shard;
-        if (!split) {
-            uint64_t end = pb[k - 1].off + pb[k - 1].len;
-            split = pb[k].off > end + f->cfg.coalesce_gap ||
-                    pb[k].off + pb[k].len - pb[a].off > f->cfg.max_request;
-        }
-        if (split) {
-            issue(f, pb, a, k);
-            a = k;
-        }
-    }
-    /* More may fit: keep planning in bounded batches. */
-    if (f->plan_seq < f->lo + f->cap && (force ? f->plan_seq < upto : true))
-        plan_more(f, upto, force);
 }
 
 /* Moves lo past consumed entries. Lock held. */
@@ -440,6 +508,11 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         stk__fmt(err, errlen, "this source cannot be fetched ahead");
         return STK_EUNSUPPORTED;
     }
+    if (cfg->lookahead > STK_FETCH_LOOKAHEAD_MAX) {
+        stk__fmt(err, errlen, "fetch_lookahead %llu is more than %llu samples",
+                 (unsigned long long)cfg->lookahead, (unsigned long long)STK_FETCH_LOOKAHEAD_MAX);
+        return STK_EINVAL;
+    }
     stk__fetch *f = stk__calloc(1, sizeof *f);
     if (!f)
         return STK_ENOMEM;
@@ -460,6 +533,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         f->cfg.lookahead = la > conc ? la : conc;
         if (f->cfg.lookahead < 256)
             f->cfg.lookahead = 256;
+        if (f->cfg.lookahead > STK_FETCH_LOOKAHEAD_MAX)
+            f->cfg.lookahead = STK_FETCH_LOOKAHEAD_MAX;
     }
     uint64_t need = f->cfg.lookahead + plan->batch_size + 256;
     f->cap = 1;
@@ -505,7 +580,6 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         }
         for (size_t k = 0; k < src->nshards; k++) {
             char where[4096];
-            f->sh[k].fd = -1;
             stk__remote_object_id(f->remote, src->shard_objs[k], where, sizeof where);
             stk__cache_key(where, src->shard_bytes[k], src->shard_tags ? src->shard_tags[k] : NULL,
                            f->sh[k].key, sizeof f->sh[k].key);
@@ -527,19 +601,23 @@ void stk__fetch_cancel(stk__fetch *f)
     pthread_mutex_unlock(&f->lock);
 }
 
+void stk__fetch_interrupt(stk__fetch *f)
+{
+    pthread_mutex_lock(&f->lock);
+    f->interrupt = true;
+    pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
 void stk__fetch_destroy(stk__fetch *f)
 {
     if (!f)
         return;
     /* The store was closed first (stk__fetch_destroy's contract): it
-     * completed every request, so no chunk is in flight any more. */
+     * completed every request, so no chunk is in flight any more; freeing a
+     * cached shard's chunk releases its pin. */
     while (f->chunks)
-        chunk_unlink_free(f, f->chunks);
-    for (size_t k = 0; f->sh && k < f->nshards; k++) {
-        if (f->sh[k].st == SH_RESIDENT)
-            stk__cache_unpin(f->sh[k].fd);
-        stk__free(f->sh[k].err);
-    }
+        chunk_free(f, f->chunks);
     stk__free(f->sh);
     stk__free(f->next);
     stk__free(f->by_key);
@@ -555,18 +633,103 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
     pthread_mutex_lock(&f->lock);
     for (uint64_t s = f->lo; s < f->plan_seq; s++) {
         entry *e = &f->ring[s & (f->cap - 1)];
-        if (e->state != E_FREE && e->ch)
+        if (e->state == E_LIVE)
             chunk_put(f, e->ch);
-        else if (e->state != E_FREE && f->cache && f->sh[e->shard].users) {
-            f->sh[e->shard].users--;
-            unpin(&f->sh[e->shard]);
-        }
         memset(e, 0, sizeof *e);
     }
-    f->gen++;
     f->lo = f->plan_seq = g * f->plan.batch_size;
+    f->interrupt = false;
     plan_more(f, 0, false);
-    pthread_mutex_unlock(&f->lock);
+    unlock_and_submit(f);
+}
+
+/* Waits for chunk c's request (lock held), re-checking cancel and interrupt
+ * every slice so that close and seeks are prompt whatever the network does. */
+static void wait_chunk(stk__fetch *f, chunk *c)
+{
+    if (c->state != C_INFLIGHT)
+        return;
+    uint64_t t0 = stk__now_ns();
+    f->waits++;
+    while (c->state == C_INFLIGHT && !f->cancel && !f->interrupt)
+        stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
+    f->wait_ns += stk__now_ns() - t0;
+}
+
+/* Copies sample i's n bytes (from buf, or from the cached shard fd at off)
+ * into the sink and checks them. No lock held. */
+static int deliver(stk__fetch *f, uint64_t i, stk__sink *sink, const uint8_t *src, int fd,
+                   uint64_t off, uint32_t n, uint8_t **out, int64_t *label, char *err,
+                   size_t errlen)
+{
+    int rc;
+    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
+    if (!buf) {
+        if (rc == STK_ETOOBIG)
+            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", n,
+                     sink->grow ? sink->grow->limit : sink->cap);
+        else
+            stk__fmt(err, errlen, "out of memory for %u bytes", n);
+        return rc;
+    }
+    if (fd >= 0)
+        rc = stk__pread_all(fd, buf, n, off, err, errlen);
+    else if (n)
+        memcpy(buf, src + off, n);
+    if (rc == STK_OK)
+        rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
+    if (rc == STK_OK)
+        *out = buf;
+    return rc;
+}
+
+/* Reads sample i by a ranged request of its own, waited for like a planned
+ * one (cancel re-checked), for a sample the plan does not hold or whose
+ * planned read failed for a reason that is not the sample's. Only when even
+ * that request cannot be set up for want of memory does it fall back to the
+ * source's own (blocking) read. No lock held. */
+static int read_alone(stk__fetch *f, uint64_t i, stk__sink *sink, uint8_t **data, uint32_t *len,
+                      int64_t *label, char *err, size_t errlen)
+{
+    size_t shard;
+    uint64_t off, n;
+    f->src->ops->locate(f->src, i, &shard, &off, &n);
+    pthread_mutex_lock(&f->lock);
+    chunk *c = range_chunk(f, shard, off, off + n);
+    if (c)
+        c->refs = 1;
+    unlock_and_submit(f);
+    int rc = STK_OK;
+    if (c) {
+        pthread_mutex_lock(&f->lock);
+        wait_chunk(f, c);
+        if (c->state == C_INFLIGHT) {
+            stk__fmt(err, errlen,
+                     f->cancel ? "cancelled: the loader is closing"
+                               : "interrupted: the loader is seeking");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED && c->req.rc != STK_ENOMEM) {
+            stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED) {
+            rc = STK_ENOMEM;
+        }
+        pthread_mutex_unlock(&f->lock);
+    }
+    if (!c || rc == STK_ENOMEM) {
+        size_t got = 0;
+        rc = f->src->ops->read(f->src, i, sink, data, &got, label, err, errlen);
+        *len = (uint32_t)got;
+    } else if (rc == STK_OK) {
+        rc = deliver(f, i, sink, c->buf, -1, 0, (uint32_t)n, data, label, err, errlen);
+        *len = (uint32_t)n;
+    }
+    if (c) {
+        pthread_mutex_lock(&f->lock);
+        chunk_put(f, c);
+        pthread_mutex_unlock(&f->lock);
+    }
+    return rc;
 }
 
 int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__sink *sink,
@@ -574,113 +737,108 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
 {
     uint64_t seq = g * f->plan.batch_size + slot;
     pthread_mutex_lock(&f->lock);
-    if (seq < f->lo || seq >= f->lo + f->cap) {
-        /* Not in the window (cannot happen in order; be safe): read directly. */
-        pthread_mutex_unlock(&f->lock);
-        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
-    }
-    if (seq >= f->plan_seq)
-        plan_more(f, seq + 1, true);
-    entry *e = &f->ring[seq & (f->cap - 1)];
-    if (e->sample != i || e->state == E_FREE) {
-        pthread_mutex_unlock(&f->lock);
-        return f->src->ops->read(f->src, i, sink, data, len, label, err, errlen);
-    }
-    if (e->state == E_PLANNED) {
-        uint64_t t0 = stk__now_ns();
-        f->waits++;
-        while (e->state == E_PLANNED && !f->cancel) {
-            stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
-        }
-        f->wait_ns += stk__now_ns() - t0;
+    entry *e = NULL;
+    /* Outside the window cannot happen in order; be safe. */
+    if (seq >= f->lo && seq < f->lo + f->cap) {
+        if (seq >= f->plan_seq)
+            plan_more(f, seq + 1, true);
+        e = &f->ring[seq & (f->cap - 1)];
+        if (e->sample != i || e->state == E_FREE)
+            e = NULL;
     }
     int rc = STK_OK;
-    chunk *c = e->ch;
     int cfd = -1;
-    uint32_t shard = e->shard;
-    bool cached = f->cache && !c && e->state != E_FAILED;
-    /* A sample planned from a shard whose download failed (or that the disk
-     * refused) is read by range instead: the shard was not admitted. */
-    bool by_range = f->cache && !c && e->state == E_FAILED;
-    char dlwhy[STK_ERRMSG_MAX] = "";
-    if (e->state == E_PLANNED) {
-        stk__fmt(err, errlen, "cancelled: the loader is closing");
-        rc = STK_EIO;
-    } else if (by_range) {
-        const char *w = f->sh[shard].err;
-        stk__fmt(dlwhy, sizeof dlwhy, "%s", w ? w : "download failed");
-    } else if (e->state == E_FAILED) {
-        stk__fmt(err, errlen, "%s", c && c->req.err[0] ? c->req.err : "fetch failed");
-        rc = c && c->req.rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
+    bool alone = !e;
+    chunk *c = NULL;
+    /* Why a planned sample is read on its own by range (a failed download of
+     * its shard, a dropped cache entry): the prefix of its error if that
+     * read fails too. */
+    char why[STK_ERRMSG_MAX] = "";
+    uint64_t off = 0;
+    uint32_t n = 0;
+    if (e) {
+        c = e->state == E_LIVE ? e->ch : NULL;
+        if (c && c->state == C_INFLIGHT && f->pending) {
+            /* The requests this thread planned go out before it waits. */
+            unlock_and_submit(f);
+            pthread_mutex_lock(&f->lock);
+        }
+        if (c)
+            wait_chunk(f, c);
+        if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
+            /* Reading ahead ran out of memory (planning, or the request):
+             * that is no fault of the sample; it is read on its own. */
+            alone = true;
+        } else if (c->state == C_INFLIGHT) {
+            stk__fmt(err, errlen,
+                     f->cancel ? "cancelled: the loader is closing"
+                               : "interrupted: the loader is seeking");
+            rc = STK_EIO;
+        } else if (c->state == C_FAILED && c->kind == K_CACHE) {
+            /* The shard's download into the cache failed: its samples are
+             * read by range, which may well work (a failed whole-object GET,
+             * a local write error, an object of another size or version); if
+             * it fails too, the sample's error names both reasons, its own
+             * shard's download first. */
+            alone = true;
+            stk__fmt(why, sizeof why, "%s", c->req.err[0] ? c->req.err : "download failed");
+        } else if (c->state == C_FAILED) {
+            stk__fmt(err, errlen, "%s", c->req.err[0] ? c->req.err : "fetch failed");
+            rc = STK_EIO;
+        } else if (c->kind == K_CACHE && c->dropped) {
+            /* Another sample found this cached copy corrupt. */
+            alone = true;
+            stk__fmt(why, sizeof why, "%s", c->req.err);
+        } else if (c->kind == K_CACHE) {
+            cfd = c->fd; /* pinned: stays open while this entry references c */
+        }
+        off = e->off;
+        n = e->len;
+        memset(e, 0, sizeof *e);
+        advance_lo(f);
     }
-    bool release = cached || rc != STK_OK || by_range;
-    if (cached && rc == STK_OK)
-        cfd = f->sh[shard].fd; /* pinned: stays open while users > 0 */
-    uint64_t off = e->off;
-    uint32_t n = e->len;
-    e->state = E_FREE;
-    e->ch = NULL;
-    advance_lo(f);
-    pthread_mutex_unlock(&f->lock);
+    unlock_and_submit(f);
 
-    /* The chunk stays alive: this entry still holds its reference. The copy
-     * and the checksum run outside the lock, in parallel across workers. */
+    /* The chunk stays alive: this entry's reference is dropped below. The
+     * copy and the checksum run outside the lock, in parallel across
+     * workers. */
     uint8_t *buf = NULL;
-    if (rc == STK_OK) {
-        buf = stk__sink_reserve(sink, n, &rc);
-        if (!buf) {
-            if (rc == STK_ETOOBIG)
-                stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", n,
-                         sink->grow ? sink->grow->limit : sink->cap);
-            else
-                stk__fmt(err, errlen, "out of memory for %u bytes", n);
-        } else {
-            if (by_range)
-                ; /* read below */
-            else if (cfd >= 0)
-                rc = stk__pread_all(cfd, buf, n, off, err, errlen);
-            else if (n)
-                memcpy(buf, c->buf + off, n);
-            if (rc == STK_OK && !by_range) {
-                rc = f->src->ops->accept(f->src, i, buf, n, label, err, errlen);
-                if (rc == STK_EFORMAT && cfd >= 0) {
-                    /* The cached copy is corrupt (a bad disk, a copy cut by
-                     * power loss): drop it so the shard is downloaded again,
-                     * and fetch this sample from the store once more. */
-                    stk__cache_drop(f->cache, f->sh[shard].key, cfd);
-                    stk__fmt(dlwhy, sizeof dlwhy, "the cached shard failed its checksum (%s)", err);
-                    by_range = true;
-                }
+    if (!alone && rc == STK_OK) {
+        rc = deliver(f, i, sink, c->buf, cfd, off, n, &buf, label, err, errlen);
+        if (rc == STK_EFORMAT && cfd >= 0) {
+            /* The cached copy is corrupt (a bad disk, a copy cut by power
+             * loss): drop it from the cache, so that the shard's next
+             * admission downloads it again, and read this sample, and the
+             * chunk's other entries, by range. The pin stays until the
+             * chunk's last entry goes. */
+            stk__cache_drop(f->cache, f->sh[c->shard].key, cfd);
+            stk__fmt(why, sizeof why, "the cached shard failed its checksum (%s)", err);
+            pthread_mutex_lock(&f->lock);
+            if (!c->dropped) {
+                c->dropped = true;
+                stk__fmt(c->req.err, sizeof c->req.err, "%s", why);
             }
-            if (by_range) {
-                size_t rn = 0;
-                uint8_t *rb = NULL;
-                rc = f->src->ops->read(f->src, i, sink, &rb, &rn, label, err, errlen);
-                if (rc == STK_OK) {
-                    buf = rb;
-                    n = (uint32_t)rn;
-                } else {
-                    char tmp[STK_ERRMSG_MAX];
-                    stk__fmt(tmp, sizeof tmp, "%s", err);
-                    stk__fmt(err, errlen, "%s; reading the sample by range failed too: %s", dlwhy,
-                             tmp);
-                }
-            }
+            pthread_mutex_unlock(&f->lock);
+            alone = true;
+        }
+    }
+    if (alone) {
+        rc = read_alone(f, i, sink, &buf, &n, label, err, errlen);
+        if (rc != STK_OK && why[0]) {
+            char tmp[STK_ERRMSG_MAX];
+            stk__fmt(tmp, sizeof tmp, "%s", err);
+            stk__fmt(err, errlen, "%s; reading the sample by range failed too: %s", why, tmp);
         }
     }
     pthread_mutex_lock(&f->lock);
     if (c)
         chunk_put(f, c);
-    else if (f->cache && f->sh[shard].users && release) {
-        f->sh[shard].users--;
-        unpin(&f->sh[shard]);
-    }
     if (rc == STK_OK) {
         f->samples++;
         f->sample_bytes += n;
     }
     plan_more(f, 0, false);
-    pthread_mutex_unlock(&f->lock);
+    unlock_and_submit(f);
     if (rc == STK_OK) {
         *data = buf;
         *len = n;

@@ -16,13 +16,15 @@
  * budget; counted in the memory bound).
  *
  * With a disk cache (cache.h), whole shards are downloaded into the cache
- * and samples read from there; a shard the cache cannot admit is read by
- * ranged GETs as above.
+ * and samples read from there; a shard the cache cannot admit, or whose
+ * download fails, is read by ranged GETs as above.
  *
  * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
- * the loader with no worker inside read (reset) or any time (cancel). Lock
- * order: stk_loader.lock is never held while calling in; fetch.lock is taken
- * before the remote engine's lock.
+ * the loader with no worker inside read (reset) or any time (cancel,
+ * interrupt). Lock order: stk_loader.lock may be held while calling reset or
+ * interrupt (the stage never calls back into the loader); fetch.lock is never
+ * held while calling the remote engine (a request may complete at once, and
+ * its callback takes fetch.lock).
  */
 #ifndef STK_FETCH_H
 #define STK_FETCH_H
@@ -43,6 +45,11 @@ typedef struct stk__fetch_plan {
      * false when it cannot tell (global order). */
     bool (*next_uses)(void *ctx, uint64_t g, uint64_t *next, size_t nshards);
 } stk__fetch_plan;
+
+/* The most samples planned ahead (fetch_lookahead): the ring of planned
+ * entries and their chunk headers count in the memory bound, and a million
+ * samples ahead is already far past what keeps every request slot busy. */
+#define STK_FETCH_LOOKAHEAD_MAX ((uint64_t)1 << 20)
 
 typedef struct stk__fetch_cfg {
     uint64_t buffer_bytes;  /* budget for bytes buffered + in flight (default 64 MiB) */
@@ -71,15 +78,22 @@ typedef struct stk__fetch_stats {
 } stk__fetch_stats;
 
 /* Creates the stage for a remote source (src->remote and ops->locate set).
- * Plans nothing until stk__fetch_reset. */
+ * Plans nothing until stk__fetch_reset. STK_EINVAL for a lookahead over
+ * STK_FETCH_LOOKAHEAD_MAX. */
 int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
                       const stk__fetch_cfg *cfg, char *err, size_t errlen);
 /* Stops planning and wakes waiting workers (their reads fail). */
 void stk__fetch_cancel(stk__fetch *f);
+/* A seek is coming: reads waiting on the network now, or until the
+ * following stk__fetch_reset, fail at once ("interrupted") instead of
+ * waiting for their requests, so the loader need not wait for the network
+ * to drop the batches they fill. Any thread. */
+void stk__fetch_interrupt(stk__fetch *f);
 /* Frees the stage, after the workers have stopped and the source's store has
  * been closed (which completes the stage's requests). NULL is harmless. */
 void stk__fetch_destroy(stk__fetch *f);
-/* Drops what was planned and plans from global batch g on. */
+/* Drops what was planned and plans from global batch g on (and ends an
+ * interrupt). */
 void stk__fetch_reset(stk__fetch *f, uint64_t g);
 /* Reads sample i, at slot `slot` of global batch g, into the sink: the same
  * contract as stk__source_ops.read. */
