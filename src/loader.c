@@ -2236,6 +2236,18 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
     if (!o || !o->source) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "no source: set one with stk_options_set_source");
         rc = STK_EINVAL;
+    } else if (o->remote_set && !stk__is_url(o->source)) {
+        /* An option that would change nothing is refused, so a run never
+         * silently differs from what was asked for. */
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "%s applies to remote datasets (http://, https://, s3://); %s is a local path, "
+                 "which is read directly",
+                 o->remote_set, o->source_shown);
+        rc = STK_EINVAL;
+    } else if (o->cache_limit_set && !o->cache_dir) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "cache_limit is the size limit of the disk cache: set cache_dir too");
+        rc = STK_EINVAL;
     } else {
         rc = open_core(l, o);
     }

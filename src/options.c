@@ -615,6 +615,12 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
         return STK_EINVAL;
     }
     int rc = set_entry(o, e, value);
+    if (rc == STK_OK && (e->info.flags & STK_OPTION_REMOTE)) {
+        if (!o->remote_set)
+            o->remote_set = e->info.name;
+        if (!strcmp(key, "cache_limit"))
+            o->cache_limit_set = true;
+    }
     if (rc == STK_EINVAL && !o->errmsg[0]) {
         char what[320];
         describe(&e->info, what, sizeof what);

@@ -38,6 +38,11 @@ struct stk_options {
     uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */
     char *cache_dir;
     uint64_t cache_limit;
+    /* The first remote option set by stk_options_set (the table's name), and
+     * whether cache_limit was: an open refuses them where they would change
+     * nothing (a local path; no cache_dir). */
+    const char *remote_set;
+    bool cache_limit_set;
     /* Order: false = global permutation; true = shard-aware (docs/engine.md). */
     bool shard_order;
     unsigned shard_window; /* shards per window (0 = 8) */

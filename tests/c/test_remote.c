@@ -406,14 +406,20 @@ static stk_loader *open_url(const char *path, unsigned threads, const char *cach
     stk_options_set_threads(o, threads);
     stk_options_set_seed(o, 11);
     stk_options_set_on_error(o, on_error);
-    REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
-    REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    /* The local reference runs take the same options but the remote ones,
+     * which a local path refuses (they would change nothing). */
+    bool remote = strstr(path, "://") != NULL;
+    if (remote) {
+        REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+        REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+        /* A plan shorter than an epoch, so windows come and go in the cache. */
+        REQUIRE(stk_options_set(o, "fetch_lookahead", "24") == STK_OK);
+    }
     REQUIRE(stk_options_set(o, "order", g_order) == STK_OK);
     REQUIRE(stk_options_set(o, "shard_window", "2") == STK_OK);
-    /* A plan shorter than an epoch, so windows come and go in the cache. */
-    REQUIRE(stk_options_set(o, "fetch_lookahead", "24") == STK_OK);
     for (int k = 0; g_extra[k]; k += 2)
-        REQUIRE(stk_options_set(o, g_extra[k], g_extra[k + 1]) == STK_OK);
+        if (remote || !(stk_option_by_name(g_extra[k])->flags & STK_OPTION_REMOTE))
+            REQUIRE(stk_options_set(o, g_extra[k], g_extra[k + 1]) == STK_OK);
     if (cache_dir)
         REQUIRE(stk_options_set(o, "cache_dir", cache_dir) == STK_OK);
     if (limit)
@@ -1308,7 +1314,8 @@ static int open_msg(const char *path, const char *const *kv, char *msg, size_t n
     REQUIRE(stk_options_set_source(o, path) == STK_OK);
     stk_options_set_batch_size(o, 8);
     stk_options_set_threads(o, 1);
-    REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    if (strstr(path, "://"))
+        REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
     for (; kv && kv[0]; kv += 2)
         REQUIRE(stk_options_set(o, kv[0], kv[1]) == STK_OK);
     int rc = stk_loader_open(&l, o);
@@ -1316,6 +1323,22 @@ static int open_msg(const char *path, const char *const *kv, char *msg, size_t n
     stk_loader_close(l);
     stk_options_destroy(o);
     return rc;
+}
+
+/* Remote options on a local path, and cache_limit without cache_dir, would
+ * change nothing: the open refuses them, naming the option (issue 18). */
+static void test_unused_remote_options_are_refused(void)
+{
+    char msg[512];
+    const char *const retries[] = {"fetch_retries", "3", NULL};
+    CHECK_EQ(open_msg(g_ds, retries, msg, sizeof msg), STK_EINVAL);
+    CHECK(strstr(msg, "fetch_retries applies to remote datasets") != NULL);
+    const char *const cache[] = {"cache_dir", tu_path("c-local"), NULL};
+    CHECK_EQ(open_msg(g_ds, cache, msg, sizeof msg), STK_EINVAL);
+    CHECK(strstr(msg, "cache_dir applies to remote datasets") != NULL);
+    const char *const limit[] = {"cache_limit", "16MiB", NULL};
+    CHECK_EQ(open_msg(url("ds"), limit, msg, sizeof msg), STK_EINVAL);
+    CHECK(strstr(msg, "cache_limit is the size limit of the disk cache: set cache_dir") != NULL);
 }
 
 static void test_url_display(void)
@@ -1554,6 +1577,7 @@ int main(void)
     make_tars(tu_path("www/tars"));
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
+    RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);
     RUN_IF(test_unsupported_scheme_is_not_a_path);

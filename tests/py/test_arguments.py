@@ -390,3 +390,25 @@ def test_local_world_size_larger_than_world_size_is_refused(make_records, monkey
     if order == "global":  # (order="shards" needs a dataset of shards)
         with stoker.Loader(make_records(4), 2, output="numpy", order=order) as L:
             assert (L.rank, L.world_size) == (0, 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(cache_dir="CACHE"), r"cache_dir applies to remote datasets .* local path"),
+    (dict(options={"fetch_retries": 2}), r"fetch_retries applies to remote datasets"),
+    (dict(cache_limit="16MiB"), r"cache_limit applies to remote datasets"),
+])
+def test_remote_options_on_a_local_path_are_refused(make_records, tmp_path, kwargs, match):
+    # They would change nothing: refused by the library at open, naming the
+    # option, as the CLI refuses the flags (issue 18).
+    path = make_records(16)
+    if "cache_dir" in kwargs:
+        kwargs["cache_dir"] = tmp_path / "c"
+    with pytest.raises(ValueError, match=match):
+        stoker.Loader(path, 4, **kwargs)
+    assert not (tmp_path / "c").exists()
+
+
+def test_cache_limit_without_cache_dir_is_refused():
+    # Against a URL (nothing listens there: the check comes first).
+    with pytest.raises(ValueError, match=r"cache_limit .* set cache_dir too"):
+        stoker.Loader("http://127.0.0.1:9/ds", 4, cache_limit="16MiB")
