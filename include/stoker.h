@@ -537,6 +537,13 @@ STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
  * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
  * STK_EMISUSE for a closed or failed handle. Consumer functions (see top). */
 STK_API int stk_loader_info(stk_loader *l, stk_info *info);
+/* Class c's name as the dataset stores it (c < num_classes): a folder's
+ * subfolder, the name a .stk manifest gives (stk_dataset_class_name for a
+ * dataset without a loader). NULL when the dataset names none (records, tar,
+ * CIFAR, a class an older manifest leaves unnamed), c past the classes, or a
+ * closed or failed handle. Owned by the loader, valid until close. A consumer
+ * function (see the top); no allocation, does not block. */
+STK_API const char *stk_loader_class_name(stk_loader *l, uint64_t c);
 STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
 
 /* One stage's counters summed over the worker threads. STK_EINVAL if stage is

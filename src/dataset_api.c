@@ -132,13 +132,7 @@ int stk_dataset_shard(const stk_dataset *d, uint64_t k, stk_dataset_shard_info *
 
 const char *stk_dataset_class_name(const stk_dataset *d, uint64_t c)
 {
-    if (!d || c >= d->src.num_classes)
-        return NULL;
-    if (!strcmp(d->src.ops->kind, "folder"))
-        return stk__folder_class_name(&d->src, c);
-    if (!strcmp(d->src.ops->kind, "stk"))
-        return stk__stk_class_name(&d->src, c);
-    return NULL;
+    return d ? stk__source_class_name(&d->src, c) : NULL;
 }
 
 int stk_dataset_sample_key(const stk_dataset *d, uint64_t i, char *buf, size_t n)

@@ -66,6 +66,21 @@ static void test_folder(void)
     CHECK_EQ(stk_dataset_shard(d, 0, &si), STK_EINVAL);
     stk_dataset_close(d);
     free(j0);
+
+    /* A loader answers the same names (stk_loader_class_name). */
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set_source(o, tu_path("folder")), STK_OK);
+    CHECK_EQ(stk_options_set_batch_size(o, 1), STK_OK);
+    CHECK_EQ(stk_options_set_threads(o, 1), STK_OK);
+    REQUIRE(stk_loader_open(&l, o) == STK_OK);
+    CHECK(!strcmp(stk_loader_class_name(l, 0), "cat"));
+    CHECK(!strcmp(stk_loader_class_name(l, 1), "dog"));
+    CHECK(stk_loader_class_name(l, 2) == NULL);
+    CHECK(stk_loader_class_name(NULL, 0) == NULL);
+    stk_loader_close(l);
+    stk_options_destroy(o);
 }
 
 /* Writes 6 samples (keys s0..s5, labels k % 2, classes "even" and "odd") in
