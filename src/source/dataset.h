@@ -1,7 +1,8 @@
 /*
  * dataset.h -- naming a dataset (detect.c): which source kind a path names,
  * opening it, and describing an open source. The top of src/source/ (see the
- * module map in source.h); the loader, `stoker info` and packing use it.
+ * module map in source.h); the loader, the dataset API (src/dataset_api.c)
+ * and packing use it.
  */
 #ifndef STK_DATASET_H
 #define STK_DATASET_H
