@@ -124,7 +124,17 @@ $(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
 
 $(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker.a $(wildcard tools/*.c tools/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Wno-conversion -o $@ $< $(TEST_UTIL) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -Wno-conversion -o $@ $< $(TEST_UTIL) $(TEST_TOOLS_LIB) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
+
+# The tool's code but its main() (tools/stoker.c), for tests that call the
+# subcommands directly (test_shards, test_mt_pack) instead of including .c files.
+TOOL_LIB_SRCS := $(filter-out tools/stoker.c,$(TOOL_SRCS))
+TOOL_LIB_OBJS := $(TOOL_LIB_SRCS:%.c=$(B)/obj/%.o)
+$(TOOL_LIB_OBJS): $(wildcard tools/*.h)
+$(B)/libstoker_tools.a: $(TOOL_LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+$(B)/tests/test_shards $(B)/tests/test_mt_pack: $(B)/libstoker_tools.a
+$(B)/tests/test_shards $(B)/tests/test_mt_pack: TEST_TOOLS_LIB := $(B)/libstoker_tools.a
 
 # A CPU stand-in for the CUDA driver: test_device runs the CUDA backend
 # (src/device/cuda.c) against it through dlopen, as it would a real driver.

@@ -537,6 +537,13 @@ STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
  * STK_OK; STK_EINVAL for NULL or a struct_size below the first version's;
  * STK_EMISUSE for a closed or failed handle. Consumer functions (see top). */
 STK_API int stk_loader_info(stk_loader *l, stk_info *info);
+/* Class c's name as the dataset stores it (c < num_classes): a folder's
+ * subfolder, the name a .stk manifest gives (stk_dataset_class_name for a
+ * dataset without a loader). NULL when the dataset names none (records, tar,
+ * CIFAR, a class an older manifest leaves unnamed), c past the classes, or a
+ * closed or failed handle. Owned by the loader, valid until close. A consumer
+ * function (see the top); no allocation, does not block. */
+STK_API const char *stk_loader_class_name(stk_loader *l, uint64_t c);
 STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
 
 /* One stage's counters summed over the worker threads. STK_EINVAL if stage is
@@ -765,6 +772,129 @@ STK_API const char *stk_writer_errmsg(const stk_writer *w);
 /* Frees the writer. Without a successful finish it removes the shards it
  * wrote and the directory if it created it. NULL is harmless. */
 STK_API void stk_writer_close(stk_writer *w);
+
+/* ---- Inspecting a dataset ------------------------------------------------
+ * What `stoker info` and `stoker verify` print, without a loader: open the
+ * dataset at a path (any source stk_options_set_source takes, local or
+ * remote), read its kind and counts, its shards and class names, a sample's
+ * key and bytes, or check every sample. A dataset handle is used by one
+ * thread at a time; distinct handles are independent. */
+typedef struct stk_dataset stk_dataset;
+
+/* Opens the dataset at path. o (may be NULL: defaults) supplies the settings
+ * a source needs beyond its path: records (stk_options_set_records) and the
+ * remote store and its cache (endpoint, region, addressing, fetch_*,
+ * cache_dir, cache_limit); nothing else of o is read, and o may be destroyed
+ * after the call. Blocks while the dataset is scanned (a folder is listed, a
+ * shard's index read). On success *out is the handle, to close with
+ * stk_dataset_close. On failure *out is NULL and err (errlen bytes, may be
+ * 0) names the path and the reason. STK_OK; STK_EINVAL (NULL out, no path,
+ * bad records); STK_ENOENT; STK_EIO; STK_EFORMAT (a corrupt shard, manifest
+ * or record file); STK_EEMPTY; STK_EUNSUPPORTED; STK_ENOMEM. */
+STK_API int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o,
+                             char *err, size_t errlen);
+/* Frees the handle (and the bytes of its last read). NULL is harmless. */
+STK_API void stk_dataset_close(stk_dataset *d);
+
+/* What a dataset holds (extensible: set struct_size = sizeof, fields are
+ * only appended). Strings are static or owned by the handle. */
+typedef struct stk_dataset_info {
+    size_t struct_size;
+    const char *kind;    /* "folder", "records", "stk", "tar", "cifar" */
+    const char *payload; /* stk: "encoded", "resized" or "raw"; else NULL */
+    uint64_t samples;
+    uint64_t classes;    /* labels are 0..classes-1 */
+    uint64_t shards;     /* shards (stk_dataset_shard); 0 for folders, records */
+    uint64_t files;      /* shard or batch files behind the dataset (0: not counted) */
+    uint64_t bytes;      /* their total size (with files) */
+    size_t sample_bytes; /* bytes of every sample when all are one size, else 0 */
+    uint32_t raw_h, raw_w, raw_c; /* stk raw payloads: HWC uint8 shape; else 0 */
+    int64_t restart_indexed;      /* stk: samples with a restart index per the
+                                     manifest; -1 when it does not say */
+    uint64_t index_bytes;         /* bytes the dataset's index keeps in memory */
+} stk_dataset_info;
+
+/* Fills *info. STK_OK; STK_EINVAL (NULL, or info->struct_size too small). */
+STK_API int stk_dataset_describe(const stk_dataset *d, stk_dataset_info *info);
+
+/* Shard k of a sharded dataset (extensible as stk_dataset_info). */
+typedef struct stk_dataset_shard_info {
+    size_t struct_size;
+    uint64_t first; /* its samples are first .. first+count-1 */
+    uint64_t count;
+    const char *name; /* remote: the object name (owned by the handle); local: NULL */
+    uint64_t bytes;   /* its size when known, else 0 */
+} stk_dataset_shard_info;
+
+/* STK_OK; STK_EINVAL (k >= shards, NULL, struct_size too small). */
+STK_API int stk_dataset_shard(const stk_dataset *d, uint64_t k, stk_dataset_shard_info *info);
+/* Class c's name: a folder's subfolder, or the name a .stk manifest gives;
+ * NULL when the dataset names none (other kinds, c >= classes, a class an
+ * older manifest leaves unnamed). Owned by the handle, valid until close. */
+STK_API const char *stk_dataset_class_name(const stk_dataset *d, uint64_t c);
+/* Writes sample i's key into buf (n bytes, always terminated): the .stk or
+ * tar key, CIFAR's "file#record", a folder's path relative to its root.
+ * STK_OK; STK_EINVAL (i >= samples, NULL buf, n 0). */
+STK_API int stk_dataset_sample_key(const stk_dataset *d, uint64_t i, char *buf, size_t n);
+/* Reads sample i's bytes as stored (checksums checked): *data points at len
+ * bytes owned by the handle, valid until the next stk_dataset_read or close;
+ * *label (may be NULL) gets its label, -1 when none. On failure err names
+ * the sample's index and key and the reason. STK_OK; STK_EINVAL; STK_EIO;
+ * STK_EFORMAT (corrupt); STK_ETOOBIG; STK_ENOMEM. */
+STK_API int stk_dataset_read(stk_dataset *d, uint64_t i, const void **data, size_t *len,
+                             int64_t *label, char *err, size_t errlen);
+
+/* What stk_dataset_verify found, one problem at a time. */
+#define STK_VERIFY_CORRUPT   1 /* a sample fails (read, checksum, restart index, image) */
+#define STK_VERIFY_TOO_LARGE 2 /* an intact image over max_input_bytes: no decode takes it */
+#define STK_VERIFY_MANIFEST  3 /* the manifest disagrees with the shards */
+#define STK_VERIFY_SHARD     4 /* a whole shard does not open; samples: its count */
+#define STK_VERIFY_DATASET   5 /* the dataset does not open as a whole (shards are
+                                  then checked one by one) */
+typedef struct stk_verify_problem {
+    size_t struct_size;
+    int kind;           /* STK_VERIFY_* */
+    const char *name;   /* the sample's key or path, the shard, the dataset; "" if none */
+    const char *reason; /* why, in words */
+    uint64_t index;     /* the sample's index in its (shard's) source, or UINT64_MAX */
+    uint64_t samples;   /* samples it makes unreadable; UINT64_MAX: unknown */
+} stk_verify_problem;
+/* Called on the calling thread; strings valid during the call only. */
+typedef void (*stk_verify_fn)(const stk_verify_problem *p, void *user);
+
+typedef struct stk_verify_result {
+    size_t struct_size;        /* in: sizeof(stk_verify_result) */
+    uint64_t checked;          /* samples read */
+    uint64_t corrupt;          /* of those, failed */
+    uint64_t too_large;        /* intact images over max_input_bytes */
+    uint64_t unreadable;       /* samples in shards that do not open */
+    uint64_t bad_shards;       /* shards that do not open */
+    uint64_t uncounted_shards; /* of those, ones whose sample count is unknown */
+    uint64_t manifest;         /* manifest problems */
+    uint64_t indexed;          /* JPEGs with a restart index (checked) */
+    uint64_t foreign;          /* images in formats stoker does not decode */
+    const char *foreign_format; /* the first of those (static), or NULL */
+    int whole;                  /* 1: the dataset opened as a whole */
+} stk_verify_result;
+
+/* Reads every sample of the dataset at path, checking every checksum,
+ * restart index and image header, and a packed directory's manifest against
+ * its shards; fn (may be NULL) is called for each problem. A dataset that
+ * does not open as a whole is checked shard by shard, so one broken shard
+ * does not hide the others. o as for stk_dataset_open, plus max_input_bytes.
+ * Blocks; any thread. Returns STK_OK when the check ran (problems or not:
+ * the dataset is sound when res counts no corrupt, too_large, bad_shards and
+ * manifest problems and whole is 1); STK_EINVAL (no path, res NULL or
+ * struct_size too small); or the open's error (STK_ENOENT, STK_EFORMAT, ...)
+ * when nothing could be checked, with the reason in err. */
+STK_API int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
+                               void *user, stk_verify_result *res, char *err, size_t errlen);
+
+/* path as messages show it: a URL loses its user:password@ and its query
+ * string and fragment, shown as "?..." (they may carry credentials); anything else is
+ * returned as it is. Returns buf (n bytes, always terminated) when it wrote
+ * there, else path. Any thread; no allocation. */
+STK_API const char *stk_path_display(const char *path, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

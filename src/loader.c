@@ -1549,6 +1549,11 @@ int stk_loader_info(stk_loader *l, stk_info *info)
     return put_sized(l, "stk_info", info, &in, sizeof in, INFO_V1);
 }
 
+const char *stk_loader_class_name(stk_loader *l, uint64_t c)
+{
+    return check_handle(l) ? NULL : stk__source_class_name(&l->c->src, c);
+}
+
 /* Sums stage `stage` over the threads [t0, t1). */
 static int stage_sum(stk_loader *l, int stage, unsigned t0, unsigned t1, stk_stage_stats *out)
 {

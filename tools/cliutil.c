@@ -3,12 +3,6 @@
 
 #include "stoker.h"
 
-#include "codec/codec.h"
-#include "image.h"
-#include "io/remote.h"
-#include "source/dataset.h"
-#include "source/stkformat.h"
-
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -138,7 +132,7 @@ void stoker_json_str(FILE *f, const char *str)
 const char *stoker_display_path(const char *path, char *buf, size_t n)
 {
     /* One rule for the library's messages and the tool's. */
-    return stk__url_display(path, buf, n);
+    return stk_path_display(path, buf, n);
 }
 
 const stk_option_info *stoker_flag_option(const char *flag, char *key, size_t n)

@@ -1631,7 +1631,40 @@ static PyObject *Engine_get_closed(EngineObject *self, void *closure)
     return PyBool_FromLong(self->l == NULL);
 }
 
+/* The dataset's class names from the library (stk_loader_class_name):
+ * num_classes entries, None for an unnamed class; [] when it names none.
+ * Names are file names: any bytes, decoded as os.fsdecode would. */
+static PyObject *Engine_class_names(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    stk_info in = {.struct_size = sizeof in};
+    int rc = stk_loader_info(self->l, &in);
+    PyObject *list = rc ? NULL : PyList_New(0);
+    size_t named = 0;
+    for (uint64_t c = 0; list && c < in.num_classes; c++) {
+        const char *name = stk_loader_class_name(self->l, c);
+        PyObject *v = name ? PyUnicode_DecodeFSDefault(name) : Py_NewRef(Py_None);
+        named += name != NULL;
+        if (!v || PyList_Append(list, v)) {
+            Py_XDECREF(v);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    if (rc)
+        engine_raise(self, rc);
+    engine_leave(self);
+    if (list && !named)
+        PyList_SetSlice(list, 0, PyList_GET_SIZE(list), NULL);
+    return list;
+}
+
 static PyMethodDef Engine_methods[] = {
+    {"class_names", (PyCFunction)Engine_class_names, METH_NOARGS,
+     "-> the dataset's class names (None where unnamed), or [] when it names none"},
     {"next", (PyCFunction)Engine_next, METH_VARARGS,
      "next(slice_ms=100, turn=None) -> Batch, or None at the end of the epoch (or once "
      "the turn from begin() is over)."},

@@ -591,6 +591,7 @@ class Loader:
                 _check_ranks_agree(group, rank, {"error": f"{type(e).__name__}: {e}"})
             raise
         self._info = self._engine.info()
+        self._classes = self._engine.class_names()
         if group is not None:
             try:
                 _check_ranks_agree(group, rank, {
@@ -601,7 +602,6 @@ class Loader:
                 self._engine.close()
                 raise
         self.depth = self._info["depth"]
-        self._classes = None
         self.threads = self._info["threads"]
         self._lock = threading.Lock()
         self._generation = 0   # bumped when an iterator is superseded
@@ -634,10 +634,7 @@ class Loader:
         lists, num_classes of them (None for a class an older manifest left
         unnamed); [] for sources that store no names (records, tar, CIFAR),
         whose labels are still counted by num_classes."""
-        if self._classes is None:
-            self._classes = _class_names(self.source, self._info["source_kind"],
-                                         self.num_classes)
-        return list(self._classes)
+        return list(self._classes)   # read at open, from the library
 
     @property
     def dataset(self):
@@ -932,33 +929,6 @@ class Loader:
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
                 f"output={self.output!r}, dtype={self.dtype!r})")
-
-
-def _class_names(source, kind, num_classes):
-    """Class names of a source as read at open, cheaply: a folder's class
-    subfolders, a .stk directory's manifest `class INDEX NAME` lines, or [].
-    A list of names is always num_classes long: a class the manifest leaves
-    unnamed (datasets written before packing required all names) is None."""
-    if isinstance(source, Records):
-        return []
-    root = os.fspath(source)
-    if kind == "folder":
-        return sorted(e.name for e in os.scandir(root) if e.is_dir())
-    if kind != "stk" or not os.path.isdir(root):
-        return []
-    names = {}
-    try:
-        with open(os.path.join(root, "stoker.manifest"), "rb") as f:
-            for line in f:
-                # Names are file names: any bytes, kept as os.fsdecode would.
-                fields = line.rstrip(b"\n").split(b" ", 2)
-                if len(fields) == 3 and fields[0] == b"class" and fields[1].isdigit():
-                    names[int(fields[1])] = fields[2].decode("utf-8", "surrogateescape")
-    except OSError:
-        return []
-    if not names:
-        return []
-    return [names.get(i) for i in range(num_classes)]
 
 
 class LoaderDataset:

@@ -530,6 +530,17 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
 
 /* ---- Describing sources -------------------------------------------------- */
 
+const char *stk__source_class_name(const stk__source *s, uint64_t c)
+{
+    if (c >= s->num_classes)
+        return NULL;
+    if (!strcmp(s->ops->kind, "folder"))
+        return stk__folder_class_name(s, c);
+    if (!strcmp(s->ops->kind, "stk"))
+        return stk__stk_class_name(s, c);
+    return NULL;
+}
+
 void stk__source_describe(const stk__source *s, stk__dataset_info *di)
 {
     memset(di, 0, sizeof *di);

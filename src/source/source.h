@@ -21,8 +21,9 @@
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
  *
- * Outside src/source/, the loader, `stoker info` and the packer (src/pack/)
- * use dataset.h.
+ * Outside src/source/, the loader, the dataset API (src/dataset_api.c, which
+ * `stoker info` and `stoker verify` print) and the packer (src/pack/) use
+ * dataset.h.
  */
 #ifndef STK_SOURCE_H
 #define STK_SOURCE_H

@@ -1,12 +1,16 @@
 /* test_mt_pack.c -- `stoker pack` is threaded: the same input packed with 1,
  * 2 and 6 worker threads gives byte-identical shards and manifest (runs
- * under ThreadSanitizer in the test command). tools/pack.c is compiled in. */
+ * under ThreadSanitizer in the test command). The pack command comes from the
+ * tool's code linked as build/MODE/libstoker_tools.a (tools/commands.h). */
 #include "testutil.h"
 
-#include <dirent.h>
+#include "../../tools/commands.h"
 
-#include "../../tools/pack.c"
-#include "../../tools/cliutil.c"
+#include <dirent.h>
+#include <pthread.h>
+#include <unistd.h>
+#include <stdlib.h>
+#include <string.h>
 
 static void make_tree(const char *root)
 {

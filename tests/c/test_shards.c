@@ -1,11 +1,20 @@
 /* test_shards.c -- the .stk format, `stoker pack`/`verify`, the tar and CIFAR
  * readers, and how a dataset is named (directory, file, brace pattern).
- * The pack command's code is compiled in from tools/pack.c. */
+ * The pack, info and verify commands come from the tool's code linked as
+ * build/MODE/libstoker_tools.a (tools/commands.h). */
 #include "testutil.h"
 
-#include "../../tools/info.c"
-#include "../../tools/pack.c"
-#include "../../tools/cliutil.c"
+#include "../../tools/commands.h"
+#include "internal.h"
+#include "pack/pack.h"
+#include "source/dataset.h"
+#include "source/manifest.h"
+#include "source/stkformat.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <dirent.h>
 #include <fcntl.h>
