@@ -25,6 +25,7 @@
 #include "internal.h"
 #include "options.h"
 #include "order.h"
+#include "schedule/schedule.h"
 #include "source/dataset.h"
 #include "io/remote.h"
 #include "trace/trace.h"
@@ -120,12 +121,9 @@ struct core {
 
     stk__source src;
     stk__fetch *fetch; /* remote sources: reads ahead of the workers */
-    stk__partition part;
-    stk__shard_orders *sorder; /* shard-aware order, or NULL: global */
-    unsigned shard_window;
+    stk__schedule sched; /* position -> sample (schedule/schedule.h) */
     stk__imgpipe *pipe;
-    uint64_t seed;
-    bool shuffle, drop_last;
+    bool drop_last;
     uint64_t transform_hash; /* resume fingerprint of the transform */
     int on_error;
     int kind, dtype;
@@ -152,12 +150,6 @@ struct core {
     unsigned nraised;
     uint64_t memory_bound;
     stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
-    /* Elastic resume: the epoch a restored state continued under another
-     * world, laid out by its generations (order.h). Published with release
-     * and never freed before close, since the fetch stage's planner reads it
-     * without the lock; `resumed_all` keeps every one made. */
-    _Atomic(struct resumed *) resumed;
-    struct resumed *resumed_all;
     /* Autotune: workers with id >= active wait; the consumer's next() moves
      * active by one after windows of starvation (up) or of plenty (down). */
     bool autotune;
@@ -179,14 +171,6 @@ struct core {
     stk__convert cv;
     size_t out_sample_bytes;      /* one sample as delivered */
 };
-
-/* An epoch continued from a saved state under another world: its batches
- * [off, batches) of the epoch are the last generation's 0.. */
-typedef struct resumed {
-    stk__layout lay;
-    uint64_t epoch, off;
-    struct resumed *next; /* resumed_all */
-} resumed;
 
 struct stk_loader {
     core *c;
@@ -284,13 +268,8 @@ static void core_free(core *c)
     stk__fetch_cancel(c->fetch);
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
-    stk__shard_orders_destroy(c->sorder);
+    stk__schedule_free(&c->sched);
     stk__trace_destroy(c->trace);
-    for (resumed *r = c->resumed_all, *n; r; r = n) {
-        n = r->next;
-        stk__layout_free(&r->lay);
-        stk__free(r);
-    }
     stk__dev_close(c->dev);
     pthread_mutex_destroy(&c->lock);
     pthread_cond_destroy(&c->cond_work);
@@ -348,8 +327,8 @@ static uint8_t *arena_alloc(stk__sink *s, size_t n, int *rc)
                      "batch %llu of epoch %llu needs more than batch_memory (%zu bytes): its "
                      "samples so far take %zu and this one %zu; raise batch_memory or lower "
                      "batch_size",
-                     (unsigned long long)(b->g % c->part.batches),
-                     (unsigned long long)(b->g / c->part.batches), c->batch_memory, off, n);
+                     (unsigned long long)(b->g % c->sched.part.batches),
+                     (unsigned long long)(b->g / c->sched.part.batches), c->batch_memory, off, n);
             *rc = STK_ETOOBIG;
             return NULL;
         }
@@ -396,7 +375,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     if (c->trace)
         stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
     if (rc == STK_OK && c->pipe) {
-        stk__rng rng = stk__rng_for(c->seed, epoch, i);
+        stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
         stk__imgpipe_decoded_at = 0;
         size_t out_len = 0;
         /* Into the dense slot, or exactly the bytes the image needs from
@@ -454,48 +433,11 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     return rc;
 }
 
-/* The dataset sample at position pos of epoch `epoch`'s order (ord: the
- * global order of that epoch, used when the order is not shard-aware).
- * Shard-aware tables are built once per epoch; a failed build (out of
- * memory) falls back to the global order rather than repeat a sample. */
+/* The dataset sample at position pos of epoch `epoch`'s order: the
+ * schedule's answer (schedule/schedule.h). */
 static uint64_t sample_at(core *c, const stk__order *ord, uint64_t epoch, uint64_t pos)
 {
-    uint64_t i;
-    if (c->sorder && stk__shard_orders_at(c->sorder, epoch, pos, &i) == STK_OK)
-        return i;
-    return stk__order_at(ord, pos);
-}
-
-/* The resumed epoch's layout when global batch g belongs to it, else NULL;
- * *bi gets g's batch within its generation then. */
-static const resumed *resumed_for(const core *c, uint64_t g, uint64_t *bi)
-{
-    const resumed *r = atomic_load_explicit(&c->resumed, memory_order_acquire);
-    uint64_t e = g / c->part.batches, b = g % c->part.batches;
-    if (!r || r->epoch != e)
-        return NULL;
-    *bi = b >= r->off ? b - r->off : UINT64_MAX;
-    return r;
-}
-
-/* Samples in global batch g (0 for the batches a resumed epoch skips). */
-static uint64_t batch_len_at(const core *c, uint64_t g)
-{
-    uint64_t bi;
-    const resumed *r = resumed_for(c, g, &bi);
-    if (r)
-        return bi == UINT64_MAX ? 0 : stk__layout_batch_len(&r->lay, bi);
-    return stk__partition_batch_len(&c->part, g % c->part.batches);
-}
-
-/* Position in its epoch's order of slot `slot` of global batch g. */
-static uint64_t pos_at(const core *c, uint64_t g, uint64_t slot)
-{
-    uint64_t bi;
-    const resumed *r = resumed_for(c, g, &bi);
-    if (r)
-        return stk__layout_pos(&r->lay, bi * c->batch_size + slot);
-    return stk__partition_pos(&c->part, (g % c->part.batches) * c->batch_size + slot);
+    return stk__schedule_sample_at(&c->sched, ord, epoch, pos);
 }
 
 /* Takes the next run of slots to fill. Called and returns with c->lock held.
@@ -536,7 +478,7 @@ static bool claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *sl
                 b->state = BUF_FILLING;
                 atomic_store_explicit(&b->vused, 0, memory_order_relaxed);
                 b->g = c->assigned_end_g;
-                b->size = batch_len_at(c, b->g);
+                b->size = stk__schedule_batch_len(&c->sched, b->g);
                 b->filled = b->failed = 0;
                 b->reported = false;
                 c->inflight[b->g % c->nbufs] = b;
@@ -565,13 +507,13 @@ static void *worker_main(void *arg)
         c->busy++;
         pthread_mutex_unlock(&c->lock);
 
-        uint64_t epoch = g / c->part.batches;
+        uint64_t epoch = g / c->sched.part.batches;
         stk__order ord;
-        stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
+        stk__order_init(&ord, c->sched.part.n, c->sched.seed, epoch, c->sched.shuffle);
         slot_err *errs = NULL;
         size_t nfailed = 0;
         for (size_t s = slot0; s < slot0 + count; s++) {
-            uint64_t pos = pos_at(c, g, s);
+            uint64_t pos = stk__schedule_pos(&c->sched, g, s);
             uint64_t i = sample_at(c, &ord, epoch, pos);
             if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
                 nfailed++;
@@ -654,7 +596,7 @@ static void record_errors(core *c, buffer *b)
         }
         stk_sample_error *se = &c->errors[c->nerrors++];
         se->sample = e->sample;
-        se->epoch = b->g / c->part.batches;
+        se->epoch = b->g / c->sched.part.batches;
         se->code = e->code;
         se->path = e->name;
         se->reason = e->reason;
@@ -694,7 +636,8 @@ static void raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t 
     }
     const slot_err *e = first_err(b);
     raised *r = &c->raised[c->nraised++];
-    *r = (raised){.g = g, .epoch = g / c->part.batches, .nfailed = b->failed, .known = e != NULL};
+    *r = (raised){
+        .g = g, .epoch = g / c->sched.part.batches, .nfailed = b->failed, .known = e != NULL};
     if (e) {
         /* If these copies fail, the failure is still reported by index. */
         r->sample = e->sample;
@@ -714,7 +657,8 @@ static void raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t 
         stk__fmt(err, errlen,
                  "a sample of batch %llu of epoch %llu failed (its report was lost: "
                  "out of memory)%s",
-                 (unsigned long long)(g % c->part.batches), (unsigned long long)r->epoch, tail);
+                 (unsigned long long)(g % c->sched.part.batches), (unsigned long long)r->epoch,
+                 tail);
 }
 
 static void (*publish_hook)(void *);
@@ -751,8 +695,8 @@ static void publish(core *c, buffer *b)
         j++;
     }
     stk_batch *v = &b->view;
-    v->epoch = b->g / c->part.batches;
-    v->index = b->g % c->part.batches;
+    v->epoch = b->g / c->sched.part.batches;
+    v->index = b->g % c->sched.part.batches;
     v->size = j;
     v->kind = c->kind;
     v->dtype = c->dtype;
@@ -940,7 +884,7 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
     uint64_t start = stk__now_ns(), blocked_since = 0;
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        if (c->deliver_g == (c->cur_epoch + 1) * c->part.batches) {
+        if (c->deliver_g == (c->cur_epoch + 1) * c->sched.part.batches) {
             c->cur_epoch++;
             rc = STK_END;
             break;
@@ -948,7 +892,7 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
         uint64_t g = c->deliver_g;
         buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
         if (b && b->filled == b->size) {
-            errors_follow(c, g / c->part.batches);
+            errors_follow(c, g / c->sched.part.batches);
             if (b->failed && !b->reported) {
                 b->reported = true;
                 if (c->on_error == STK_ON_ERROR_RAISE) {
@@ -1092,7 +1036,7 @@ static int device_next(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     if (rc == STK_OK) {
         /* The batch holds the core alive, as a host batch does. */
         c->refs++;
-        c->cons_g = (*out)->epoch * c->part.batches + (*out)->index + 1;
+        c->cons_g = (*out)->epoch * c->sched.part.batches + (*out)->index + 1;
     } else if (rc == STK_END) {
         c->cons_epoch++;
     }
@@ -1217,15 +1161,15 @@ int stk_batch_sync(stk_batch *b)
 
 /* Moves the production cursor to batch `batch` of `epoch`, dropping work
  * prefetched elsewhere. Waits for workers to leave the slots they write. */
-static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool set_lay)
+static void seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bool set_lay)
 {
-    uint64_t target = epoch * c->part.batches + batch;
+    uint64_t target = epoch * c->sched.part.batches + batch;
     bool dev_paused = false;
     if (c->dstage) {
         /* The copy thread is ahead of the user: unless the user is already
          * there, stop it and drop what it queued, then move the ring. */
         pthread_mutex_lock(&c->lock);
-        const resumed *cur = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+        const stk__resumed *cur = stk__schedule_resumed(&c->sched);
         bool here = target == c->cons_g && epoch == c->cons_epoch && !(set_lay && lay != cur);
         pthread_mutex_unlock(&c->lock);
         if (here)
@@ -1234,7 +1178,7 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool 
         dev_paused = true;
     }
     pthread_mutex_lock(&c->lock);
-    const resumed *cur = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+    const stk__resumed *cur = stk__schedule_resumed(&c->sched);
     if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch ||
         (set_lay && lay != cur)) {
         c->seeking = true;
@@ -1253,11 +1197,7 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, resumed *lay, bool 
         if (set_lay) {
             /* Workers are out of their slots (busy is 0) and no batch is
              * being assigned: the new layout takes effect from here. */
-            if (lay) {
-                lay->next = c->resumed_all;
-                c->resumed_all = lay;
-            }
-            atomic_store_explicit(&c->resumed, lay, memory_order_release);
+            stk__schedule_resume(&c->sched, lay);
         }
         c->claim_g = c->assigned_end_g = c->deliver_g = target;
         c->claim_slot = 0;
@@ -1291,7 +1231,7 @@ int stk_loader_set_epoch(stk_loader *l, uint64_t epoch)
     int rc = check_handle(l);
     if (rc)
         return rc;
-    if (epoch > UINT64_MAX / (l->c->part.batches + 1) - 1) {
+    if (epoch > UINT64_MAX / (l->c->sched.part.batches + 1) - 1) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "epoch %llu is too large", (unsigned long long)epoch);
         return STK_EINVAL;
     }
@@ -1341,20 +1281,20 @@ static stk_state own_state(const core *c)
     stk_state st = {.struct_size = sizeof st};
     uint64_t epoch = c->dstage ? c->cons_epoch : c->cur_epoch;
     uint64_t deliver_g = c->dstage ? c->cons_g : c->deliver_g;
-    st.seed = c->seed;
+    st.seed = c->sched.seed;
     st.epoch = epoch;
-    st.batch = deliver_g - epoch * c->part.batches;
+    st.batch = deliver_g - epoch * c->sched.part.batches;
     st.num_samples = c->src.count;
     st.batch_size = c->batch_size;
-    st.world_size = c->part.world;
-    st.local_world_size = c->part.local;
-    st.rank = c->part.rank;
-    st.shuffle = c->shuffle;
+    st.world_size = c->sched.part.world;
+    st.local_world_size = c->sched.part.local;
+    st.rank = c->sched.part.rank;
+    st.shuffle = c->sched.shuffle;
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
-    const resumed *r = atomic_load_explicit(&c->resumed, memory_order_relaxed);
+    const stk__resumed *r = stk__schedule_resumed(&c->sched);
     if (r && r->epoch == epoch) {
-        if (st.batch >= c->part.batches) {
+        if (st.batch >= c->sched.part.batches) {
             /* The resumed epoch is over: the next one starts afresh. */
             st.epoch++;
             st.batch = 0;
@@ -1447,7 +1387,7 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
     pthread_mutex_unlock(&c->lock);
     if ((rc = check_fingerprint(l, st, &own)))
         return rc;
-    if (st->epoch > UINT64_MAX / (c->part.batches + 1) - 1) {
+    if (st->epoch > UINT64_MAX / (c->sched.part.batches + 1) - 1) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "state epoch %llu is too large",
                  (unsigned long long)st->epoch);
         return STK_EINVAL;
@@ -1468,14 +1408,14 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
                  nhist, STK_STATE_HISTORY, st->struct_size);
         return STK_EINVAL;
     }
-    bool same = st->world_size == c->part.world && saved_local == c->part.local &&
+    bool same = st->world_size == c->sched.part.world && saved_local == c->sched.part.local &&
                 st->batch_size == c->batch_size;
     if (same && nhist == 0) {
         /* The same world: the plain position. */
-        if (st->batch > c->part.batches) {
+        if (st->batch > c->sched.part.batches) {
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "state batch %llu is past this loader's %llu batches per epoch",
-                     (unsigned long long)st->batch, (unsigned long long)c->part.batches);
+                     (unsigned long long)st->batch, (unsigned long long)c->sched.part.batches);
             return STK_EINVAL;
         }
         seek(c, st->epoch, st->batch);
@@ -1492,19 +1432,19 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
     } else {
         gens[ng++] = (stk__gen_spec){st->world_size, saved_local, st->batch_size, st->batch};
     }
-    gens[ng++] = (stk__gen_spec){c->part.world, c->part.local, c->batch_size, 0};
-    resumed *r = stk__calloc(1, sizeof *r);
+    gens[ng++] = (stk__gen_spec){c->sched.part.world, c->sched.part.local, c->batch_size, 0};
+    stk__resumed *r = stk__calloc(1, sizeof *r);
     if (!r)
         return STK_ENOMEM;
     char why[STK_ERRMSG_MAX];
-    if ((rc = stk__layout_build(&r->lay, c->part.n, gens, ng, c->part.rank, c->drop_last, why,
-                                sizeof why))) {
+    if ((rc = stk__layout_build(&r->lay, c->sched.part.n, gens, ng, c->sched.part.rank,
+                                c->drop_last, why, sizeof why))) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "cannot resume this state: %s", why);
         stk__free(r);
         return rc;
     }
     const stk__gen *last = &r->lay.gens[ng - 1];
-    if (steps > last->batches || last->batches > c->part.batches) {
+    if (steps > last->batches || last->batches > c->sched.part.batches) {
         stk__fmt(l->errmsg, sizeof l->errmsg,
                  "state batch %llu is past the %llu batches left of the epoch",
                  (unsigned long long)steps, (unsigned long long)last->batches);
@@ -1520,7 +1460,7 @@ int stk_loader_set_state(stk_loader *l, const stk_state *st)
         return STK_OK;
     }
     r->epoch = st->epoch;
-    r->off = c->part.batches - last->batches;
+    r->off = c->sched.part.batches - last->batches;
     seek_to(c, st->epoch, r->off + steps, r, true);
     return STK_OK;
 }
@@ -1533,8 +1473,8 @@ int stk_loader_info(stk_loader *l, stk_info *info)
     core *c = l->c;
     stk_info in = {.struct_size = sizeof in};
     in.num_samples = c->src.count;
-    in.samples_per_epoch = c->part.per_rank;
-    in.batches_per_epoch = c->part.batches;
+    in.samples_per_epoch = c->sched.part.per_rank;
+    in.batches_per_epoch = c->sched.part.batches;
     in.num_classes = c->src.num_classes;
     in.threads = c->nthreads;
     in.depth = c->depth;
@@ -1891,7 +1831,7 @@ static int start_device(core *c, char *err, size_t errlen)
                              .out_sample_bytes = c->out_sample_bytes,
                              .convert = c->convert,
                              .cv = c->cv,
-                             .batches_per_epoch = c->part.batches,
+                             .batches_per_epoch = c->sched.part.batches,
                              .ctx = c,
                              .host_next = stage_host_next,
                              .host_release = stage_host_release};
@@ -1907,64 +1847,12 @@ static int start_device(core *c, char *err, size_t errlen)
     return stk__devstage_create(&c->dstage, &cfg, err, errlen);
 }
 
-/* The fetch stage's view of the future (pure functions of g and slot). */
-static uint64_t plan_batch_len(void *ctx, uint64_t g)
-{
-    return batch_len_at(ctx, g);
-}
-
-static uint64_t plan_sample_at(void *ctx, uint64_t g, uint64_t slot)
-{
-    core *c = ctx;
-    uint64_t epoch = g / c->part.batches;
-    stk__order ord;
-    stk__order_init(&ord, c->part.n, c->seed, epoch, c->shuffle);
-    return sample_at(c, &ord, epoch, pos_at(c, g, slot));
-}
-
-/* For the cache's eviction: how many sample positions after global batch
- * g each shard is next read, from the shard-aware order's windows (this
- * epoch's, else the next one's). O(shards). */
-static bool plan_next_uses(void *ctx, uint64_t g, uint64_t *next, size_t nshards)
-{
-    core *c = ctx;
-    if (!c->sorder)
-        return false;
-    uint64_t epoch = g / c->part.batches;
-    /* This rank's position in the epoch's global order (positions grow with
-     * its samples; with several nodes, within its node's part of it). */
-    uint64_t now = batch_len_at(c, g) ? pos_at(c, g, 0) : 0;
-    for (size_t k = 0; k < nshards; k++)
-        next[k] = UINT64_MAX;
-    for (uint64_t e = epoch; e < epoch + 2; e++) {
-        stk__shard_order *t;
-        if (stk__shard_order_create(&t, c->src.shard_first, c->src.nshards, c->shard_window,
-                                    c->seed, e, c->shuffle))
-            return false;
-        size_t nw = stk__shard_order_windows(t);
-        for (size_t w = 0; w < nw; w++) {
-            size_t sb, se;
-            uint64_t pb, pe;
-            stk__shard_order_window(t, w, &sb, &se, &pb, &pe);
-            if (e == epoch && pe <= now)
-                continue; /* this window is behind us */
-            uint64_t ahead = e == epoch ? (pb > now ? pb - now : 0) : c->part.n - now + pb;
-            for (size_t j = sb; j < se; j++) {
-                size_t k = stk__shard_order_shard(t, j);
-                if (k < nshards && next[k] == UINT64_MAX)
-                    next[k] = ahead;
-            }
-        }
-        stk__shard_order_destroy(t);
-    }
-    return true;
-}
-
 static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
 {
     if (!c->src.remote || !c->src.ops->locate)
         return STK_OK;
-    stk__fetch_plan plan = {c, c->batch_size, plan_batch_len, plan_sample_at, plan_next_uses};
+    stk__fetch_plan plan;
+    stk__schedule_plan(&c->sched, &plan);
     stk__fetch_cfg fc = {0};
     fc.buffer_bytes = o->fetch_buffer;
     fc.lookahead = o->fetch_lookahead;
@@ -2071,8 +1959,8 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
                  "%s: depth \"auto\" finds no depth within the memory budget of %llu bytes: "
                  "depth 1 needs %llu (batch %zu x %zu bytes a sample, %u threads); raise "
                  "memory_budget or lower batch_size",
-                 o->source_shown, (unsigned long long)budget, (unsigned long long)need1, c->batch_size,
-                 c->sample_bytes, c->nthreads);
+                 o->source_shown, (unsigned long long)budget, (unsigned long long)need1,
+                 c->batch_size, c->sample_bytes, c->nthreads);
         return STK_ETOOBIG;
     }
     c->depth = best;
@@ -2097,12 +1985,13 @@ static int open_core(stk_loader *l, const stk_options *o)
         stk__fmt(err, errlen, "cannot create locks");
         return STK_ENOMEM;
     }
-    c->seed = o->seed;
-    c->shuffle = o->shuffle;
+    c->sched.seed = o->seed;
+    c->sched.shuffle = o->shuffle;
     c->drop_last = o->drop_last;
     c->transform_hash = transform_hash(o);
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
+    c->sched.batch_size = o->batch_size;
     c->depth = o->depth;
     c->nbufs = o->depth + 1;
     c->nthreads = o->threads;
@@ -2142,9 +2031,11 @@ static int open_core(stk_loader *l, const stk_options *o)
             rc = STK_EINVAL;
             goto fail;
         }
-        c->shard_window = o->shard_window ? o->shard_window : 8;
-        if ((rc = stk__shard_orders_init(&c->sorder, c->src.shard_first, c->src.nshards,
-                                         c->shard_window, o->seed, o->shuffle)))
+        c->sched.shard_window = o->shard_window ? o->shard_window : 8;
+        c->sched.shard_first = c->src.shard_first;
+        c->sched.nshards = c->src.nshards;
+        if ((rc = stk__shard_orders_init(&c->sched.sorder, c->src.shard_first, c->src.nshards,
+                                         c->sched.shard_window, o->seed, o->shuffle)))
             goto fail;
     }
     if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
@@ -2155,15 +2046,15 @@ static int open_core(stk_loader *l, const stk_options *o)
         rc = STK_EINVAL;
         goto fail;
     }
-    if ((rc = stk__partition_init(&c->part, c->src.count, o->rank, o->world, o->batch_size,
+    if ((rc = stk__partition_init(&c->sched.part, c->src.count, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
-                 o->source_shown, (unsigned long long)c->src.count, o->rank, o->world, o->batch_size,
-                 o->drop_last ? " with drop_last" : "");
+                 o->source_shown, (unsigned long long)c->src.count, o->rank, o->world,
+                 o->batch_size, o->drop_last ? " with drop_last" : "");
         goto fail;
     }
     if (o->local_world)
-        c->part.local = o->local_world;
+        c->sched.part.local = o->local_world;
     if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
         goto fail;
     /* Runs of slots amortise the claim lock; small enough that the threads
