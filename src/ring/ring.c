@@ -155,13 +155,12 @@ void stk__ring_publish(core *c, buffer *b)
     v->indices = b->indices;
 }
 
+/* ---- autotune ------------------------------------------------------------- */
+
 #define AT_WINDOW_NS (200ull * 1000 * 1000) /* at least this long per decision */
-
-#define AT_STARVED 0.02 /* waited over 2 % of a window: add a worker */
-
-#define AT_CALM 0.005 /* under 0.5 %, with batches to spare: */
-
-#define AT_CALM_RUNS 3 /* ... this many windows in a row: drop one */
+#define AT_STARVED   0.02                   /* waited over 2 % of a window: add a worker */
+#define AT_CALM      0.005                  /* under 0.5 %, with batches to spare: */
+#define AT_CALM_RUNS 3                      /* ... this many windows in a row: drop one */
 
 /* Batches completely filled and waiting after the one at deliver_g. Lock held. */
 static uint64_t ready_ahead(const core *c)
