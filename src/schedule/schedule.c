@@ -5,45 +5,6 @@
 
 #include "internal.h"
 
-uint64_t stk__schedule_sample_at(const stk__schedule *s, const stk__order *ord, uint64_t epoch,
-                                 uint64_t pos)
-{
-    uint64_t i;
-    if (s->sorder && stk__shard_orders_at(s->sorder, epoch, pos, &i) == STK_OK)
-        return i;
-    return stk__order_at(ord, pos);
-}
-
-/* The resumed epoch's layout when global batch g belongs to it, else NULL;
- * *bi gets g's batch within its generation then. */
-static const stk__resumed *resumed_for(const stk__schedule *s, uint64_t g, uint64_t *bi)
-{
-    const stk__resumed *r = stk__schedule_resumed(s);
-    uint64_t e = g / s->part.batches, b = g % s->part.batches;
-    if (!r || r->epoch != e)
-        return NULL;
-    *bi = b >= r->off ? b - r->off : UINT64_MAX;
-    return r;
-}
-
-uint64_t stk__schedule_batch_len(const stk__schedule *s, uint64_t g)
-{
-    uint64_t bi;
-    const stk__resumed *r = resumed_for(s, g, &bi);
-    if (r)
-        return bi == UINT64_MAX ? 0 : stk__layout_batch_len(&r->lay, bi);
-    return stk__partition_batch_len(&s->part, g % s->part.batches);
-}
-
-uint64_t stk__schedule_pos(const stk__schedule *s, uint64_t g, uint64_t slot)
-{
-    uint64_t bi;
-    const stk__resumed *r = resumed_for(s, g, &bi);
-    if (r)
-        return stk__layout_pos(&r->lay, bi * s->batch_size + slot);
-    return stk__partition_pos(&s->part, (g % s->part.batches) * s->batch_size + slot);
-}
-
 uint64_t stk__schedule_sample(const stk__schedule *s, uint64_t g, uint64_t slot)
 {
     uint64_t epoch = g / s->part.batches;

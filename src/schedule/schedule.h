@@ -19,6 +19,7 @@
 #define STK_SCHEDULE_H
 
 #include "fetch/fetch.h"
+#include "internal.h"
 #include "order.h"
 
 #include <stdatomic.h>
@@ -49,16 +50,60 @@ typedef struct stk__schedule {
     stk__resumed *resumed_all;
 } stk__schedule;
 
-/* The dataset sample at position pos of epoch `epoch`'s order (ord: the
+/* The resumed epoch's layout now (NULL: none). */
+static inline const stk__resumed *stk__schedule_resumed(const stk__schedule *s)
+{
+    return atomic_load_explicit(&s->resumed, memory_order_acquire);
+}
+
+/* The per-sample queries are inline: the workers ask them for every sample.
+ *
+ * The dataset sample at position pos of epoch `epoch`'s order (ord: the
  * global order of that epoch, used when the order is not shard-aware).
  * Shard-aware tables are built once per epoch; a failed build (out of
  * memory) falls back to the global order rather than repeat a sample. */
-uint64_t stk__schedule_sample_at(const stk__schedule *s, const stk__order *ord, uint64_t epoch,
-                                 uint64_t pos);
+static inline uint64_t stk__schedule_sample_at(const stk__schedule *s, const stk__order *ord,
+                                               uint64_t epoch, uint64_t pos)
+{
+    uint64_t i;
+    if (s->sorder && stk__shard_orders_at(s->sorder, epoch, pos, &i) == STK_OK)
+        return i;
+    return stk__order_at(ord, pos);
+}
+
+/* The resumed epoch's layout when global batch g belongs to it, else NULL;
+ * *bi gets g's batch within its generation then. */
+static inline const stk__resumed *stk__schedule_resumed_for(const stk__schedule *s, uint64_t g,
+                                                            uint64_t *bi)
+{
+    const stk__resumed *r = stk__schedule_resumed(s);
+    uint64_t e = g / s->part.batches, b = g % s->part.batches;
+    if (!r || r->epoch != e)
+        return NULL;
+    *bi = b >= r->off ? b - r->off : UINT64_MAX;
+    return r;
+}
+
 /* Samples in global batch g (0 for the batches a resumed epoch skips). */
-uint64_t stk__schedule_batch_len(const stk__schedule *s, uint64_t g);
+static inline uint64_t stk__schedule_batch_len(const stk__schedule *s, uint64_t g)
+{
+    uint64_t bi;
+    const stk__resumed *r = stk__schedule_resumed_for(s, g, &bi);
+    if (r)
+        return bi == UINT64_MAX ? 0 : stk__layout_batch_len(&r->lay, bi);
+    return stk__partition_batch_len(&s->part, g % s->part.batches);
+}
+
 /* Position in its epoch's order of slot `slot` of global batch g. */
-uint64_t stk__schedule_pos(const stk__schedule *s, uint64_t g, uint64_t slot);
+static inline uint64_t stk__schedule_pos(const stk__schedule *s, uint64_t g, uint64_t slot)
+{
+    uint64_t bi;
+    const stk__resumed *r = stk__schedule_resumed_for(s, g, &bi);
+    if (r)
+        return stk__layout_pos(&r->lay, bi * s->batch_size + slot);
+    return stk__partition_pos(&s->part, (g % s->part.batches) * s->batch_size + slot);
+}
+
 /* The dataset sample at slot `slot` of global batch g. */
 uint64_t stk__schedule_sample(const stk__schedule *s, uint64_t g, uint64_t slot);
 /* For the cache's eviction: how many sample positions after global batch g
@@ -67,11 +112,6 @@ bool stk__schedule_next_uses(const stk__schedule *s, uint64_t g, uint64_t *next,
 /* The fetch stage's plan: thin callbacks over the queries above. */
 void stk__schedule_plan(stk__schedule *s, stk__fetch_plan *plan);
 
-/* The resumed epoch's layout now (NULL: none). */
-static inline const stk__resumed *stk__schedule_resumed(const stk__schedule *s)
-{
-    return atomic_load_explicit(&s->resumed, memory_order_acquire);
-}
 /* Makes r (owned from here; NULL: none) the resumed layout. Only while no
  * worker is in a slot and no batch is being assigned (the loader's seek). */
 void stk__schedule_resume(stk__schedule *s, stk__resumed *r);
