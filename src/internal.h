@@ -4,19 +4,26 @@
  *
  * Lock order (outer first; never hold a lock across I/O, decoding or waiting
  * on another thread except through the condition variables named here):
- *   1. stk_loader.lock   (ring state, claims, delivered position, errors;
- *                         cond_work for workers, cond_ready for the consumer,
- *                         cond_idle for seek/close waiting on in-flight work)
+ *   1. core.lock (loader_core.h; the loader's one lock: the ring's buffer
+ *                         states and claims (ring/ring.c), the delivered
+ *                         position, errors (loader_errors.c), autotune, and
+ *                         the schedule's resumed layout, which is only
+ *                         written under it (schedule/schedule.c: its queries
+ *                         take no lock); cond_work for workers, cond_ready for
+ *                         the consumer, cond_idle for seek/close waiting on
+ *                         in-flight work)
  *   2. stk__fetch.lock  (the fetch stage's plan; taken under the loader lock
- *                         only by seek; never calls back into the loader)
+ *                         only by seek; never calls back into the loader: its
+ *                         plan queries the schedule, which takes no lock but
+ *                         the shard-order cache's, 4.)
  *   3. stk__remote.lock (the transfer engine's queues; innermost for the
  *                         fetch stage; request callbacks run without it)
  *   4. stk__shard_orders' mutex (a table cache; takes no other lock)
  *   5. stk__cache.mu, then the cache directory's flock (only around a
  *      reservation; never while waiting on the network)
  *   stk__alloc counters are atomics, taken under no lock.
- *   loader.c's g_held_lock (the table of batches the user holds) is taken
- *   under no other lock and takes none.
+ *   loader_held.c's g_held_lock (the table of batches the user holds) is
+ *   taken under no other lock and takes none.
  */
 #ifndef STK_INTERNAL_H
 #define STK_INTERNAL_H

@@ -1,0 +1,217 @@
+/*
+ * loader_core.h -- the loader's shared state, for the files that make up the
+ * engine: loader.c (open, close, next, seek and the wiring), ring/ring.c
+ * (buffer states, claim, publish, arenas, autotune), loader_worker.c (the
+ * workers), loader_errors.c (failed samples), loader_held.c (the table of
+ * batches the user holds), loader_state.c (resume state) and loader_stats.c
+ * (info and statistics). Which sample sits at a position is the schedule's
+ * (schedule/schedule.h). Not included outside these files.
+ */
+#ifndef STK_LOADER_CORE_H
+#define STK_LOADER_CORE_H
+
+#include "device/stage.h"
+#include "fetch/fetch.h"
+#include "image.h"
+#include "internal.h"
+#include "io/remote.h"
+#include "options.h"
+#include "order.h"
+#include "schedule/schedule.h"
+#include "source/dataset.h"
+#include "trace/trace.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define MAX_KEPT_ERRORS 1024         /* per epoch: the first failures in sample order */
+#define NAME_MAX_BYTES  1024         /* a failed sample's path or key as reported */
+#define RAISED_MAX      64           /* raised sample failures the user has not reached */
+#define NSTAGES         2            /* stages counted by the workers: read, process */
+#define WAIT_SLICE_NS   100000000ULL /* waits wake this often to re-check cancel */
+
+enum { BUF_FREE, BUF_FILLING, BUF_HELD, BUF_RELEASING };
+
+typedef struct slot_err {
+    struct slot_err *next;
+    size_t slot;
+    uint64_t sample;
+    int code;
+    char *name;
+    char *reason;
+} slot_err;
+
+/* A batch's failure reported under the raise policy (STK_ESAMPLE): the
+ * lowest slot's, kept in structure for stk_loader_last_error until the user
+ * reaches the batch at position g. With a device the copy thread reports
+ * ahead of the user, so several may wait. */
+typedef struct raised {
+    uint64_t g, sample, epoch, nfailed;
+    int code;     /* the sample's STK_E* code */
+    bool known;   /* false: the batch's report was lost (out of memory) */
+    char *path;   /* owned; NULL when its copy failed */
+    char *reason; /* owned; NULL when its copy failed */
+} raised;
+
+typedef struct core core;
+
+/* A batch the user holds, in the table of held batches (see "Held
+ * batches" below). */
+typedef struct held {
+    struct held *next; /* in its bucket, or in its core's spare list */
+    const stk_batch *view;
+    pid_t pid;           /* the process it was handed to */
+    struct held **spare; /* device batches: the list the node goes back to */
+} held;
+
+typedef struct buffer {
+    stk_batch view; /* first member: stk_batch_release() casts back */
+    held hnode;     /* while the user holds it */
+    core *core;
+    int state;
+    uint64_t g;
+    size_t size, filled, failed;
+    uint8_t *data;
+    uint64_t *offsets, *lengths;
+    int32_t *dims;
+    int64_t *labels;
+    uint64_t *indices;
+    uint8_t *ok;
+    slot_err *errs;
+    bool reported;
+    /* Variable batches: data is an arena of batch_memory bytes of address
+     * space; samples take exactly what they need from its start, in the
+     * order they finish (offsets say where each is). */
+    _Atomic size_t vused; /* bytes taken (CAS by the workers) */
+    size_t vhigh;         /* bytes backed by memory so far (high water) */
+} buffer;
+
+typedef struct worker {
+    core *core;
+    unsigned id;
+    pthread_t th;
+    bool started;
+    stk__scratch in, dec;
+    /* Written by the worker, read by stats calls from the consumer: relaxed
+     * atomics, since each counter is independent and only needs no tearing. */
+    _Atomic uint64_t items[NSTAGES];
+    _Atomic uint64_t ns[NSTAGES];
+} worker;
+
+struct core {
+    pthread_mutex_t lock;
+    pthread_cond_t cond_work, cond_ready, cond_idle;
+    int refs;
+    bool cancel, seeking;
+
+    stk__source src;
+    stk__fetch *fetch;   /* remote sources: reads ahead of the workers */
+    stk__schedule sched; /* position -> sample (schedule/schedule.h) */
+    stk__imgpipe *pipe;
+    bool drop_last;
+    uint64_t transform_hash; /* resume fingerprint of the transform */
+    int on_error;
+    int kind, dtype;
+    unsigned ndim;
+    int64_t shape[4];
+    size_t sample_bytes; /* dense: one sample; variable: 0 */
+    size_t batch_memory; /* variable: the most one batch's samples may take */
+    size_t max_sample;   /* variable: the most one sample may take (0: batch_memory) */
+
+    unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
+    size_t batch_size, run;
+    buffer *bufs;
+    buffer **inflight;
+    unsigned free_count;
+    uint64_t claim_g, claim_slot, deliver_g, assigned_end_g, cur_epoch;
+    unsigned busy;
+    worker *workers;
+
+    uint64_t delivered_samples, delivered_batches, wait_ns, skipped, failed;
+    stk_sample_error *errors; /* failures of epoch errors_epoch, in sample order */
+    size_t nerrors;
+    uint64_t errors_epoch;
+    raised raised[RAISED_MAX]; /* oldest first */
+    unsigned nraised;
+    uint64_t memory_bound;
+    stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
+    /* Autotune: workers with id >= active wait; the consumer's next() moves
+     * active by one after windows of starvation (up) or of plenty (down). */
+    bool autotune;
+    unsigned active;
+    uint64_t at_t0, at_b0; /* the window's start */
+    uint64_t at_blocked;   /* ns next() blocked in the window (overhead excluded) */
+    unsigned at_calm;      /* consecutive windows with spare batches */
+    uint64_t at_min_ahead; /* fewest batches ready ahead seen in the window */
+    /* Device stage (docs/gpu.md): with a device, the ring's buffers are the
+     * device's page-locked memory, the copy thread is the ring's consumer,
+     * and the user's position is where the device stage's consumer is. */
+    stk__dev *dev;
+    stk__devstage *dstage;
+    uint64_t dev_bytes;          /* device memory of the stage */
+    held *dnodes;                /* one a device buffer: the held table's nodes */
+    held *dspare;                /* those not in the table (under g_held_lock) */
+    uint64_t cons_epoch, cons_g; /* the user's position (lock held) */
+    int convert;                 /* the device converts uint8 HWC to the output */
+    stk__convert cv;
+    size_t out_sample_bytes; /* one sample as delivered */
+};
+
+struct stk_loader {
+    core *c;
+    int status; /* STK_OK, or the open error of a failed handle */
+    pid_t pid;
+    char errmsg[STK_ERRMSG_MAX];
+    /* The last next() call's result, for stk_loader_last_error; touched only
+     * by the consumer functions. */
+    int last_code;
+    raised last; /* last.known: has a sample (STK_ESAMPLE) */
+};
+
+typedef struct arena_req {
+    core *c;
+    buffer *b;
+} arena_req;
+
+/* The first version of each sized result struct (stk__put_sized). */
+#define INFO_V1    (offsetof(stk_info, source_kind) + sizeof(const char *))
+#define STATS_V1   (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))
+#define STAGE_V1   (offsetof(stk_stage_stats, busy_ns) + sizeof(uint64_t))
+#define STATE_V1   (offsetof(stk_state, transform) + sizeof(uint64_t))
+#define ERRINFO_V1 (offsetof(stk_error_info, message) + sizeof(const char *))
+
+/* ---- loader.c ---- */
+/* Frees the core (its last reference went: the handle's or a batch's). */
+void stk__core_free(core *c);
+/* STK_OK, or STK_EMISUSE (closed handle, forked child) with the message. */
+int stk__check_handle(stk_loader *l);
+/* Moves the production cursor to batch `batch` of `epoch` (set_lay: with
+ * the resumed layout lay, NULL for none, from there on). */
+void stk__seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bool set_lay);
+
+/* ---- loader_worker.c ---- */
+void *stk__worker_main(void *arg);
+
+/* ---- loader_errors.c: failed samples (lock held unless said) ---- */
+void stk__slot_errs_free(slot_err *e); /* no lock needed */
+void stk__errors_clear(core *c);
+void stk__raised_free(raised *r); /* no lock needed */
+void stk__raised_prune(core *c, uint64_t keep_from);
+void stk__errors_follow(core *c, uint64_t epoch);
+void stk__errors_record(core *c, buffer *b);
+uint64_t stk__user_g(const core *c);
+void stk__raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t errlen);
+
+/* ---- loader_held.c: the process's table of batches the user holds ---- */
+bool stk__held_put(held *h, held **spare, const stk_batch *v);
+bool stk__held_find(const stk_batch *v, bool take);
+
+/* ---- loader_stats.c / loader_state.c ---- */
+int stk__put_sized(stk_loader *l, const char *type, void *out, const void *full, size_t size,
+                   size_t min);
+uint64_t stk__transform_hash(const stk_options *o);
+
+#endif
