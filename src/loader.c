@@ -717,6 +717,7 @@ static void raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t 
                  (unsigned long long)(g % c->part.batches), (unsigned long long)r->epoch, tail);
 }
 
+#ifdef STK_TEST
 static void (*publish_hook)(void *);
 static void *publish_hook_arg;
 
@@ -725,6 +726,7 @@ void stk__test_publish_hook(void (*fn)(void *), void *arg)
     publish_hook = fn;
     publish_hook_arg = arg;
 }
+#endif
 
 /* Fills the public view, moving the surviving samples down over failed ones
  * (up to a whole batch of memmove). The buffer is HELD, the consumer's alone,
@@ -732,8 +734,10 @@ void stk__test_publish_hook(void (*fn)(void *), void *arg)
  * loader's lock: workers and other threads' releases go on meanwhile. */
 static void publish(core *c, buffer *b)
 {
+#ifdef STK_TEST
     if (publish_hook)
         publish_hook(publish_hook_arg);
+#endif
     size_t j = 0;
     for (size_t k = 0; k < b->size; k++) {
         if (!b->ok[k])
