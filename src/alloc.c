@@ -123,6 +123,38 @@ void stk__map_trim(void *p, size_t n)
         madvise(p, n, MADV_DONTNEED);
 }
 
+size_t stk__grow_cap(size_t cap, size_t need, size_t elem)
+{
+    if (need <= cap)
+        return cap;
+    /* No object may exceed PTRDIFF_MAX bytes (pointer differences within it
+     * must be representable), so that also bounds n * elem below SIZE_MAX. */
+    size_t max = elem ? (size_t)PTRDIFF_MAX / elem : 0;
+    if (need > max)
+        return 0;
+    size_t c = cap > max / 2 ? max : cap * 2;
+    if (c < 16)
+        c = 16 < max ? 16 : max;
+    return c < need ? need : c;
+}
+
+int stk__grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (!elem)
+        return STK_EINVAL;
+    if (need <= *cap)
+        return STK_OK;
+    size_t c = stk__grow_cap(*cap, need, elem);
+    if (!c)
+        return STK_ENOMEM;
+    void *q = stk__realloc(*p, c * elem);
+    if (!q)
+        return STK_ENOMEM;
+    *p = q;
+    *cap = c;
+    return STK_OK;
+}
+
 char *stk__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

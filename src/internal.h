@@ -47,6 +47,19 @@ void *stk__map(size_t n);
 void stk__unmap(void *p, size_t n);
 void stk__map_trim(void *p, size_t n);
 
+/* The library's one growable array: makes the array *p of *cap elements of
+ * elem bytes hold at least need elements. When need > *cap it is reallocated
+ * (contents kept) to the larger of need, twice *cap and 16 elements, so n
+ * appends make O(log n) allocations; the new capacity is written to *cap.
+ * STK_OK (also when it was large enough); STK_ENOMEM when the allocation
+ * fails or need elements of elem bytes exceed PTRDIFF_MAX bytes, *p and *cap
+ * then unchanged; STK_EINVAL for elem 0. Callers pass a typed array as
+ * (void **)&arr: GCC and Clang let void * alias every pointer type. */
+int stk__grow(void **p, size_t *cap, size_t need, size_t elem);
+/* The capacity stk__grow moves to (need <= cap: cap), 0 if none can hold
+ * need elements. */
+size_t stk__grow_cap(size_t cap, size_t need, size_t elem);
+
 /* ---- Test hooks -----------------------------------------------------------
  * Built only with -DSTK_TEST (as SQLite's SQLITE_TEST): the installed
  * libstoker.a/.so have neither these functions nor the counting and fault
