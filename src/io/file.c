@@ -11,9 +11,9 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#define M(k) (1u << (k))
-#define M_PATH (M(STK__IOF_EIO) | M(STK__IOF_EINTR) | M(STK__IOF_ENOENT))
-#define M_FD (M(STK__IOF_EIO) | M(STK__IOF_EINTR))
+#define M(k)    (1u << (k))
+#define M_PATH  (M(STK__IOF_EIO) | M(STK__IOF_EINTR) | M(STK__IOF_ENOENT))
+#define M_FD    (M(STK__IOF_EIO) | M(STK__IOF_EINTR))
 #define M_IO(n) (M_FD | ((n) > 1 ? M(STK__IOF_SHORT) : 0u))
 #define M_STORE M(STK__IOF_ENOSPC)
 

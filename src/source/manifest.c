@@ -197,8 +197,8 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
                 rc = STK_EFORMAT;
                 goto out;
             }
-            if ((rc = stk__grow((void **)&m->shards, &shard_cap, m->nshards + 1,
-                                sizeof *m->shards)))
+            rc = stk__grow((void **)&m->shards, &shard_cap, m->nshards + 1, sizeof *m->shards);
+            if (rc)
                 goto out;
             stk__manifest_shard *s = &m->shards[m->nshards];
             size_t namelen = (size_t)(sp - name);
