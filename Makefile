@@ -76,6 +76,17 @@ LIB_OBJS += $(B)/obj/src/device/kernels_blob.o
 CFLAGS_ALL += -DSTK_HAVE_CUDA_KERNELS=1
 endif
 
+# Test hooks (stk__alloc_fail_after, stk__iofault_arm, ...; src/internal.h)
+# exist only in the test library, as SQLite's SQLITE_TEST: the installed
+# libstoker.a/.so are built without STK_TEST; build/MODE/libstoker_test.a,
+# which the C tests link, holds the same objects except that the sources that
+# mention STK_TEST are compiled again with -DSTK_TEST (into obj-test/). Headers
+# use STK_TEST only around declarations, so every other object is the same in
+# both libraries.
+HOOK_SRCS := $(shell grep -lw STK_TEST $(LIB_SRCS))
+TEST_LIB_OBJS := $(filter-out $(HOOK_SRCS:%.c=$(B)/obj/%.o),$(LIB_OBJS)) \
+                 $(HOOK_SRCS:%.c=$(B)/obj-test/%.o)
+
 TOOL_SRCS := $(sort $(wildcard tools/*.c))
 TEST_SRCS := $(sort $(wildcard tests/c/test_*.c))
 TEST_UTIL := tests/c/testutil.c
@@ -91,6 +102,10 @@ tests: $(TEST_BINS) $(B)/tests/libmockcuda.so
 $(B)/obj/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -fvisibility=hidden -c $< -o $@
+
+$(B)/obj-test/%.o: %.c $(wildcard include/*.h src/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DSTK_TEST -fvisibility=hidden -c $< -o $@
 
 $(B)/gen/kernels.fatbin: src/device/kernels.cu src/ops/convert.h
 	@mkdir -p $(dir $@)
@@ -109,6 +124,10 @@ $(B)/libstoker.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(B)/libstoker_test.a: $(TEST_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
 # The shared library as a system installs it: the file carries the full
 # version, its soname the major one (what programs record and the loader
 # looks for), and libstoker.so (what -lstoker finds at link time) points at it.
@@ -122,9 +141,9 @@ $(B)/libstoker.so: $(B)/$(SOFILE)
 $(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
 	$(CC) $(CFLAGS_ALL) -o $@ $(TOOL_SRCS) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
 
-$(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker.a $(wildcard tools/*.c tools/*.h)
+$(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker_test.a $(wildcard tools/*.c tools/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Wno-conversion -o $@ $< $(TEST_UTIL) $(TEST_TOOLS_LIB) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
+	$(CC) $(CFLAGS_ALL) -DSTK_TEST -Wno-conversion -o $@ $< $(TEST_UTIL) $(TEST_TOOLS_LIB) $(B)/libstoker_test.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
 
 # The tool's code but its main() (tools/stoker.c), for tests that call the
 # subcommands directly (test_shards, test_mt_pack) instead of including .c files.

@@ -1,6 +1,7 @@
-/* alloc.c -- the library's one allocator: counts live allocations and can be
- * told to fail, so tests prove there are no leaks and that every allocation
- * failure is handled. */
+/* alloc.c -- the library's one allocator. In the test library (STK_TEST,
+ * see internal.h) it counts live allocations and can be told to fail, so
+ * tests prove there are no leaks and that every allocation failure is
+ * handled; the installed library calls the C library's allocator directly. */
 #include "internal.h"
 #include <pthread.h>
 
@@ -11,6 +12,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#ifdef STK_TEST
 /* Relaxed is enough: the counters are statistics read after threads joined,
  * and the failure countdown only needs each decrement to be atomic. */
 static atomic_long g_live;
@@ -27,13 +29,44 @@ static bool should_fail(void)
     return prev == 0;
 }
 
+static void count_live(long d)
+{
+    atomic_fetch_add_explicit(&g_live, d, memory_order_relaxed);
+}
+
+long stk__alloc_live(void)
+{
+    return atomic_load_explicit(&g_live, memory_order_relaxed);
+}
+
+long stk__alloc_count(void)
+{
+    return atomic_load_explicit(&g_count, memory_order_relaxed);
+}
+
+void stk__alloc_fail_after(long n)
+{
+    atomic_store_explicit(&g_fail_after, n, memory_order_relaxed);
+}
+#else
+static inline bool should_fail(void)
+{
+    return false;
+}
+
+static inline void count_live(long d)
+{
+    (void)d;
+}
+#endif
+
 void *stk__malloc(size_t n)
 {
     if (should_fail())
         return NULL;
     void *p = malloc(n ? n : 1);
     if (p)
-        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+        count_live(1);
     return p;
 }
 
@@ -43,7 +76,7 @@ void *stk__calloc(size_t count, size_t n)
         return NULL;
     void *p = calloc(count ? count : 1, n ? n : 1);
     if (p)
-        atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+        count_live(1);
     return p;
 }
 
@@ -60,7 +93,7 @@ void stk__free(void *p)
 {
     if (!p)
         return;
-    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    count_live(-1);
     free(p);
 }
 
@@ -72,7 +105,7 @@ void *stk__map(size_t n)
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    count_live(1);
     return p;
 }
 
@@ -80,7 +113,7 @@ void stk__unmap(void *p, size_t n)
 {
     if (!p)
         return;
-    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    count_live(-1);
     munmap(p, n ? n : 1);
 }
 
@@ -90,6 +123,38 @@ void stk__map_trim(void *p, size_t n)
         madvise(p, n, MADV_DONTNEED);
 }
 
+size_t stk__grow_cap(size_t cap, size_t need, size_t elem)
+{
+    if (need <= cap)
+        return cap;
+    /* No object may exceed PTRDIFF_MAX bytes (pointer differences within it
+     * must be representable), so that also bounds n * elem below SIZE_MAX. */
+    size_t max = elem ? (size_t)PTRDIFF_MAX / elem : 0;
+    if (need > max)
+        return 0;
+    size_t c = cap > max / 2 ? max : cap * 2;
+    if (c < 16)
+        c = 16 < max ? 16 : max;
+    return c < need ? need : c;
+}
+
+int stk__grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (!elem)
+        return STK_EINVAL;
+    if (need <= *cap)
+        return STK_OK;
+    size_t c = stk__grow_cap(*cap, need, elem);
+    if (!c)
+        return STK_ENOMEM;
+    void *q = stk__realloc(*p, c * elem);
+    if (!q)
+        return STK_ENOMEM;
+    *p = q;
+    *cap = c;
+    return STK_OK;
+}
+
 char *stk__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;
@@ -97,19 +162,6 @@ char *stk__strdup(const char *s)
     if (d)
         memcpy(d, s, n);
     return d;
-}
-
-long stk__alloc_live(void)
-{
-    return atomic_load_explicit(&g_live, memory_order_relaxed);
-}
-long stk__alloc_count(void)
-{
-    return atomic_load_explicit(&g_count, memory_order_relaxed);
-}
-void stk__alloc_fail_after(long n)
-{
-    atomic_store_explicit(&g_fail_after, n, memory_order_relaxed);
 }
 
 int stk__scratch_reserve(stk__scratch *s, size_t n)

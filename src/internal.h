@@ -21,9 +21,9 @@
  *   4. stk__shard_orders' mutex (a table cache; takes no other lock)
  *   5. stk__cache.mu, then the cache directory's flock (only around a
  *      reservation; never while waiting on the network)
- *   stk__alloc counters are atomics, taken under no lock.
- *   loader_held.c's g_held_lock (the table of batches the user holds) is
- *   taken under no other lock and takes none.
+ *   stk__alloc's test counters are atomics, taken under no lock.
+ *   loader_held.c's g_held_lock (the table of batches the user holds) is taken
+ *   under no other lock and takes none.
  */
 #ifndef STK_INTERNAL_H
 #define STK_INTERNAL_H
@@ -54,13 +54,35 @@ void *stk__map(size_t n);
 void stk__unmap(void *p, size_t n);
 void stk__map_trim(void *p, size_t n);
 
-/* Test hooks (exported for the test programs, not part of the API). */
-STK_API long stk__alloc_live(void);         /* live allocations now */
-STK_API void stk__alloc_fail_after(long n); /* n-th next allocation fails; -1 = never */
-STK_API long stk__alloc_count(void);        /* allocations made so far */
+/* The library's one growable array: makes the array *p of *cap elements of
+ * elem bytes hold at least need elements. When need > *cap it is reallocated
+ * (contents kept) to the larger of need, twice *cap and 16 elements, so n
+ * appends make O(log n) allocations; the new capacity is written to *cap.
+ * STK_OK (also when it was large enough); STK_ENOMEM when the allocation
+ * fails or need elements of elem bytes exceed PTRDIFF_MAX bytes, *p and *cap
+ * then unchanged; STK_EINVAL for elem 0. Callers pass a typed array as
+ * (void **)&arr: GCC and Clang let void * alias every pointer type. */
+int stk__grow(void **p, size_t *cap, size_t need, size_t elem);
+/* The capacity stk__grow moves to (need <= cap: cap), 0 if none can hold
+ * need elements. */
+size_t stk__grow_cap(size_t cap, size_t need, size_t elem);
+
+/* ---- Test hooks -----------------------------------------------------------
+ * Built only with -DSTK_TEST (as SQLite's SQLITE_TEST): the installed
+ * libstoker.a/.so have neither these functions nor the counting and fault
+ * checks behind them; the C tests link build/MODE/libstoker_test.a, in which
+ * every source that mentions STK_TEST is compiled again with it (Makefile).
+ * So STK_TEST may select code in .c files only; headers use it around
+ * declarations, never to change a type, an inline function or a macro that
+ * other objects are compiled with. */
+#ifdef STK_TEST
+long stk__alloc_live(void);         /* live allocations now */
+void stk__alloc_fail_after(long n); /* n-th next allocation fails; -1 = never */
+long stk__alloc_count(void);        /* allocations made so far */
 /* fn(arg) runs in stk_loader_next just before a delivered batch is compacted
  * and its view filled (NULL: none). Set it while no loader is open. */
-STK_API void stk__test_publish_hook(void (*fn)(void *), void *arg);
+void stk__test_publish_hook(void (*fn)(void *), void *arg);
+#endif
 
 /* ---- Scratch ------------------------------------------------------------
  * A growable per-thread buffer with a hard limit (part of the memory bound). */
@@ -161,8 +183,8 @@ int stk__default_threads(unsigned *out, char *err, size_t errlen);
 uint64_t stk__mem_available(void);
 /* CPUs the cgroup quota allows (v2 cpu.max and v1 cfs quota, the tightest
  * along the cgroup's path; rounded up), reading the given /proc/self/cgroup
- * and mountinfo files; 0 when there is no limit. Exported for tests. */
-STK_API unsigned stk__cgroup_cpus(const char *proc_cgroup, const char *mountinfo);
+ * and mountinfo files; 0 when there is no limit. */
+unsigned stk__cgroup_cpus(const char *proc_cgroup, const char *mountinfo);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t stk__now_ns(void);

@@ -108,16 +108,8 @@ static int fd_register(int fd)
     int rc = STK_OK;
     pthread_once(&g_fds_once, fds_init);
     pthread_mutex_lock(&g_fds_mu);
-    if (g_nfds == g_capfds) {
-        size_t nc = g_capfds ? g_capfds * 2 : 16;
-        int *q = stk__realloc(g_fds, nc * sizeof *q);
-        if (!q) {
-            rc = STK_ENOMEM;
-            goto out;
-        }
-        g_fds = q;
-        g_capfds = nc;
-    }
+    if ((rc = stk__grow((void **)&g_fds, &g_capfds, g_nfds + 1, sizeof *g_fds)))
+        goto out;
     g_fds[g_nfds++] = fd;
 out:
     pthread_mutex_unlock(&g_fds_mu);
@@ -169,11 +161,6 @@ void stk__cache_key(const char *id, uint64_t size, const char *validator, char *
 void stk__cache_path(const stk__cache *c, const char *key, char *buf, size_t n)
 {
     stk__fmt(buf, n, "%s/%s", c->dir, key);
-}
-
-uint64_t stk__cache_limit(const stk__cache *c)
-{
-    return c->limit;
 }
 
 /* Opens one of the cache's files for locking or reading: never follows a
@@ -500,16 +487,9 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
         used += (uint64_t)st.st_size;
         if (ispart || strlen(e->d_name) >= sizeof v->name)
             continue;
-        if (nv == cap) {
-            size_t nc = cap ? cap * 2 : 64;
-            victim *q = stk__realloc(v, nc * sizeof *q);
-            if (!q) {
-                stk__closedir(d);
-                rc = STK_ENOMEM;
-                goto out;
-            }
-            v = q;
-            cap = nc;
+        if ((rc = stk__grow((void **)&v, &cap, nv + 1, sizeof *v))) {
+            stk__closedir(d);
+            goto out;
         }
         stk__fmt(v[nv].name, sizeof v[nv].name, "%s", e->d_name);
         v[nv].size = (uint64_t)st.st_size;

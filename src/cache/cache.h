@@ -58,7 +58,6 @@ typedef struct stk__cache stk__cache;
  * directory cannot be made or used, or holds someone else's files. */
 int stk__cache_open(stk__cache **out, const char *dir, uint64_t limit, char *err, size_t errlen);
 void stk__cache_close(stk__cache *c);
-uint64_t stk__cache_limit(const stk__cache *c);
 
 /* The entry name of an object: id names it without credentials and with its
  * endpoint (stk__remote_object_id), size is its size, validator its ETag or

@@ -8,7 +8,9 @@
  *   - tests can make the n-th call fail (stk__iofault_arm), the way
  *     stk__alloc_fail_after makes the n-th allocation fail, and sweep n over
  *     a whole session (tests/c/test_iofault.c).
- * Unarmed, each wrapper costs one relaxed atomic load over the system call.
+ * In the test library (STK_TEST, see internal.h) each wrapper costs one
+ * atomic load over the system call while unarmed; in the installed library
+ * the fault check is not compiled in.
  *
  * Same contracts as the system calls, except that none returns EINTR. Reads
  * may still be short (as the system calls may be): callers loop, or use
@@ -53,7 +55,7 @@ int stk__flock(int fd, int op);
  * end of file. -1 with errno on an error. */
 ssize_t stk__pread_upto(int fd, void *buf, size_t n, off_t off);
 
-/* ---- Fault injection (test hooks; exported, not part of the API) --------
+/* ---- Fault injection (test hooks: STK_TEST builds only, see internal.h) --
  * stk__iofault_arm(kind, n, sticky): the n-th next call (0 = the very next)
  * that the fault kind applies to fails that way; with sticky, every applicable
  * call after it fails too. kind 0 (or n < 0) disarms. Kinds and the calls they
@@ -78,8 +80,10 @@ enum {
     STK__IOF_ENOENT,
     STK__IOF_ENOSPC
 };
-STK_API void stk__iofault_arm(int kind, long n, int sticky);
-STK_API long stk__iofault_calls(void);
-STK_API long stk__iofault_fired(void);
+#ifdef STK_TEST
+void stk__iofault_arm(int kind, long n, int sticky);
+long stk__iofault_calls(void);
+long stk__iofault_fired(void);
+#endif
 
 #endif

@@ -1338,16 +1338,13 @@ int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***
             continue;
         }
         if (*n == *cap) {
-            size_t nc = *cap ? *cap * 2 : 256;
-            char **nn = stk__realloc(*names, nc * sizeof *nn);
-            if (nn)
-                *names = nn;
-            uint64_t *ns = nn ? stk__realloc(*sizes, nc * sizeof *ns) : NULL;
-            if (ns)
-                *sizes = ns;
-            if (!nn || !ns)
+            /* Two arrays of one length: *cap is what both hold (a names array
+             * grown when sizes then failed is just larger than it says). */
+            size_t nc = *cap, sc = *cap;
+            if (stk__grow((void **)names, &nc, *n + 1, sizeof **names) ||
+                stk__grow((void **)sizes, &sc, *n + 1, sizeof **sizes))
                 goto nomem;
-            *cap = nc;
+            *cap = nc < sc ? nc : sc;
         }
         /* A size that is not a plain decimal number would otherwise read as 0
          * or, for "-1", as 2^64 - 1. */
@@ -1484,16 +1481,8 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
                 rc = STK_EFORMAT;
                 goto out;
             }
-        if (nseen == seen_cap) {
-            size_t nc = seen_cap ? seen_cap * 2 : 64;
-            uint64_t *ns = stk__realloc(seen, nc * sizeof *ns);
-            if (!ns) {
-                rc = STK_ENOMEM;
-                goto out;
-            }
-            seen = ns;
-            seen_cap = nc;
-        }
+        if ((rc = stk__grow((void **)&seen, &seen_cap, nseen + 1, sizeof *seen)))
+            goto out;
         seen[nseen++] = h;
     }
 out:

@@ -153,7 +153,7 @@ void stk__xml_unescape(char *s);
 /* Parses one ListObjectsV2 page, body[0..len) (it ends early at a NUL byte):
  * appends each <Contents> whose <Key> is under prefix (the name without the
  * prefix; keys equal to the prefix are left out) and its <Size> to
- * names/sizes (n used, cap allocated; grown with stk__realloc, freed with
+ * names/sizes (n used, cap allocated; grown with stk__grow, freed with
  * stk__remote_list_free even after an error). Sets *more from <IsTruncated>
  * and *token (the caller frees it) to <NextContinuationToken> when more,
  * else NULL. STK_EFORMAT (truncated without a token), STK_ENOMEM; the reason

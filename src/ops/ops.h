@@ -53,8 +53,6 @@ void stk__axis_init(stk__axis *ax, void *mem, uint32_t in_size, double in0, doub
 /* Adds delta to every first-input index (re-bases the axis on a buffer that
  * starts elsewhere). */
 void stk__axis_shift(stk__axis *ax, int32_t delta);
-/* The input span [*lo, *hi) the axis reads. */
-void stk__axis_span(const stk__axis *ax, int32_t *lo, int32_t *hi);
 
 /* Horizontal pass: out row r = resample of in row (y0 + r), r < out->h;
  * out->w == ax->n. */

@@ -187,24 +187,6 @@ void stk__axis_shift(stk__axis *ax, int32_t delta)
         ax->bounds[2 * k] += delta;
 }
 
-void stk__axis_span(const stk__axis *ax, int32_t *lo, int32_t *hi)
-{
-    int32_t a = INT32_MAX, b = INT32_MIN;
-    for (uint32_t k = 0; k < ax->n; k++) {
-        int32_t s = ax->bounds[2 * k], e = s + ax->bounds[2 * k + 1];
-        if (ax->bounds[2 * k + 1] == 0)
-            continue;
-        if (s < a)
-            a = s;
-        if (e > b)
-            b = e;
-    }
-    if (a > b)
-        a = b = 0;
-    *lo = a;
-    *hi = b;
-}
-
 static inline uint8_t clip8(int32_t v)
 {
     v >>= PRECISION_BITS;

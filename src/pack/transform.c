@@ -27,17 +27,7 @@
 
 int stk__pack_buf_reserve(stk__pack_buf *b, size_t n)
 {
-    if (n <= b->cap)
-        return 0;
-    size_t c = b->cap ? b->cap : 4096;
-    while (c < n)
-        c *= 2;
-    uint8_t *q = stk__realloc(b->p, c);
-    if (!q)
-        return -1;
-    b->p = q;
-    b->cap = c;
-    return 0;
+    return stk__grow((void **)&b->p, &b->cap, n, 1) ? -1 : 0;
 }
 
 void stk__pack_worker_free(stk__pack_worker *wk)

@@ -229,15 +229,9 @@ static int shard_room(stk_writer *w, size_t len, char *err, size_t errlen)
     if (w->sw)
         return STK_OK;
     stk__manifest *m = &w->man;
-    if (m->nshards == w->cap) {
-        size_t cap = w->cap ? 2 * w->cap : 64;
-        stk__manifest_shard *q = stk__realloc(m->shards, cap * sizeof *q);
-        if (!q) {
-            stk__fmt(err, errlen, "out of memory");
-            return STK_ENOMEM;
-        }
-        m->shards = q;
-        w->cap = cap;
+    if ((rc = stk__grow((void **)&m->shards, &w->cap, m->nshards + 1, sizeof *m->shards))) {
+        stk__fmt(err, errlen, "out of memory");
+        return rc;
     }
     char name[64], path[4096];
     snprintf(name, sizeof name, "part-%06zu.stk", m->nshards);

@@ -104,6 +104,7 @@ bool stk__ring_claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t 
     }
 }
 
+#ifdef STK_TEST
 static void (*publish_hook)(void *);
 
 static void *publish_hook_arg;
@@ -113,6 +114,7 @@ void stk__test_publish_hook(void (*fn)(void *), void *arg)
     publish_hook = fn;
     publish_hook_arg = arg;
 }
+#endif
 
 /* Fills the public view, moving the surviving samples down over failed ones
  * (up to a whole batch of memmove). The buffer is HELD, the consumer's alone,
@@ -120,8 +122,10 @@ void stk__test_publish_hook(void (*fn)(void *), void *arg)
  * loader's lock: workers and other threads' releases go on meanwhile. */
 void stk__ring_publish(core *c, buffer *b)
 {
+#ifdef STK_TEST
     if (publish_hook)
         publish_hook(publish_hook_arg);
+#endif
     size_t j = 0;
     for (size_t k = 0; k < b->size; k++) {
         if (!b->ok[k])

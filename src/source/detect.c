@@ -39,14 +39,9 @@ typedef struct pathlist {
 
 static int pl_add(pathlist *l, const char *a, const char *b)
 {
-    if (l->n == l->cap) {
-        size_t c = l->cap ? l->cap * 2 : 16;
-        char **q = stk__realloc(l->v, c * sizeof *q);
-        if (!q)
-            return STK_ENOMEM;
-        l->v = q;
-        l->cap = c;
-    }
+    int rc = stk__grow((void **)&l->v, &l->cap, l->n + 1, sizeof *l->v);
+    if (rc)
+        return rc;
     size_t la = strlen(a), lb = b ? strlen(b) : 0;
     char *p = stk__malloc(la + lb + 2);
     if (!p)

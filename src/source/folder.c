@@ -37,16 +37,11 @@ typedef struct vec {
 
 static int vec_push(vec *v, const void *data, size_t n)
 {
-    if (v->len + n > v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 4096;
-        while (cap < v->len + n)
-            cap *= 2;
-        uint8_t *p = stk__realloc(v->p, cap);
-        if (!p)
-            return STK_ENOMEM;
-        v->p = p;
-        v->cap = cap;
-    }
+    if (n > SIZE_MAX - v->len)
+        return STK_ENOMEM;
+    int rc = stk__grow((void **)&v->p, &v->cap, v->len + n, 1);
+    if (rc)
+        return rc;
     memcpy(v->p + v->len, data, n);
     v->len += n;
     return STK_OK;
@@ -185,15 +180,8 @@ static int walk(scan *sc, const char *dir, uint32_t label, dev_ino *stack, int d
         if ((rc = entry_is_dir(path, e, &is_dir, sc->err, sc->errlen)))
             goto out;
         if (is_dir) {
-            if (nsub == capsub) {
-                capsub = capsub ? capsub * 2 : 16;
-                char **p = stk__realloc(subdirs, capsub * sizeof *p);
-                if (!p) {
-                    rc = STK_ENOMEM;
-                    goto out;
-                }
-                subdirs = p;
-            }
+            if ((rc = stk__grow((void **)&subdirs, &capsub, nsub + 1, sizeof *subdirs)))
+                goto out;
             if (!(subdirs[nsub] = stk__strdup(path))) {
                 rc = STK_ENOMEM;
                 goto out;
@@ -304,15 +292,8 @@ static int find_classes(const char *root, char ***names, size_t *count, char *er
             goto out;
         if (!is_dir)
             continue;
-        if (n == cap) {
-            cap = cap ? cap * 2 : 16;
-            char **p = stk__realloc(v, cap * sizeof *p);
-            if (!p) {
-                rc = STK_ENOMEM;
-                goto out;
-            }
-            v = p;
-        }
+        if ((rc = stk__grow((void **)&v, &cap, n + 1, sizeof *v)))
+            goto out;
         if (!(v[n] = stk__strdup(e->d_name))) {
             rc = STK_ENOMEM;
             goto out;

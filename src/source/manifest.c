@@ -197,16 +197,9 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
                 rc = STK_EFORMAT;
                 goto out;
             }
-            if (m->nshards == shard_cap) {
-                size_t nc = shard_cap ? shard_cap * 2 : 16;
-                stk__manifest_shard *q = stk__realloc(m->shards, nc * sizeof *q);
-                if (!q) {
-                    rc = STK_ENOMEM;
-                    goto out;
-                }
-                m->shards = q;
-                shard_cap = nc;
-            }
+            rc = stk__grow((void **)&m->shards, &shard_cap, m->nshards + 1, sizeof *m->shards);
+            if (rc)
+                goto out;
             stk__manifest_shard *s = &m->shards[m->nshards];
             size_t namelen = (size_t)(sp - name);
             if (!(s->name = stk__malloc(namelen + 1))) {

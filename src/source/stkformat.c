@@ -268,16 +268,9 @@ static int grow_append(uint8_t **p, size_t *len, size_t *cap, const void *data, 
 {
     if (n > SIZE_MAX - *len)
         return STK_ENOMEM;
-    if (*len + n > *cap) {
-        size_t c = *cap ? *cap : 4096;
-        while (c < *len + n)
-            c *= 2;
-        uint8_t *q = stk__realloc(*p, c);
-        if (!q)
-            return STK_ENOMEM;
-        *p = q;
-        *cap = c;
-    }
+    int rc = stk__grow((void **)p, cap, *len + n, 1);
+    if (rc)
+        return rc;
     if (n)
         memcpy(*p + *len, data, n);
     *len += n;

@@ -102,21 +102,6 @@ typedef struct builder {
     bool has_cls;
 } builder;
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return STK_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *q = stk__realloc(*p, c * elem);
-    if (!q)
-        return STK_ENOMEM;
-    *p = q;
-    *cap = c;
-    return STK_OK;
-}
-
 static const char *const k_img_exts[] = {"jpg", "jpeg", "png", "webp", "ppm",
                                          "bmp", "pgm",  "tif", "tiff"};
 
@@ -207,8 +192,8 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
     int rc;
     tentry *cur = b->open_sample ? &b->e[b->n - 1] : NULL;
     if (!cur || cur->key_len != klen || memcmp(b->keys + cur->key_off, name, klen) != 0) {
-        if ((rc = grow((void **)&b->e, &b->cap, b->n + 1, sizeof *b->e)) ||
-            (rc = grow((void **)&b->keys, &b->kcap, b->klen + klen + 1, 1)))
+        if ((rc = stk__grow((void **)&b->e, &b->cap, b->n + 1, sizeof *b->e)) ||
+            (rc = stk__grow((void **)&b->keys, &b->kcap, b->klen + klen + 1, 1)))
             return rc;
         cur = &b->e[b->n++];
         memset(cur, 0, sizeof *cur);

@@ -22,7 +22,6 @@ typedef struct event {
 typedef struct track {
     event *ev;
     uint64_t n; /* events recorded on this track (the ring keeps the last cap) */
-    uint64_t count[STK__TR_KINDS];
 } track;
 
 struct stk__trace {
@@ -171,18 +170,10 @@ void stk__trace_event(stk__trace *t, unsigned track_id, int kind, uint64_t t0, u
     e->slot = slot;
     e->kind = (uint32_t)kind;
     tr->n++;
-    tr->count[kind]++;
 }
 
-uint64_t stk__trace_count(const stk__trace *t, int kind)
-{
-    uint64_t n = 0;
-    for (unsigned k = 0; k < t->ntracks; k++)
-        n += t->tracks[k].count[kind];
-    return n;
-}
-
-uint64_t stk__trace_dropped(const stk__trace *t)
+/* Events recorded but no longer held by their track's ring. */
+static uint64_t trace_dropped(const stk__trace *t)
 {
     uint64_t n = 0;
     for (unsigned k = 0; k < t->ntracks; k++)
@@ -248,7 +239,7 @@ int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot)
                 "},\n\"traceEvents\":[\n"
                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":"
                 "\"stoker loader\"}}",
-                kept, stk__trace_dropped(t), tot->read_items, tot->process_items,
+                kept, trace_dropped(t), tot->read_items, tot->process_items,
                 tot->samples_delivered, tot->batches_delivered, tot->batch_size);
         for (unsigned k = 0; k < t->ntracks; k++) {
             if (k == 0)

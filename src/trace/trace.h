@@ -47,9 +47,6 @@ uint64_t stk__trace_bytes(uint64_t events);
  * (read, process) or a status (next); slot: the slot in the batch. */
 void stk__trace_event(stk__trace *t, unsigned track, int kind, uint64_t t0, uint64_t t1,
                       uint64_t a, uint64_t b, uint32_t slot);
-/* Events recorded (kept + dropped) of a kind, and dropped in all. */
-uint64_t stk__trace_count(const stk__trace *t, int kind);
-uint64_t stk__trace_dropped(const stk__trace *t);
 /* The loader's counters at the moment the trace ends, written into the file
  * beside the events so a reader can check one against the other. */
 typedef struct stk__trace_totals {

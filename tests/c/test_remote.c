@@ -1170,6 +1170,57 @@ static int list_page(const char *body, const char *prefix, char ***names, uint64
                              errlen);
 }
 
+/* Two long pages appended to one listing (names and sizes grow together,
+ * past many doublings), and the same under every allocation failure: each
+ * run ends STK_OK or STK_ENOMEM, keeps the entries it had, leaks nothing. */
+static void test_s3_list_pages_grow(void)
+{
+    enum { PAGE = 100 };
+    char *body[2];
+    for (int pg = 0; pg < 2; pg++) {
+        size_t len = 0, room = (size_t)PAGE * 80 + 1;
+        REQUIRE((body[pg] = malloc(room)));
+        for (int k = 0; k < PAGE; k++)
+            len += (size_t)snprintf(body[pg] + len, room - len,
+                                    "<Contents><Key>p/%d-%04d.stk</Key><Size>%d</Size></Contents>",
+                                    pg, k, pg * PAGE + k);
+    }
+    long live = stk__alloc_live();
+    for (long f = -1;; f++) {
+        char **names = NULL;
+        uint64_t *sizes = NULL;
+        size_t n = 0, cap = 0;
+        bool more;
+        char *token = NULL, err[256] = "";
+        int rc = STK_OK;
+        stk__alloc_fail_after(f);
+        for (int pg = 0; pg < 2 && rc == STK_OK; pg++)
+            rc = stk__s3_list_page(body[pg], strlen(body[pg]), "p/", &names, &sizes, &n, &cap,
+                                   &more, &token, err, sizeof err);
+        stk__alloc_fail_after(-1);
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        CHECK(n <= cap);
+        int bad = 0;
+        for (size_t k = 0; k < n; k++) {
+            char want[32];
+            snprintf(want, sizeof want, "%d-%04d.stk", (int)(k / PAGE), (int)(k % PAGE));
+            bad += strcmp(names[k], want) != 0 || sizes[k] != k;
+        }
+        CHECK_EQ(bad, 0);
+        stk__free(token);
+        stk__remote_list_free(names, sizes, n);
+        CHECK_EQ(stk__alloc_live(), live);
+        if (f < 0) {
+            CHECK_EQ(rc, STK_OK);
+            CHECK_EQ(n, 2 * PAGE);
+        } else if (rc == STK_OK) {
+            break; /* past the last allocation */
+        }
+    }
+    free(body[0]);
+    free(body[1]);
+}
+
 static void test_s3_list_page(void)
 {
     char **names;
@@ -1556,6 +1607,7 @@ int main(void)
 {
     tu_begin("test_remote", 300);
     RUN_IF(test_s3_list_page);
+    RUN_IF(test_s3_list_pages_grow);
     RUN_IF(test_xml_unescape);
     RUN_IF(test_s3_error_text);
     make_dataset();

@@ -122,12 +122,12 @@ def test_make_install_lays_out_the_files(staged):
     assert os.readlink(lib / SONAME) == SOFILE
     assert os.readlink(lib / "libstoker.so") == SONAME
     assert f"Library soname: [{SONAME}]" in dynamic_section(real)
-    # It exports every public function and no other stk_ name (stk__ names are
-    # internal test hooks).
+    # It exports every public function and nothing else: no internal stk__
+    # name (the test hooks live only in libstoker_test.a), no other symbol.
     syms = exported(str(real))
     public = public_functions()
     assert public <= syms, f"not exported: {sorted(public - syms)}"
-    extra = {s for s in syms if s.startswith("stk_") and not s.startswith("stk__")} - public
+    extra = syms - public
     assert not extra, f"exported but not in include/stoker.h: {sorted(extra)}"
     # The tool runs from the staged tree (it carries libstoker statically).
     tool = usr / "bin" / "stoker"
@@ -152,6 +152,31 @@ def test_make_install_lays_out_the_files(staged):
         for cmd in ("bench PATH", "pack SRC OUT", "info PATH", "verify PATH", "version"):
             assert "stoker " + cmd in text, text
         assert "--batch-size N" in text  # hyphens stay ASCII minus signs
+
+
+def test_shared_library_exports_only_the_public_api():
+    """`nm -D` of the built libstoker.so: the functions of include/stoker.h and
+    nothing more. Internal stk__ names and the test hooks (stk__alloc_*,
+    stk__iofault_*, ...) are built only into build/MODE/libstoker_test.a, which
+    the C tests link (STK_TEST, src/internal.h)."""
+    if shutil.which("nm") is None:
+        pytest.skip("needs nm (binutils)")
+    make("lib")
+    so = os.path.join(ROOT, "build", "release", SOFILE)
+    out = run(["nm", "-D", "--defined-only", so])
+    names = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    public = public_functions()
+    assert public <= names, f"not exported: {sorted(public - names)}"
+    internal = sorted(n for n in names if n.startswith("stk__"))
+    assert not internal, f"internal names exported from {so}: {internal}"
+    other = sorted(names - public)
+    assert not other, f"exported but not in include/stoker.h: {other}"
+    # The test library does carry the hooks, so the C tests still link them.
+    lib = os.path.join(ROOT, "build", "release", "libstoker_test.a")
+    make(os.path.relpath(lib, ROOT))
+    hooks = {line.split()[-1] for line in run(["nm", "--defined-only", lib]).splitlines()
+             if line.endswith(("stk__alloc_fail_after", "stk__iofault_arm"))}
+    assert hooks == {"stk__alloc_fail_after", "stk__iofault_arm"}, hooks
 
 
 def test_make_uninstall_removes_what_install_put(tmp_path):
