@@ -415,10 +415,9 @@ static void admit_pending(stk__fetch *f)
         /* The chunks are the admitter's alone until installed: their fd,
          * admit_rc and req.err are read by others only in a later state. */
         for (chunk *c = list; c; c = c->next_admit)
-            c->admit_rc = stk__cache_begin(f->cache, f->sh[c->shard].key,
-                                           f->src->shard_bytes[c->shard],
-                                           belady ? next_use_of : NULL, f, &c->fd, c->req.err,
-                                           sizeof c->req.err);
+            c->admit_rc = stk__cache_begin(
+                f->cache, f->sh[c->shard].key, f->src->shard_bytes[c->shard],
+                belady ? next_use_of : NULL, f, &c->fd, c->req.err, sizeof c->req.err);
         pthread_mutex_lock(&f->lock);
         for (chunk *c = list, *n; c; c = n) {
             n = c->next_admit;
