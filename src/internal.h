@@ -20,7 +20,11 @@
  *                         fetch stage; request callbacks run without it)
  *   4. stk__shard_orders' mutex (a table cache; takes no other lock)
  *   5. stk__cache.mu, then the cache directory's flock (only around a
- *      reservation; never while waiting on the network)
+ *      reservation; never while waiting on the network). Never taken under
+ *      the loader's or the fetch stage's lock: admissions are decided under
+ *      the stage's lock (chunk C_ADMIT), made with no lock held, installed
+ *      under it again (fetch.c admit_pending); the cache's counters are
+ *      atomics, so pins and stats never wait on a reservation
  *   stk__alloc's test counters are atomics, taken under no lock.
  *   loader_held.c's g_held_lock (the table of batches the user holds) is taken
  *   under no other lock and takes none.

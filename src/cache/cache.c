@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +35,16 @@ struct stk__cache {
     char *dir; /* DIR/stoker-cache */
     uint64_t limit;
     int lockfd;
-    pthread_mutex_t mu; /* serialises this process's reservations; guards the counters */
-    uint64_t hits, misses, evictions, bytes, write_errors, dropped;
+    pthread_mutex_t mu; /* serialises this process's use of the directory lock */
+    /* Atomics: read by stats and bumped by pins without mu, which a slow
+     * reservation holds (a pin runs under the fetch stage's lock). */
+    _Atomic uint64_t hits, misses, evictions, bytes, write_errors, dropped;
+    atomic_bool cancel; /* stk__cache_cancel: reservations stop waiting */
 };
+
+#ifdef STK_TEST
+_Atomic unsigned stk__cache_test_begin_wait_ms;
+#endif
 
 static bool ends_with(const char *s, const char *suf)
 {
@@ -177,16 +185,44 @@ static int open_entry(const char *path, int flags)
     return fd;
 }
 
-static int lock_dir(stk__cache *c)
+void stk__cache_cancel(stk__cache *c, bool on)
+{
+    if (c)
+        atomic_store(&c->cancel, on);
+}
+
+/* Sleeps 10 ms unless cancelled: false when cancelled. */
+static bool wait_slice(stk__cache *c)
+{
+    if (atomic_load(&c->cancel))
+        return false;
+    struct timespec ts = {0, 10000000L};
+    nanosleep(&ts, NULL);
+    return true;
+}
+
+/* The directory lock. cancellable (a reservation): another process holding
+ * it is waited for in slices that re-check stk__cache_cancel (STK_ECANCELED
+ * then); the other users hold it briefly and wait as long as it takes. */
+static int lock_dir_ex(stk__cache *c, bool cancellable)
 {
     pthread_mutex_lock(&c->mu);
-    while (flock(c->lockfd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-            pthread_mutex_unlock(&c->mu);
-            return STK_EIO;
-        }
+    for (;;) {
+        if (flock(c->lockfd, cancellable ? LOCK_EX | LOCK_NB : LOCK_EX) == 0)
+            return STK_OK;
+        if (errno == EINTR)
+            continue;
+        if (cancellable && errno == EWOULDBLOCK && wait_slice(c))
+            continue;
+        bool cancelled = cancellable && errno == EWOULDBLOCK;
+        pthread_mutex_unlock(&c->mu);
+        return cancelled ? STK_ECANCELED : STK_EIO;
     }
-    return STK_OK;
+}
+
+static int lock_dir(stk__cache *c)
+{
+    return lock_dir_ex(c, false);
 }
 
 static void unlock_dir(stk__cache *c)
@@ -401,9 +437,7 @@ int stk__cache_pin(stk__cache *c, const char *key, int *fd)
         return STK_ENOMEM;
     }
     futimens(f, NULL); /* recency for LRU; best effort */
-    pthread_mutex_lock(&c->mu);
     c->hits++;
-    pthread_mutex_unlock(&c->mu);
     *fd = f;
     return STK_OK;
 }
@@ -440,10 +474,22 @@ int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_n
                  (unsigned long long)size, (unsigned long long)c->limit);
         return STK_ETOOBIG;
     }
-    if ((rc = lock_dir(c))) {
-        stk__fmt(err, errlen, "cannot lock the cache directory %s", c->dir);
+    if ((rc = lock_dir_ex(c, true))) {
+        if (rc == STK_ECANCELED)
+            stk__fmt(err, errlen, "cancelled while waiting for the cache directory's lock");
+        else
+            stk__fmt(err, errlen, "cannot lock the cache directory %s", c->dir);
         return rc;
     }
+#ifdef STK_TEST
+    /* Tests: a slow reservation (a long scan, a slow disk), cancellable. */
+    for (unsigned ms = atomic_load(&stk__cache_test_begin_wait_ms); ms >= 10; ms -= 10)
+        if (!wait_slice(c)) {
+            unlock_dir(c);
+            stk__fmt(err, errlen, "cancelled while reserving space in the cache");
+            return STK_ECANCELED;
+        }
+#endif
     stk__cache_path(c, key, path, sizeof path);
     stk__fmt(part, sizeof part, "%s%s", path, PART_SUFFIX);
     struct stat pst;
@@ -616,9 +662,7 @@ void stk__cache_abort(stk__cache *c, const char *key, int fd, bool write_error)
     if (fd >= 0)
         fd_close(fd);
     if (write_error) {
-        pthread_mutex_lock(&c->mu);
         c->write_errors++;
-        pthread_mutex_unlock(&c->mu);
     }
 }
 
@@ -655,12 +699,10 @@ void stk__cache_drop(stk__cache *c, const char *key, int fd)
 
 void stk__cache_stats_get(stk__cache *c, stk__cache_stats *st)
 {
-    pthread_mutex_lock(&c->mu);
     st->hits = c->hits;
     st->misses = c->misses;
     st->evictions = c->evictions;
     st->bytes = c->bytes;
     st->write_errors = c->write_errors;
     st->dropped = c->dropped;
-    pthread_mutex_unlock(&c->mu);
 }

@@ -78,7 +78,9 @@ typedef uint64_t (*stk__cache_next_use)(void *ctx, const char *key);
  * exclusively locked, its blocks allocated. STK_ETOOBIG: it cannot fit even
  * after evicting every unpinned entry, or the disk refused the space (counted
  * as a write error); STK_EBUSY: complete already, or another process is
- * downloading it (pin it later); STK_EIO with reason. Counts a miss. */
+ * downloading it (pin it later); STK_ECANCELED (stk__cache_cancel); STK_EIO
+ * with reason. Counts a miss. Waits for the directory's lock: call it with
+ * no lock of the caller's held. */
 int stk__cache_begin(stk__cache *c, const char *key, uint64_t size, stk__cache_next_use next_use,
                      void *ctx, int *fd, char *err, size_t errlen);
 /* The download in fd (from begin) is complete: fsyncs it and renames it into
@@ -88,6 +90,15 @@ int stk__cache_commit(stk__cache *c, const char *key, int fd, char *err, size_t 
 /* The download failed: removes KEY.part and closes fd. write_error: it
  * failed because the disk refused the bytes (counted). */
 void stk__cache_abort(stk__cache *c, const char *key, int fd, bool write_error);
+/* on: reservations (stk__cache_begin) stop waiting for the directory's
+ * lock and return STK_ECANCELED, until called again with off. For a
+ * loader closing or seeking while another process holds the lock. */
+void stk__cache_cancel(stk__cache *c, bool on);
+#ifdef STK_TEST
+/* Tests only: every reservation holds the directory lock this many ms more
+ * (a slow scan or disk), in slices that stk__cache_cancel ends. */
+extern _Atomic unsigned stk__cache_test_begin_wait_ms;
+#endif
 /* Another process's download of key (STK_EBUSY from begin): how long ago it
  * last wrote (*idle_ns). STK_ENOENT when there is no download of key. */
 int stk__cache_part_idle(const stk__cache *c, const char *key, uint64_t *idle_ns);

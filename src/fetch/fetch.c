@@ -27,7 +27,11 @@
  * consumed an entry, or reset. It never blocks, and it only queues the
  * requests it creates: they are submitted after the lock is dropped
  * (unlock_and_submit), because the store may complete a request at once (out
- * of memory), running its callback, which takes this lock.
+ * of memory), running its callback, which takes this lock. Likewise a cache
+ * admission is only decided there (the chunk is C_ADMIT, and queued): the
+ * reservation (stk__cache_begin: the directory's flock, a scan, evictions,
+ * fallocate) is I/O, made by one worker at a time with no lock held
+ * (admit_pending), never by a seek, which holds the loader's lock.
  */
 #include "fetch/fetch.h"
 #include "io/remote.h"
@@ -46,7 +50,10 @@
 #define WAIT_SLICE_NS 100000000ULL
 
 enum { E_FREE = 0, E_LIVE, E_FAILED };
-enum { C_INFLIGHT = 0, C_READY, C_FAILED };
+/* C_ADMIT: a cache admission decided under the lock, its reservation
+ * (stk__cache_begin: directory lock, scan, evictions, fallocate) not yet
+ * made; entries wait on it as on a download. */
+enum { C_INFLIGHT = 0, C_READY, C_FAILED, C_ADMIT };
 enum { K_RANGE = 0, K_CACHE };
 
 typedef struct chunk chunk;
@@ -81,6 +88,8 @@ struct chunk {
     uint64_t bytes; /* buffered (K_RANGE) */
     chunk *next_all, *prev_all;
     chunk *next_submit; /* the planner's queue of requests to submit */
+    chunk *next_admit;  /* the planner's queue of admissions to make */
+    int admit_rc;       /* stk__cache_begin's result (the admitter's, off the lock) */
 };
 
 struct stk__fetch {
@@ -99,6 +108,8 @@ struct stk__fetch {
     uint64_t buffered;             /* bytes of live chunks */
     chunk *chunks;                 /* every live chunk */
     chunk *pending, *pending_tail; /* planned requests not yet submitted */
+    chunk *admit, *admit_tail;     /* planned admissions not yet made (C_ADMIT) */
+    bool admitter;                 /* a thread makes admissions (off the lock) */
 
     stk__cache *cache; /* NULL: no disk cache */
     uint64_t *next;    /* per shard: next use (eviction), filled per admission */
@@ -168,11 +179,18 @@ static void queue_submit(stk__fetch *f, chunk *c)
     f->pending_tail = c;
 }
 
+static void admit_pending(stk__fetch *f);
+
 /* Unlocks f and submits the requests the planner queued, in order. A
  * queued chunk stays alive until its completion (inflight), which cannot
- * come before its submission, so the list is safe to walk unlocked. */
-static void unlock_and_submit(stk__fetch *f)
+ * come before its submission, so the list is safe to walk unlocked.
+ * admit: first make the queued cache admissions (admit_pending: the lock is
+ * dropped around their I/O); false for a caller that holds the loader's lock
+ * (a seek), whose admissions a worker makes. */
+static void unlock_and_submit_ex(stk__fetch *f, bool admit)
 {
+    if (admit)
+        admit_pending(f);
     chunk *c = f->pending;
     f->pending = f->pending_tail = NULL;
     pthread_mutex_unlock(&f->lock);
@@ -181,6 +199,17 @@ static void unlock_and_submit(stk__fetch *f)
         stk__remote_submit(f->remote, &c->req);
         c = n;
     }
+}
+
+static void unlock_and_submit(stk__fetch *f)
+{
+    unlock_and_submit_ex(f, true);
+}
+
+/* Still waiting for its bytes: admitting or downloading. */
+static bool busy(const chunk *c)
+{
+    return c->state == C_INFLIGHT || c->state == C_ADMIT;
 }
 
 static void on_chunk_done(stk__req *q, void *ctx)
@@ -297,33 +326,21 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
             c->fd = fd;
             c->state = C_READY;
         } else {
-            char why[STK_ERRMSG_MAX];
             if (!(c = chunk_new(f, K_CACHE, k))) {
                 h->retry_after_ns = now + 500000000ULL;
                 f->fallbacks++;
                 return false;
             }
-            bool belady =
-                f->plan.next_uses &&
-                f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next, f->nshards);
-            int rc = stk__cache_begin(f->cache, h->key, f->src->shard_bytes[k],
-                                      belady ? next_use_of : NULL, f, &c->fd, why, sizeof why);
-            if (rc) {
-                c->fd = -1;
-                chunk_free(f, c);
-                /* Full of pinned entries, or another process downloads it:
-                 * read by ranges for a while, then ask again. */
-                h->retry_after_ns = now + (rc == STK_EBUSY ? 50000000ULL : 500000000ULL);
-                if (rc != STK_EBUSY)
-                    f->fallbacks++;
-                return false;
-            }
-            c->state = C_INFLIGHT;
-            c->req.name = f->src->shard_objs[k];
-            c->req.fd = c->fd;
-            c->req.done = on_download_done;
-            c->req.ctx = c;
-            queue_submit(f, c);
+            /* The reservation is I/O (the directory's lock, a scan,
+             * evictions, fallocate): queued, made by admit_pending off the
+             * lock. Until then the chunk is C_ADMIT, and held (inflight). */
+            c->state = C_ADMIT;
+            c->inflight = true;
+            if (f->admit_tail)
+                f->admit_tail->next_admit = c;
+            else
+                f->admit = c;
+            f->admit_tail = c;
         }
         h->cur = c;
     }
@@ -331,6 +348,84 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
     c->refs++;
     e->state = E_LIVE;
     return true;
+}
+
+/* Installs admission c's result (lock held): a reservation starts its
+ * download (queued for submission); a refusal fails the chunk, whose
+ * entries read their samples by range, and so do later ones for a while.
+ * A reset meanwhile only dropped entries: a reservation is downloaded all
+ * the same (the shard is cached for later); the chunk is freed when nothing
+ * needs it. */
+static void admit_install(stk__fetch *f, chunk *c)
+{
+    shardst *h = &f->sh[c->shard];
+    int rc = c->admit_rc;
+    if (rc == STK_OK) {
+        c->state = C_INFLIGHT;
+        c->req.name = f->src->shard_objs[c->shard];
+        c->req.fd = c->fd;
+        c->req.done = on_download_done;
+        c->req.ctx = c;
+        queue_submit(f, c);
+        return;
+    }
+    c->fd = -1;
+    c->inflight = false;
+    c->state = C_FAILED;
+    c->req.rc = rc == STK_ENOMEM ? STK_ENOMEM : STK_EIO;
+    if (!c->req.err[0])
+        stk__fmt(c->req.err, sizeof c->req.err, "%s",
+                 rc == STK_EBUSY ? "another process is downloading the shard into the cache"
+                                 : "the shard could not be admitted to the cache");
+    if (h->cur == c)
+        h->cur = NULL;
+    /* Full of pinned entries, or another process downloads it: read by
+     * ranges for a while, then ask again. Cancelled by a seek: ask again at
+     * once. */
+    if (rc == STK_ECANCELED)
+        h->retry_after_ns = 0;
+    else
+        h->retry_after_ns = stk__now_ns() + (rc == STK_EBUSY ? 50000000ULL : 500000000ULL);
+    if (rc != STK_EBUSY && rc != STK_ECANCELED)
+        f->fallbacks++;
+    if (c->refs == 0)
+        chunk_free(f, c);
+}
+
+/* Makes the queued cache admissions (lock held on entry and on return; it
+ * is dropped around the reservations' I/O, so that no thread waits on the
+ * stage's lock while another waits on the disk or on another process's
+ * directory lock). One thread at a time is the admitter: it takes the whole
+ * queue, decides the eviction order (f->next, which only the admitter
+ * writes and the cache's callback reads), reserves off the lock, retakes it
+ * and installs the results, until the queue is empty. Others return at once;
+ * their entries wait on C_ADMIT like on a download. A chunk being admitted
+ * is inflight, so a reset meanwhile cannot free it. After cancel nothing
+ * more is admitted: the chunks left are freed with the stage. */
+static void admit_pending(stk__fetch *f)
+{
+    while (f->admit && !f->admitter && !f->cancel) {
+        chunk *list = f->admit;
+        f->admit = f->admit_tail = NULL;
+        f->admitter = true;
+        bool belady =
+            f->plan.next_uses &&
+            f->plan.next_uses(f->plan.ctx, f->lo / f->plan.batch_size, f->next, f->nshards);
+        pthread_mutex_unlock(&f->lock);
+        /* The chunks are the admitter's alone until installed: their fd,
+         * admit_rc and req.err are read by others only in a later state. */
+        for (chunk *c = list; c; c = c->next_admit)
+            c->admit_rc = stk__cache_begin(
+                f->cache, f->sh[c->shard].key, f->src->shard_bytes[c->shard],
+                belady ? next_use_of : NULL, f, &c->fd, c->req.err, sizeof c->req.err);
+        pthread_mutex_lock(&f->lock);
+        for (chunk *c = list, *n; c; c = n) {
+            n = c->next_admit;
+            admit_install(f, c);
+        }
+        f->admitter = false;
+        pthread_cond_broadcast(&f->cond);
+    }
 }
 
 /* ---- planning --------------------------------------------------------------- */
@@ -597,6 +692,7 @@ void stk__fetch_cancel(stk__fetch *f)
         return;
     pthread_mutex_lock(&f->lock);
     f->cancel = true;
+    stk__cache_cancel(f->cache, true); /* an admission waiting on the directory */
     pthread_cond_broadcast(&f->cond);
     pthread_mutex_unlock(&f->lock);
 }
@@ -605,6 +701,7 @@ void stk__fetch_interrupt(stk__fetch *f)
 {
     pthread_mutex_lock(&f->lock);
     f->interrupt = true;
+    stk__cache_cancel(f->cache, true);
     pthread_cond_broadcast(&f->cond);
     pthread_mutex_unlock(&f->lock);
 }
@@ -639,19 +736,23 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
     }
     f->lo = f->plan_seq = g * f->plan.batch_size;
     f->interrupt = false;
+    if (!f->cancel)
+        stk__cache_cancel(f->cache, false);
     plan_more(f, 0, false);
-    unlock_and_submit(f);
+    /* A seek holds the loader's lock: the admissions it planned are made by
+     * the workers (stk__fetch_read), not here. */
+    unlock_and_submit_ex(f, false);
 }
 
 /* Waits for chunk c's request (lock held), re-checking cancel and interrupt
  * every slice so that close and seeks are prompt whatever the network does. */
 static void wait_chunk(stk__fetch *f, chunk *c)
 {
-    if (c->state != C_INFLIGHT)
+    if (!busy(c))
         return;
     uint64_t t0 = stk__now_ns();
     f->waits++;
-    while (c->state == C_INFLIGHT && !f->cancel && !f->interrupt)
+    while (busy(c) && !f->cancel && !f->interrupt)
         stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
     f->wait_ns += stk__now_ns() - t0;
 }
@@ -758,8 +859,9 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     uint32_t n = 0;
     if (e) {
         c = e->state == E_LIVE ? e->ch : NULL;
-        if (c && c->state == C_INFLIGHT && f->pending) {
-            /* The requests this thread planned go out before it waits. */
+        if (c && busy(c) && (f->pending || (f->admit && !f->admitter))) {
+            /* The requests this thread planned go out before it waits, and
+             * admissions no thread is making are made (a seek's). */
             unlock_and_submit(f);
             pthread_mutex_lock(&f->lock);
         }
@@ -769,7 +871,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
             /* Reading ahead ran out of memory (planning, or the request):
              * that is no fault of the sample; it is read on its own. */
             alone = true;
-        } else if (c->state == C_INFLIGHT) {
+        } else if (busy(c)) {
             stk__fmt(err, errlen,
                      f->cancel ? "cancelled: the loader is closing"
                                : "interrupted: the loader is seeking");

@@ -344,6 +344,77 @@ static void test_commit_hands_over_under_the_directory_lock(void)
     stk__cache_close(c);
 }
 
+typedef struct begin_arg {
+    stk__cache *c;
+    const char *key;
+    int fd, rc;
+    atomic_int done;
+} begin_arg;
+
+static void *begin_main(void *p)
+{
+    begin_arg *a = p;
+    char err[512];
+    a->rc = stk__cache_begin(a->c, a->key, 1000, NULL, NULL, &a->fd, err, sizeof err);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+/* A reservation waits for another process's directory lock in slices that
+ * re-check stk__cache_cancel (a loader closing or seeking must not wait for
+ * another process's scan), and the counters (pins, stats) never wait for a
+ * reservation in progress. */
+static void test_reservation_wait_is_cancellable(void)
+{
+    const char *dir = tu_path("cancel");
+    stk__cache *c;
+    char err[512], key[192], k2[192];
+    REQUIRE(stk__cache_open(&c, dir, 4000, err, sizeof err) == STK_OK);
+    key_of("slow.stk", key, sizeof key);
+    key_of("pinned.stk", k2, sizeof k2);
+    int rc, pin = put(c, k2, 1000, 7, &rc);
+    REQUIRE(rc == STK_OK);
+    stk__cache_unpin(pin);
+    int lk = open(sub(dir, ".lock"), O_RDWR | O_CLOEXEC);
+    REQUIRE(lk >= 0);
+    REQUIRE(flock(lk, LOCK_EX) == 0);
+    begin_arg a = {.c = c, .key = key, .fd = -1};
+    pthread_t t;
+    pthread_create(&t, NULL, begin_main, &a);
+    usleep(200000);
+    CHECK_EQ(atomic_load(&a.done), 0); /* waits for the lock */
+    /* Meanwhile a pin and the stats do not wait. */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK_EQ(stk__cache_pin(c, k2, &pin), STK_OK);
+    stk__cache_stats st;
+    stk__cache_stats_get(c, &st);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CHECK(t1.tv_sec - t0.tv_sec < 1);
+    CHECK(st.hits >= 1);
+    stk__cache_unpin(pin);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    stk__cache_cancel(c, true);
+    pthread_join(t, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    CHECK(secs < 0.5);
+    CHECK_EQ(a.rc, STK_ECANCELED);
+    CHECK(!exists(sub(dir, key)));
+    /* Off again: the reservation waits for the lock, and then succeeds. */
+    stk__cache_cancel(c, false);
+    a.done = 0;
+    pthread_create(&t, NULL, begin_main, &a);
+    usleep(100000);
+    CHECK_EQ(atomic_load(&a.done), 0);
+    flock(lk, LOCK_UN);
+    close(lk);
+    pthread_join(t, NULL);
+    CHECK_EQ(a.rc, STK_OK);
+    stk__cache_abort(c, key, a.fd, false);
+    stk__cache_close(c);
+}
+
 /* Issue 18: a forked child (a DataLoader worker) shared the parent's pins
  * and .part locks: the parent's unpin did not free the entry, and a dead
  * parent's download stayed locked while the child lived. */
@@ -442,6 +513,7 @@ int main(void)
     RUN(test_full_disk_is_refused_at_reservation);
     RUN(test_commit_fsyncs_before_rename);
     RUN(test_commit_hands_over_under_the_directory_lock);
+    RUN(test_reservation_wait_is_cancellable);
     RUN(test_forked_child_lets_go_of_pins_and_downloads);
     RUN(test_keys_tell_endpoints_and_versions_apart);
     return tu_end();

@@ -273,10 +273,11 @@ def test_cache_leaves_other_files_alone(packed, tmp_path):
     for name, data in mine.items():
         (cache / name).write_bytes(data)
     sizes = [os.path.getsize(packed["local"] / s) for s in packed["shards"]]
-    kw = dict(order="shards", shard_window=1, options={"fetch_lookahead": "16"})
+    kw = dict(order="shards", shard_window=1)
+    # fetch_lookahead only on the remote loader: a local path refuses it.
     with stk_servers.Nginx(packed["www"]) as srv, _loader(packed["local"], **kw) as l:
         with _loader(f"{srv.url}/ds", cache_dir=cache, cache_limit=2 * max(sizes) + 1000,
-                     **kw) as r:
+                     options={"fetch_lookahead": "16"}, **kw) as r:
             for epoch in range(3):
                 r.set_epoch(epoch)
                 l.set_epoch(epoch)
