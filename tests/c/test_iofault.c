@@ -709,18 +709,7 @@ static uint64_t pack_state(const char *dir, int *state)
         snprintf(names[n++], sizeof names[0], "%s", e->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
-    uint64_t h = 1469598103934665603ull;
-    for (int k = 0; k < n; k++) {
-        char p[16384 + 300];
-        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
-        size_t len;
-        uint8_t *b = tu_read_file(p, &len);
-        h = tu_hash(h, names[k], strlen(names[k]) + 1);
-        if (b)
-            h = tu_hash(h, b, len);
-        free(b);
-    }
+    uint64_t h = tu_hash_files(dir, names, n);
     *state = manifest ? 1 : !shards || marker ? 2 : 3;
     return h;
 }

@@ -279,18 +279,7 @@ static uint64_t dir_hash(const char *dir, int *files, int *manifest)
         snprintf(names[n++], sizeof names[0], "%s", e->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
-    uint64_t h = 1469598103934665603ull;
-    for (int k = 0; k < n; k++) {
-        char p[16384 + 200];
-        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
-        size_t len;
-        uint8_t *b = tu_read_file(p, &len);
-        h = tu_hash(h, names[k], strlen(names[k]) + 1);
-        if (b)
-            h = tu_hash(h, b, len);
-        free(b);
-    }
+    uint64_t h = tu_hash_files(dir, names, n);
     *files = n;
     return h;
 }

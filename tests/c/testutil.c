@@ -233,6 +233,28 @@ uint64_t tu_hash(uint64_t h, const void *p, size_t n)
     return h;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(a, b);
+}
+
+uint64_t tu_hash_files(const char *dir, char (*names)[256], int n)
+{
+    qsort(names, (size_t)n, sizeof names[0], cmp_name);
+    uint64_t h = 1469598103934665603ull;
+    for (int k = 0; k < n; k++) {
+        char p[16384 + 300];
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        size_t len;
+        uint8_t *b = tu_read_file(p, &len);
+        h = tu_hash(h, names[k], strlen(names[k]) + 1);
+        if (b)
+            h = tu_hash(h, b, len);
+        free(b);
+    }
+    return h;
+}
+
 void tu_abort(void)
 {
     if (g_tmp[0])

@@ -90,6 +90,11 @@ int tu_open_cfg(stk_loader **l, const tu_cfg *c);
 /* 64-bit FNV-1a, for comparing batch contents cheaply. */
 uint64_t tu_hash(uint64_t h, const void *p, size_t n);
 
+/* Hash of the n files names[0..n) of dir (each name, then its bytes; a file
+ * that cannot be read counts by its name), in name order: names (rows of
+ * 256 bytes) are sorted in place. Compares a directory's outputs. */
+uint64_t tu_hash_files(const char *dir, char (*names)[256], int n);
+
 /* Encodes w x h RGB pixels as a baseline JPEG (libjpeg) of the given
  * quality. Returns a malloc'd buffer (caller frees), its size in *n. */
 /* Appends a tar member (ustar header, data, zero padding to 512 bytes) to the
