@@ -42,11 +42,16 @@ def _records(tmp_path, n=64, size=16):
 
 def test_sizes_in_python_take_the_library_syntax(tmp_path):
     src = _records(tmp_path)
-    opts = {"max_input_bytes": "16MiB", "scratch_bytes": "1.5M", "batch_memory": "64MB",
-            "fetch_buffer": "32 MiB"}
+    opts = {"max_input_bytes": "16MiB", "scratch_bytes": "1.5M", "batch_memory": "64MB"}
     with stoker.Loader(src, 8, options=opts, depth="auto", memory_budget="1GiB",
                        output="numpy") as loader:
         assert sum(len(y) for _, y in loader) == 64
+    # A remote option's size parses too: on a local path it is then refused
+    # at open as one that would change nothing, not as a bad value.
+    with pytest.raises(ValueError, match="fetch_buffer applies to remote datasets"):
+        stoker.Loader(src, 8, options={"fetch_buffer": "32 MiB"})
+    with pytest.raises(ValueError, match="fetch_buffer"):
+        stoker.Loader(src, 8, options={"fetch_buffer": "32 QB"})
     with pytest.raises(ValueError, match="max_input_bytes"):
         stoker.Loader(src, 8, options={"max_input_bytes": "16QB"})
     with pytest.raises(ValueError, match="memory_budget"):
