@@ -122,8 +122,47 @@ enum stk_dtype {
     STK_DTYPE_UINT8 = 0,
     STK_DTYPE_FLOAT32 = 1,
     STK_DTYPE_FLOAT16 = 2,
-    STK_DTYPE_BFLOAT16 = 3
+    STK_DTYPE_BFLOAT16 = 3,
+    /* Added with fields (scalars and .npy arrays, stk_field): */
+    STK_DTYPE_INT64 = 4,
+    STK_DTYPE_FLOAT64 = 5,
+    STK_DTYPE_INT8 = 6,
+    STK_DTYPE_INT16 = 7,
+    STK_DTYPE_INT32 = 8,
+    STK_DTYPE_UINT16 = 9,
+    STK_DTYPE_UINT32 = 10,
+    STK_DTYPE_UINT64 = 11,
+    STK_DTYPE_BOOL = 12
 };
+
+/* Bytes of one element of a dtype (0 for a number that is no dtype). */
+STK_API size_t stk_dtype_size(int dtype);
+/* The dtype's name as NumPy spells it ("uint8", "float32", "bfloat16",
+ * "int64", "bool"), or NULL for a number that is no dtype. Static. */
+STK_API const char *stk_dtype_name(int dtype);
+
+/* What a sample's field holds (samples with fields, docs/multimodal.md). */
+enum stk_field_kind {
+    STK_FIELD_AUTO = 0,  /* stk_options_add_field: the source's kind, else the name's */
+    STK_FIELD_IMAGE = 1, /* decoded and transformed in C (its own transform) */
+    STK_FIELD_TEXT = 2,  /* UTF-8 text (checked) */
+    STK_FIELD_JSON = 3,  /* a JSON text (checked for syntax and UTF-8) */
+    STK_FIELD_BYTES = 4, /* bytes as stored */
+    STK_FIELD_INT = 5,   /* a decimal integer: batched as int64 */
+    STK_FIELD_FLOAT = 6, /* a decimal number: batched as float32 */
+    STK_FIELD_NPY = 7    /* a NumPy .npy array: its data, with dtype and shape */
+};
+
+/* The kind's name as a (field, kind) pair writes it: "image", "text",
+ * "json", "bytes", "int", "float", "npy" ("auto" for 0); NULL for no kind. */
+STK_API const char *stk_field_kind_name(int kind);
+/* The kind a name stands for: one of the names above, else -1. */
+STK_API int stk_field_kind_parse(const char *name);
+/* The kind a source field's name implies when the source does not say: its
+ * last dot-separated part decides (case-insensitive): jpg jpeg png webp ppm
+ * image -> IMAGE; txt text caption path -> TEXT; json -> JSON; cls cls2 index
+ * label -> INT; npy -> NPY; anything else BYTES. "seg.png" is an image. */
+STK_API int stk_field_kind_for_name(const char *name);
 
 /* Where a batch's data lives (stk_options_set(o, "device", ...),
  * docs/gpu.md). */
@@ -241,6 +280,37 @@ STK_API int stk_options_set_max_sample_bytes(stk_options *o, size_t n);
  * spec (see docs/transforms.md), e.g. "imagenet-train". Copied. STK_EINVAL on
  * NULL; the spec itself is checked at stk_loader_open. */
 STK_API int stk_options_set_transform(stk_options *o, const char *spec);
+/* Samples with fields (docs/multimodal.md): adds an output field to the
+ * samples the loader delivers. With none added, a sample is one payload and
+ * a label, as always.
+ *   name       the output name (unique among the fields), e.g. "caption"
+ *   sources    the source's field names to take it from, ';'-separated
+ *              alternatives, the first a sample has wins: "jpg;png;webp"
+ *              (a tar member's extension after the key, a .stk field, a
+ *              column); NULL: name itself
+ *   kind       enum stk_field_kind; AUTO: the kind the source gives the
+ *              field, else stk_field_kind_for_name of the source field
+ *   transform  image fields: the pipeline spec (as stk_options_set_transform);
+ *              NULL: the loader's transform. Other kinds: must be NULL.
+ *              The first image field draws exactly what the loader without
+ *              fields draws; further ones draw keyed by (seed, epoch, sample,
+ *              field)
+ *   flags      STK_FIELD_OPTIONAL: a sample without it gets present[k] = 0
+ *              instead of failing ("has no field 'txt' (has: jpg, json)")
+ * Copied. STK_OK; STK_EINVAL (NULL or empty name, a duplicate name, a kind
+ * that is none, a transform on a field that is no image, more than 32
+ * fields) with the reason on stk_options_errmsg; STK_ENOMEM. A source field
+ * that no sample has is refused at stk_loader_open. */
+#define STK_FIELD_OPTIONAL 1u
+STK_API int stk_options_add_field(stk_options *o, const char *name, const char *sources, int kind,
+                                  const char *transform, unsigned flags);
+/* Adds fields from one text, as the command line's --fields takes it:
+ * comma-separated NAME[?][=SOURCES][:KIND], e.g.
+ * "image=jpg;png,caption=txt,meta=json,label=cls:int,extra?=npy" ('?':
+ * optional). Images take the loader's transform. STK_OK, or as
+ * stk_options_add_field (nothing added on a failure). */
+STK_API int stk_options_set_fields(stk_options *o, const char *spec);
+
 /* Parses a byte size as every size option takes it (stk_options_set, the
  * `stoker` tool, Python): a whole number of bytes ("1048576"), or a number,
  * possibly with a fraction, followed by a unit: K, M, G, T or KiB, MiB, GiB,
@@ -345,7 +415,51 @@ typedef struct stk_batch {
     int device;    /* enum stk_device of `data`; labels, indices, offsets,
                       lengths and dims are host memory always */
     int device_id; /* which device, for CUDA and FAKE */
+    /* Samples with fields (stk_options_add_field): one column per requested
+     * field, in the order they were added; 0 and NULL without fields. The
+     * first image field is also the batch's data above (data, kind, dtype,
+     * shape, offsets, lengths, dims, device), so code that reads one image
+     * per sample keeps working. */
+    size_t nfields;
+    const struct stk_field *fields;
 } stk_batch;
+
+#define STK_FIELD_MAXDIM 7 /* dims of a variable field's sample (.npy arrays) */
+
+/* One field of a batch: `size` samples of it (the batch's size, after
+ * skipped samples were left out), in the batch's sample order. Owned by the
+ * batch, valid until it is released; every pointer is host memory except
+ * `data` of the first image field with a device (then `device` says so).
+ *
+ * Dense (layout STK_BATCH_DENSE): data holds size x shape of dtype, sample k
+ * at k * sample_bytes: images of one output size, INT (int64, shape ()),
+ * FLOAT (float32, shape ()).
+ * Variable (STK_BATCH_VARIABLE): sample k is lengths[k] bytes at
+ * data + offsets[k]; for IMAGE and NPY, shapes[k * (STK_FIELD_MAXDIM + 1)]
+ * is its number of dims and the next ones the dims (an image: h, w, c; a
+ * .npy: its shape, C order), and for NPY dtypes[k] its element type. TEXT
+ * and JSON are UTF-8 without a terminator; BYTES as stored; an image
+ * without a transform is its encoded bytes (shapes all 0). */
+typedef struct stk_field {
+    const char *name;  /* the output name given to stk_options_add_field */
+    const char *source; /* the source field that supplied it (the first
+                           alternative when samples differ) */
+    int kind;          /* enum stk_field_kind, never AUTO */
+    int layout;        /* STK_BATCH_DENSE or STK_BATCH_VARIABLE */
+    int dtype;         /* dense: element type; variable: UINT8 */
+    unsigned ndim;     /* dense: rank of one sample's shape */
+    int64_t shape[4];  /* dense: one sample's shape */
+    size_t sample_bytes; /* dense: bytes of one sample */
+    void *data;
+    const uint64_t *offsets; /* variable: NULL for dense */
+    const uint64_t *lengths; /* variable: NULL for dense */
+    const int64_t *shapes;   /* variable IMAGE and NPY; else NULL */
+    const int32_t *dtypes;   /* variable NPY: element type per sample; else NULL */
+    const uint8_t *present;  /* optional fields: 1 where the sample has it, 0
+                                where not (then its bytes are empty, a dense
+                                value zero); NULL when every sample has it */
+    int device, device_id;   /* where `data` is (enum stk_device) */
+} stk_field;
 
 /* Static facts about an open loader (extensible: set struct_size). */
 typedef struct stk_info {
@@ -631,7 +745,8 @@ typedef struct stk_error_info {
     uint64_t nfailed;    /* failed samples in that batch (>= 1) */
     const char *path;    /* the sample's file path or key ("" without a sample) */
     const char *reason;  /* why it failed ("" without a sample) */
-    const char *field;   /* the field that failed; "" (samples have one payload) */
+    const char *field;   /* the output field that failed (stk_options_add_field);
+                            "" without fields or when the sample failed as a whole */
     const char *message; /* the text stk_loader_errmsg() returns */
 } stk_error_info;
 
@@ -816,6 +931,19 @@ typedef struct stk_dataset_info {
 
 /* Fills *info. STK_OK; STK_EINVAL (NULL, or info->struct_size too small). */
 STK_API int stk_dataset_describe(const stk_dataset *d, stk_dataset_info *info);
+
+/* The fields a dataset's samples have (docs/multimodal.md): a tar's member
+ * extensions, a .stk's stored fields, a folder's image, label and path. */
+typedef struct stk_dataset_field_info {
+    size_t struct_size;
+    const char *name; /* owned by the handle */
+    int kind;         /* enum stk_field_kind the source gives it, or AUTO */
+    uint64_t samples; /* samples that have it; UINT64_MAX: not known */
+} stk_dataset_field_info;
+/* Number of fields (0 for a source that cannot say). */
+STK_API size_t stk_dataset_field_count(const stk_dataset *d);
+/* STK_OK; STK_EINVAL (k >= count, NULL, struct_size too small). */
+STK_API int stk_dataset_field(const stk_dataset *d, size_t k, stk_dataset_field_info *info);
 
 /* Shard k of a sharded dataset (extensible as stk_dataset_info). */
 typedef struct stk_dataset_shard_info {

@@ -135,6 +135,21 @@ const char *stk_dataset_class_name(const stk_dataset *d, uint64_t c)
     return d ? stk__source_class_name(&d->src, c) : NULL;
 }
 
+size_t stk_dataset_field_count(const stk_dataset *d)
+{
+    return d ? d->src.nfields : 0;
+}
+
+int stk_dataset_field(const stk_dataset *d, size_t k, stk_dataset_field_info *info)
+{
+    if (!d || !info || info->struct_size < sizeof(stk_dataset_field_info) || k >= d->src.nfields)
+        return STK_EINVAL;
+    const stk__field_desc *f = &d->src.fields[k];
+    *info = (stk_dataset_field_info){
+        .struct_size = sizeof *info, .name = f->name, .kind = f->kind, .samples = f->samples};
+    return STK_OK;
+}
+
 int stk_dataset_sample_key(const stk_dataset *d, uint64_t i, char *buf, size_t n)
 {
     if (!d || !buf || !n || i >= d->src.count)

@@ -54,6 +54,7 @@ void stk__core_free(core *c)
     stk__errors_clear(c);
     stk__free(c->errors);
     stk__imgpipe_destroy(c->pipe);
+    stk__fields_free(c);
     /* Closing the source closes its store, which completes the fetch
      * stage's requests still in flight; only then can the stage go. */
     stk__fetch_cancel(c->fetch);
@@ -476,6 +477,15 @@ void stk_loader_close(stk_loader *l)
 static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
 {
     const char *spec = o->transform;
+    int rc = stk__fields_setup(c, o, &spec, err, errlen);
+    if (rc)
+        return rc;
+    if (o->nfields && c->primary < 0) {
+        /* Fields without an image: the ring's data holds nothing. */
+        c->kind = STK_BATCH_DENSE;
+        c->dtype = STK_DTYPE_UINT8;
+        return STK_OK;
+    }
     if (!spec || !*spec || !strcmp(spec, "none")) {
         /* Without a transform samples are their stored bytes: a float dtype
          * would be silently ignored, so it is refused. */
@@ -500,7 +510,7 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
         return STK_OK;
     }
     stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
-    int rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
+    rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
     if (rc)
         return rc;
     stk__imgpipe_set_strict(c->pipe, o->strict);
@@ -611,7 +621,8 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     /* A variable batch's samples take at most batch_memory (sample_bytes is
      * 0 then); the arena gives back what a smaller batch leaves unused. */
     uint64_t per_batch = B * (c->sample_bytes + 8 + 8 + 12 + 8 + 8 + 1) + sizeof(buffer) +
-                         (c->kind == STK_BATCH_VARIABLE ? c->batch_memory : 0);
+                         (c->kind == STK_BATCH_VARIABLE ? c->batch_memory : 0) +
+                         stk__fields_buffer_bytes(c);
     uint64_t per_thread = sizeof(worker);
     if (c->pipe)
         /* the encoded input, and the sub-image a restart-indexed JPEG's crop

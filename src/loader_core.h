@@ -12,6 +12,7 @@
 
 #include "device/stage.h"
 #include "fetch/fetch.h"
+#include "fields.h"
 #include "image.h"
 #include "internal.h"
 #include "io/remote.h"
@@ -42,6 +43,7 @@ typedef struct slot_err {
     int code;
     char *name;
     char *reason;
+    char *field; /* the output field that failed, or NULL */
 } slot_err;
 
 /* A batch's failure reported under the raise policy (STK_ESAMPLE): the
@@ -54,6 +56,7 @@ typedef struct raised {
     bool known;   /* false: the batch's report was lost (out of memory) */
     char *path;   /* owned; NULL when its copy failed */
     char *reason; /* owned; NULL when its copy failed */
+    char *field;  /* owned; the output field that failed, or NULL */
 } raised;
 
 typedef struct core core;
@@ -66,6 +69,16 @@ typedef struct held {
     pid_t pid;           /* the process it was handed to */
     struct held **spare; /* device batches: the list the node goes back to */
 } held;
+
+/* A requested field's column in one buffer (fields.h; the primary image
+ * field's pixels are the buffer's data, its shapes are here). */
+typedef struct fcol {
+    uint8_t *dense;              /* dense: batch_size x sample_bytes */
+    uint64_t *offsets, *lengths; /* variable: into the buffer's field arena */
+    int64_t *shapes;             /* variable IMAGE/NPY: STK_FIELD_MAXDIM + 1 a sample */
+    int32_t *dtypes;             /* NPY */
+    uint8_t *present;            /* optional fields */
+} fcol;
 
 typedef struct buffer {
     stk_batch view; /* first member: stk_batch_release() casts back */
@@ -87,6 +100,13 @@ typedef struct buffer {
      * order they finish (offsets say where each is). */
     _Atomic size_t vused; /* bytes taken (CAS by the workers) */
     size_t vhigh;         /* bytes backed by memory so far (high water) */
+    /* Fields (core.nfplan > 0): one column a field, their views, and the
+     * arena of the variable ones (field_memory bytes of address space). */
+    fcol *cols;
+    stk_field *fviews;
+    uint8_t *farena;
+    _Atomic size_t fused;
+    size_t fhigh;
 } buffer;
 
 typedef struct worker {
@@ -95,6 +115,7 @@ typedef struct worker {
     pthread_t th;
     bool started;
     stk__scratch in, dec;
+    stk__field_set fset; /* a sample's fields (fields only) */
     /* Written by the worker, read by stats calls from the consumer: relaxed
      * atomics, since each counter is independent and only needs no tearing. */
     _Atomic uint64_t items[NSTAGES];
@@ -120,6 +141,14 @@ struct core {
     size_t sample_bytes; /* dense: one sample; variable: 0 */
     size_t batch_memory; /* variable: the most one batch's samples may take */
     size_t max_sample;   /* variable: the most one sample may take (0: batch_memory) */
+    /* Fields (loader_fields.c): the plan of each requested field; primary is
+     * the first image field (its pixels are the ring's data, made by pipe),
+     * -1 when none; field_memory the field arena's size (0: none). */
+    stk__fplan *fplan;
+    stk__fspec *fspecs; /* the specs the plan points at (a copy of the options') */
+    size_t nfplan;
+    int primary;
+    size_t field_memory;
 
     unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
     size_t batch_size, run;
@@ -191,6 +220,26 @@ int stk__check_handle(stk_loader *l);
 /* Moves the production cursor to batch `batch` of `epoch` (set_lay: with
  * the resumed layout lay, NULL for none, from there on). */
 void stk__seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bool set_lay);
+
+/* ---- loader_fields.c ---- */
+/* Resolves o's fields against the source, chooses each one's column and
+ * selects the source's fields to read; sets the primary's transform spec in
+ * *spec (NULL: none). No fields: does nothing. */
+int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *err, size_t errlen);
+/* Frees the plan (pipelines, specs). */
+void stk__fields_free(core *c);
+/* Bytes the fields' columns take in one buffer (memory bound). */
+uint64_t stk__fields_buffer_bytes(const core *c);
+/* Makes sample i's fields into slot s (worker). Returns the error, with
+ * err and *field (static or the plan's) set. */
+int stk__fields_make(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch,
+                     const uint8_t *bytes, size_t len, int64_t label, char *err, size_t errlen,
+                     const char **field);
+/* The ring's part: allocate, free, compact after skips, views. */
+int stk__fields_ring_alloc(core *c, buffer *b);
+void stk__fields_ring_free(core *c, buffer *b);
+void stk__fields_publish(core *c, buffer *b);
+void stk__fields_release(core *c, buffer *b);
 
 /* ---- loader_worker.c ---- */
 void *stk__worker_main(void *arg);

@@ -12,6 +12,7 @@ void stk__slot_errs_free(slot_err *e)
         slot_err *n = e->next;
         stk__free(e->name);
         stk__free(e->reason);
+        stk__free(e->field);
         stk__free(e);
         e = n;
     }
@@ -31,6 +32,7 @@ void stk__raised_free(raised *r)
 {
     stk__free(r->path);
     stk__free(r->reason);
+    stk__free(r->field);
     *r = (raised){0};
 }
 
@@ -148,6 +150,7 @@ void stk__raise_batch(core *c, const buffer *b, uint64_t g, char *err, size_t er
         r->code = e->code;
         r->path = e->name ? stk__strdup(e->name) : NULL;
         r->reason = e->reason ? stk__strdup(e->reason) : NULL;
+        r->field = e->field ? stk__strdup(e->field) : NULL;
     }
     uint64_t more = b->failed > 1 ? b->failed - 1 : 0;
     char tail[96] = "";

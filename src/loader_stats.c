@@ -222,7 +222,7 @@ int stk_loader_last_error(stk_loader *l, stk_error_info *info)
         .nfailed = r ? r->nfailed : 0,
         .path = r ? (r->path ? r->path : "?") : "",
         .reason = r ? (r->reason ? r->reason : stk_strerror(r->code)) : "",
-        .field = "",
+        .field = r && r->field ? r->field : "",
         .message = l->errmsg,
     };
     return stk__put_sized(l, "stk_error_info", info, &full, sizeof full, ERRINFO_V1);

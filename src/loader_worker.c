@@ -26,6 +26,9 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     stk__sink arena = {.alloc = stk__ring_arena_alloc, .ctx = &ar};
     stk__sink sink = {slot, c->sample_bytes, c->pipe ? &w->in : NULL, NULL, NULL, ""};
     stk__sink *rsink = variable && !c->pipe ? &arena : &sink;
+    if (c->nfplan) /* all the sample's fields, into the thread's scratch */
+        sink = (stk__sink){NULL, 0, &w->in, NULL, NULL, ""}, rsink = &sink;
+    const char *field = NULL;
     uint8_t *out = slot;
     uint8_t *bytes = NULL;
     size_t len = 0;
@@ -48,7 +51,14 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     stage_add(w, STK_STAGE_READ, t1 - t0);
     if (c->trace)
         stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
-    if (rc == STK_OK && c->pipe) {
+    if (rc == STK_OK && c->nfplan) {
+        stk__imgpipe_decoded_at = 0;
+        rc = stk__fields_make(w, b, s, i, epoch, bytes, len, label, err, sizeof err, &field);
+        uint64_t t2 = stk__now_ns();
+        stage_add(w, STK_STAGE_PROCESS, t2 - t1);
+        if (c->trace)
+            stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g, (uint32_t)s);
+    } else if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
         stk__imgpipe_decoded_at = 0;
         size_t out_len = 0;
@@ -80,12 +90,18 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     }
     if (rc == STK_ETOOBIG && arena.why[0])
         stk__fmt(err, sizeof err, "%s", arena.why);
-    if (variable)
-        b->offsets[s] = rc == STK_OK ? (uint64_t)(out - b->data) : 0;
+    if (c->nfplan) {
+        /* the fields set the primary image's entries themselves */
+        if (rc != STK_OK)
+            b->offsets[s] = b->lengths[s] = 0;
+    } else {
+        if (variable)
+            b->offsets[s] = rc == STK_OK ? (uint64_t)(out - b->data) : 0;
+        b->lengths[s] = rc == STK_OK ? len : 0;
+        memcpy(&b->dims[3 * s], dims, sizeof dims);
+    }
     b->labels[s] = label;
     b->indices[s] = i;
-    b->lengths[s] = rc == STK_OK ? len : 0;
-    memcpy(&b->dims[3 * s], dims, sizeof dims);
     b->ok[s] = rc == STK_OK;
     if (rc != STK_OK) {
         char name[NAME_MAX_BYTES];
@@ -99,6 +115,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
             e->code = rc;
             e->name = stk__strdup(name);
             e->reason = stk__strdup(err[0] ? err : stk_strerror(rc));
+            e->field = field ? stk__strdup(field) : NULL;
             e->next = *errs;
             *errs = e;
         }

@@ -2,6 +2,7 @@
  * bad option fails at the call that set it. */
 #include "options.h"
 #include "fetch/fetch.h"
+#include "fields.h"
 #include "io/remote.h"
 
 #include <errno.h>
@@ -28,6 +29,7 @@ int stk_options_create(stk_options **out)
     o->max_input_bytes = 32u << 20;
     o->jpeg_memory = 64u << 20;
     o->trace_events = 1u << 20;
+    o->field_memory = (size_t)64 << 20;
     return STK_OK;
 }
 
@@ -42,6 +44,7 @@ void stk_options_destroy(stk_options *o)
     stk__free(o->region);
     stk__free(o->cache_dir);
     stk__free(o->trace);
+    stk__fspecs_free(o->fields, o->nfields);
     stk__free(o);
 }
 
@@ -329,6 +332,25 @@ static int set_device(stk_options *o, const char *v, uint64_t n)
     return STK_OK;
 }
 
+/* The option replaces the fields added so far ("" clears them). */
+static int set_fields_entry(stk_options *o, const char *v, uint64_t n)
+{
+    (void)n;
+    stk__fspec *old = o->fields;
+    size_t nold = o->nfields;
+    o->fields = NULL;
+    o->nfields = 0;
+    int rc = *v ? stk_options_set_fields(o, v) : STK_OK;
+    if (rc) {
+        stk__fspecs_free(o->fields, o->nfields);
+        o->fields = old;
+        o->nfields = nold;
+        return rc;
+    }
+    stk__fspecs_free(old, nold);
+    return STK_OK;
+}
+
 static const signed char layout_words[] = {1, 0};       /* nchw, nhwc */
 static const signed char addressing_words[] = {1, 2, 0}; /* path, virtual, auto */
 
@@ -392,6 +414,15 @@ static const opt_entry table[] = {
     OPT("batch_memory", SIZE, 4096, TB, NULL, NULL, "512M",
         "the most one variable-size batch's samples may take", ENGINE, OFF(batch_memory), ST_SIZE,
         NULL, NULL),
+    OPT("fields", STRING, 0, 0, NULL, "NAME[?][=SOURCES][:KIND],...",
+        "none (one payload and a label)",
+        "samples with several fields, e.g. image=jpg;png,caption=txt,label=cls "
+        "(docs/multimodal.md)",
+        ENGINE, 0, ST_NONE, NULL, set_fields_entry),
+    OPT("field_memory", SIZE, 4096, TB, NULL, NULL, "64M",
+        "the most one batch's variable fields (text, JSON, bytes, arrays, images of their own "
+        "size) may take besides its first image",
+        ENGINE, OFF(field_memory), ST_SIZE, NULL, NULL),
     OPT("memory_budget", SIZE, 1, PB, NULL, NULL,
         "a quarter of the available memory, shared by the node's ranks",
         "memory the loader's bound may take when depth is auto", ENGINE, OFF(memory_budget),

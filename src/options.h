@@ -54,6 +54,10 @@ struct stk_options {
     uint64_t memory_budget; /* bytes for the loader's bound (0: a quarter of the
                                memory available, shared by LOCAL_WORLD_SIZE) */
     uint64_t trace_events;  /* events kept in all (the ring's size) */
+    /* Samples with fields (fields.h): none = one payload and a label. */
+    struct stk__fspec *fields;
+    size_t nfields;
+    size_t field_memory; /* one batch's variable fields' cap */
     int device;             /* enum stk_device of the batches (docs/gpu.md) */
     int device_id;
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */

@@ -90,6 +90,7 @@ bool stk__ring_claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t 
                 buffer *b = &c->bufs[f];
                 b->state = BUF_FILLING;
                 atomic_store_explicit(&b->vused, 0, memory_order_relaxed);
+                atomic_store_explicit(&b->fused, 0, memory_order_relaxed);
                 b->g = c->assigned_end_g;
                 b->size = stk__schedule_batch_len(&c->sched, b->g);
                 b->filled = b->failed = 0;
@@ -157,6 +158,7 @@ void stk__ring_publish(core *c, buffer *b)
     v->dims = b->dims;
     v->labels = b->labels;
     v->indices = b->indices;
+    stk__fields_publish(c, b);
 }
 
 /* ---- autotune ------------------------------------------------------------- */
@@ -237,12 +239,13 @@ void stk__ring_release(buffer *b)
         pthread_mutex_unlock(&c->lock);
         return;
     }
-    if (c->kind == STK_BATCH_VARIABLE) {
+    if (c->kind == STK_BATCH_VARIABLE || b->farena) {
         /* Compacted outside the lock (madvise): no worker touches a buffer
          * that is not free, and a second release sees RELEASING. */
         b->state = BUF_RELEASING;
         pthread_mutex_unlock(&c->lock);
         arena_compact(c, b);
+        stk__fields_release(c, b);
         pthread_mutex_lock(&c->lock);
     }
     b->state = BUF_FREE;
@@ -273,6 +276,7 @@ void stk__ring_free(core *c)
             stk__free(b->indices);
             stk__free(b->ok);
             stk__slot_errs_free(b->errs);
+            stk__fields_ring_free(c, b);
         }
     }
     stk__free(c->bufs);
@@ -317,8 +321,8 @@ int stk__ring_alloc(core *c)
             /* Address space only: memory is used as samples are written. */
             if (!(b->data = stk__map(c->batch_memory)))
                 return STK_ENOMEM;
-        } else if (!(b->data = stk__malloc(B * c->sample_bytes))) {
-            return STK_ENOMEM;
+        } else if (!(b->data = stk__malloc(c->sample_bytes ? B * c->sample_bytes : 1))) {
+            return STK_ENOMEM; /* (fields without an image: no pixels) */
         }
         if (!(b->offsets = stk__malloc(B * sizeof *b->offsets)) ||
             !(b->lengths = stk__malloc(B * sizeof *b->lengths)) ||
@@ -326,6 +330,9 @@ int stk__ring_alloc(core *c)
             !(b->labels = stk__malloc(B * sizeof *b->labels)) ||
             !(b->indices = stk__malloc(B * sizeof *b->indices)) || !(b->ok = stk__malloc(B)))
             return STK_ENOMEM;
+        int rc = stk__fields_ring_alloc(c, b);
+        if (rc)
+            return rc;
     }
     c->free_count = c->nbufs;
     return STK_OK;

@@ -48,6 +48,76 @@ void stk__source_free_common(stk__source *s)
     s->shard_first = NULL;
     s->remote = NULL;
     s->nshards = s->nshards_objs_ = 0;
+    for (size_t k = 0; k < s->nfields; k++)
+        stk__free(s->fields[k].name);
+    stk__free(s->fields);
+    s->fields = NULL;
+    s->nfields = 0;
+}
+
+/* ---- Fields ----------------------------------------------------------------- */
+
+int stk__source_add_field(stk__source *s, const char *name, size_t name_len, int kind,
+                          uint64_t samples)
+{
+    if (s->nfields >= STK__MAX_FIELDS)
+        return -1;
+    if (!s->fields && !(s->fields = stk__calloc(STK__MAX_FIELDS, sizeof *s->fields)))
+        return -1;
+    char *copy = stk__malloc(name_len + 1);
+    if (!copy)
+        return -1;
+    memcpy(copy, name, name_len);
+    copy[name_len] = '\0';
+    stk__field_desc *f = &s->fields[s->nfields];
+    f->name = copy;
+    f->kind = kind;
+    f->samples = samples;
+    return (int)s->nfields++;
+}
+
+int stk__source_default_fields(stk__source *s)
+{
+    /* Every reader but records holds images (encoded, or raw pixels). */
+    bool image = strcmp(s->ops->kind, "records") != 0;
+    const char *name = image ? "image" : "data";
+    if (stk__source_add_field(s, name, strlen(name), image ? STK_FIELD_IMAGE : STK_FIELD_BYTES,
+                              s->count) < 0)
+        return STK_ENOMEM;
+    if (s->num_classes && stk__source_add_field(s, "label", 5, STK_FIELD_INT, s->count) < 0)
+        return STK_ENOMEM;
+    return STK_OK;
+}
+
+int stk__field_set_gen(stk__field_set *fs, uint32_t id, const void *data, size_t len)
+{
+    if (fs->n >= STK__MAX_FIELDS)
+        return STK_EFORMAT;
+    if (len > sizeof fs->gen - fs->gen_used)
+        return STK_ETOOBIG;
+    uint8_t *p = fs->gen + fs->gen_used;
+    if (len)
+        memcpy(p, data, len);
+    fs->gen_used += len;
+    fs->f[fs->n++] = (stk__field_ref){id, p, len};
+    return STK_OK;
+}
+
+int stk__source_fields_generic(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                               int64_t label, stk__field_set *fs, char *err, size_t errlen)
+{
+    (void)i;
+    (void)err;
+    (void)errlen;
+    fs->n = 0;
+    fs->gen_used = 0;
+    fs->f[fs->n++] = (stk__field_ref){0, bytes, len};
+    if (label >= 0 && s->nfields > 1) {
+        char digits[24];
+        int n = snprintf(digits, sizeof digits, "%lld", (long long)label);
+        return stk__field_set_gen(fs, 1, digits, (size_t)n);
+    }
+    return STK_OK;
 }
 
 void stk__source_close(stk__source *s)

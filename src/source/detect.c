@@ -483,10 +483,9 @@ out:
     return rc;
 }
 
-int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
-                     size_t errlen)
+static int open_any(stk__source *s, const char *path, const stk__source_params *prm, char *err,
+                    size_t errlen)
 {
-    memset(s, 0, sizeof *s);
     if (stk__is_url(path))
         return open_url(s, path, prm, err, errlen);
     struct stat st;
@@ -521,6 +520,18 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
              "ImageFolder layout",
              path);
     return STK_EINVAL;
+}
+
+int stk__source_open(stk__source *s, const char *path, const stk__source_params *prm, char *err,
+                     size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    int rc = open_any(s, path, prm, err, errlen);
+    if (rc == STK_OK && !s->nfields && (rc = stk__source_default_fields(s))) {
+        stk__fmt(err, errlen, "out of memory while opening %s", path);
+        stk__source_close(s);
+    }
+    return rc;
 }
 
 /* ---- Describing sources -------------------------------------------------- */

@@ -40,6 +40,38 @@ struct stk__cache;
 
 typedef struct stk__source stk__source;
 
+/* ---- Fields (samples with several fields, docs/multimodal.md) ----------
+ * A source describes the fields its samples have (stk__source.fields) and,
+ * given the bytes a read or a fetch brought for sample i, says where each
+ * of its fields is (the `fields` op). A source without the op has the
+ * generic fields stk__source_fields_generic gives: its one payload and its
+ * label. */
+#define STK__MAX_FIELDS 64 /* fields one source may describe */
+
+typedef struct stk__field_desc {
+    char *name;       /* a tar member's extension after the key ("jpg",
+                         "seg.png"), a .stk field's name, a column */
+    int kind;         /* enum stk_field_kind the source knows it has, or AUTO */
+    uint64_t samples; /* samples that have it; UINT64_MAX: not known */
+} stk__field_desc;
+
+/* One field of one sample: id indexes stk__source.fields; data/len its bytes
+ * (inside the bytes the read gave, or in the set's gen area). An INT field's
+ * bytes are its decimal text, a FLOAT's too. */
+typedef struct stk__field_ref {
+    uint32_t id;
+    const uint8_t *data;
+    size_t len;
+} stk__field_ref;
+
+#define STK__FIELD_GEN 4200 /* bytes a source may generate per sample (a label, a path) */
+typedef struct stk__field_set {
+    stk__field_ref f[STK__MAX_FIELDS];
+    size_t n;
+    size_t gen_used;
+    uint8_t gen[STK__FIELD_GEN];
+} stk__field_set;
+
 typedef struct stk__source_ops {
     const char *kind; /* "folder", "records", ... */
     /* Reads sample i (i < count): on success *data points at its bytes (inside
@@ -58,6 +90,18 @@ typedef struct stk__source_ops {
      * and gives its label. STK_EFORMAT with the reason in err. */
     int (*accept)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
                   int64_t *label, char *err, size_t errlen);
+    /* Optional: the fields reads return from now on (bit k: fields[k]);
+     * called once after open, before any read or locate. A source whose
+     * sample is one range of bytes holding all its fields may ignore it.
+     * Without a select, reads return the sample's payload as they always
+     * did. */
+    int (*select)(stk__source *s, uint64_t mask, char *err, size_t errlen);
+    /* Optional: fills fs with the fields of sample i found in bytes/len (what
+     * read or locate+fetch gave after select) and label (what the read gave).
+     * STK_EFORMAT with the reason (without the sample's name) in err. NULL:
+     * stk__source_fields_generic. */
+    int (*fields)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                  int64_t label, stk__field_set *fs, char *err, size_t errlen);
 } stk__source_ops;
 
 struct stk__source {
@@ -93,7 +137,28 @@ struct stk__source {
     int *pins;
     size_t npins;
     struct stk__cache *cache;
+    /* The fields samples have (owned; names freed by stk__source_close); 0 and
+     * NULL until stk__source_open sets the generic ones for a reader that did
+     * not describe its own. */
+    stk__field_desc *fields;
+    size_t nfields;
 };
+
+/* Adds a field to s's description (name copied). Returns its id, or -1 when
+ * out of memory or past STK__MAX_FIELDS. */
+int stk__source_add_field(stk__source *s, const char *name, size_t name_len, int kind,
+                          uint64_t samples);
+/* The generic fields for a reader that describes none: field 0 is the
+ * payload ("image" for image sources, else "data"), field 1 "label" (INT)
+ * when the source has labels. Called by stk__source_open. */
+int stk__source_default_fields(stk__source *s);
+/* The generic `fields` op: field 0 = bytes, field 1 = the label's digits
+ * (only when label >= 0). */
+int stk__source_fields_generic(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                               int64_t label, stk__field_set *fs, char *err, size_t errlen);
+/* Appends a generated field (bytes copied into fs->gen). STK_ETOOBIG when the
+ * gen area is full, STK_EFORMAT past STK__MAX_FIELDS refs. */
+int stk__field_set_gen(stk__field_set *fs, uint32_t id, const void *data, size_t len);
 
 /* Parameters a source may need beyond the path. */
 typedef struct stk__source_params {

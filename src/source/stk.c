@@ -244,8 +244,12 @@ static void stk_close(stk__source *src)
     src->impl = NULL;
 }
 
-static const stk__source_ops k_stk_ops = {"stk",      stk_read,  stk_name,
-                                          stk_close, stk_locate, stk_accept};
+static const stk__source_ops k_stk_ops = {.kind = "stk",
+                                          .read = stk_read,
+                                          .name = stk_name,
+                                          .close = stk_close,
+                                          .locate = stk_locate,
+                                          .accept = stk_accept};
 
 /* Checks a shard's header and footer bytes (read from anywhere). */
 static int parse_ends(shard *s, const uint8_t *hdr, const uint8_t *foot, char *why, size_t wl)
