@@ -1,0 +1,68 @@
+/*
+ * remote_impl.h -- what the files of the remote store share (not included
+ * outside src/io/): the store's state, and the helpers one file defines for
+ * the others. remote.c is the transfer engine (one I/O thread over a libcurl
+ * multi handle) and open/close; url.c parses dataset URLs, S3 addressing and
+ * object names; s3list.c lists a prefix (ListObjectsV2) and reads S3's XML.
+ */
+#ifndef STK_IO_REMOTE_IMPL_H
+#define STK_IO_REMOTE_IMPL_H
+
+#include "io/creds.h"
+#include "io/remote.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+enum { SCHEME_HTTP = 1, SCHEME_S3 = 2 };
+enum { Q_QUEUED, Q_ACTIVE, Q_WAITING_RETRY, Q_DONE };
+
+struct stk__remote {
+    int scheme;
+    char *display;  /* the URL as given, no credentials or query */
+    char *base;     /* request URL prefix that object names are appended to */
+    char *self_url; /* URL of the root itself (a single object) */
+    char *basename; /* last element of the URL's path */
+    bool names_object;
+    /* S3 */
+    char *bucket, *prefix; /* prefix: "" or ends with '/' for a directory */
+    char *list_url;        /* bucket URL for ListObjectsV2 */
+    char *region, *sigv4;
+    stk__creds *creds; /* the S3 credential chain (creds.c); NULL for http(s) */
+    char *cafile;      /* AWS_CA_BUNDLE, else CURL_CA_BUNDLE: a CA bundle for https */
+    stk__remote_cfg cfg;
+
+    /* engine */
+    pthread_mutex_t lock;
+    pthread_cond_t cond_done;
+    pthread_t th;
+    bool started, stop;
+    CURLM *multi;
+    stk__req *queue_head, *queue_tail; /* Q_QUEUED, FIFO */
+    stk__req *retry;                   /* Q_WAITING_RETRY, unordered */
+    stk__req *act;                     /* in the multi handle (I/O thread only) */
+    unsigned active;
+    uint64_t rng;
+    /* Counters: relaxed atomics, each independent. */
+    _Atomic uint64_t n_requests, n_retries, n_failures, n_bytes, n_busy_ns;
+    _Atomic uint64_t n_completed, n_request_ns, n_first_byte_ns;
+    _Atomic uint64_t n_inflight, n_peak;
+};
+
+/* ---- url.c ---- */
+/* The length of p's "scheme://" prefix, or 0 when it has none. */
+size_t stk__url_scheme_len(const char *p);
+/* A copy of s[0..n) / of a + b + c (malloc'd; NULL when out of memory). */
+char *stk__dupn(const char *s, size_t n);
+char *stk__cat3(const char *a, const char *b, const char *c);
+/* The URL without credentials or query, for messages (malloc'd). */
+char *stk__url_display_of(const char *url);
+/* Fill r's addressing from an http(s):// or s3:// URL (s3: also its
+ * credentials and region). */
+int stk__url_parse_http(stk__remote *r, const char *url, char *err, size_t errlen);
+int stk__url_parse_s3(stk__remote *r, const char *url, char *err, size_t errlen);
+/* The request URL of object name (malloc'd). */
+char *stk__object_url(const stk__remote *r, const char *name);
+
+#endif
