@@ -257,7 +257,26 @@ static void folder_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_folder_ops = {.kind = "folder", .read = folder_read, .name = folder_name, .close = folder_close};
+/* Fields: "image" (the file's bytes), "label" (its class), "path" (the
+ * file's path as text, for users who want it). */
+static int folder_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                         int64_t label, stk__field_set *fs, char *err, size_t errlen)
+{
+    int rc = stk__source_fields_generic(s, i, bytes, len, label, fs, err, errlen);
+    if (rc)
+        return rc;
+    const folder *f = s->impl;
+    const char *path = f->paths + f->path_off[i];
+    if ((rc = stk__field_set_gen(fs, 2, path, strlen(path))))
+        stk__fmt(err, errlen, "path of %zu bytes is too long for the path field", strlen(path));
+    return rc;
+}
+
+static const stk__source_ops k_folder_ops = {.kind = "folder",
+                                             .read = folder_read,
+                                             .name = folder_name,
+                                             .close = folder_close,
+                                             .fields = folder_fields};
 
 /* Lists the class subfolders of root (entries that are directories after
  * following symlinks), sorted by name. */
@@ -388,6 +407,13 @@ int stk__source_folder_open(stk__source *s, const char *root, char *err, size_t 
     f->class_names = classes;
     f->num_classes = nclasses;
     classes = NULL;
+    if (stk__source_add_field(s, "image", 5, STK_FIELD_IMAGE, n) < 0 ||
+        stk__source_add_field(s, "label", 5, STK_FIELD_INT, n) < 0 ||
+        stk__source_add_field(s, "path", 4, STK_FIELD_TEXT, n) < 0) {
+        stk__source_free_common(s); /* the fields added */
+        rc = STK_ENOMEM;
+        goto out;
+    }
     s->ops = &k_folder_ops;
     s->impl = f;
     s->count = n;
