@@ -606,6 +606,8 @@ static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
     fc.lookahead = o->fetch_lookahead;
     fc.threads = c->nthreads;
     fc.concurrency = o->fetch_concurrency ? o->fetch_concurrency : 64;
+    fc.block_first = c->sched.block_first;
+    fc.nblocks = c->sched.nblocks;
     fc.cache_dir = o->cache_dir;
     fc.cache_limit = o->cache_limit;
     int rc = stk__fetch_create(&c->fetch, &c->src, &plan, &fc, err, errlen);
@@ -681,6 +683,36 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
     return STK_OK;
 }
 
+/* The shard-aware order, or the block order (the same over blocks of
+ * consecutive samples, schedule/blocks.c). */
+static int setup_order(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    bool blocks = o->order == STK__ORDER_BLOCKS;
+    if (!c->src.nshards) {
+        stk__fmt(err, errlen,
+                 "%s: order \"%s\" needs a dataset of shards (.stk or .tar); this one (%s) has "
+                 "none",
+                 o->source_shown, blocks ? "blocks" : "shards", c->src.ops->kind);
+        return STK_EINVAL;
+    }
+    c->sched.shard_window = o->shard_window ? o->shard_window : 8;
+    const uint64_t *units = c->src.shard_first;
+    size_t nunits = c->src.nshards;
+    if (blocks) {
+        int rc = stk__blocks_make(&c->src, o->block_bytes, &c->sched.block_first,
+                                  &c->sched.nblocks, err, errlen);
+        if (rc)
+            return rc;
+        units = c->sched.block_first;
+        nunits = c->sched.nblocks;
+    } else {
+        c->sched.shard_first = c->src.shard_first;
+        c->sched.nshards = c->src.nshards;
+    }
+    return stk__shard_orders_init(&c->sched.sorder, units, nunits, c->sched.shard_window, o->seed,
+                                  o->shuffle);
+}
+
 static int open_core(stk_loader *l, const stk_options *o)
 {
     char *err = l->errmsg;
@@ -735,22 +767,8 @@ static int open_core(stk_loader *l, const stk_options *o)
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;
-    if (o->shard_order) {
-        if (!c->src.nshards) {
-            stk__fmt(err, errlen,
-                     "%s: order \"shards\" needs a dataset of shards (.stk or .tar); this one "
-                     "(%s) has none",
-                     o->source_shown, c->src.ops->kind);
-            rc = STK_EINVAL;
-            goto fail;
-        }
-        c->sched.shard_window = o->shard_window ? o->shard_window : 8;
-        c->sched.shard_first = c->src.shard_first;
-        c->sched.nshards = c->src.nshards;
-        if ((rc = stk__shard_orders_init(&c->sched.sorder, c->src.shard_first, c->src.nshards,
-                                         c->sched.shard_window, o->seed, o->shuffle)))
-            goto fail;
-    }
+    if (o->order != STK__ORDER_GLOBAL && (rc = setup_order(c, o, err, errlen)))
+        goto fail;
     if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
         stk__fmt(err, errlen,
                  "local_world_size %u does not divide world_size %u: a world is a whole number "

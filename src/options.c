@@ -30,6 +30,7 @@ int stk_options_create(stk_options **out)
     o->jpeg_memory = 64u << 20;
     o->trace_events = 1u << 20;
     o->field_memory = (size_t)64 << 20;
+    o->block_bytes = (uint64_t)4 << 20;
     return STK_OK;
 }
 
@@ -400,12 +401,17 @@ static const opt_entry table[] = {
     OPT("autotune", BOOL, 0, 1, NULL, NULL, "0",
         "the threads set are a cap and the number working adapts to the consumer", ENGINE,
         OFF(autotune), ST_BOOL, NULL, NULL),
-    OPT("order", ENUM, 0, 0, "global|shards", NULL, "global",
-        "sample order: one global permutation, or shuffled shards with samples shuffled within "
-        "windows of shard_window shards",
-        ENGINE, OFF(shard_order), ST_BOOL, NULL, NULL),
+    OPT("order", ENUM, 0, 0, "global|shards|blocks", NULL, "global",
+        "sample order: one global permutation; shuffled shards with samples shuffled within "
+        "windows of shard_window shards; or blocks (runs of consecutive samples of about "
+        "block_bytes) shuffled the same way, for remote data without a cache (docs/remote.md)",
+        ENGINE, OFF(order), ST_INT, NULL, NULL),
+    OPT("block_bytes", SIZE, 4096, TB, NULL, NULL, "4M",
+        "bytes of one block of the block order: a remote dataset read without a cache takes "
+        "one request a block",
+        ENGINE, OFF(block_bytes), ST_U64, NULL, NULL),
     OPT("shard_window", UINT, 1, 1u << 20, NULL, "shards", "8",
-        "shards per window of the shard-aware order", ENGINE, OFF(shard_window), ST_UNSIGNED,
+        "shards (or blocks) per window of the shard-aware (block) order", ENGINE, OFF(shard_window), ST_UNSIGNED,
         NULL, NULL),
     OPT("local_world_size", UINT, 0, 1u << 20, NULL, "ranks", "0 (the world is one node)",
         "ranks per node: each node reads a contiguous part of the order; must divide the world "

@@ -43,8 +43,9 @@ struct stk_options {
      * nothing (a local path; no cache_dir). */
     const char *remote_set;
     bool cache_limit_set;
-    /* Order: false = global permutation; true = shard-aware (docs/engine.md). */
-    bool shard_order;
+    /* Sample order (docs/engine.md). */
+    int order;            /* STK__ORDER_GLOBAL, _SHARDS, _BLOCKS (the enum's words) */
+    uint64_t block_bytes; /* order blocks: bytes of one block */
     unsigned shard_window; /* shards per window (0 = 8) */
     size_t jpeg_memory;     /* per-thread cap on libjpeg's own memory */
     /* Trace (docs/diagnosis.md): Chrome trace-event JSON written at close. */
@@ -62,6 +63,8 @@ struct stk_options {
     int device_id;
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };
+
+enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };
 
 /* How a size is written, for messages (the tools have their own copy for
  * options that are not in the table). */

@@ -566,7 +566,7 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
             "%s OUT` writes .stk shards read as byte ranges of few large files (docs/shards.md)",
             d->a.path);
     if (storage_bound && d->storage.remote) {
-        if (!d->o->shard_order || !d->o->cache_dir)
+        if (d->o->order != STK__ORDER_SHARDS || !d->o->cache_dir)
             ADD("storage", "shard-aware order and a cache", 0,
                 "remote samples are fetched by ranged requests (%" PRIu64 " requests for %" PRIu64
                 " samples); --order shards --cache-dir DIR reads whole shards once and keeps "

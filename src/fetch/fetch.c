@@ -90,6 +90,9 @@ struct chunk {
     chunk *next_submit; /* the planner's queue of requests to submit */
     chunk *next_admit;  /* the planner's queue of admissions to make */
     int admit_rc;       /* stk__cache_begin's result (the admitter's, off the lock) */
+    uint64_t start;     /* K_RANGE: the shard offset of buf[0] */
+    uint64_t useful;    /* block chunks: bytes of the samples planned from it */
+    size_t block;       /* block chunks: its block; SIZE_MAX for other chunks */
 };
 
 struct stk__fetch {
@@ -117,6 +120,8 @@ struct stk__fetch {
     shardst *sh;
     size_t nshards; /* of sh (the source is closed before the stage is freed) */
     uint64_t fallbacks;
+    chunk **blk; /* order "blocks": per block, its live whole-block chunk or NULL */
+    uint64_t block_max; /* the largest block's bytes */
 
     /* stats (under lock) */
     uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
@@ -131,6 +136,7 @@ static chunk *chunk_new(stk__fetch *f, uint8_t kind, uint32_t shard)
         return NULL;
     c->f = f;
     c->fd = -1;
+    c->block = SIZE_MAX;
     c->kind = kind;
     c->shard = shard;
     c->next_all = f->chunks;
@@ -150,6 +156,14 @@ static void chunk_free(stk__fetch *f, chunk *c)
     if (c->next_all)
         c->next_all->prev_all = c->prev_all;
     f->buffered -= c->bytes;
+    if (c->block != SIZE_MAX) {
+        if (f->blk[c->block] == c)
+            f->blk[c->block] = NULL;
+        /* A block's samples that were never planned (another rank's, or
+         * left when a seek dropped the plan) were fetched for nothing. */
+        if (c->bytes > c->useful)
+            f->overfetch += c->bytes - c->useful;
+    }
     if (c->kind == K_CACHE) {
         if (f->sh[c->shard].cur == c)
             f->sh[c->shard].cur = NULL;
@@ -457,6 +471,7 @@ static chunk *range_chunk(stk__fetch *f, size_t k, uint64_t start, uint64_t end)
         return NULL;
     }
     c->buf = buf;
+    c->start = start;
     c->bytes = end - start;
     c->state = end > start ? C_INFLIGHT : C_READY;
     f->buffered += c->bytes;
@@ -473,6 +488,50 @@ static chunk *range_chunk(stk__fetch *f, size_t k, uint64_t start, uint64_t end)
         queue_submit(f, c);
     }
     return c;
+}
+
+/* The block holding sample i (order "blocks"). */
+static size_t block_of(const stk__fetch *f, uint64_t i)
+{
+    size_t lo = 0, hi = f->cfg.nblocks;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (f->cfg.block_first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Order "blocks": entry e (sample i at [off, off + len) of shard k) takes
+ * its bytes from its block's chunk, fetched whole by one request when no
+ * live one holds it. False when out of memory (the entry is then read on
+ * its own). Lock held. */
+static bool plan_block(stk__fetch *f, entry *e, uint64_t i, size_t k, uint64_t off, uint64_t len)
+{
+    size_t b = block_of(f, i);
+    chunk *c = f->blk[b];
+    if (c && c->state == C_FAILED) {
+        f->blk[b] = NULL; /* a failed fetch: the next entries ask again */
+        c = NULL;
+    }
+    if (!c) {
+        size_t shard;
+        uint64_t o0, l0, o1, l1;
+        f->src->ops->locate(f->src, f->cfg.block_first[b], &shard, &o0, &l0);
+        f->src->ops->locate(f->src, f->cfg.block_first[b + 1] - 1, &shard, &o1, &l1);
+        if (!(c = range_chunk(f, k, o0, o1 + l1)))
+            return false;
+        c->block = b;
+        f->blk[b] = c;
+    }
+    e->ch = c;
+    e->off = off - c->start;
+    e->state = E_LIVE;
+    c->refs++;
+    c->useful += len;
+    return true;
 }
 
 /* Plans one chunk for pends [a, b) (same shard, sorted by offset). */
@@ -545,6 +604,11 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
             e->len = (uint32_t)len;
             if (f->cache && plan_cached(f, e, (uint32_t)shard)) {
                 e->off = off;
+                continue;
+            }
+            if (f->blk) {
+                if (!plan_block(f, e, i, shard, off, len))
+                    e->state = E_FAILED;
                 continue;
             }
             pb[np++] = (pend){s, off, len, shard};
@@ -631,6 +695,17 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         if (f->cfg.lookahead > STK_FETCH_LOOKAHEAD_MAX)
             f->cfg.lookahead = STK_FETCH_LOOKAHEAD_MAX;
     }
+    if (cfg->block_first && !cfg->lookahead) {
+        /* Blocks: plan as far as the buffer holds, so that a window's blocks
+         * are fetched while its first samples are decoded. */
+        uint64_t total = 0;
+        for (size_t k = 0; src->shard_bytes && k < src->nshards; k++)
+            total += src->shard_bytes[k];
+        uint64_t mean = src->count && total ? total / src->count : 0;
+        uint64_t la = mean ? f->cfg.buffer_bytes / mean : 0;
+        if (la > f->cfg.lookahead)
+            f->cfg.lookahead = la < STK_FETCH_LOOKAHEAD_MAX ? la : STK_FETCH_LOOKAHEAD_MAX;
+    }
     uint64_t need = f->cfg.lookahead + plan->batch_size + 256;
     f->cap = 1;
     while (f->cap < need)
@@ -647,6 +722,24 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         stk__free(f);
         return STK_ENOMEM;
     }
+    if (cfg->block_first) {
+        if (!(f->blk = stk__calloc(cfg->nblocks ? cfg->nblocks : 1, sizeof *f->blk))) {
+            stk__free(f->ring);
+            pthread_cond_destroy(&f->cond);
+            pthread_mutex_destroy(&f->lock);
+            stk__free(f);
+            return STK_ENOMEM;
+        }
+        /* The largest block is the slack a block request adds to the budget. */
+        for (size_t b = 0; b < cfg->nblocks; b++) {
+            size_t shard;
+            uint64_t o0, l0, o1, l1;
+            src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
+            src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
+            if (o1 + l1 - o0 > f->block_max)
+                f->block_max = o1 + l1 - o0;
+        }
+    }
     if (cfg->cache_dir && *cfg->cache_dir) {
         int rc = stk__cache_open(&f->cache, cfg->cache_dir, cfg->cache_limit, err, errlen);
         if (rc == STK_OK && !(f->sh = stk__calloc(src->nshards, sizeof *f->sh)))
@@ -654,6 +747,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         if (rc) {
             stk__cache_close(f->cache);
             stk__free(f->ring);
+            stk__free(f->blk);
             pthread_cond_destroy(&f->cond);
             pthread_mutex_destroy(&f->lock);
             stk__free(f);
@@ -668,6 +762,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f->sh);
             stk__cache_close(f->cache);
             stk__free(f->ring);
+            stk__free(f->blk);
             pthread_cond_destroy(&f->cond);
             pthread_mutex_destroy(&f->lock);
             stk__free(f);
@@ -720,6 +815,7 @@ void stk__fetch_destroy(stk__fetch *f)
     stk__free(f->by_key);
     stk__cache_close(f->cache);
     stk__free(f->ring);
+    stk__free(f->blk);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
     stk__free(f);
@@ -993,6 +1089,7 @@ uint64_t stk__fetch_memory_bound(const stk__fetch *f)
     uint64_t maxs = f->src->max_len ? f->src->max_len : (1u << 20);
     uint64_t forced = (uint64_t)(f->cfg.threads ? f->cfg.threads : 1) * 16 * maxs;
     uint64_t chunks = f->cap * (sizeof(chunk) + 64);
-    return f->cfg.buffer_bytes + f->cfg.max_request + forced + f->cap * sizeof(entry) + chunks +
-           sizeof *f;
+    uint64_t slack = f->block_max > f->cfg.max_request ? f->block_max : f->cfg.max_request;
+    return f->cfg.buffer_bytes + slack + forced + f->cap * sizeof(entry) + chunks +
+           f->cfg.nblocks * sizeof *f->blk + sizeof *f;
 }

@@ -59,6 +59,12 @@ typedef struct stk__fetch_cfg {
                                2 x concurrency, 256)) */
     unsigned concurrency;   /* the store's requests in flight (for the default) */
     unsigned threads;       /* workers (for the memory bound) */
+    /* Order "blocks" (schedule/blocks.c): block b is samples [block_first[b],
+     * block_first[b+1]), consecutive in one shard; a sample not read from the
+     * cache comes with its whole block, one request, kept until the block's
+     * planned samples are consumed. NULL: samples are merged by gap. */
+    const uint64_t *block_first;
+    size_t nblocks;
     const char *cache_dir;  /* disk cache of whole shards, or NULL */
     uint64_t cache_limit;   /* bytes */
 } stk__fetch_cfg;

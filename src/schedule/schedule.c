@@ -17,7 +17,7 @@ uint64_t stk__schedule_sample(const stk__schedule *s, uint64_t g, uint64_t slot)
  * O(shards). */
 bool stk__schedule_next_uses(const stk__schedule *s, uint64_t g, uint64_t *next, size_t nshards)
 {
-    if (!s->sorder)
+    if (!s->sorder || !s->shard_first)
         return false;
     uint64_t epoch = g / s->part.batches;
     /* This rank's position in the epoch's global order (positions grow with
@@ -83,6 +83,8 @@ void stk__schedule_free(stk__schedule *s)
 {
     stk__shard_orders_destroy(s->sorder);
     s->sorder = NULL;
+    stk__free(s->block_first);
+    s->block_first = NULL;
     for (stk__resumed *r = s->resumed_all, *n; r; r = n) {
         n = r->next;
         stk__layout_free(&r->lay);

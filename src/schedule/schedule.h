@@ -41,8 +41,12 @@ typedef struct stk__schedule {
     bool shuffle;
     stk__shard_orders *sorder; /* shard-aware order, or NULL: global */
     unsigned shard_window;
-    const uint64_t *shard_first; /* the source's shards (for next_uses) */
+    const uint64_t *shard_first; /* the source's shards (for next_uses); NULL
+                                    with the block order (the cache's eviction
+                                    then falls back to LRU) */
     size_t nshards;
+    uint64_t *block_first; /* order "blocks": nblocks + 1 entries (owned) */
+    size_t nblocks;
     /* Elastic resume: the epoch a restored state continued under another
      * world, laid out by its generations (order.h); `resumed_all` keeps
      * every one made. */
@@ -115,6 +119,13 @@ void stk__schedule_plan(stk__schedule *s, stk__fetch_plan *plan);
 /* Makes r (owned from here; NULL: none) the resumed layout. Only while no
  * worker is in a slot and no batch is being assigned (the loader's seek). */
 void stk__schedule_resume(stk__schedule *s, stk__resumed *r);
+/* The block order's blocks of src (blocks.c): nblocks + 1 entries in *first
+ * (block b holds samples [first[b], first[b+1])), each block a run of
+ * consecutive samples of one shard within block_bytes (at least one
+ * sample). STK_EINVAL (no shards), STK_ENOMEM. */
+int stk__blocks_make(const stk__source *src, uint64_t block_bytes, uint64_t **first,
+                     size_t *nblocks, char *err, size_t errlen);
+
 /* Frees the shard-order cache and every resumed layout. */
 void stk__schedule_free(stk__schedule *s);
 
