@@ -9,7 +9,6 @@
 #include "codec/codec.h"
 #include "image.h"
 #include "source/dataset.h"
-#include "source/stkformat.h"
 
 #include <string.h>
 #include <strings.h>
@@ -71,19 +70,11 @@ int stk__check_image(const uint8_t *b, size_t n, const char **format, char *err,
 
 int stk__images_of(const stk__source *s)
 {
+    /* The source says (stk__dataset_info.images): a folder takes only image
+     * files; a resized .stk holds JPEGs; an encoded .stk the files of whatever
+     * it was packed from, which its keys name. A tar sample's bytes may be
+     * any member, so only the decoder checks those. */
     stk__dataset_info di;
     stk__source_describe(s, &di);
-    const char *kind = s->ops->kind;
-    /* A folder takes only image files; a resized .stk holds JPEGs; an
-     * encoded .stk holds the files of whatever it was packed from, which its
-     * keys name. A tar sample's bytes may be any member, so only the decoder
-     * checks those. */
-    if (!strcmp(kind, "folder") ||
-        (!strcmp(kind, "stk") && di.payload &&
-         !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_RESIZED))))
-        return 1;
-    if (!strcmp(kind, "stk") && di.payload &&
-        !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_ENCODED)))
-        return 2;
-    return 0;
+    return di.images;
 }

@@ -124,17 +124,6 @@ static int check_paths(const char *src, const char *out, char *err, size_t errle
     return 0;
 }
 
-/* The source's name for class c: a folder's class subfolder, the name a .stk
- * dataset's manifest gives; NULL for sources without names. */
-static const char *source_class_name(const stk__source *src, uint64_t c)
-{
-    if (!strcmp(src->ops->kind, "folder"))
-        return stk__folder_class_name(src, c);
-    if (!strcmp(src->ops->kind, "stk"))
-        return stk__stk_class_name(src, c);
-    return NULL;
-}
-
 /* The manifest stores a class name as the rest of its line: a name with a
  * newline cannot be stored. Says which class, showing the newline as \n. */
 static int check_class_name(uint64_t c, const char *name, const char *what, char *err,
@@ -170,21 +159,17 @@ static unsigned online_cores(void)
 static int plan(stk__pack_plan *p, char *err, size_t errlen)
 {
     const stk_pack_options *o = p->o;
-    stk__dataset_info di;
-    stk__source_describe(p->src, &di);
-    const char *kind = p->src->ops->kind;
+    /* From what the source says its samples are: plain bytes (records),
+     * raw pixels (CIFAR's CHW, a raw .stk's HWC) or encoded images. */
+    const stk__source *src = p->src;
     p->in_kind = STK__IN_IMAGES;
-    if (!strcmp(kind, "cifar")) {
-        p->in_kind = STK__IN_CIFAR;
-        p->in_h = p->in_w = 32;
-        p->in_c = 3;
-    } else if (!strcmp(kind, "stk") && di.raw_c) {
-        p->in_kind = STK__IN_RAW_STK;
-        p->in_h = di.raw_h;
-        p->in_w = di.raw_w;
-        p->in_c = di.raw_c;
-    } else if (!strcmp(kind, "records")) {
+    if (!(src->ops->flags & STK__SRC_IMAGES)) {
         p->in_kind = STK__IN_BYTES;
+    } else if (src->raw_c) {
+        p->in_kind = src->raw_chw ? STK__IN_CIFAR : STK__IN_RAW_STK;
+        p->in_h = src->raw_h;
+        p->in_w = src->raw_w;
+        p->in_c = src->raw_c;
     }
     p->images = stk__images_of(p->src);
     if (o->raw_c && o->max_side) {
@@ -345,7 +330,7 @@ static int job_open(packjob *j, const char *src, const char *out_dir, const stk_
      * refused before anything is written (it used to be left out, and a
      * partial list of names reads as none). */
     for (uint64_t c = 0; c < j->src.num_classes; c++) {
-        const char *cn = source_class_name(&j->src, c);
+        const char *cn = stk__source_class_name(&j->src, c);
         if (cn && (rc = check_class_name(c, cn, "rename the class folder", err, errlen)))
             return rc;
     }
@@ -382,7 +367,7 @@ static int job_writer(packjob *j, const char *out_dir, char *err, size_t errlen)
         return rc;
     j->w->man.has_restart = o->restart != 0;
     for (uint64_t c = 0; c < j->src.num_classes; c++) {
-        const char *cn = source_class_name(&j->src, c);
+        const char *cn = stk__source_class_name(&j->src, c);
         if (cn && !(j->w->man.class_names[c] = stk__strdup(cn))) {
             stk__fmt(err, errlen, "out of memory");
             return STK_ENOMEM;

@@ -79,7 +79,7 @@ static int cifar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **dat
     return STK_OK;
 }
 
-void stk__cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
+static void cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const cifar *c = s->impl;
     const cfile *f = find_file(c, i);
@@ -94,7 +94,7 @@ static void cifar_name(const stk__source *s, uint64_t i, char *buf, size_t n)
     stk__fmt(buf, n, "%s#%llu", f->path, (unsigned long long)(i - f->first));
 }
 
-void stk__cifar_describe(const stk__source *s, stk__dataset_info *di)
+static void cifar_describe(const stk__source *s, stk__dataset_info *di)
 {
     const cifar *c = s->impl;
     di->format = c->label_bytes == 1 ? "cifar10" : "cifar100";
@@ -121,7 +121,13 @@ static void cifar_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_cifar_ops = {.kind = "cifar", .read = cifar_read, .name = cifar_name, .close = cifar_close};
+static const stk__source_ops k_cifar_ops = {.kind = "cifar",
+                                            .read = cifar_read,
+                                            .name = cifar_name,
+                                            .close = cifar_close,
+                                            .flags = STK__SRC_IMAGES,
+                                            .describe = cifar_describe,
+                                            .key = cifar_key};
 
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen)

@@ -78,8 +78,7 @@ int stk__source_add_field(stk__source *s, const char *name, size_t name_len, int
 
 int stk__source_default_fields(stk__source *s)
 {
-    /* Every reader but records holds images (encoded, or raw pixels). */
-    bool image = strcmp(s->ops->kind, "records") != 0;
+    bool image = (s->ops->flags & STK__SRC_IMAGES) != 0;
     const char *name = image ? "image" : "data";
     if (stk__source_add_field(s, name, strlen(name), image ? STK_FIELD_IMAGE : STK_FIELD_BYTES,
                               s->count) < 0)

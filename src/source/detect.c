@@ -538,43 +538,24 @@ int stk__source_open(stk__source *s, const char *path, const stk__source_params 
 
 const char *stk__source_class_name(const stk__source *s, uint64_t c)
 {
-    if (c >= s->num_classes)
+    if (c >= s->num_classes || !s->ops->class_name)
         return NULL;
-    if (!strcmp(s->ops->kind, "folder"))
-        return stk__folder_class_name(s, c);
-    if (!strcmp(s->ops->kind, "stk"))
-        return stk__stk_class_name(s, c);
-    return NULL;
+    return s->ops->class_name(s, c);
 }
 
 void stk__source_describe(const stk__source *s, stk__dataset_info *di)
 {
     memset(di, 0, sizeof *di);
     di->restart_indexed = -1;
-    const char *kind = s->ops ? s->ops->kind : "";
-    if (!strcmp(kind, "stk"))
-        stk__stk_describe(s, di);
-    else if (!strcmp(kind, "tar"))
-        stk__tar_describe(s, di);
-    else if (!strcmp(kind, "cifar"))
-        stk__cifar_describe(s, di);
-    else
-        di->format = kind;
+    di->format = s->ops ? s->ops->kind : "";
+    if (s->ops && s->ops->describe)
+        s->ops->describe(s, di);
 }
 
 void stk__source_key(const stk__source *s, const char *root, uint64_t i, char *buf, size_t n)
 {
-    const char *kind = s->ops->kind;
-    if (!strcmp(kind, "stk")) {
-        stk__stk_key(s, i, buf, n);
-        return;
-    }
-    if (!strcmp(kind, "tar")) {
-        stk__tar_key(s, i, buf, n);
-        return;
-    }
-    if (!strcmp(kind, "cifar")) {
-        stk__cifar_key(s, i, buf, n);
+    if (s->ops->key) {
+        s->ops->key(s, i, buf, n);
         return;
     }
     char name[4096];

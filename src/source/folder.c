@@ -234,7 +234,7 @@ static void folder_name(const stk__source *s, uint64_t i, char *buf, size_t n)
     stk__fmt(buf, n, "%s", f->paths + f->path_off[i]);
 }
 
-const char *stk__folder_class_name(const stk__source *src, uint64_t c)
+static const char *folder_class_name(const stk__source *src, uint64_t c)
 {
     const folder *f = src->impl;
     if (!f || c >= f->num_classes)
@@ -272,10 +272,20 @@ static int folder_fields(const stk__source *s, uint64_t i, const uint8_t *bytes,
     return rc;
 }
 
+/* A folder takes only image files, so every sample must be an image. */
+static void folder_describe(const stk__source *s, stk__dataset_info *di)
+{
+    (void)s;
+    di->images = 1;
+}
+
 static const stk__source_ops k_folder_ops = {.kind = "folder",
                                              .read = folder_read,
                                              .name = folder_name,
                                              .close = folder_close,
+                                             .flags = STK__SRC_IMAGES,
+                                             .describe = folder_describe,
+                                             .class_name = folder_class_name,
                                              .fields = folder_fields};
 
 /* Lists the class subfolders of root (entries that are directories after

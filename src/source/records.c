@@ -92,7 +92,9 @@ static void records_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_records_ops = {.kind = "records", .read = records_read, .name = records_name, .close = records_close};
+/* flags 0: a record is plain bytes, not an image. */
+static const stk__source_ops k_records_ops = {
+    .kind = "records", .read = records_read, .name = records_name, .close = records_close};
 
 int stk__source_records_open(stk__source *s, const char *path, const stk__source_params *prm,
                              char *err, size_t errlen)

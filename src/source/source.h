@@ -7,7 +7,11 @@
  * thread-safe (pread on a shared descriptor, or open/read/close per sample).
  * Formats live one per file in src/source/, each exporting one open function
  * that fills a stk__source with its ops table, the way curl keeps its TLS
- * backends.
+ * backends. The table is all a caller may know of a kind: what its samples
+ * are (flags), how to describe the dataset, a sample's key, a class's name,
+ * a sample's stored size. `kind` is a name for messages and is never
+ * compared: code that must treat a kind differently asks for a slot or a
+ * flag here, so a new format is one file and one table.
  *
  * Module map of src/source/ (each layer includes only the layers above it):
  *
@@ -72,6 +76,21 @@ typedef struct stk__field_set {
     uint8_t gen[STK__FIELD_GEN];
 } stk__field_set;
 
+/* What stk__source_describe (and a kind's describe op) tell of an open source. */
+typedef struct stk__dataset_info {
+    const char *format;           /* "stk", "tar", "cifar10", "folder", "records" */
+    const char *payload;          /* stk: payload kind name; else NULL */
+    uint64_t shards;              /* files behind the source */
+    uint64_t bytes;               /* their total size */
+    uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
+    int64_t restart_indexed;      /* stk: samples with a restart index per the
+                                     manifest; -1 when it does not say */
+    int images;                   /* which samples must be image files (verify,
+                                     pack): 0 none checked, 1 all, 2 those whose
+                                     key names an image (an encoded .stk holds
+                                     whatever files it was packed from) */
+} stk__dataset_info;
+
 typedef struct stk__source_ops {
     const char *kind; /* "folder", "records", ... */
     /* Reads sample i (i < count): on success *data points at its bytes (inside
@@ -102,7 +121,27 @@ typedef struct stk__source_ops {
      * stk__source_fields_generic. */
     int (*fields)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
                   int64_t label, stk__field_set *fs, char *err, size_t errlen);
+    /* What the kind's samples are (STK__SRC_* below): facts that hold for
+     * every dataset of the kind, so callers never test `kind` itself. */
+    unsigned flags;
+    /* Optional: fills in what the kind knows about the open dataset (format,
+     * payload, shards, bytes, raw shape, which samples must be images); di
+     * arrives zeroed with format = kind and restart_indexed = -1. */
+    void (*describe)(const stk__source *s, stk__dataset_info *di);
+    /* Optional: sample i's short key (a .stk or tar key, CIFAR's
+     * "file#record"). NULL: stk__source_key shortens the name. */
+    void (*key)(const stk__source *s, uint64_t i, char *buf, size_t n);
+    /* Optional: class c's name (a folder's subfolder, a manifest's name), or
+     * NULL for an unnamed class or c past the classes. NULL: no names. */
+    const char *(*class_name)(const stk__source *s, uint64_t c);
+    /* Optional: sample i's width and height as the index stores them;
+     * STK_EUNSUPPORTED (0 x 0) when this dataset stores none. */
+    int (*meta)(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
 } stk__source_ops;
+
+/* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or
+ * raw pixels when stk__source.raw_c is set); without it, plain bytes. */
+#define STK__SRC_IMAGES 1u
 
 struct stk__source {
     const stk__source_ops *ops;
@@ -206,28 +245,6 @@ int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const cha
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen);
-
-/* ---- Per-kind accessors (stk.c, tar.c, cifar.c) for describing a source */
-typedef struct stk__dataset_info {
-    const char *format;           /* "stk", "tar", "cifar", "folder", "records" */
-    const char *payload;          /* stk: payload kind name; else NULL */
-    uint64_t shards;              /* files behind the source */
-    uint64_t bytes;               /* their total size */
-    uint32_t raw_h, raw_w, raw_c; /* stk raw kind */
-    int64_t restart_indexed;      /* stk: samples with a restart index per the
-                                     manifest; -1 when it does not say */
-} stk__dataset_info;
-
-void stk__stk_describe(const stk__source *s, stk__dataset_info *di);
-void stk__stk_key(const stk__source *s, uint64_t i, char *buf, size_t n);
-const char *stk__stk_class_name(const stk__source *s, uint64_t c);
-/* A folder source's class c name (its subfolder), or NULL past the classes. */
-const char *stk__folder_class_name(const stk__source *s, uint64_t c);
-int stk__stk_meta(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
-void stk__tar_describe(const stk__source *s, stk__dataset_info *di);
-void stk__tar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
-void stk__cifar_describe(const stk__source *s, stk__dataset_info *di);
-void stk__cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
 
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
  * groups samples, then checks every entry lies inside buf. Returns STK_OK,

@@ -164,7 +164,7 @@ static void stk_locate(const stk__source *src, uint64_t i, size_t *shard_ix, uin
     *len = e.length;
 }
 
-void stk__stk_key(const stk__source *src, uint64_t i, char *buf, size_t n)
+static void stk_key(const stk__source *src, uint64_t i, char *buf, size_t n)
 {
     const stkset *d = src->impl;
     const shard *s;
@@ -184,11 +184,11 @@ static void stk_name(const stk__source *src, uint64_t i, char *buf, size_t n)
     const stkset *d = src->impl;
     const shard *s = &d->shards[find_shard(d, i)];
     char key[512];
-    stk__stk_key(src, i, key, sizeof key);
+    stk_key(src, i, key, sizeof key);
     stk__fmt(buf, n, "%s#%llu key '%s'", s->path, (unsigned long long)(i - s->first), key);
 }
 
-int stk__stk_meta(const stk__source *src, uint64_t i, uint32_t *w, uint32_t *h)
+static int stk_meta(const stk__source *src, uint64_t i, uint32_t *w, uint32_t *h)
 {
     const stkset *d = src->impl;
     const shard *s = &d->shards[find_shard(d, i)];
@@ -202,7 +202,7 @@ int stk__stk_meta(const stk__source *src, uint64_t i, uint32_t *w, uint32_t *h)
     return STK_OK;
 }
 
-const char *stk__stk_class_name(const stk__source *src, uint64_t c)
+static const char *stk_class_name(const stk__source *src, uint64_t c)
 {
     const stkset *d = src->impl;
     if (!d || c >= d->man.classes || !d->man.class_names)
@@ -210,7 +210,7 @@ const char *stk__stk_class_name(const stk__source *src, uint64_t c)
     return d->man.class_names[c];
 }
 
-void stk__stk_describe(const stk__source *src, stk__dataset_info *di)
+static void stk_describe(const stk__source *src, stk__dataset_info *di)
 {
     const stkset *d = src->impl;
     di->format = "stk";
@@ -218,6 +218,11 @@ void stk__stk_describe(const stk__source *src, stk__dataset_info *di)
     di->shards = d->n;
     di->bytes = d->total_bytes;
     di->restart_indexed = d->man.has_restart ? (int64_t)d->man.restart_indexed : -1;
+    /* A resized .stk holds JPEGs; an encoded one the files of whatever it
+     * was packed from, which its keys name. */
+    di->images = d->shards[0].h.kind == STK_PAYLOAD_RESIZED   ? 1
+                 : d->shards[0].h.kind == STK_PAYLOAD_ENCODED ? 2
+                                                              : 0;
     if (d->shards[0].h.kind == STK_PAYLOAD_RAW) {
         di->raw_h = d->shards[0].h.raw_h;
         di->raw_w = d->shards[0].h.raw_w;
@@ -249,7 +254,12 @@ static const stk__source_ops k_stk_ops = {.kind = "stk",
                                           .name = stk_name,
                                           .close = stk_close,
                                           .locate = stk_locate,
-                                          .accept = stk_accept};
+                                          .accept = stk_accept,
+                                          .flags = STK__SRC_IMAGES,
+                                          .describe = stk_describe,
+                                          .key = stk_key,
+                                          .class_name = stk_class_name,
+                                          .meta = stk_meta};
 
 /* Checks a shard's header and footer bytes (read from anywhere). */
 static int parse_ends(shard *s, const uint8_t *hdr, const uint8_t *foot, char *why, size_t wl)

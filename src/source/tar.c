@@ -768,7 +768,7 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
     return STK_OK;
 }
 
-void stk__tar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
+static void tar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const tarset *d = s->impl;
     const tshard *t = find_tshard(d, i);
@@ -781,11 +781,11 @@ static void tar_name(const stk__source *s, uint64_t i, char *buf, size_t n)
     const tarset *d = s->impl;
     const tshard *t = find_tshard(d, i);
     char key[512];
-    stk__tar_key(s, i, key, sizeof key);
+    tar_key(s, i, key, sizeof key);
     stk__fmt(buf, n, "%s#%llu key '%s'", t->path, (unsigned long long)(i - t->first), key);
 }
 
-void stk__tar_describe(const stk__source *s, stk__dataset_info *di)
+static void tar_describe(const stk__source *s, stk__dataset_info *di)
 {
     const tarset *d = s->impl;
     di->format = "tar";
@@ -811,7 +811,13 @@ static void tar_close(stk__source *s)
     s->impl = NULL;
 }
 
-static const stk__source_ops k_tar_ops = {.kind = "tar", .read = tar_read, .name = tar_name, .close = tar_close};
+static const stk__source_ops k_tar_ops = {.kind = "tar",
+                                          .read = tar_read,
+                                          .name = tar_name,
+                                          .close = tar_close,
+                                          .flags = STK__SRC_IMAGES,
+                                          .describe = tar_describe,
+                                          .key = tar_key};
 
 int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                          size_t errlen)

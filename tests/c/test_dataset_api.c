@@ -301,6 +301,39 @@ static void test_tar(void)
     free(j1);
 }
 
+/* The generic fields come from what the source table says its samples are
+ * (STK__SRC_IMAGES): records are plain bytes ("data"), a folder's files are
+ * images ("image"). */
+static void test_generic_fields(void)
+{
+    uint8_t rec[4 * 9];
+    for (size_t k = 0; k < sizeof rec; k++)
+        rec[k] = (uint8_t)(k % 9 == 0 ? k / 9 : k);
+    tu_write_file(tu_path("recs.bin"), rec, sizeof rec);
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK && stk_options_set_records(o, 9, 0, 1) == STK_OK);
+    stk_dataset *d = NULL;
+    char err[1024] = "";
+    int rc = stk_dataset_open(&d, tu_path("recs.bin"), o, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
+    REQUIRE(rc == STK_OK);
+    stk_dataset_field_info fi = {.struct_size = sizeof fi};
+    CHECK(stk_dataset_field_count(d) >= 1);
+    CHECK_EQ(stk_dataset_field(d, 0, &fi), STK_OK);
+    CHECK(!strcmp(fi.name, "data"));
+    CHECK_EQ(fi.kind, STK_FIELD_BYTES);
+    stk_dataset_close(d);
+    stk_options_destroy(o);
+    /* test_folder left a folder of JPEGs. */
+    REQUIRE(stk_dataset_open(&d, tu_path("folder"), NULL, err, sizeof err) == STK_OK);
+    CHECK(stk_dataset_field_count(d) >= 1);
+    CHECK_EQ(stk_dataset_field(d, 0, &fi), STK_OK);
+    CHECK(!strcmp(fi.name, "image"));
+    CHECK_EQ(fi.kind, STK_FIELD_IMAGE);
+    stk_dataset_close(d);
+}
+
 static void test_errors(void)
 {
     stk_dataset *d = (stk_dataset *)&d;
@@ -333,6 +366,7 @@ int main(void)
     RUN(test_stk);
     RUN(test_stk_corrupt);
     RUN(test_tar);
+    RUN(test_generic_fields);
     RUN(test_errors);
     return tu_end();
 }

@@ -180,6 +180,13 @@ static void test_pack_roundtrip(void)
     stk__dataset_info di;
     stk__source_describe(&b, &di);
     CHECK(di.shards > 3);
+    CHECK_EQ(di.images, 2); /* encoded: check the samples whose keys name images */
+    stk__dataset_info da;
+    stk__source_describe(&a, &da);
+    CHECK(!strcmp(da.format, "folder"));
+    CHECK_EQ(da.images, 1); /* a folder holds only image files */
+    CHECK(!strcmp(stk__source_class_name(&a, 1), "class01"));
+    CHECK(!stk__source_class_name(&a, 3));
     for (uint64_t i = 0; i < a.count; i++) {
         uint8_t *x, *y;
         size_t nx, ny;
@@ -195,7 +202,7 @@ static void test_pack_roundtrip(void)
         free(x);
         free(y);
     }
-    CHECK(!strcmp(stk__stk_class_name(&b, 2), "class02"));
+    CHECK(!strcmp(stk__source_class_name(&b, 2), "class02"));
     stk__source_close(&a);
     stk__source_close(&b);
 
@@ -275,6 +282,7 @@ static void test_deterministic_and_aligned(void)
     stk__dataset_info di;
     stk__source_describe(&s, &di);
     CHECK(!strcmp(di.payload, "resized"));
+    CHECK_EQ(di.images, 1); /* a resized .stk holds JPEGs: verify checks them all */
     for (uint64_t i = 0; i < s.count; i++) {
         uint8_t *d;
         size_t n;
@@ -282,7 +290,7 @@ static void test_deterministic_and_aligned(void)
         REQUIRE(read_sample(&s, i, &d, &n, &l, err, sizeof err) == 0);
         uint32_t w, h, ow, oh;
         tu_jpeg_size(d, n, &w, &h);
-        CHECK(stk__stk_meta(&s, i, &ow, &oh) == 0);
+        CHECK(s.ops->meta && s.ops->meta(&s, i, &ow, &oh) == 0);
         CHECK(w == 256 || h == 256);
         CHECK(w <= 256 && h <= 256);
         CHECK_EQ(ow, 300 + 40 * (i % 9));
