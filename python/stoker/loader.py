@@ -519,8 +519,6 @@ class Loader:
         if cache_limit is not None:
             opts["cache_limit"] = (cache_limit if isinstance(cache_limit, str) else
                                    str(_int(cache_limit, "cache_limit (bytes)", *_range("cache_limit"))))
-        if order not in ("global", "shards"):
-            raise ValueError(f'order must be "global" or "shards", got {order!r}')
         opts["order"] = order
         if shard_window is not None:
             opts["shard_window"] = str(_int(shard_window, "shard_window", *_range("shard_window")))

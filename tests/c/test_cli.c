@@ -855,7 +855,7 @@ static void test_option_table(void)
     CHECK(stk_options_set(o, "dtype", "bfloat16") == STK_OK && o->dtype == STK_DTYPE_BFLOAT16);
     CHECK(stk_options_set(o, "addressing", "virtual") == STK_OK && o->addressing == 2);
     CHECK(stk_options_set(o, "addressing", "auto") == STK_OK && o->addressing == 0);
-    CHECK(stk_options_set(o, "order", "shards") == STK_OK && o->shard_order);
+    CHECK(stk_options_set(o, "order", "shards") == STK_OK && o->order == STK__ORDER_SHARDS);
     CHECK(stk_options_set(o, "fetch_retries", "0") == STK_OK && o->fetch_retries == UINT32_MAX);
     CHECK(stk_options_set(o, "fetch_retries", "7") == STK_OK && o->fetch_retries == 7);
     CHECK(stk_options_set(o, "depth", "auto") == STK_OK && o->depth_auto);
