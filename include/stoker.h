@@ -701,6 +701,9 @@ typedef struct stk_fetch_stats {
     uint64_t cache_write_errors; /* shards the cache's disk refused (full, I/O error): read by
                                     ranges instead */
     uint64_t cache_dropped;      /* cached shards removed because they failed a checksum */
+    uint64_t throttled;  /* answers 503/429 (S3 SlowDown): each halves the rate budget */
+    uint64_t rate_limit; /* the request rate budget now (requests a second; 0: none), raised
+                            again while the store stops throttling (docs/remote.md) */
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

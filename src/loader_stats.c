@@ -156,7 +156,9 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .request_ns = f.request_ns,
                             .first_byte_ns = f.first_byte_ns,
                             .cache_write_errors = f.cache_write_errors,
-                            .cache_dropped = f.cache_dropped};
+                            .cache_dropped = f.cache_dropped,
+                            .throttled = f.throttled,
+                            .rate_limit = f.rate};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);

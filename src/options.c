@@ -31,6 +31,7 @@ int stk_options_create(stk_options **out)
     o->trace_events = 1u << 20;
     o->field_memory = (size_t)64 << 20;
     o->block_bytes = (uint64_t)4 << 20;
+    o->fetch_rate = 5500;
     return STK_OK;
 }
 
@@ -449,6 +450,10 @@ static const opt_entry table[] = {
         ST_INT, addressing_words, NULL),
     OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "64", "requests in flight",
         REMOTE, OFF(fetch_concurrency), ST_UNSIGNED, NULL, NULL),
+    OPT("fetch_rate", UINT, 0, 10000000, NULL, "requests a second", "5500",
+        "request rate budget (S3 allows about 5500 GETs a second per prefix), halved on each "
+        "throttling answer (503/429) and raised again after; 0: no budget",
+        REMOTE, OFF(fetch_rate), ST_UNSIGNED, NULL, NULL),
     OPT("fetch_retries", UINT, 0, 100, NULL, "retries", "6", "retries of a failed request",
         REMOTE, 0, ST_NONE, NULL, set_retries),
     OPT("fetch_timeout", UINT, 1, 3600, NULL, "seconds", "30",

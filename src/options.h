@@ -33,6 +33,7 @@ struct stk_options {
     int addressing;              /* 0 default, 1 path, 2 virtual */
     unsigned fetch_concurrency;  /* requests in flight (0 = 64) */
     unsigned fetch_retries;      /* 0 = default (6) */
+    unsigned fetch_rate;         /* requests a second (0: no budget) */
     unsigned fetch_timeout;      /* seconds of < 1 KiB/s before a retry (0 = 30) */
     uint64_t fetch_buffer;       /* bytes buffered + in flight (0 = 64 MiB) */
     uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */

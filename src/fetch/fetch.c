@@ -1059,6 +1059,8 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->completed = rc.completed;
     st->request_ns = rc.request_ns;
     st->first_byte_ns = rc.first_byte_ns;
+    st->throttled = rc.throttled;
+    st->rate = rc.rate;
     pthread_mutex_lock(&f->lock);
     st->samples = f->samples;
     st->sample_bytes = f->sample_bytes;

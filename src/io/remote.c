@@ -524,6 +524,50 @@ static int cred_retry(stk__remote *r, stk__req *q)
     return 0;
 }
 
+/* ---- the request governor ------------------------------------------------- */
+
+#define GOV_BURST 16.0 /* requests that may start at once after an idle spell */
+
+/* Refills the bucket; true (one token taken) when a request may start now,
+ * else false with *next_due lowered to when one will. I/O thread. */
+static bool gov_take(stk__remote *r, uint64_t now, uint64_t *next_due)
+{
+    if (r->rate_cfg <= 0)
+        return true;
+    double dt = (double)(now - r->tok_ns) / 1e9;
+    r->tok_ns = now;
+    if (now - r->last_cut_ns > 1000000000ULL && r->rate_now < r->rate_cfg) {
+        r->rate_now += r->rate_cfg / 50 * dt;
+        if (r->rate_now > r->rate_cfg)
+            r->rate_now = r->rate_cfg;
+    }
+    r->tokens += r->rate_now * dt;
+    if (r->tokens > GOV_BURST)
+        r->tokens = GOV_BURST;
+    atomic_store_explicit(&r->n_rate, (uint64_t)r->rate_now, memory_order_relaxed);
+    if (r->tokens >= 1) {
+        r->tokens -= 1;
+        return true;
+    }
+    uint64_t due = now + (uint64_t)((1 - r->tokens) / r->rate_now * 1e9) + 1;
+    if (due < *next_due)
+        *next_due = due;
+    return false;
+}
+
+/* A throttling answer: halve the budget (once per 100 ms: the answers of
+ * one burst are one signal). I/O thread. */
+static void gov_cut(stk__remote *r)
+{
+    atomic_fetch_add_explicit(&r->n_throttled, 1, memory_order_relaxed);
+    uint64_t now = stk__now_ns();
+    if (r->rate_cfg <= 0 || now - r->last_cut_ns < 100000000ULL)
+        return;
+    r->last_cut_ns = now;
+    r->rate_now = r->rate_now / 2 < 1 ? 1 : r->rate_now / 2;
+    atomic_store_explicit(&r->n_rate, (uint64_t)r->rate_now, memory_order_relaxed);
+}
+
 static void *io_main(void *arg)
 {
     stk__remote *r = arg;
@@ -539,7 +583,8 @@ static void *io_main(void *arg)
         }
         for (stk__req **pp = &r->retry; *pp;) {
             stk__req *q = *pp;
-            if (q->not_before_ <= now && r->active < r->cfg.concurrency) {
+            if (q->not_before_ <= now && r->active < r->cfg.concurrency &&
+                gov_take(r, now, &next_due)) {
                 *pp = q->next_;
                 q->next_ = NULL;
                 *tail = q;
@@ -552,7 +597,7 @@ static void *io_main(void *arg)
                 pp = &q->next_;
             }
         }
-        while (r->queue_head && r->active < r->cfg.concurrency) {
+        while (r->queue_head && r->active < r->cfg.concurrency && gov_take(r, now, &next_due)) {
             stk__req *q = r->queue_head;
             r->queue_head = q->next_;
             if (!r->queue_head)
@@ -606,6 +651,8 @@ static void *io_main(void *arg)
             atomic_fetch_add_explicit(&r->n_first_byte_ns, (uint64_t)first_us * 1000u,
                                       memory_order_relaxed);
             int v = judge(r, q, res);
+            if (q->status == 503 || q->status == 429)
+                gov_cut(r);
             if (v == 2 && !(v = cred_retry(r, q)))
                 continue; /* queued again with fresh credentials */
             if (v == 1 && q->attempts <= r->cfg.retries) {
@@ -780,6 +827,8 @@ void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c)
     c->completed = atomic_load_explicit(&m->n_completed, memory_order_relaxed);
     c->request_ns = atomic_load_explicit(&m->n_request_ns, memory_order_relaxed);
     c->first_byte_ns = atomic_load_explicit(&m->n_first_byte_ns, memory_order_relaxed);
+    c->throttled = atomic_load_explicit(&m->n_throttled, memory_order_relaxed);
+    c->rate = atomic_load_explicit(&m->n_rate, memory_order_relaxed);
 }
 
 /* ---- open / close ---------------------------------------------------------- */
@@ -838,6 +887,11 @@ int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *
         r->cfg.retries = 6;
     else if (r->cfg.retries == UINT32_MAX)
         r->cfg.retries = 0; /* asked for none */
+    r->rate_cfg = r->cfg.rate == UINT32_MAX ? 0 : r->cfg.rate ? r->cfg.rate : 5500;
+    r->rate_now = r->rate_cfg;
+    r->tokens = GOV_BURST;
+    r->tok_ns = stk__now_ns();
+    r->n_rate = (uint64_t)r->rate_cfg;
     r->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
     if (!(r->display = stk__url_display_of(url))) {
         rc = STK_ENOMEM;

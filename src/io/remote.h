@@ -35,6 +35,8 @@ typedef struct stk__remote_cfg {
     unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30);
                              an attempt's deadline is this + 1 s per 16 KiB of its body */
     unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
+    unsigned rate;        /* requests a second at most (default 5500, S3's per-prefix GET
+                             rate; UINT32_MAX: no budget); halved on throttling answers */
 } stk__remote_cfg;
 
 typedef struct stk__remote stk__remote;
@@ -141,6 +143,8 @@ void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
 typedef struct stk__remote_counters {
     uint64_t requests, retries, failures, bytes, inflight, inflight_peak, busy_ns;
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
+    uint64_t throttled; /* answers 503 / 429 (SlowDown): each cut the rate budget */
+    uint64_t rate;      /* the rate budget now, requests a second (0: none) */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
 

@@ -48,6 +48,14 @@ struct stk__remote {
     _Atomic uint64_t n_requests, n_retries, n_failures, n_bytes, n_busy_ns;
     _Atomic uint64_t n_completed, n_request_ns, n_first_byte_ns;
     _Atomic uint64_t n_inflight, n_peak;
+    /* The request governor (I/O thread only, but the counters): a token
+     * bucket refilled at rate_now requests a second, rate_now halved on a
+     * throttling answer (503, 429: S3's SlowDown) at most every 100 ms and
+     * raised by rate_cfg / 50 a second after a second without one
+     * (additive increase, multiplicative decrease). rate_cfg 0: no budget. */
+    double rate_cfg, rate_now, tokens;
+    uint64_t tok_ns, last_cut_ns;
+    _Atomic uint64_t n_throttled, n_rate;
 };
 
 /* ---- url.c ---- */

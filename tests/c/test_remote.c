@@ -48,8 +48,13 @@ enum {
     F_401,
     F_HANG,
     F_500_WHOLE_FIRST, /* each shard's first whole-object GET fails (500) */
-    F_500_WHOLE_STALL  /* whole-object GETs fail (500), payload ranges hang */
+    F_500_WHOLE_STALL, /* whole-object GETs fail (500), payload ranges hang */
+    F_RATE             /* over g_rate_limit requests a second (1 s windows): 503 */
 };
+
+/* F_RATE's limit, requests a second (set before server_start). */
+static unsigned g_rate_limit;
+#define MAX_STAMPS 200000
 
 #define MAX_CONN 256
 #define MAX_KEYS 4096
@@ -71,7 +76,37 @@ static struct {
     int nseen;
     atomic_int requests, whole_gets;
     atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
+    /* F_RATE: the current window, and every request's time and answer. */
+    uint64_t win_start, win_count;
+    uint64_t stamps[MAX_STAMPS];
+    uint8_t throttled[MAX_STAMPS];
+    size_t nstamps;
 } srv;
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* F_RATE: true when this request is over the limit (answered 503). */
+static bool over_rate(void)
+{
+    uint64_t now = mono_ns();
+    pthread_mutex_lock(&srv.mu);
+    if (now - srv.win_start >= 1000000000ULL) {
+        srv.win_start = now;
+        srv.win_count = 0;
+    }
+    bool over = ++srv.win_count > g_rate_limit;
+    if (srv.nstamps < MAX_STAMPS) {
+        srv.stamps[srv.nstamps] = now;
+        srv.throttled[srv.nstamps++] = over;
+    }
+    pthread_mutex_unlock(&srv.mu);
+    return over;
+}
 
 static bool first_time(const char *key)
 {
@@ -122,6 +157,10 @@ static bool is_payload(const char *path, bool ranged, uint64_t a)
 static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
 {
     atomic_fetch_add(&srv.requests, 1);
+    if (srv.fault == F_RATE && over_rate()) {
+        reply_status(fd, 503, "");
+        return true;
+    }
     if (srv.fault == F_401) {
         reply_status(fd, 401, "WWW-Authenticate: Basic realm=\"data\"\r\n");
         return true;
@@ -839,6 +878,63 @@ static void test_block_order(void)
     test_resume_mid_epoch();
     g_extra[0] = NULL;
     g_order = "global";
+}
+
+/* Requests a second over the last half of the server's record, and the
+ * share of them it throttled. */
+static void second_half(double *rate, double *throttled)
+{
+    size_t n = srv.nstamps, h = n / 2, t = 0;
+    for (size_t k = h; k < n; k++)
+        t += srv.throttled[k];
+    double secs = n > h + 1 ? (double)(srv.stamps[n - 1] - srv.stamps[h]) / 1e9 : 0;
+    *rate = secs > 0 ? (double)(n - h - 1) / secs : 0;
+    *throttled = n > h ? (double)t / (double)(n - h) : 0;
+}
+
+/* The request governor (issue 23): against a store that answers 503 above
+ * N requests a second, every sample still arrives once, and the rate
+ * settles under N instead of retrying into the limit; with a budget under N
+ * nothing is throttled at all. */
+static void test_governor(void)
+{
+    run_out local = run(g_ds, 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    g_extra[0] = "fetch_retries";
+    g_extra[1] = "100";
+    g_extra[2] = "fetch_lookahead";
+    g_extra[3] = "8"; /* small requests: about one a sample */
+    g_extra[4] = NULL;
+    /* Low enough that a loaded 2-core machine still asks faster. */
+    g_rate_limit = 50;
+    server_start(g_www, F_RATE);
+    run_out r = run(url("ds"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash);
+    CHECK_EQ(r.fs.failures, 0);
+    CHECK(r.fs.throttled > 0);
+    CHECK(r.fs.rate_limit < 5500);
+    double rate, thr;
+    second_half(&rate, &thr);
+    printf("    governor: %zu requests, %llu throttled, second half %.0f requests/s (%.1f%% "
+           "throttled), budget now %llu/s\n",
+           srv.nstamps, (unsigned long long)r.fs.throttled, rate, 100 * thr,
+           (unsigned long long)r.fs.rate_limit);
+    CHECK(rate < 1.3 * g_rate_limit);
+    CHECK(thr < 0.25);
+    server_stop();
+    /* A budget under the limit: no 503 at all. */
+    g_extra[4] = "fetch_rate";
+    g_extra[5] = "30";
+    g_extra[6] = NULL;
+    server_start(g_www, F_RATE);
+    r = run(url("ds"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK(r.hash != 0 && r.samples == SHARDS * PER_SHARD);
+    CHECK_EQ(r.fs.throttled, 0);
+    CHECK_EQ(r.fs.rate_limit, 30);
+    second_half(&rate, &thr);
+    CHECK(rate < 30 * 1.15);
+    server_stop();
+    g_extra[0] = NULL;
 }
 
 /* ---- the disk cache under faults (issue 18) ------------------------------------ */
@@ -1751,6 +1847,7 @@ int main(void)
     RUN_IF(test_seek_is_prompt_while_stalled);
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_block_order);
+    RUN_IF(test_governor);
     RUN_IF(test_slow_admission_blocks_nothing);
     RUN_IF(test_failed_download_then_readmitted);
     RUN_IF(test_huge_lookahead);
