@@ -363,7 +363,7 @@ class Loader:
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
            size=None, max_sample_bytes=None, options=None, return_indices=False,
-           strict=False, trace=None, device=None)
+           strict=False, trace=None, device=None, fields=None, bytes_as="bytes")
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -410,7 +410,16 @@ class Loader:
         Without a GPU and its driver it raises stoker.Error saying why.
         "fake" is the CPU stand-in the tests use.
     return_indices: yield (data, labels, indices) with the dataset index of
-        each sample (int64).
+        each sample (int64); with fields=, the dict's "__index__" entry.
+    fields: samples with several fields (docs/multimodal.md): {output name:
+        source fields}, each a str of ';'-separated alternatives ("jpg;png"),
+        a (sources, kind) tuple or a stoker.Field (optional fields); batches
+        are then dicts: fixed-size images, int and float fields as tensors
+        viewing the batch, text as lists of str, json as parsed values, bytes
+        as lists of bytes, npy as one tensor or a list (docs/python.md).
+        transform= may then be a dict {image field: transform}.
+    bytes_as: "bytes" (lists of bytes) or "tensor": a stoker.Ragged
+        (data, offsets, lengths) viewing the batch, no copy.
     trace: a file to write a Chrome trace-event JSON of the run into at close
         (open it in Perfetto or chrome://tracing; docs/diagnosis.md).
     strict: decoding checks each image's whole compressed stream, so a
