@@ -714,7 +714,8 @@ static PyObject *field_sample_view(BatchObject *self, const stk_field *f, size_t
         }
         if (ok && n == len)
             return view_new((PyObject *)self, p, vt, (int)sh[0], sh + 1);
-    } else if (sh && sh[0] == 0 && f->kind == STK_FIELD_NPY && len == (uint64_t)k_vtypes[vt].itemsize) {
+    } else if (sh && sh[0] == 0 && f->kind == STK_FIELD_NPY &&
+               len == (uint64_t)k_vtypes[vt].itemsize) {
         return view_new((PyObject *)self, p, vt, 0, sh); /* a 0-d array */
     }
     int64_t n1 = (int64_t)len;

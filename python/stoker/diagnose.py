@@ -34,8 +34,8 @@ def _hold(batch):
 def _sync(batch):
     """Waits for the device work queued by a step when the batch lives on a
     GPU, so that time is counted where it was spent."""
-    if isinstance(batch, dict):
-        batch = list(batch.values())
+    if isinstance(batch, dict):   # the first tensor of a batch with fields
+        batch = [v for v in batch.values() if hasattr(v, "device")][:1]
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     dev = getattr(first, "device", None)
     if dev is not None and getattr(dev, "type", "cpu") == "cuda":

@@ -214,6 +214,14 @@ def test_pickle_keeps_fields_and_dict_transforms(jpeg_folder):
             copy.close()
 
 
+def test_fields_as_a_list_of_names(jpeg_folder):
+    with stoker.Loader(jpeg_folder, 4, fields=["image", "label"], transform=RRC, seed=6) as L, \
+            stoker.Loader(jpeg_folder, 4, transform=RRC, seed=6) as plain:
+        b, (x, y) = next(iter(L)), next(iter(plain))
+        assert list(b) == ["image", "label"]
+        assert torch.equal(b["image"], x) and torch.equal(b["label"], y)
+
+
 def test_without_fields_batches_stay_tuples(jpeg_folder):
     with stoker.Loader(jpeg_folder, 4, transform=RRC) as L:
         b = next(iter(L))
@@ -285,6 +293,31 @@ def test_npy_varying_shapes_is_a_list(tmp_path):
             assert isinstance(b["x"], list)
             for a, i in zip(b["x"], b["__index__"].tolist()):
                 assert a.dtype == np.int16 and np.array_equal(a, arr(*divmod(i, 5)))
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int32", "uint16", "float64"])
+@pytest.mark.parametrize("shape", [(), (3,), "ragged"])
+def test_npy_dtypes_and_shapes(tmp_path, dtype, shape):
+    def arr(c, k):
+        n = 10 * c + k
+        sh = (n % 3 + 1,) if shape == "ragged" else shape
+        return (np.arange(int(np.prod(sh)), dtype=np.int64).reshape(sh) + n).astype(dtype)
+    folder_of(tmp_path / "d", lambda c, k: npy_bytes(arr(c, k)))
+    with stoker.Loader(tmp_path / "d", 10, fields={"x": ("image", "npy")},
+                       shuffle=False) as L:
+        x = next(iter(L))["x"]
+    want = [arr(c, k) for c in range(2) for k in range(5)]
+    torch_has = dtype != "uint16"   # torch 1.13 has no uint16: NumPy arrays then
+    if shape == "ragged":
+        assert isinstance(x, list) and len(x) == 10
+        for a, w in zip(x, want):
+            assert isinstance(a, torch.Tensor if torch_has else np.ndarray)
+            assert np.array_equal(np.asarray(a), w) and np.asarray(a).dtype == w.dtype
+    else:
+        assert isinstance(x, torch.Tensor if torch_has else np.ndarray)
+        assert x.shape == (10, *shape)
+        assert np.array_equal(np.asarray(x), np.stack(want))
+        assert np.asarray(x).dtype == np.dtype(dtype)
 
 
 def test_scalars_from_text(tmp_path):
