@@ -50,7 +50,7 @@
  * "used_dltensor" and calls the deleter when its tensor dies. Written from
  * the DLPack specification. */
 enum { kDLCPU = 1, kDLCUDA = 2 };
-enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4 };
+enum { kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4, kDLBool = 6 };
 
 typedef struct {
     int32_t device_type; /* DLDeviceType, an int-sized enum in dlpack.h */
@@ -80,7 +80,23 @@ typedef struct DLManagedTensor {
 } DLManagedTensor;
 
 /* ---- element types of views --------------------------------------------- */
-enum vtype { VT_UINT8, VT_FLOAT32, VT_FLOAT16, VT_BFLOAT16, VT_INT64, VT_UINT64, VT_COUNT };
+enum vtype {
+    VT_UINT8,
+    VT_FLOAT32,
+    VT_FLOAT16,
+    VT_BFLOAT16,
+    VT_INT64,
+    VT_UINT64,
+    /* Fields' scalars and .npy arrays (stk_field): */
+    VT_FLOAT64,
+    VT_INT8,
+    VT_INT16,
+    VT_INT32,
+    VT_UINT16,
+    VT_UINT32,
+    VT_BOOL,
+    VT_COUNT
+};
 
 static const struct {
     const char *name;
@@ -91,6 +107,10 @@ static const struct {
     {"uint8", "B", 1, {kDLUInt, 8, 1}},     {"float32", "f", 4, {kDLFloat, 32, 1}},
     {"float16", "e", 2, {kDLFloat, 16, 1}}, {"bfloat16", NULL, 2, {kDLBfloat, 16, 1}},
     {"int64", "q", 8, {kDLInt, 64, 1}},     {"uint64", "Q", 8, {kDLUInt, 64, 1}},
+    {"float64", "d", 8, {kDLFloat, 64, 1}}, {"int8", "b", 1, {kDLInt, 8, 1}},
+    {"int16", "h", 2, {kDLInt, 16, 1}},     {"int32", "i", 4, {kDLInt, 32, 1}},
+    {"uint16", "H", 2, {kDLUInt, 16, 1}},   {"uint32", "I", 4, {kDLUInt, 32, 1}},
+    {"bool", "?", 1, {kDLBool, 8, 1}},
 };
 
 static int vtype_of_dtype(int dtype)
@@ -99,11 +119,21 @@ static int vtype_of_dtype(int dtype)
     case STK_DTYPE_FLOAT32: return VT_FLOAT32;
     case STK_DTYPE_FLOAT16: return VT_FLOAT16;
     case STK_DTYPE_BFLOAT16: return VT_BFLOAT16;
+    case STK_DTYPE_INT64: return VT_INT64;
+    case STK_DTYPE_FLOAT64: return VT_FLOAT64;
+    case STK_DTYPE_INT8: return VT_INT8;
+    case STK_DTYPE_INT16: return VT_INT16;
+    case STK_DTYPE_INT32: return VT_INT32;
+    case STK_DTYPE_UINT16: return VT_UINT16;
+    case STK_DTYPE_UINT32: return VT_UINT32;
+    case STK_DTYPE_UINT64: return VT_UINT64;
+    case STK_DTYPE_BOOL: return VT_BOOL;
     default: return VT_UINT8;
     }
 }
 
-#define MAX_NDIM 5
+/* A batch of .npy arrays stacked: the batch dim plus STK_FIELD_MAXDIM. */
+#define MAX_NDIM (STK_FIELD_MAXDIM + 1)
 
 /* ---- module state: exception types -------------------------------------- */
 static PyObject *g_Error;       /* stoker.Error(RuntimeError) */
@@ -581,6 +611,8 @@ static PyObject *Batch_get(BatchObject *self, void *closure)
         return PyUnicode_FromString(k_vtypes[vtype_of_dtype(b->dtype)].name);
     if (!strcmp(what, "address"))
         return PyLong_FromVoidPtr(b->data);
+    if (!strcmp(what, "nfields"))
+        return PyLong_FromSize_t(b->nfields);
     if (!strcmp(what, "sample_shape")) {
         unsigned nd = b->kind == STK_BATCH_DENSE ? b->ndim : 0;
         PyObject *t = PyTuple_New((Py_ssize_t)nd);
@@ -640,6 +672,318 @@ static PyObject *Batch_record_stream(BatchObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* ---- Batch fields (samples with several fields, docs/multimodal.md) --------
+ * One method per way a field's column reaches Python; loader.py picks by the
+ * field's kind. Every view holds the Batch, so the ring buffer stays the
+ * consumer's while any of them lives. Lists are built here, one loop per
+ * batch, so no per-sample Python code runs for a field. */
+
+/* Field k of the batch, or NULL with IndexError. */
+static const stk_field *batch_field(const BatchObject *self, Py_ssize_t k)
+{
+    if (k < 0 || (size_t)k >= self->b->nfields) {
+        PyErr_Format(PyExc_IndexError, "batch field %zd out of range (the batch has %zu)", k,
+                     self->b->nfields);
+        return NULL;
+    }
+    return &self->b->fields[k];
+}
+
+static int field_absent(const stk_field *f, size_t s)
+{
+    return f->present && !f->present[s];
+}
+
+/* A view of sample s of a variable IMAGE or NPY field: its dtype and shape
+ * from the column, when they account for exactly its bytes; else its bytes
+ * (an image without a transform is its encoded file). */
+static PyObject *field_sample_view(BatchObject *self, const stk_field *f, size_t s)
+{
+    char *p = (char *)f->data + f->offsets[s];
+    uint64_t len = f->lengths[s];
+    const int64_t *sh = f->shapes ? &f->shapes[s * (STK_FIELD_MAXDIM + 1)] : NULL;
+    int vt = f->dtypes ? vtype_of_dtype(f->dtypes[s]) : VT_UINT8;
+    if (sh && sh[0] > 0 && sh[0] <= STK_FIELD_MAXDIM) {
+        uint64_t n = (uint64_t)k_vtypes[vt].itemsize;
+        int ok = 1;
+        for (int64_t d = 1; d <= sh[0]; d++) {
+            if (sh[d] < 0 || (sh[d] && n > UINT64_MAX / (uint64_t)sh[d]))
+                ok = 0;
+            else
+                n *= (uint64_t)sh[d];
+        }
+        if (ok && n == len)
+            return view_new((PyObject *)self, p, vt, (int)sh[0], sh + 1);
+    } else if (sh && sh[0] == 0 && f->kind == STK_FIELD_NPY &&
+               len == (uint64_t)k_vtypes[vt].itemsize) {
+        return view_new((PyObject *)self, p, vt, 0, sh); /* a 0-d array */
+    }
+    int64_t n1 = (int64_t)len;
+    return view_new((PyObject *)self, p, VT_UINT8, 1, &n1);
+}
+
+/* Text as str, in one loop (the library checked it is UTF-8). */
+static PyObject *field_text(const stk_field *f, size_t n)
+{
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t s = 0; list && s < n; s++) {
+        PyObject *v;
+        if (field_absent(f, s)) {
+            v = Py_None;
+            Py_INCREF(v);
+        } else {
+            v = PyUnicode_DecodeUTF8((const char *)f->data + f->offsets[s],
+                                     (Py_ssize_t)f->lengths[s], "strict");
+        }
+        if (!v)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)s, v);
+    }
+    return list;
+}
+
+static PyObject *field_bytes(const stk_field *f, size_t n)
+{
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t s = 0; list && s < n; s++) {
+        PyObject *v;
+        if (field_absent(f, s)) {
+            v = Py_None;
+            Py_INCREF(v);
+        } else {
+            v = PyBytes_FromStringAndSize((const char *)f->data + f->offsets[s],
+                                          (Py_ssize_t)f->lengths[s]);
+        }
+        if (!v)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)s, v);
+    }
+    return list;
+}
+
+/* The batch's JSON texts as one JSON array, "[a,b,null,...]" (null where an
+ * optional field is absent), for one json.loads per batch. Each text is a
+ * whole JSON value (the library checked), so the array is valid JSON. */
+static PyObject *field_json(const stk_field *f, size_t n)
+{
+    size_t total = 2 + (n ? n - 1 : 0);
+    for (size_t s = 0; s < n; s++)
+        total += field_absent(f, s) ? 4 : (size_t)f->lengths[s];
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!out)
+        return NULL;
+    char *w = PyBytes_AS_STRING(out);
+    *w++ = '[';
+    for (size_t s = 0; s < n; s++) {
+        if (s)
+            *w++ = ',';
+        if (field_absent(f, s)) {
+            memcpy(w, "null", 4);
+            w += 4;
+        } else {
+            memcpy(w, (const char *)f->data + f->offsets[s], (size_t)f->lengths[s]);
+            w += f->lengths[s];
+        }
+    }
+    *w = ']';
+    return out;
+}
+
+/* field(k): field k's values. Dense: a View (size, *shape); TEXT: a list of
+ * str; JSON: bytes of one JSON array of the batch's values; BYTES: a list
+ * of bytes; variable IMAGE and NPY: a list of Views. None where an optional
+ * field is absent. */
+static PyObject *Batch_field(BatchObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    size_t n = self->b->size;
+    if (f->layout == STK_BATCH_DENSE) {
+        int64_t shape[MAX_NDIM];
+        unsigned nd = f->ndim > MAX_NDIM - 1 ? MAX_NDIM - 1 : f->ndim;
+        shape[0] = (int64_t)n;
+        for (unsigned d = 0; d < nd; d++)
+            shape[d + 1] = f->shape[d];
+        PyObject *v =
+            view_new((PyObject *)self, f->data, vtype_of_dtype(f->dtype), (int)nd + 1, shape);
+        if (v)
+            ((ViewObject *)v)->on_device = f->device != STK_DEVICE_CPU;
+        return v;
+    }
+    switch (f->kind) {
+    case STK_FIELD_TEXT: return field_text(f, n);
+    case STK_FIELD_JSON: return field_json(f, n);
+    case STK_FIELD_IMAGE:
+    case STK_FIELD_NPY: break;
+    default: return field_bytes(f, n);
+    }
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t s = 0; list && s < n; s++) {
+        PyObject *v;
+        if (field_absent(f, s)) {
+            v = Py_None;
+            Py_INCREF(v);
+        } else {
+            v = field_sample_view(self, f, s);
+        }
+        if (!v)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)s, v);
+    }
+    return list;
+}
+
+/* field_info(k) -> {"name", "source", "kind", "dense", "optional"}. */
+static PyObject *Batch_field_info(BatchObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    const char *kind = stk_field_kind_name(f->kind);
+    return Py_BuildValue("{s:s,s:s,s:s,s:O,s:O}", "name", f->name, "source",
+                         f->source ? f->source : "", "kind", kind ? kind : "?", "dense",
+                         f->layout == STK_BATCH_DENSE ? Py_True : Py_False, "optional",
+                         f->present ? Py_True : Py_False);
+}
+
+/* field_present(k): a uint8 View (size,), 1 where the sample has the
+ * field; None for a field that is not optional. */
+static PyObject *Batch_field_present(BatchObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    if (!f->present)
+        Py_RETURN_NONE;
+    int64_t n = (int64_t)self->b->size;
+    return view_new((PyObject *)self, (void *)(uintptr_t)f->present, VT_UINT8, 1, &n);
+}
+
+/* field_ragged(k) -> (data, offsets, lengths): a variable field's bytes with
+ * no copy: sample s is data[offsets[s] : offsets[s] + lengths[s]]; data is a
+ * uint8 View that ends at the field's last byte, offsets and lengths uint64
+ * Views (size,). */
+static PyObject *Batch_field_ragged(BatchObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    if (f->layout == STK_BATCH_DENSE) {
+        PyErr_Format(PyExc_TypeError, "field '%s' is dense: it has no offsets", f->name);
+        return NULL;
+    }
+    int64_t n = (int64_t)self->b->size, end = 0;
+    for (int64_t s = 0; s < n; s++)
+        if ((int64_t)(f->offsets[s] + f->lengths[s]) > end)
+            end = (int64_t)(f->offsets[s] + f->lengths[s]);
+    PyObject *d = view_new((PyObject *)self, f->data, VT_UINT8, 1, &end);
+    PyObject *o = view_new((PyObject *)self, (void *)(uintptr_t)f->offsets, VT_UINT64, 1, &n);
+    PyObject *l = view_new((PyObject *)self, (void *)(uintptr_t)f->lengths, VT_UINT64, 1, &n);
+    PyObject *t = d && o && l ? PyTuple_Pack(3, d, o, l) : NULL;
+    Py_XDECREF(d);
+    Py_XDECREF(o);
+    Py_XDECREF(l);
+    return t;
+}
+
+/* field_uniform(k) -> (dtype name, shape) when every sample of an NPY field
+ * is present with the same dtype and shape (the batch stacks into one
+ * array), else None. */
+static PyObject *Batch_field_uniform(BatchObject *self, PyObject *arg)
+{
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    size_t n = self->b->size;
+    if (f->kind != STK_FIELD_NPY || f->layout == STK_BATCH_DENSE || !f->dtypes || !f->shapes ||
+        n == 0)
+        Py_RETURN_NONE;
+    const size_t stride = STK_FIELD_MAXDIM + 1;
+    for (size_t s = 0; s < n; s++) {
+        if (field_absent(f, s) || f->dtypes[s] != f->dtypes[0] ||
+            f->lengths[s] != f->lengths[0] ||
+            memcmp(&f->shapes[s * stride], f->shapes, stride * sizeof *f->shapes))
+            Py_RETURN_NONE;
+    }
+    const int64_t *sh = f->shapes;
+    if (sh[0] < 0 || sh[0] > STK_FIELD_MAXDIM)
+        Py_RETURN_NONE;
+    uint64_t bytes = (uint64_t)k_vtypes[vtype_of_dtype(f->dtypes[0])].itemsize;
+    for (int64_t d = 1; d <= sh[0]; d++)
+        bytes *= (uint64_t)sh[d];
+    if (bytes != f->lengths[0])
+        Py_RETURN_NONE;
+    PyObject *shape = PyTuple_New((Py_ssize_t)sh[0]);
+    for (int64_t d = 0; shape && d < sh[0]; d++) {
+        PyObject *v = PyLong_FromLongLong(sh[d + 1]);
+        if (!v)
+            Py_CLEAR(shape);
+        else
+            PyTuple_SET_ITEM(shape, (Py_ssize_t)d, v);
+    }
+    if (!shape)
+        return NULL;
+    const char *name = k_vtypes[vtype_of_dtype(f->dtypes[0])].name;
+    PyObject *t = Py_BuildValue("(sN)", name, shape);
+    return t;
+}
+
+/* field_gather(k, out): copies every sample of a variable field, in order,
+ * into the writable C-contiguous buffer out, which must hold exactly their
+ * bytes (field_uniform's stacked array). */
+static PyObject *Batch_field_gather(BatchObject *self, PyObject *args)
+{
+    Py_ssize_t k;
+    PyObject *out;
+    if (!PyArg_ParseTuple(args, "nO:field_gather", &k, &out))
+        return NULL;
+    const stk_field *f = batch_field(self, k);
+    if (!f)
+        return NULL;
+    if (f->layout == STK_BATCH_DENSE) {
+        PyErr_Format(PyExc_TypeError, "field '%s' is dense: nothing to gather", f->name);
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(out, &buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    size_t n = self->b->size, total = 0;
+    for (size_t s = 0; s < n; s++)
+        total += (size_t)f->lengths[s];
+    if ((size_t)buf.len != total) {
+        PyBuffer_Release(&buf);
+        PyErr_Format(PyExc_ValueError, "field_gather: out holds %zd bytes, field '%s' has %zu",
+                     buf.len, f->name, total);
+        return NULL;
+    }
+    char *w = buf.buf;
+    for (size_t s = 0; s < n; s++) {
+        memcpy(w, (const char *)f->data + f->offsets[s], (size_t)f->lengths[s]);
+        w += f->lengths[s];
+    }
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Batch_methods[] = {
     {"record_stream", (PyCFunction)Batch_record_stream, METH_O,
      "record_stream(stream): the release also waits for the work queued on stream."},
@@ -647,6 +991,18 @@ static PyMethodDef Batch_methods[] = {
     {"samples", (PyCFunction)Batch_samples, METH_NOARGS, "A View per sample."},
     {"labels", (PyCFunction)Batch_labels, METH_NOARGS, "View of the int64 labels."},
     {"indices", (PyCFunction)Batch_indices, METH_NOARGS, "View of the uint64 dataset indices."},
+    {"field", (PyCFunction)Batch_field, METH_O,
+     "field(k): field k's values (a View, a list, or a JSON array's bytes)."},
+    {"field_info", (PyCFunction)Batch_field_info, METH_O,
+     "field_info(k) -> {name, source, kind, dense, optional}."},
+    {"field_present", (PyCFunction)Batch_field_present, METH_O,
+     "field_present(k): uint8 View, 1 where present; None if not optional."},
+    {"field_ragged", (PyCFunction)Batch_field_ragged, METH_O,
+     "field_ragged(k) -> (data, offsets, lengths) Views of a variable field."},
+    {"field_uniform", (PyCFunction)Batch_field_uniform, METH_O,
+     "field_uniform(k) -> (dtype, shape) when an npy field stacks, else None."},
+    {"field_gather", (PyCFunction)Batch_field_gather, METH_VARARGS,
+     "field_gather(k, out): copies a variable field's samples into out."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -658,6 +1014,7 @@ static PyGetSetDef Batch_getset[] = {
     {"dtype", (getter)Batch_get, NULL, NULL, "dtype"},
     {"address", (getter)Batch_get, NULL, NULL, "address"},
     {"sample_shape", (getter)Batch_get, NULL, NULL, "sample_shape"},
+    {"nfields", (getter)Batch_get, NULL, NULL, "nfields"},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -972,6 +1329,54 @@ static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
     return 0;
 }
 
+/* fields: a list of (name, sources, kind, transform, optional) with str or
+ * None for the middle three (None: the library's default) and a bool. The
+ * library checks them; its reason (stk_options_errmsg) is the ValueError's
+ * message. Returns 0, or -1 with an exception. */
+static int add_fields(stk_options *o, PyObject *fields)
+{
+    PyObject *seq = PySequence_Fast(fields, "fields must be a list of tuples");
+    if (!seq)
+        return -1;
+    int ret = -1;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        const char *name, *sources, *kind_name, *transform;
+        int optional;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "szzzp:fields", &name, &sources,
+                              &kind_name, &transform, &optional))
+            goto out;
+        int kind = STK_FIELD_AUTO;
+        if (kind_name && (kind = stk_field_kind_parse(kind_name)) < 0) {
+            /* The kinds the library knows, from the library. */
+            char known[160] = "";
+            size_t used = 0;
+            for (int kd = STK_FIELD_AUTO + 1; stk_field_kind_name(kd) && used < sizeof known;
+                 kd++) {
+                snprintf(known + used, sizeof known - used, "%s%s", used ? ", " : "",
+                         stk_field_kind_name(kd));
+                used += strlen(known + used);
+            }
+            PyErr_Format(PyExc_ValueError, "fields: '%s' has kind '%s', which is none (%s)",
+                         name, kind_name, known);
+            goto out;
+        }
+        int rc = stk_options_add_field(o, name, sources, kind, transform,
+                                       optional ? STK_FIELD_OPTIONAL : 0u);
+        if (rc == STK_ENOMEM) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        if (rc) {
+            PyErr_Format(PyExc_ValueError, "fields: %s", stk_options_errmsg(o));
+            goto out;
+        }
+    }
+    ret = 0;
+out:
+    Py_DECREF(seq);
+    return ret;
+}
+
 static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"source",
@@ -988,6 +1393,7 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
                              "records",
                              "options",
                              "max_sample_bytes",
+                             "fields",
                              NULL};
     PyObject *source_obj;
     Py_ssize_t batch_size;
@@ -995,11 +1401,11 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
     unsigned long long seed = 0, max_sample_bytes = 0;
     const char *transform = NULL;
     unsigned int threads = 0, depth = 2, rank = 0, world = 1;
-    PyObject *records = Py_None, *options = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOK:Engine", kwlist,
+    PyObject *records = Py_None, *options = Py_None, *fields = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOKO:Engine", kwlist,
                                      PyUnicode_FSConverter, &source_obj, &batch_size, &shuffle,
                                      &seed, &drop_last, &transform, &threads, &depth, &skip, &rank,
-                                     &world, &records, &options, &max_sample_bytes))
+                                     &world, &records, &options, &max_sample_bytes, &fields))
         return -1;
     if (self->l) {
         Py_DECREF(source_obj);
@@ -1066,6 +1472,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
             }
         }
     }
+    if (fields != Py_None && add_fields(o, fields) < 0)
+        goto out;
     stk_loader *l = NULL;
     if (open_interruptibly(&o, &l, &rc) < 0)
         goto out;

@@ -20,6 +20,8 @@ INPUT_BOUND_SHARE = 0.10
 def _hold(batch):
     """A copy of a batch that outlives the loader's buffer, on the batch's
     device (tensors) or in host memory (NumPy)."""
+    if isinstance(batch, dict):   # a batch with fields (docs/multimodal.md)
+        return {k: _hold(v) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
         return type(batch)(_hold(x) for x in batch)
     if hasattr(batch, "clone") and hasattr(batch, "device"):
@@ -32,6 +34,8 @@ def _hold(batch):
 def _sync(batch):
     """Waits for the device work queued by a step when the batch lives on a
     GPU, so that time is counted where it was spent."""
+    if isinstance(batch, dict):   # the first tensor of a batch with fields
+        batch = [v for v in batch.values() if hasattr(v, "device")][:1]
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     dev = getattr(first, "device", None)
     if dev is not None and getattr(dev, "type", "cpu") == "cuda":

@@ -10,6 +10,7 @@ import weakref
 import numpy as np
 
 from . import _stoker
+from . import fields as _fields
 from .transforms import _split_spec, to_spec
 
 __all__ = ["Loader", "Records", "LoaderDataset", "LoaderSampler"]
@@ -362,7 +363,7 @@ class Loader:
            transform=None, threads=None, depth=2, output="torch", layout="nchw",
            dtype="uint8", on_error="raise", rank=None, world_size=None,
            size=None, max_sample_bytes=None, options=None, return_indices=False,
-           strict=False, trace=None, device=None)
+           strict=False, trace=None, device=None, fields=None, bytes_as="bytes")
 
     source: a directory in ImageFolder layout (ROOT/CLASS/IMAGE; labels are the
         class indices in sorted order, as torchvision), or a stoker.Records.
@@ -409,7 +410,16 @@ class Loader:
         Without a GPU and its driver it raises stoker.Error saying why.
         "fake" is the CPU stand-in the tests use.
     return_indices: yield (data, labels, indices) with the dataset index of
-        each sample (int64).
+        each sample (int64); with fields=, the dict's "__index__" entry.
+    fields: samples with several fields (docs/multimodal.md): {output name:
+        source fields}, each a str of ';'-separated alternatives ("jpg;png"),
+        a (sources, kind) tuple or a stoker.Field (optional fields); batches
+        are then dicts: fixed-size images, int and float fields as tensors
+        viewing the batch, text as lists of str, json as parsed values, bytes
+        as lists of bytes, npy as one tensor or a list (docs/python.md).
+        transform= may then be a dict {image field: transform}.
+    bytes_as: "bytes" (lists of bytes) or "tensor": a stoker.Ragged
+        (data, offsets, lengths) viewing the batch, no copy.
     trace: a file to write a Chrome trace-event JSON of the run into at close
         (open it in Perfetto or chrome://tracing; docs/diagnosis.md).
     strict: decoding checks each image's whole compressed stream, so a
@@ -445,7 +455,7 @@ class Loader:
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
                  trace=None, memory_budget=None, local_world_size=None, device=None,
-                 **kwargs):
+                 fields=None, bytes_as="bytes", **kwargs):
         self._engine = None
         _refuse_dataloader_args(kwargs)
         # The arguments as given, for pickling (__getstate__): a copy re-opens
@@ -456,6 +466,15 @@ class Loader:
             raise ValueError(f'device={device!r} delivers CUDA tensors: it needs output="torch"')
         if output not in ("torch", "numpy"):
             raise ValueError(f'output must be "torch" or "numpy", got {output!r}')
+        if bytes_as not in _fields._BYTES_AS:
+            raise ValueError(f'bytes_as must be "bytes" (a list of bytes per batch) or "tensor" '
+                             f'(one uint8 tensor viewing the batch, plus offsets and lengths), '
+                             f'got {bytes_as!r}')
+        if fields is not None:
+            fields = _fields.normalize(fields)
+        elif isinstance(transform, dict):
+            raise TypeError("transform: a dict of transforms names image fields: pass fields= "
+                            "too (docs/multimodal.md), or a single transform")
         if on_error not in ("raise", "skip"):
             raise ValueError(f'on_error must be "raise" or "skip", got {on_error!r}')
         if layout not in ("nchw", "nhwc"):
@@ -547,22 +566,34 @@ class Loader:
             path = source.path
         else:
             path = os.fspath(source)
-        spec = to_spec(transform)
+        if fields is not None:
+            spec, field_specs = _fields.transforms(fields, transform)
+            engine_fields = _fields.engine_fields(fields, field_specs)
+        else:
+            spec, field_specs, engine_fields = to_spec(transform), {}, None
+        specs = [spec, *field_specs.values()]
         sized = _sized_presets()
-        if size is not None and not any(p.strip() in sized for p in _split_spec(spec or "none")):
+        if size is not None and not any(p.strip() in sized for sp in specs
+                                         for p in _split_spec(sp or "none")):
+            shown = field_specs if field_specs else spec
             raise ValueError(f"size={size} sets the output size of the presets "
-                             f"{', '.join(sized)}, and transform={spec!r} has none: "
+                             f"{', '.join(sized)}, and transform={shown!r} has none: "
                              f"it would be ignored. Give the size in the transforms themselves "
                              f"(e.g. RandomResizedCrop({size})), or drop size=")
 
-        self._args.update(source=source if records else path, transform=spec, device=device,
+        self._args.update(source=source if records else path,
+                          transform=field_specs if field_specs else spec, fields=fields,
+                          device=device,
                           dtype=dtype, options={k: _option_value(k, v)
                                                 for k, v in (options or {}).items()} or None,
                           cache_dir=opts.get("cache_dir"), trace=opts.get("trace"))
         self.source = source
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
-        self.transform = spec
+        self.transform = field_specs if field_specs else spec
+        #: {output name: stoker.Field}, or None for (data, labels) batches.
+        self.fields = fields
+        self.bytes_as = bytes_as
         self.depth, self.output, self.layout, self.dtype = depth, output, layout, dtype
         self.on_error, self.rank, self.world_size = on_error, rank, world_size
         self.local_world_size = local_world_size or world_size
@@ -583,7 +614,8 @@ class Loader:
                 # of the one the loop holds (the ring has depth + 1 buffers).
                 transform=spec, threads=threads or 0, depth=depth,
                 on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
-                records=records, options=opts, max_sample_bytes=max_sample_bytes or 0)
+                records=records, options=opts, max_sample_bytes=max_sample_bytes or 0,
+                fields=engine_fields)
         except Exception as e:
             if group is not None:   # the other ranks wait in the check: tell them
                 _check_ranks_agree(group, rank, {"error": f"{type(e).__name__}: {e}"})
@@ -601,6 +633,10 @@ class Loader:
                 raise
         self.depth = self._info["depth"]
         self.threads = self._info["threads"]
+        self._fields_conv = None
+        if fields is not None:
+            self._fields_conv = _fields.Converter(self._torch, getattr(self, "_from_dlpack", None),
+                                                  bytes_as, self.return_indices)
         self._lock = threading.Lock()
         self._generation = 0   # bumped when an iterator is superseded
         self._pinned = False   # set_epoch/load_state_dict chose the next position
@@ -778,6 +814,8 @@ class Loader:
         return self._convert(b)
 
     def _convert(self, b):
+        if self._fields_conv is not None:
+            return self._fields_conv(b)
         if self._torch is not None:
             conv = self._from_dlpack
         else:
@@ -926,7 +964,8 @@ class Loader:
                else repr(_display(os.fspath(self.source))))
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
-                f"output={self.output!r}, dtype={self.dtype!r})")
+                f"output={self.output!r}, dtype={self.dtype!r}"
+                f"{'' if self.fields is None else f', fields={self.fields!r}'})")
 
 
 class LoaderDataset:
