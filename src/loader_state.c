@@ -209,15 +209,30 @@ static uint64_t fnv1a(uint64_t h, const char *text)
  * and of the image options that change its output, written out as text so
  * the value is the same on every build and platform. No transform hashes as
  * "none". */
-uint64_t stk__transform_hash(const stk_options *o)
+static uint64_t spec_hash(const stk_options *o, uint64_t h, const char *spec)
 {
-    const uint64_t basis = 0xcbf29ce484222325ULL;
-    const char *spec = o->transform;
     if (!spec || !*spec || !strcmp(spec, "none"))
-        return fnv1a(basis, "none");
+        return fnv1a(h, "none");
     char opts[128];
     /* strict changes which damaged samples fail, so which batches come. */
     stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d|strict=%d", o->size,
              o->nchw ? "nchw" : "nhwc", o->dtype, o->exif, o->strict);
-    return fnv1a(fnv1a(basis, spec), opts);
+    return fnv1a(fnv1a(h, spec), opts);
+}
+
+/* With fields, each field's name, sources, kind, flags and transform too:
+ * a resume under other fields would deliver other batches. Without fields
+ * the value is what it always was, so saved states stay valid. */
+uint64_t stk__transform_hash(const stk_options *o)
+{
+    uint64_t h = spec_hash(o, 0xcbf29ce484222325ULL, o->transform);
+    for (size_t k = 0; k < o->nfields; k++) {
+        const stk__fspec *f = &o->fields[k];
+        char head[64];
+        stk__fmt(head, sizeof head, "|field|%d|%u|", f->kind, f->flags);
+        h = fnv1a(fnv1a(fnv1a(fnv1a(h, head), f->name), "="), f->sources);
+        if (f->transform)
+            h = spec_hash(o, fnv1a(h, "|t="), f->transform);
+    }
+    return h;
 }

@@ -508,3 +508,20 @@ def test_tar_numpy_output(wds):
         assert isinstance(b["image"], list)   # no transform: the encoded bytes
         assert bytes(b["image"][0]) == want[0]["jpg"]
         assert b["caption"][0] == want[0]["txt"] and b["meta"][0] == want[0]["json"]
+
+
+def test_resume_under_other_fields_is_refused(jpeg_folder):
+    """The resume fingerprint covers the fields: a state saved with one set
+    of fields does not resume a loader asked for another."""
+    src = jpeg_folder
+    a = stoker.Loader(src, 4, fields={"image": "image", "label": "label"}, transform="imagenet-val",
+                      output="numpy")
+    it = iter(a)
+    next(it)
+    st = a.state_dict()
+    a.close()
+    b = stoker.Loader(src, 4, fields={"image": "image", "path": "path"}, transform="imagenet-val",
+                      output="numpy")
+    with pytest.raises(ValueError, match="transform"):
+        b.load_state_dict(st)
+    b.close()
