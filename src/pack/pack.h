@@ -40,7 +40,10 @@ void stk__pack_sniff_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
 
 /* ---- One sample's payload (transform.c) ---------------------------------- */
 
-enum stk__pack_in { STK__IN_IMAGES, STK__IN_CIFAR, STK__IN_RAW_STK, STK__IN_BYTES };
+/* IN_FIELDS: a source whose samples have more fields than a payload and a
+ * label (a multi-field tar, a fields .stk): every field is kept, in the
+ * fields layout. */
+enum stk__pack_in { STK__IN_IMAGES, STK__IN_CIFAR, STK__IN_RAW_STK, STK__IN_BYTES, STK__IN_FIELDS };
 
 /* What stk_pack decided (pack.c's plan); read-only while workers run. */
 typedef struct stk__pack_plan {
@@ -74,7 +77,14 @@ typedef struct stk__pack_sample {
 typedef struct stk__pack_worker {
     stk__scratch scratch;             /* the source's read */
     stk__pack_buf px, px2, tmp, area; /* pixels, resized, decoder and resize scratch */
+    stk__field_set fs;                /* IN_FIELDS: the sample's fields */
 } stk__pack_worker;
+
+/* Does stk_pack keep src's samples as fields (STK__IN_FIELDS)? A fields
+ * .stk, or a source describing fields beyond one image and one integer
+ * (the payload and label the one-payload layout keeps); never a folder,
+ * CIFAR or records, whose further fields are made from the key or label. */
+bool stk__pack_keeps_fields(const stk__source *src);
 
 /* Makes sample i's payload into s (s->rc and s->err say how it went). */
 void stk__pack_transform(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t i,
