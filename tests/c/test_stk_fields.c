@@ -393,6 +393,28 @@ static void test_lying_table(void)
     lie_in_table(shard, 0, 3, 0xfffffff0u);
     first_error(dir, reason, sizeof reason);
     CHECK(strstr(reason, "field table") && strstr(reason, "runs past"));
+    /* Under skip: the sample is left out, listed with the reason. */
+    {
+        stk_loader *l = NULL;
+        REQUIRE(open_fields(&l, dir, 2, "image=jpg,caption=txt", STK_ON_ERROR_SKIP) == STK_OK);
+        stk_batch *b = NULL;
+        int rc;
+        size_t got = 0;
+        while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+            for (size_t k = 0; k < b->size; k++)
+                CHECK(b->indices[k] != 0);
+            got += b->size;
+            stk_batch_release(b);
+        }
+        CHECK_EQ(rc, STK_END);
+        CHECK_EQ(got, 5);
+        CHECK_EQ(stk_loader_error_count(l), 1);
+        stk_sample_error se;
+        CHECK_EQ(stk_loader_error_get(l, 0, &se), STK_OK);
+        CHECK_EQ(se.sample, 0);
+        CHECK(se.reason && strstr(se.reason, "runs past"));
+        stk_loader_close(l);
+    }
     /* An id the shard does not have. */
     tu_write_file(shard, orig, n0);
     lie_in_table(shard, 0, 4, 9);
@@ -404,6 +426,72 @@ static void test_lying_table(void)
     first_error(dir, reason, sizeof reason);
     CHECK(strstr(reason, "field table") && strstr(reason, "1000 fields"));
     free(orig);
+}
+
+/* Shards of two writers, whose tables number the fields differently, read
+ * as one dataset: the reader maps each shard's ids onto the union. */
+static void test_union_of_shards(void)
+{
+    char err[512];
+    for (int part = 0; part < 2; part++) {
+        stk_writer *w = NULL;
+        stk_writer_options o = {.struct_size = sizeof o};
+        REQUIRE(stk_writer_open(&w, tu_path(part ? "u1" : "u0"), &o, err, sizeof err) == STK_OK);
+        for (int i = 5 * part; i < 5 * part + 5; i++) {
+            stk_writer_field a[2] = {{"jpg", S[i].jpg, S[i].jpg_len, STK_FIELD_AUTO},
+                                     {"txt", S[i].txt, strlen(S[i].txt), STK_FIELD_TEXT}};
+            stk_writer_field b[3] = {{"txt", S[i].txt, strlen(S[i].txt), STK_FIELD_TEXT},
+                                     {"json", S[i].json, strlen(S[i].json), STK_FIELD_JSON},
+                                     {"jpg", S[i].jpg, S[i].jpg_len, STK_FIELD_AUTO}};
+            REQUIRE(stk_writer_add_fields(w, part ? b : a, part ? 3 : 2, -1, NULL) == STK_OK);
+        }
+        REQUIRE(stk_writer_finish(w, NULL) == STK_OK);
+        stk_writer_close(w);
+    }
+    tu_mkdirs(tu_path("union"));
+    for (int part = 0; part < 2; part++) {
+        size_t n = 0;
+        uint8_t *b = tu_read_file(tu_path(part ? "u1/part-000000.stk" : "u0/part-000000.stk"), &n);
+        REQUIRE(b);
+        tu_write_file(tu_path(part ? "union/b.stk" : "union/a.stk"), b, n);
+        free(b);
+    }
+    stk_dataset *d = NULL;
+    REQUIRE(stk_dataset_open(&d, tu_path("union"), NULL, err, sizeof err) == STK_OK);
+    CHECK_EQ(stk_dataset_field_count(d), 3);
+    stk_dataset_field_info fi = {.struct_size = sizeof fi};
+    REQUIRE(stk_dataset_field(d, 2, &fi) == STK_OK);
+    CHECK(!strcmp(fi.name, "json"));
+    CHECK_EQ(fi.samples, 5);
+    REQUIRE(stk_dataset_field(d, 1, &fi) == STK_OK);
+    CHECK(!strcmp(fi.name, "txt"));
+    CHECK_EQ(fi.samples, 10);
+    stk_dataset_close(d);
+
+    stk_loader *l = NULL;
+    REQUIRE(open_fields(&l, tu_path("union"), 2, "image=jpg,caption=txt,meta?=json",
+                        STK_ON_ERROR_RAISE) == STK_OK);
+    stk_batch *b = NULL;
+    int rc, seen = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *img = field(b, "image"), *cap = field(b, "caption"),
+                        *meta = field(b, "meta");
+        REQUIRE(img && cap && meta);
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            REQUIRE(i < 10);
+            CHECK(var_eq(img, k, S[i].jpg, S[i].jpg_len));
+            CHECK(var_eq(cap, k, S[i].txt, strlen(S[i].txt)));
+            CHECK_EQ(meta->present[k], i >= 5);
+            if (i >= 5)
+                CHECK(var_eq(meta, k, S[i].json, strlen(S[i].json)));
+            seen++;
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(seen, 10);
+    stk_loader_close(l);
 }
 
 /* The payload parser on its own: every lie is refused, never read past. */
@@ -444,6 +532,7 @@ int main(void)
     RUN(test_repack_keeps_fields);
     RUN(test_writer_refusals);
     RUN(test_lying_table);
+    RUN(test_union_of_shards);
     RUN(test_payload_parser);
     free_samples();
     return tu_end();
