@@ -47,7 +47,10 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
         dataset, and must not be the source, lie inside it or contain it.
     shard_size: target payload bytes per shard.
     max_side: re-encode images whose longer side exceeds this (JPEG of
-        ``quality``); None keeps the bytes as they are.
+        ``quality``); None keeps the bytes as they are. A source whose
+        samples have fields (a .stk written with Writer.add(dict), a
+        multi-field tar) is packed with every field as it is (payload
+        "fields"), and refuses max_side and raw.
     raw: (H, W, C) or "HxWxC" with C 1 or 3: decode and resize to uint8 HWC
         tensors of that shape (CIFAR and raw .stk inputs stay raw by default).
     threads: worker threads (0: one per online core).
@@ -68,7 +71,7 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
     missing source; a failing sample's message names its index and key.
 
     Returns a dict: samples, skipped, shards, bytes, payload ("encoded",
-    "resized" or "raw"), seconds, and skipped_samples, a list of
+    "resized", "raw" or "fields"), seconds, and skipped_samples, a list of
     (index, key, reason).
     """
     record_bytes = header_bytes = label_bytes = 0
