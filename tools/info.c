@@ -179,9 +179,8 @@ int stoker_cmd_info(int argc, char **argv)
     /* A .stk of fields: its stored fields, each one's kind and how many
      * samples have it (other sources' fields are listed by --fields users'
      * docs, docs/multimodal.md). */
-    for (size_t k = 0; di.payload && !strcmp(di.payload, "fields") &&
-                       k < stk_dataset_field_count(d);
-         k++) {
+    for (size_t k = 0;
+         di.payload && !strcmp(di.payload, "fields") && k < stk_dataset_field_count(d); k++) {
         stk_dataset_field_info fi = {.struct_size = sizeof fi};
         if (stk_dataset_field(d, k, &fi) != STK_OK)
             continue;

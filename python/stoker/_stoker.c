@@ -1802,8 +1802,8 @@ static PyObject *ShardWriter_add_fields(ShardWriterObject *self, PyObject *args)
         if (!PyArg_ParseTuple(t, "sy*i", &name, &bufs[got], &kind))
             goto out;
         if (kind == -1) /* a str: JSON text where the name says JSON */
-            kind = stk_field_kind_for_name(name) == STK_FIELD_JSON ? STK_FIELD_AUTO
-                                                                   : STK_FIELD_TEXT;
+            kind =
+                stk_field_kind_for_name(name) == STK_FIELD_JSON ? STK_FIELD_AUTO : STK_FIELD_TEXT;
         f[got] = (stk_writer_field){name, bufs[got].buf, (size_t)bufs[got].len, kind};
     }
     int rc = stk_writer_add_fields(w, f, (size_t)n, label, kb ? PyBytes_AS_STRING(kb) : NULL);
@@ -2040,13 +2040,12 @@ static PyObject *mod_pack(PyObject *mod, PyObject *args)
         goto done;
     }
     static const char *const kinds[] = {"encoded", "resized", "raw", "fields"};
-    ret = Py_BuildValue("{s:K,s:K,s:K,s:K,s:s,s:d,s:O,s:K}", "samples",
-                        (unsigned long long)r.samples, "skipped", (unsigned long long)r.skipped,
-                        "shards", (unsigned long long)r.shards, "bytes",
-                        (unsigned long long)r.bytes, "payload",
-                        r.payload < 4 ? kinds[r.payload] : "unknown", "seconds", r.seconds,
-                        "skipped_samples", c.skipped, "restart_indexed",
-                        (unsigned long long)r.restart_indexed);
+    ret = Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:s,s:d,s:O,s:K}", "samples", (unsigned long long)r.samples, "skipped",
+        (unsigned long long)r.skipped, "shards", (unsigned long long)r.shards, "bytes",
+        (unsigned long long)r.bytes, "payload", r.payload < 4 ? kinds[r.payload] : "unknown",
+        "seconds", r.seconds, "skipped_samples", c.skipped, "restart_indexed",
+        (unsigned long long)r.restart_indexed);
 done:
     Py_XDECREF(c.skipped);
     Py_DECREF(src);

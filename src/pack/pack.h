@@ -157,7 +157,7 @@ int stk__writer_set_fields(stk_writer *w, const stk__field_desc *fields, size_t 
 /* A fields payload from n refs (ids < w's fields, strictly increasing):
  * into b. STK_ETOOBIG past 4 GiB, STK_ENOMEM. */
 int stk__pack_fields_payload(stk__pack_buf *b, const stk__field_ref *refs, size_t n, char *err,
-                        size_t errlen);
+                             size_t errlen);
 /* Ends the last shard, writes the manifest, removes the marker and gives
  * the lock back. Reason in w->err. */
 int stk__writer_end(stk_writer *w);

@@ -311,10 +311,10 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
 {
     stk__field_set *fs = &wk->fs;
     const stk__source *src = p->src;
-    int rc = src->ops->fields
-                 ? src->ops->fields(src, i, data, len, s->label, fs, s->err, sizeof s->err)
-                 : stk__source_fields_generic(src, i, data, len, s->label, fs, s->err,
-                                              sizeof s->err);
+    int rc =
+        src->ops->fields
+            ? src->ops->fields(src, i, data, len, s->label, fs, s->err, sizeof s->err)
+            : stk__source_fields_generic(src, i, data, len, s->label, fs, s->err, sizeof s->err);
     if (rc)
         return rc;
     stk__field_ref refs[STK__MAX_FIELDS];

@@ -576,8 +576,8 @@ static int check_label_key(stk_writer *w, uint64_t i, int64_t label, const char 
 
 /* The id field f has (or will have once added: *fresh), checking its name
  * and kind. */
-static int field_id(stk_writer *w, uint64_t i, const stk_writer_field *f, size_t nnew,
-                    size_t *id, bool *fresh)
+static int field_id(stk_writer *w, uint64_t i, const stk_writer_field *f, size_t nnew, size_t *id,
+                    bool *fresh)
 {
     size_t l = f->name ? strlen(f->name) : 0;
     bool bad = !l || l > STK_FNAME_MAX;
@@ -592,7 +592,8 @@ static int field_id(stk_writer *w, uint64_t i, const stk_writer_field *f, size_t
     }
     if (f->kind < STK_FIELD_AUTO || f->kind > STK_FIELD_NPY || (!f->data && f->len)) {
         stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": field '%s': %s", i, f->name,
-                 f->kind < 0 || f->kind > STK_FIELD_NPY ? "unknown kind" : "no data for its length");
+                 f->kind < 0 || f->kind > STK_FIELD_NPY ? "unknown kind"
+                                                        : "no data for its length");
         return STK_EINVAL;
     }
     *fresh = false;
@@ -670,8 +671,9 @@ int stk_writer_add_fields(stk_writer *w, const stk_writer_field *fields, size_t 
         if (!f)
             continue;
         refs[nr++] = (stk__field_ref){(uint32_t)id, f->data, f->len};
-        int kind = f->kind ? f->kind : id < w->nfname && w->fkind[id] ? w->fkind[id]
-                                                                       : stk_field_kind_for_name(f->name);
+        int kind = f->kind                          ? f->kind
+                   : id < w->nfname && w->fkind[id] ? w->fkind[id]
+                                                    : stk_field_kind_for_name(f->name);
         if (!image && kind == STK_FIELD_IMAGE)
             image = f;
     }

@@ -474,8 +474,8 @@ static int describe_fields(stk__source *src, stkset *d, char *err, size_t errlen
         shard *s = &d->shards[k];
         stk__stk_fdesc fd[STK__MAX_FIELDS];
         size_t nf;
-        uint64_t before = s->f.count * ((uint64_t)s->f.entry_size + s->f.meta_size) +
-                          s->f.keys_bytes;
+        uint64_t before =
+            s->f.count * ((uint64_t)s->f.entry_size + s->f.meta_size) + s->f.keys_bytes;
         char why[STK_ERRMSG_MAX];
         if (stk__stk_ftable_decode(s->region + before, (size_t)s->f.tail_bytes, fd, &nf, why,
                                    sizeof why)) {
@@ -489,8 +489,8 @@ static int describe_fields(stk__source *src, stkset *d, char *err, size_t errlen
                                         memcmp(src->fields[g].name, fd[j].name, fd[j].name_len)))
                 g++;
             if (g == src->nfields) {
-                if (stk__source_add_field(src, (const char *)fd[j].name, fd[j].name_len,
-                                          fd[j].kind, 0) < 0) {
+                if (stk__source_add_field(src, (const char *)fd[j].name, fd[j].name_len, fd[j].kind,
+                                          0) < 0) {
                     stk__fmt(err, errlen,
                              "%s: the shards have more than %d distinct field names, or out of "
                              "memory",

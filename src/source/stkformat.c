@@ -38,8 +38,8 @@ void stk__stk_header_encode(uint8_t out[STK_HEADER_SIZE], const stk__stk_header 
     /* Version 1 for the kinds it has always had, so their shards stay
      * byte-identical and older readers keep reading them; version 2 only for
      * the layout they cannot read (a field table after the keys). */
-    stk__put16(out + 8, h->kind == STK_PAYLOAD_FIELDS ? STK_VERSION_MAJOR_FIELDS
-                                                       : STK_VERSION_MAJOR_FMT);
+    stk__put16(out + 8,
+               h->kind == STK_PAYLOAD_FIELDS ? STK_VERSION_MAJOR_FIELDS : STK_VERSION_MAJOR_FMT);
     stk__put16(out + 10, STK_VERSION_MINOR_FMT);
     stk__put32(out + 12, h->flags);
     stk__put32(out + 16, h->kind);
@@ -198,8 +198,8 @@ static int check_tail(const uint8_t *region, const stk__stk_footer *f, const stk
     stk__stk_fdesc fd[STK__MAX_FIELDS];
     size_t nf;
     char why[STK_ERRMSG_MAX];
-    int rc = stk__stk_ftable_decode(region + before, (size_t)f->tail_bytes, fd, &nf, why,
-                                    sizeof why);
+    int rc =
+        stk__stk_ftable_decode(region + before, (size_t)f->tail_bytes, fd, &nf, why, sizeof why);
     if (rc)
         stk__fmt(err, errlen, "field table: %s", why);
     return rc;
@@ -295,8 +295,7 @@ int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_
             char why[STK_ERRMSG_MAX];
             if (stk__stk_ftable_decode(region + before, (size_t)f.tail_bytes, fd, &nf, why,
                                        sizeof why) ||
-                stk__stk_fpayload_parse(buf + e.offset, e.length, nf, refs, &nr, why,
-                                        sizeof why))
+                stk__stk_fpayload_parse(buf + e.offset, e.length, nf, refs, &nr, why, sizeof why))
                 (*bad)++;
         }
     }
@@ -663,8 +662,7 @@ int stk__stkw_finish(stk__stk_writer *w, uint64_t num_classes, uint64_t *file_si
     footer_encode(foot, &f);
     if ((rc = wput(w, w->index, w->index_len)) || (rc = wput(w, w->meta, w->meta_len)) ||
         (rc = wput(w, w->keys, w->keys_len)) || (rc = wput(w, w->tail, w->tail_len)) ||
-        (rc = wput(w, foot, sizeof foot)) ||
-        (rc = wflush(w)))
+        (rc = wput(w, foot, sizeof foot)) || (rc = wflush(w)))
         goto io;
     if (fsync(w->fd) != 0)
         goto io;

@@ -16,7 +16,7 @@
 
 #define STK_MAGIC             "\x89STK\r\n\x1a\n"
 #define STK_FOOT_MAGIC        "STKEND\r\n"
-#define STK_VERSION_MAJOR_FMT 1 /* shards of kinds encoded, resized, raw */
+#define STK_VERSION_MAJOR_FMT    1 /* shards of kinds encoded, resized, raw */
 #define STK_VERSION_MINOR_FMT 0
 #define STK_VERSION_MAJOR_FIELDS 2 /* shards of kind fields (docs/format.md) */
 #define STK_HEADER_SIZE       64

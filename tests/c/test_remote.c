@@ -570,7 +570,8 @@ static void test_fields_remote(void)
     REQUIRE(stk_writer_open(&w, dir, &wo, err, sizeof err) == STK_OK);
     for (int i = 0; i < 40; i++) {
         char img[64], txt[64], cls[8], key[16];
-        int ni = snprintf(img, sizeof img, "image bytes %d %.*s", i, i % 30, "................................");
+        int ni = snprintf(img, sizeof img, "image bytes %d %.*s", i, i % 30,
+                          "................................");
         snprintf(txt, sizeof txt, "caption %d: caf\xc3\xa9", i);
         snprintf(cls, sizeof cls, "%d", i % 3);
         snprintf(key, sizeof key, "k%02d", i);

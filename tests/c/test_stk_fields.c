@@ -59,9 +59,11 @@ static void make_samples(void)
             rgb[k] = (uint8_t)(k * 7 + (size_t)i * 31);
         s->jpg = tu_jpeg(rgb, w, h, 80, &s->jpg_len);
         free(rgb);
-        snprintf(s->txt, sizeof s->txt, "caption %d: naïve café, 東京, ünïcödé \xf0\x9f\x98\x80", i);
+        snprintf(s->txt, sizeof s->txt, "caption %d: naïve café, 東京, ünïcödé \xf0\x9f\x98\x80",
+                 i);
         snprintf(s->json, sizeof s->json,
-                 "{\"i\": %d, \"nested\": {\"a\": [1, 2, {\"b\": \"\xc3\xbc\"}], \"ok\": true}}", i);
+                 "{\"i\": %d, \"nested\": {\"a\": [1, 2, {\"b\": \"\xc3\xbc\"}], \"ok\": true}}",
+                 i);
         snprintf(s->cls, sizeof s->cls, "%d", i % 5);
         /* The optional field first appears in a later shard, so shards have
          * different field tables. */
