@@ -996,7 +996,9 @@ STK_API const char *stk_dataset_class_name(const stk_dataset *d, uint64_t c);
  * tar key, CIFAR's "file#record", a folder's path relative to its root.
  * STK_OK; STK_EINVAL (i >= samples, NULL buf, n 0). */
 STK_API int stk_dataset_sample_key(const stk_dataset *d, uint64_t i, char *buf, size_t n);
-/* Reads sample i's bytes as stored (checksums checked): *data points at len
+/* Reads sample i's bytes as stored (checksums checked; for a .stk of fields,
+ * the whole sample is checked and its first image field is given, as a
+ * loader without fields reads it): *data points at len
  * bytes owned by the handle, valid until the next stk_dataset_read or close;
  * *label (may be NULL) gets its label, -1 when none. On failure err names
  * the sample's index and key and the reason. STK_OK; STK_EINVAL; STK_EIO;

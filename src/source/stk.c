@@ -5,6 +5,15 @@
  * payload is reported, never delivered. pread (not mmap) keeps a shard that
  * shrinks under us an I/O error instead of a SIGBUS.
  *
+ * Fields shards (version 2, payload kind fields): the field tables of all
+ * shards are merged by name at open into the source's fields, each shard
+ * keeping its map onto them. Until a select, a read gives a sample's primary
+ * field (its first image), so a loader without fields reads images and
+ * labels as from any .stk, and a remote one reads sample by sample (the ops
+ * have no locate: the fetch stage would hand workers whole payloads). A
+ * select switches to whole samples (the fetch stage included), whose fields
+ * the fields op finds, checking every bound of the payload's table.
+ *
  * Descriptors: up to STK_KEEP_FDS shards stay open for the loader's life
  * (pread on a shared descriptor is thread-safe); beyond that each read opens
  * and closes its shard, so a dataset of thousands of shards never exhausts
