@@ -820,7 +820,7 @@ typedef struct stk_pack_result {
     uint64_t skipped;   /* samples skipped (skip_bad) */
     uint64_t shards;
     uint64_t bytes;     /* total size of the shards */
-    uint32_t payload;   /* 0 encoded, 1 resized, 2 raw (docs/format.md) */
+    uint32_t payload;   /* 0 encoded, 1 resized, 2 raw, 3 fields (docs/format.md) */
     double seconds;
     /* Added after the first version: */
     uint64_t restart_indexed; /* payloads rewritten restart-indexed (restart) */
@@ -875,9 +875,41 @@ STK_API int stk_writer_open(stk_writer **out, const char *dir, const stk_writer_
  * messages use). STK_OK; STK_EINVAL (a label out of range, a raw sample of
  * the wrong size: nothing written, the writer stays usable); STK_EIO,
  * STK_ENOMEM (the writer has failed: later calls return STK_EMISUSE);
- * STK_EMISUSE after finish or a failure. */
+ * STK_EMISUSE after finish or a failure, or on a writer given samples with
+ * fields (stk_writer_add_fields). */
 STK_API int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label,
                            const char *key);
+/* One field of a sample for stk_writer_add_fields. */
+typedef struct stk_writer_field {
+    const char *name; /* 1..255 bytes, no control characters and none of , ; = (the
+                         characters stk_options_set_fields gives meaning to) */
+    const void *data; /* len bytes, copied (may be NULL when len is 0) */
+    size_t len;
+    int kind; /* enum stk_field_kind the bytes are, or STK_FIELD_AUTO (readers
+                 then go by the name, stk_field_kind_for_name). A name keeps
+                 the first kind other than AUTO it is given */
+} stk_writer_field;
+
+/* Appends one sample made of n named fields (docs/format.md, payload kind
+ * fields): a reader's stk_options_add_field / set_fields then asks for them
+ * by name ("image=jpg,caption=txt"), and the loader without fields gets the
+ * sample's first image field (by kind, else by name). Field names are
+ * collected across samples in the order they first appear (at most 64 in a
+ * dataset); a sample may lack any of them. Everything is copied: the fields
+ * are borrowed for the call only. An INT or FLOAT field holds its decimal
+ * text ("3"), an NPY field a whole .npy file. label and key as in
+ * stk_writer_add: the label stays in the index (a "cls" field may hold it
+ * too, for readers that ask for fields). A writer takes one layout: after
+ * stk_writer_add it refuses this call, and after this call stk_writer_add
+ * (STK_EMISUSE with the reason); a raw writer (raw_c) refuses it too.
+ * STK_OK; STK_EINVAL (n 0, a name that is empty, too long, repeated in the
+ * sample or not allowed, a kind that contradicts the name's earlier one, a
+ * 65th name, a label or key as stk_writer_add refuses: nothing written, the
+ * writer stays usable); STK_ETOOBIG (the sample's payload would pass 4 GiB,
+ * nothing written); STK_EIO, STK_ENOMEM (the writer has failed);
+ * STK_EMISUSE. */
+STK_API int stk_writer_add_fields(stk_writer *w, const stk_writer_field *fields, size_t n,
+                                  int64_t label, const char *key);
 /* Names class c (< num_classes) in the manifest (copied; no newline).
  * STK_OK, STK_EINVAL, STK_ENOMEM, STK_EMISUSE. */
 STK_API int stk_writer_set_class_name(stk_writer *w, uint64_t c, const char *name);
@@ -919,7 +951,7 @@ STK_API void stk_dataset_close(stk_dataset *d);
 typedef struct stk_dataset_info {
     size_t struct_size;
     const char *kind;    /* "folder", "records", "stk", "tar", "cifar" */
-    const char *payload; /* stk: "encoded", "resized" or "raw"; else NULL */
+    const char *payload; /* stk: "encoded", "resized", "raw" or "fields"; else NULL */
     uint64_t samples;
     uint64_t classes;    /* labels are 0..classes-1 */
     uint64_t shards;     /* shards (stk_dataset_shard); 0 for folders, records */
@@ -967,7 +999,9 @@ STK_API const char *stk_dataset_class_name(const stk_dataset *d, uint64_t c);
  * tar key, CIFAR's "file#record", a folder's path relative to its root.
  * STK_OK; STK_EINVAL (i >= samples, NULL buf, n 0). */
 STK_API int stk_dataset_sample_key(const stk_dataset *d, uint64_t i, char *buf, size_t n);
-/* Reads sample i's bytes as stored (checksums checked): *data points at len
+/* Reads sample i's bytes as stored (checksums checked; for a .stk of fields,
+ * the whole sample is checked and its first image field is given, as a
+ * loader without fields reads it): *data points at len
  * bytes owned by the handle, valid until the next stk_dataset_read or close;
  * *label (may be NULL) gets its label, -1 when none. On failure err names
  * the sample's index and key and the reason. STK_OK; STK_EINVAL; STK_EIO;

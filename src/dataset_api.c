@@ -219,6 +219,15 @@ static void verify_source(stk__source *s, const char *root, vctx *v)
     stk__scratch sc = {NULL, 0, 1u << 30};
     char err[STK_ERRMSG_MAX], name[4096], key[4096], why[STK_ERRMSG_MAX + 256];
     int images = stk__images_of(s);
+    /* A source with fields of its own: whole samples, each checked by its
+     * fields op (a .stk sample's field table), not just the field a read
+     * without select gives. */
+    stk__field_set *fs = NULL;
+    if (s->ops->fields && s->ops->select && (fs = stk__malloc(sizeof *fs)) &&
+        s->ops->select(s, ~(uint64_t)0, err, sizeof err) != STK_OK) {
+        stk__free(fs);
+        fs = NULL;
+    }
     for (uint64_t i = 0; i < s->count; i++) {
         stk__sink sink = {.grow = &sc};
         uint8_t *data;
@@ -226,6 +235,8 @@ static void verify_source(stk__source *s, const char *root, vctx *v)
         int64_t label;
         const char *format = NULL;
         int rc = s->ops->read(s, i, &sink, &data, &len, &label, err, sizeof err);
+        if (rc == STK_OK && fs)
+            rc = s->ops->fields(s, i, data, len, label, fs, err, sizeof err);
         if (rc == STK_OK && len >= 3 && data[0] == 0xFF && data[1] == 0xD8) {
             /* A restart index must match its payload in full. */
             stk__rst x;
@@ -265,6 +276,7 @@ static void verify_source(stk__source *s, const char *root, vctx *v)
     }
     v->r->checked += s->count;
     stk__scratch_free(&sc);
+    stk__free(fs);
 }
 
 static int cmp_str(const void *a, const void *b)

@@ -176,6 +176,18 @@ int stoker_cmd_info(int argc, char **argv)
     else if (!strcmp(di.kind, "stk"))
         printf("restart   not recorded (packed without --restart)\n");
     printf("index     %" PRIu64 " bytes in memory\n", di.index_bytes);
+    /* A .stk of fields: its stored fields, each one's kind and how many
+     * samples have it (other sources' fields are listed by --fields users'
+     * docs, docs/multimodal.md). */
+    for (size_t k = 0;
+         di.payload && !strcmp(di.payload, "fields") && k < stk_dataset_field_count(d); k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        if (stk_dataset_field(d, k, &fi) != STK_OK)
+            continue;
+        int kind = fi.kind ? fi.kind : stk_field_kind_for_name(fi.name);
+        printf("field     %s (%s%s), %" PRIu64 " of %" PRIu64 " samples\n", fi.name,
+               stk_field_kind_name(kind), fi.kind ? "" : ", by its name", fi.samples, di.samples);
+    }
     stk_dataset_close(d);
     return 0;
 }

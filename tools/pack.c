@@ -76,12 +76,12 @@ int stoker_pack(const stoker_pack_opts *o, char *err, size_t errlen)
         fprintf(stderr, "\n");
     if (rc)
         return 1;
-    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    static const char *const kinds[] = {"encoded", "resized", "raw", "fields"};
     if (!o->quiet)
         printf("packed %" PRIu64 " samples (%" PRIu64 " skipped) into %" PRIu64 " shard(s), "
                "%.1f MiB, %s payloads, in %.2f s: %.0f samples/s, %.1f MiB/s -> %s\n",
                r.samples, r.skipped, r.shards, (double)r.bytes / 1048576.0,
-               r.payload < 3 ? kinds[r.payload] : "unknown", r.seconds,
+               r.payload < 4 ? kinds[r.payload] : "unknown", r.seconds,
                r.seconds > 0 ? (double)r.samples / r.seconds : 0.0,
                r.seconds > 0 ? (double)r.bytes / 1048576.0 / r.seconds : 0.0, o->out);
     if (!o->quiet && o->restart)

@@ -2182,6 +2182,50 @@ static PyObject *ShardWriter_add(ShardWriterObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* add_fields([(name, bytes_like, kind), ...], label, key=None): one sample of
+ * named fields (stk_writer_add_fields). stoker.Writer.add turns a dict's
+ * values into bytes first; kind -1 is a str's: text, unless the name says
+ * JSON (then the name decides, so a JSON text stays JSON). */
+static PyObject *ShardWriter_add_fields(ShardWriterObject *self, PyObject *args)
+{
+    PyObject *list, *key = Py_None, *kb = NULL, *res = NULL;
+    long long label;
+    stk_writer *w = writer_of(self);
+    if (!w || !PyArg_ParseTuple(args, "O!L|O", &PyList_Type, &list, &label, &key))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n < 1 || n > 64) {
+        PyErr_Format(PyExc_ValueError, "a sample has 1 to 64 fields, got %zd", n);
+        return NULL;
+    }
+    stk_writer_field f[64];
+    Py_buffer bufs[64];
+    Py_ssize_t got = 0;
+    if (key != Py_None && !PyUnicode_FSConverter(key, &kb))
+        return NULL;
+    for (; got < n; got++) {
+        PyObject *t = PyList_GET_ITEM(list, got);
+        const char *name;
+        int kind;
+        if (!PyArg_ParseTuple(t, "sy*i", &name, &bufs[got], &kind))
+            goto out;
+        if (kind == -1) /* a str: JSON text where the name says JSON */
+            kind =
+                stk_field_kind_for_name(name) == STK_FIELD_JSON ? STK_FIELD_AUTO : STK_FIELD_TEXT;
+        f[got] = (stk_writer_field){name, bufs[got].buf, (size_t)bufs[got].len, kind};
+    }
+    int rc = stk_writer_add_fields(w, f, (size_t)n, label, kb ? PyBytes_AS_STRING(kb) : NULL);
+    if (rc)
+        raise_code(rc, stk_writer_errmsg(w));
+    else
+        res = Py_NewRef(Py_None);
+out:
+    for (Py_ssize_t k = 0; k < got; k++)
+        PyBuffer_Release(&bufs[k]);
+    Py_XDECREF(kb);
+    return res;
+}
+
 static PyObject *ShardWriter_set_class_name(ShardWriterObject *self, PyObject *args)
 {
     unsigned long long c;
@@ -2205,10 +2249,10 @@ static PyObject *ShardWriter_finish(ShardWriterObject *self, PyObject *unused)
     int rc = stk_writer_finish(w, &r);
     if (rc)
         return raise_code(rc, stk_writer_errmsg(w));
-    static const char *const kinds[] = {"encoded", "resized", "raw"};
+    static const char *const kinds[] = {"encoded", "resized", "raw", "fields"};
     return Py_BuildValue("{s:K,s:K,s:K,s:s}", "samples", (unsigned long long)r.samples, "shards",
                          (unsigned long long)r.shards, "bytes", (unsigned long long)r.bytes,
-                         "payload", r.payload < 3 ? kinds[r.payload] : "unknown");
+                         "payload", r.payload < 4 ? kinds[r.payload] : "unknown");
 }
 
 static PyObject *ShardWriter_close(ShardWriterObject *self, PyObject *unused)
@@ -2221,6 +2265,8 @@ static PyObject *ShardWriter_close(ShardWriterObject *self, PyObject *unused)
 
 static PyMethodDef ShardWriter_methods[] = {
     {"add", (PyCFunction)ShardWriter_add, METH_VARARGS, "add(bytes_like, label, key=None)"},
+    {"add_fields", (PyCFunction)ShardWriter_add_fields, METH_VARARGS,
+     "add_fields([(name, bytes_like, kind), ...], label, key=None)"},
     {"set_class_name", (PyCFunction)ShardWriter_set_class_name, METH_VARARGS,
      "set_class_name(c, name)"},
     {"finish", (PyCFunction)ShardWriter_finish, METH_NOARGS, "-> dict of counts"},
@@ -2401,14 +2447,13 @@ static PyObject *mod_pack(PyObject *mod, PyObject *args)
         raise_code(rc, err);
         goto done;
     }
-    static const char *const kinds[] = {"encoded", "resized", "raw"};
-    ret = Py_BuildValue("{s:K,s:K,s:K,s:K,s:s,s:d,s:O,s:K}", "samples",
-                        (unsigned long long)r.samples, "skipped", (unsigned long long)r.skipped,
-                        "shards", (unsigned long long)r.shards, "bytes",
-                        (unsigned long long)r.bytes, "payload",
-                        r.payload < 3 ? kinds[r.payload] : "unknown", "seconds", r.seconds,
-                        "skipped_samples", c.skipped, "restart_indexed",
-                        (unsigned long long)r.restart_indexed);
+    static const char *const kinds[] = {"encoded", "resized", "raw", "fields"};
+    ret = Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:s,s:d,s:O,s:K}", "samples", (unsigned long long)r.samples, "skipped",
+        (unsigned long long)r.skipped, "shards", (unsigned long long)r.shards, "bytes",
+        (unsigned long long)r.bytes, "payload", r.payload < 4 ? kinds[r.payload] : "unknown",
+        "seconds", r.seconds, "skipped_samples", c.skipped, "restart_indexed",
+        (unsigned long long)r.restart_indexed);
 done:
     Py_XDECREF(c.skipped);
     Py_DECREF(src);

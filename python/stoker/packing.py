@@ -5,6 +5,9 @@ output is byte-identical to the command line's for the same options,
 whatever the thread count.
 """
 
+import io
+import json
+import numbers
 import os
 
 from . import _stoker
@@ -44,7 +47,10 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
         dataset, and must not be the source, lie inside it or contain it.
     shard_size: target payload bytes per shard.
     max_side: re-encode images whose longer side exceeds this (JPEG of
-        ``quality``); None keeps the bytes as they are.
+        ``quality``); None keeps the bytes as they are. A source whose
+        samples have fields (a .stk written with Writer.add(dict), a
+        multi-field tar) is packed with every field as it is (payload
+        "fields"), and refuses max_side and raw.
     raw: (H, W, C) or "HxWxC" with C 1 or 3: decode and resize to uint8 HWC
         tensors of that shape (CIFAR and raw .stk inputs stay raw by default).
     threads: worker threads (0: one per online core).
@@ -65,7 +71,7 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
     missing source; a failing sample's message names its index and key.
 
     Returns a dict: samples, skipped, shards, bytes, payload ("encoded",
-    "resized" or "raw"), seconds, and skipped_samples, a list of
+    "resized", "raw" or "fields"), seconds, and skipped_samples, a list of
     (index, key, reason).
     """
     record_bytes = header_bytes = label_bytes = 0
@@ -92,6 +98,36 @@ def pack(source, out, *, shard_size=256 << 20, max_side=None, quality=90, raw=No
                         label_bytes, progress, bool(restart))
 
 
+# enum stk_field_kind (include/stoker.h); -1: a str, text unless its name says
+# JSON, then left to the name (the extension decides, by the library's rules).
+_AUTO, _TEXT, _JSON, _INT, _FLOAT, _NPY, _STR = 0, 2, 3, 5, 6, 7, -1
+
+
+def _field(name, value):
+    """(name, bytes, kind) for one field of Writer.add(dict)."""
+    if not isinstance(name, str):
+        raise TypeError(f"Writer.add: a field name is a str, got {name!r}")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return name, value, _AUTO
+    if isinstance(value, str):
+        return name, value.encode("utf-8"), _STR
+    if isinstance(value, numbers.Integral):
+        # bool is an int: True is stored as 1.
+        return name, str(int(value)).encode(), _INT
+    if isinstance(value, numbers.Real):
+        return name, repr(float(value)).encode(), _FLOAT
+    if isinstance(value, (dict, list)):
+        return name, json.dumps(value, ensure_ascii=False).encode("utf-8"), _JSON
+    if type(value).__module__ == "numpy" and type(value).__name__ == "ndarray":
+        import numpy  # only once an array is given: importing stoker stays cheap
+
+        buf = io.BytesIO()
+        numpy.save(buf, value, allow_pickle=False)
+        return name, buf.getvalue(), _NPY
+    raise TypeError(f"Writer.add: field {name!r}: a {type(value).__name__} is none of bytes, "
+                    f"str, int, float, dict, list or a NumPy array")
+
+
 class Writer:
     """Writes .stk shards sample by sample (stk_writer): for samples a program
     makes itself. The result opens with stoker.Loader like any packed dataset.
@@ -113,7 +149,24 @@ class Writer:
     add(data, label=-1, key=None): data is any bytes-like object (bytes,
     a contiguous NumPy uint8 array). A bad sample (label out of range, wrong
     raw size) raises ValueError naming it and writes nothing; the writer
-    stays usable. set_class_name(c, name): name is a str without a newline;
+    stays usable.
+
+    add(fields, label=-1, key=None) with a dict: one sample of named fields
+    (docs/format.md, payload kind "fields"), read back with the loader's
+    fields= ("image=jpg,caption=txt"), as WebDataset's tar members are:
+
+        w.add({"jpg": jpeg_bytes, "txt": "a cat", "json": {"w": 640},
+               "cls": 3, "npy": np.zeros((2, 3), np.float32)}, label=3)
+
+    Keys are field names (str: no control characters, none of , ; =);
+    values: bytes-like as they are (their kind then follows the name: jpg
+    is an image), str as UTF-8 text (a JSON text under a name such as
+    "json"), int as its decimal text (an int
+    field), float likewise (a float field), dict or list as JSON text, a
+    NumPy array as a .npy file (numpy.save). A sample may lack fields
+    others have. label is kept in the index as for add (a "cls" field does
+    not set it). A writer takes samples of one layout: bytes or dicts, not
+    both. set_class_name(c, name): name is a str without a newline;
     name every class or none (finish() refuses a partial naming with
     ValueError, and the writer stays usable to complete it).
     finish() -> dict (samples, shards, bytes, payload);
@@ -131,7 +184,12 @@ class Writer:
 
     def add(self, data, label=-1, key=None):
         label = _int(label, "label", -1, 2 ** 63 - 1)
-        self._w.add(data, label, None if key is None else os.fspath(key))
+        key = None if key is None else os.fspath(key)
+        if isinstance(data, dict):
+            self._w.add_fields([_field(name, value) for name, value in data.items()], label,
+                               key)
+        else:
+            self._w.add(data, label, key)
 
     def set_class_name(self, c, name):
         # str() would store 3 as "3" and None as "None": a name is a str.

@@ -171,6 +171,27 @@ static int plan(stk__pack_plan *p, char *err, size_t errlen)
         p->in_w = src->raw_w;
         p->in_c = src->raw_c;
     }
+    if (stk__pack_keeps_fields(p->src)) {
+        p->in_kind = STK__IN_FIELDS;
+        p->kind = STK_PAYLOAD_FIELDS;
+        p->images = 0;
+        if (o->raw_c || o->max_side) {
+            char names[256];
+            size_t used = 0;
+            names[0] = '\0';
+            for (size_t k = 0; k < p->src->nfields && used + 1 < sizeof names; k++) {
+                stk__fmt(names + used, sizeof names - used, "%s%s", k ? ", " : "",
+                         p->src->fields[k].name);
+                used += strlen(names + used);
+            }
+            stk__fmt(err, errlen,
+                     "--%s applies to datasets of one image a sample; this one's samples have "
+                     "fields (%s), which are packed as they are: pack without --%s",
+                     o->raw_c ? "raw" : "max-side", names, o->raw_c ? "raw" : "max-side");
+            return 1;
+        }
+        return 0;
+    }
     p->images = stk__images_of(p->src);
     if (o->raw_c && o->max_side) {
         stk__fmt(err, errlen, "--raw and --max-side exclude each other");
@@ -326,6 +347,15 @@ static int job_open(packjob *j, const char *src, const char *out_dir, const stk_
     j->plan.src = &j->src;
     if (plan(&j->plan, err, errlen))
         return STK_EINVAL;
+    if (j->plan.in_kind == STK__IN_FIELDS && j->src.ops->select) {
+        /* Every field, read as the fields op finds them (a tar reads the
+         * sample's members, not just its image). */
+        uint64_t all = j->src.nfields >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << j->src.nfields) - 1;
+        if ((rc = j->src.ops->select(&j->src, all, why, sizeof why))) {
+            stk__fmt(err, errlen, "cannot read the fields of %s: %s", src, why);
+            return rc;
+        }
+    }
     /* Every class name goes into the manifest, so a name it cannot store is
      * refused before anything is written (it used to be left out, and a
      * partial list of names reads as none). */
@@ -365,6 +395,13 @@ static int job_writer(packjob *j, const char *out_dir, char *err, size_t errlen)
     int rc = stk__writer_create(&j->w, out_dir, &h, o->shard_size, j->src.num_classes, err, errlen);
     if (rc)
         return rc;
+    /* The source's field ids are the shards' ids, so workers make final
+     * payloads on their own. */
+    if (p->in_kind == STK__IN_FIELDS &&
+        (rc = stk__writer_set_fields(j->w, j->src.fields, j->src.nfields))) {
+        stk__fmt(err, errlen, "%s", j->w->err);
+        return rc;
+    }
     j->w->man.has_restart = o->restart != 0;
     for (uint64_t c = 0; c < j->src.num_classes; c++) {
         const char *cn = stk__source_class_name(&j->src, c);

@@ -40,7 +40,10 @@ void stk__pack_sniff_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
 
 /* ---- One sample's payload (transform.c) ---------------------------------- */
 
-enum stk__pack_in { STK__IN_IMAGES, STK__IN_CIFAR, STK__IN_RAW_STK, STK__IN_BYTES };
+/* IN_FIELDS: a source whose samples have more fields than a payload and a
+ * label (a multi-field tar, a fields .stk): every field is kept, in the
+ * fields layout. */
+enum stk__pack_in { STK__IN_IMAGES, STK__IN_CIFAR, STK__IN_RAW_STK, STK__IN_BYTES, STK__IN_FIELDS };
 
 /* What stk_pack decided (pack.c's plan); read-only while workers run. */
 typedef struct stk__pack_plan {
@@ -74,7 +77,14 @@ typedef struct stk__pack_sample {
 typedef struct stk__pack_worker {
     stk__scratch scratch;             /* the source's read */
     stk__pack_buf px, px2, tmp, area; /* pixels, resized, decoder and resize scratch */
+    stk__field_set fs;                /* IN_FIELDS: the sample's fields */
 } stk__pack_worker;
+
+/* Does stk_pack keep src's samples as fields (STK__IN_FIELDS)? A fields
+ * .stk, or a source describing fields beyond one image and one integer
+ * (the payload and label the one-payload layout keeps); never a folder,
+ * CIFAR or records, whose further fields are made from the key or label. */
+bool stk__pack_keeps_fields(const stk__source *src);
 
 /* Makes sample i's payload into s (s->rc and s->err say how it went). */
 void stk__pack_transform(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t i,
@@ -118,6 +128,16 @@ struct stk_writer {
     bool created, marker, finished, failed;
     int lock_fd; /* the directory's writer lock, -1 once given back */
     char err[STK_ERRMSG_MAX];
+    /* The layout its samples have: 0 none yet, 1 one payload (stk_writer_add,
+     * stk_pack of one-payload sources), 2 fields. */
+    int layout;
+    /* With fields: the names so far (ids are positions), each one's kind,
+     * and how many samples of the shard being written have it. */
+    char *fname[STK__MAX_FIELDS];
+    int fkind[STK__MAX_FIELDS];
+    uint64_t fshard[STK__MAX_FIELDS];
+    size_t nfname;
+    stk__pack_buf fbuf; /* add_fields' payload */
 };
 
 /* Takes dir (creating it if missing) for a writer of shards with header h:
@@ -130,6 +150,14 @@ int stk__writer_create(stk_writer **out, const char *dir, const stk__stk_header 
  * size the shard records. Reason in w->err; the writer has failed then. */
 int stk__writer_put(stk_writer *w, uint64_t i, const void *data, size_t len, int64_t label,
                     const char *key, uint32_t iw, uint32_t ih);
+/* Makes w a writer of fields shards whose field table starts with these n
+ * fields (names copied, kinds kept), so ids are the positions in fields.
+ * STK_ENOMEM, STK_EINVAL past STK__MAX_FIELDS; reason in w->err. */
+int stk__writer_set_fields(stk_writer *w, const stk__field_desc *fields, size_t n);
+/* A fields payload from n refs (ids < w's fields, strictly increasing):
+ * into b. STK_ETOOBIG past 4 GiB, STK_ENOMEM. */
+int stk__pack_fields_payload(stk__pack_buf *b, const stk__field_ref *refs, size_t n, char *err,
+                             size_t errlen);
 /* Ends the last shard, writes the manifest, removes the marker and gives
  * the lock back. Reason in w->err. */
 int stk__writer_end(stk_writer *w);

@@ -278,6 +278,76 @@ static int to_raw(const image *rs, uint32_t dc, stk__pack_sample *s)
     return STK_OK;
 }
 
+bool stk__pack_keeps_fields(const stk__source *src)
+{
+    const char *kind = src->ops->kind;
+    if (!strcmp(kind, "stk")) {
+        stk__dataset_info di;
+        stk__source_describe(src, &di);
+        return di.payload && !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_FIELDS));
+    }
+    if (!src->ops->fields || !strcmp(kind, "folder") || !strcmp(kind, "cifar") ||
+        !strcmp(kind, "records"))
+        return false;
+    size_t images = 0, ints = 0;
+    for (size_t k = 0; k < src->nfields; k++) {
+        const stk__field_desc *f = &src->fields[k];
+        int fk = f->kind ? f->kind : stk_field_kind_for_name(f->name);
+        if (fk == STK_FIELD_IMAGE)
+            images++;
+        else if (fk == STK_FIELD_INT)
+            ints++;
+        else
+            return true;
+    }
+    return images > 1 || ints > 1;
+}
+
+/* IN_FIELDS: every field the source finds in sample i's bytes, as stored
+ * (fields a reader makes up, such as a label's digits, are not stored: the
+ * label is in the index). */
+static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t i,
+                          const uint8_t *data, size_t len, stk__pack_sample *s)
+{
+    stk__field_set *fs = &wk->fs;
+    const stk__source *src = p->src;
+    int rc =
+        src->ops->fields
+            ? src->ops->fields(src, i, data, len, s->label, fs, s->err, sizeof s->err)
+            : stk__source_fields_generic(src, i, data, len, s->label, fs, s->err, sizeof s->err);
+    if (rc)
+        return rc;
+    stk__field_ref refs[STK__MAX_FIELDS];
+    size_t n = 0;
+    for (size_t k = 0; k < fs->n; k++) {
+        const stk__field_ref *r = &fs->f[k];
+        if (r->data >= fs->gen && r->data < fs->gen + sizeof fs->gen)
+            continue;
+        /* Ids increase in a payload: insert in order, refusing repeats. */
+        size_t at = n;
+        while (at && refs[at - 1].id > r->id)
+            at--;
+        if ((at && refs[at - 1].id == r->id) || r->id >= src->nfields) {
+            stk__fmt(s->err, sizeof s->err, "field '%s' appears twice in the sample",
+                     r->id < src->nfields ? src->fields[r->id].name : "?");
+            return STK_EFORMAT;
+        }
+        memmove(&refs[at + 1], &refs[at], (n - at) * sizeof *refs);
+        refs[at] = *r;
+        n++;
+    }
+    s->w = s->h = 0;
+    for (size_t k = 0; k < n; k++) {
+        const stk__field_desc *f = &src->fields[refs[k].id];
+        int fk = f->kind ? f->kind : stk_field_kind_for_name(f->name);
+        if (fk == STK_FIELD_IMAGE) {
+            stk__pack_sniff_size(refs[k].data, refs[k].len, &s->w, &s->h);
+            break;
+        }
+    }
+    return stk__pack_fields_payload(&s->out, refs, n, s->err, sizeof s->err);
+}
+
 static int make_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t i,
                         stk__pack_sample *s)
 {
@@ -288,6 +358,8 @@ static int make_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t 
     if (rc)
         return rc;
     s->w = s->h = 0;
+    if (p->in_kind == STK__IN_FIELDS)
+        return fields_payload(p, wk, i, data, len, s);
     if (p->in_kind == STK__IN_BYTES ||
         (p->in_kind == STK__IN_IMAGES && p->kind == STK_PAYLOAD_ENCODED))
         return as_stored(p, i, data, len, s);

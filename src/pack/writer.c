@@ -199,13 +199,40 @@ static int marker_off(const char *out)
 
 /* ---- The shards ---------------------------------------------------------- */
 
+/* Gives the shard being written its field table: every name known so far
+ * (a later shard's table extends an earlier one's), with the counts of this
+ * shard's samples. */
+static int put_field_table(stk_writer *w)
+{
+    stk__stk_fdesc fd[STK__MAX_FIELDS];
+    for (size_t k = 0; k < w->nfname; k++)
+        fd[k] = (stk__stk_fdesc){(const uint8_t *)w->fname[k], strlen(w->fname[k]), w->fkind[k],
+                                 w->fshard[k]};
+    size_t n = stk__stk_ftable_size(fd, w->nfname);
+    uint8_t *t = stk__malloc(n);
+    if (!t)
+        return STK_ENOMEM;
+    stk__stk_ftable_encode(t, fd, w->nfname);
+    int rc = stk__stkw_set_tail(w->sw, t, n);
+    stk__free(t);
+    memset(w->fshard, 0, sizeof w->fshard);
+    return rc;
+}
+
 /* Finishes the shard being written and records its count and size. */
 static int shard_end(stk_writer *w, char *err, size_t errlen)
 {
     uint64_t fsize, cnt = stk__stkw_count(w->sw);
     const char *name = w->man.shards[w->man.nshards - 1].name;
     err[0] = '\0';
-    int rc = stk__stkw_finish(w->sw, w->o.num_classes, &fsize, err, errlen);
+    int rc = w->layout == 2 ? put_field_table(w) : STK_OK;
+    if (rc) {
+        stk__fmt(err, errlen, "out of memory");
+        stk__stkw_abort(w->sw);
+        w->sw = NULL;
+        return rc;
+    }
+    rc = stk__stkw_finish(w->sw, w->o.num_classes, &fsize, err, errlen);
     w->sw = NULL;
     if (rc && !err[0])
         stk__fmt(err, errlen, "%s/%s: cannot finish the shard: %s", w->dir, name, stk_strerror(rc));
@@ -303,7 +330,74 @@ int stk__writer_put(stk_writer *w, uint64_t i, const void *data, size_t len, int
         w->failed = true;
         return rc;
     }
+    if (w->layout == 2) {
+        /* The payload was made from checked refs: this parse cannot fail. */
+        stk__stk_fref refs[STK__MAX_FIELDS];
+        size_t nr = 0;
+        if (!stk__stk_fpayload_parse(data, len, w->nfname, refs, &nr, why, sizeof why))
+            for (size_t k = 0; k < nr; k++)
+                w->fshard[refs[k].id]++;
+    }
     w->man.samples++;
+    return STK_OK;
+}
+
+int stk__writer_set_fields(stk_writer *w, const stk__field_desc *fields, size_t n)
+{
+    if (n > STK__MAX_FIELDS || w->layout == 1 || w->sw) {
+        stk__fmt(w->err, sizeof w->err, "%zu fields (at most %d) for a writer of fields", n,
+                 STK__MAX_FIELDS);
+        return STK_EINVAL;
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t l = strlen(fields[k].name);
+        if (!l || l > STK_FNAME_MAX) {
+            stk__fmt(w->err, sizeof w->err, "field %zu: a name of %zu bytes (1 to %d)", k, l,
+                     STK_FNAME_MAX);
+            return STK_EINVAL;
+        }
+        if (!(w->fname[k] = stk__strdup(fields[k].name))) {
+            stk__fmt(w->err, sizeof w->err, "out of memory");
+            return STK_ENOMEM;
+        }
+        w->fkind[k] = fields[k].kind;
+        w->nfname = k + 1;
+    }
+    w->layout = 2;
+    w->h.kind = STK_PAYLOAD_FIELDS;
+    w->man.kind = STK_PAYLOAD_FIELDS;
+    return STK_OK;
+}
+
+int stk__pack_fields_payload(stk__pack_buf *b, const stk__field_ref *refs, size_t n, char *err,
+                             size_t errlen)
+{
+    uint64_t total = STK_FPAYLOAD_HEAD + (uint64_t)n * STK_FPAYLOAD_REF;
+    for (size_t k = 0; k < n; k++)
+        total += refs[k].len;
+    if (total > UINT32_MAX) {
+        stk__fmt(err, errlen,
+                 "a sample of fields taking %llu bytes is over the 4 GiB limit of a .stk sample",
+                 (unsigned long long)total);
+        return STK_ETOOBIG;
+    }
+    if (stk__pack_buf_reserve(b, (size_t)total)) {
+        stk__fmt(err, errlen, "out of memory for a sample of %llu bytes",
+                 (unsigned long long)total);
+        return STK_ENOMEM;
+    }
+    stk__put32(b->p, (uint32_t)n);
+    stk__put32(b->p + 4, 0);
+    size_t at = STK_FPAYLOAD_HEAD + n * STK_FPAYLOAD_REF;
+    for (size_t k = 0; k < n; k++) {
+        uint8_t *e = b->p + STK_FPAYLOAD_HEAD + k * STK_FPAYLOAD_REF;
+        stk__put32(e, refs[k].id);
+        stk__put32(e + 4, (uint32_t)refs[k].len);
+        if (refs[k].len)
+            memcpy(b->p + at, refs[k].data, refs[k].len);
+        at += refs[k].len;
+    }
+    b->len = at;
     return STK_OK;
 }
 
@@ -421,6 +515,13 @@ int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, c
     if (rc)
         return rc;
     uint64_t i = w->man.samples;
+    if (w->layout == 2) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 ": this writer's samples have fields (stk_writer_add_fields); "
+                 "a dataset's samples all have one layout, so add this one with fields too",
+                 i);
+        return STK_EMISUSE;
+    }
     if (!data && len) {
         stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": no data for %zu bytes", i, len);
         return STK_EINVAL;
@@ -451,7 +552,157 @@ int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, c
     } else {
         stk__pack_sniff_size(data, len, &sw, &sh);
     }
+    w->layout = 1;
     return stk__writer_put(w, i, data, len, label, key, sw, sh);
+}
+
+/* Checks a sample's label and key as stk_writer_add does. */
+static int check_label_key(stk_writer *w, uint64_t i, int64_t label, const char *key)
+{
+    if (label < -1 || (label >= 0 && (uint64_t)label >= w->o.num_classes)) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 " (%s): label %lld is outside -1..%lld (num_classes %llu)", i,
+                 key ? key : "", (long long)label, (long long)w->o.num_classes - 1,
+                 (unsigned long long)w->o.num_classes);
+        return STK_EINVAL;
+    }
+    if (key && strlen(key) >= STK_KEY_MAX) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": key of %zu bytes (at most %d)", i,
+                 strlen(key), STK_KEY_MAX - 1);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
+/* The id field f has (or will have once added: *fresh), checking its name
+ * and kind. */
+static int field_id(stk_writer *w, uint64_t i, const stk_writer_field *f, size_t nnew, size_t *id,
+                    bool *fresh)
+{
+    size_t l = f->name ? strlen(f->name) : 0;
+    bool bad = !l || l > STK_FNAME_MAX;
+    for (size_t k = 0; k < l && !bad; k++)
+        bad = (unsigned char)f->name[k] < 0x20 || f->name[k] == 0x7f || strchr(",;=", f->name[k]);
+    if (bad) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 ": field name '%.64s' is empty, longer than %d bytes, or has a "
+                 "control character or one of , ; = (which field specs use)",
+                 i, f->name ? f->name : "", STK_FNAME_MAX);
+        return STK_EINVAL;
+    }
+    if (f->kind < STK_FIELD_AUTO || f->kind > STK_FIELD_NPY || (!f->data && f->len)) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": field '%s': %s", i, f->name,
+                 f->kind < 0 || f->kind > STK_FIELD_NPY ? "unknown kind"
+                                                        : "no data for its length");
+        return STK_EINVAL;
+    }
+    *fresh = false;
+    for (size_t k = 0; k < w->nfname; k++) {
+        if (strcmp(w->fname[k], f->name))
+            continue;
+        *id = k;
+        if (f->kind && w->fkind[k] && f->kind != w->fkind[k]) {
+            stk__fmt(w->err, sizeof w->err,
+                     "sample %" PRIu64 ": field '%s' is %s here and was %s in earlier samples", i,
+                     f->name, stk_field_kind_name(f->kind), stk_field_kind_name(w->fkind[k]));
+            return STK_EINVAL;
+        }
+        return STK_OK;
+    }
+    if (w->nfname + nnew >= STK__MAX_FIELDS) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 ": field '%s' would be the dataset's %dth; a dataset has at "
+                 "most %d field names",
+                 i, f->name, STK__MAX_FIELDS + 1, STK__MAX_FIELDS);
+        return STK_EINVAL;
+    }
+    *id = w->nfname + nnew;
+    *fresh = true;
+    return STK_OK;
+}
+
+int stk_writer_add_fields(stk_writer *w, const stk_writer_field *fields, size_t n, int64_t label,
+                          const char *key)
+{
+    if (!w)
+        return STK_EINVAL;
+    int rc = usable(w);
+    if (rc)
+        return rc;
+    uint64_t i = w->man.samples;
+    if (w->layout == 1 || w->o.raw_c) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 ": this writer's samples are %s; a dataset's samples all have "
+                 "one layout, so samples with fields need a writer of their own",
+                 i, w->o.raw_c ? "raw tensors (raw_c)" : "single payloads (stk_writer_add)");
+        return STK_EMISUSE;
+    }
+    if (!fields || !n || n > STK__MAX_FIELDS) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": %zu fields (1 to %d)", i,
+                 fields ? n : 0, STK__MAX_FIELDS);
+        return STK_EINVAL;
+    }
+    if ((rc = check_label_key(w, i, label, key)))
+        return rc;
+    /* Check everything before changing anything, so a refused sample leaves
+     * the writer as it was. */
+    stk__field_ref refs[STK__MAX_FIELDS];
+    const stk_writer_field *byid[STK__MAX_FIELDS] = {0};
+    size_t nnew = 0;
+    for (size_t k = 0; k < n; k++) {
+        size_t id;
+        bool fresh;
+        if ((rc = field_id(w, i, &fields[k], nnew, &id, &fresh)))
+            return rc;
+        for (size_t j = 0; j < k; j++)
+            if (!strcmp(fields[j].name, fields[k].name)) {
+                stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": field '%s' given twice", i,
+                         fields[k].name);
+                return STK_EINVAL;
+            }
+        nnew += fresh;
+        byid[id] = &fields[k];
+    }
+    size_t nr = 0;
+    uint32_t sw = 0, sh = 0;
+    const stk_writer_field *image = NULL;
+    for (size_t id = 0; id < STK__MAX_FIELDS; id++) {
+        const stk_writer_field *f = byid[id];
+        if (!f)
+            continue;
+        refs[nr++] = (stk__field_ref){(uint32_t)id, f->data, f->len};
+        int kind = f->kind                          ? f->kind
+                   : id < w->nfname && w->fkind[id] ? w->fkind[id]
+                                                    : stk_field_kind_for_name(f->name);
+        if (!image && kind == STK_FIELD_IMAGE)
+            image = f;
+    }
+    if ((rc = stk__pack_fields_payload(&w->fbuf, refs, nr, w->err, sizeof w->err)))
+        return rc;
+    /* Now the names: new ones get the ids they were given above. */
+    for (size_t id = w->nfname; id < w->nfname + nnew; id++) {
+        if (!(w->fname[id] = stk__strdup(byid[id]->name))) {
+            stk__fmt(w->err, sizeof w->err, "out of memory");
+            for (size_t k = w->nfname; k < id; k++) {
+                stk__free(w->fname[k]);
+                w->fname[k] = NULL;
+            }
+            return STK_ENOMEM;
+        }
+        w->fkind[id] = byid[id]->kind;
+    }
+    for (size_t id = 0; id < w->nfname; id++)
+        if (byid[id] && !w->fkind[id])
+            w->fkind[id] = byid[id]->kind;
+    w->nfname += nnew;
+    if (!w->layout) {
+        w->layout = 2;
+        w->h.kind = STK_PAYLOAD_FIELDS;
+        w->man.kind = STK_PAYLOAD_FIELDS;
+    }
+    if (image)
+        stk__pack_sniff_size(image->data, image->len, &sw, &sh);
+    return stk__writer_put(w, i, w->fbuf.p, w->fbuf.len, label, key, sw, sh);
 }
 
 int stk_writer_set_class_name(stk_writer *w, uint64_t c, const char *name)
@@ -566,6 +817,9 @@ void stk_writer_close(stk_writer *w)
     for (uint64_t c = 0; w->man.class_names && c < w->man.classes; c++)
         stk__free(w->man.class_names[c]);
     stk__free(w->man.class_names);
+    for (size_t k = 0; k < w->nfname; k++)
+        stk__free(w->fname[k]);
+    stk__free(w->fbuf.p);
     stk__free(w->dir);
     stk__free(w);
 }

@@ -172,6 +172,8 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
                 m->kind = STK_PAYLOAD_RESIZED;
             else if (!strcmp(line + 5, "encoded"))
                 m->kind = STK_PAYLOAD_ENCODED;
+            else if (!strcmp(line + 5, "fields"))
+                m->kind = STK_PAYLOAD_FIELDS;
             else
                 goto bad; /* an unknown kind is not silently read as another */
         } else if (!strncmp(line, "samples ", 8)) {

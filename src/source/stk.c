@@ -5,6 +5,15 @@
  * payload is reported, never delivered. pread (not mmap) keeps a shard that
  * shrinks under us an I/O error instead of a SIGBUS.
  *
+ * Fields shards (version 2, payload kind fields): the field tables of all
+ * shards are merged by name at open into the source's fields, each shard
+ * keeping its map onto them. Until a select, a read gives a sample's primary
+ * field (its first image), so a loader without fields reads images and
+ * labels as from any .stk, and a remote one reads sample by sample (the ops
+ * have no locate: the fetch stage would hand workers whole payloads). A
+ * select switches to whole samples (the fetch stage included), whose fields
+ * the fields op finds, checking every bound of the payload's table.
+ *
  * Descriptors: up to STK_KEEP_FDS shards stay open for the loader's life
  * (pread on a shared descriptor is thread-safe); beyond that each read opens
  * and closes its shard, so a dataset of thousands of shards never exhausts
@@ -38,6 +47,12 @@ typedef struct shard {
     ino_t ino;
     stk__stk_header h;
     stk__stk_footer f;
+    /* Fields shards: the dataset's id of each of the shard's field ids, and
+     * the shard's id of the field a read without select delivers (-1: the
+     * shard has no such field). */
+    uint8_t gid[STK__MAX_FIELDS];
+    uint32_t nfields;
+    int primary;
 } shard;
 
 typedef struct stkset {
@@ -47,6 +62,12 @@ typedef struct stkset {
     bool keep_fds;
     stk__manifest man;
     uint64_t total_bytes;
+    /* Fields datasets: the dataset's field a read without select delivers
+     * (its first image field, else its first), and whether a select asked
+     * for whole samples (the fields op then finds every field in them). */
+    bool fields;
+    int primary;
+    bool whole;
 } stkset;
 
 static size_t find_shard(const stkset *d, uint64_t i)
@@ -89,6 +110,31 @@ static int stk_accept(const stk__source *src, uint64_t i, const uint8_t *bytes, 
     }
     *label = e.label;
     return STK_OK;
+}
+
+/* A fields sample read without select: what a loader without fields gets
+ * is the sample's primary field (its image), found in the payload at buf. */
+static int primary_of(const stk__source *src, const shard *s, uint8_t *buf, uint8_t **data,
+                      size_t *len, char *err, size_t errlen)
+{
+    const stkset *d = src->impl;
+    stk__stk_fref refs[STK__MAX_FIELDS];
+    size_t nr;
+    int rc = stk__stk_fpayload_parse(buf, *len, s->nfields, refs, &nr, err, errlen);
+    if (rc)
+        return rc;
+    for (size_t k = 0; k < nr; k++) {
+        if ((int)refs[k].id == s->primary) {
+            *data = buf + refs[k].off;
+            *len = refs[k].len;
+            return STK_OK;
+        }
+    }
+    stk__fmt(err, errlen,
+             "has no field '%s', the one read without fields; ask for the fields it has "
+             "(stk_options_set_fields, fields=)",
+             src->fields[d->primary].name);
+    return STK_EFORMAT;
 }
 
 static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
@@ -149,6 +195,8 @@ check:
         return rc;
     *data = buf;
     *len = e.length;
+    if (d->fields && !d->whole)
+        return primary_of(src, s, buf, data, len, err, errlen);
     return STK_OK;
 }
 
@@ -249,6 +297,27 @@ static void stk_close(stk__source *src)
     src->impl = NULL;
 }
 
+/* The fields of sample i in its whole payload (bytes, len): the payload's
+ * table parsed with every bound checked, ids mapped to the dataset's. */
+static int stk_fields(const stk__source *src, uint64_t i, const uint8_t *bytes, size_t len,
+                      int64_t label, stk__field_set *fs, char *err, size_t errlen)
+{
+    const stkset *d = src->impl;
+    const shard *s = &d->shards[find_shard(d, i)];
+    stk__stk_fref refs[STK__MAX_FIELDS];
+    size_t nr;
+    (void)label;
+    fs->n = 0;
+    fs->gen_used = 0;
+    int rc = stk__stk_fpayload_parse(bytes, len, s->nfields, refs, &nr, err, errlen);
+    if (rc)
+        return rc;
+    for (size_t k = 0; k < nr; k++)
+        fs->f[k] = (stk__field_ref){s->gid[refs[k].id], bytes + refs[k].off, refs[k].len};
+    fs->n = nr;
+    return STK_OK;
+}
+
 static const stk__source_ops k_stk_ops = {.kind = "stk",
                                           .read = stk_read,
                                           .name = stk_name,
@@ -260,6 +329,41 @@ static const stk__source_ops k_stk_ops = {.kind = "stk",
                                           .key = stk_key,
                                           .class_name = stk_class_name,
                                           .meta = stk_meta};
+
+static int stk_select(stk__source *src, uint64_t mask, char *err, size_t errlen);
+
+/* A fields dataset, before a select: reads give the primary field. Without
+ * locate, a remote one is read sample by sample (read), not through the
+ * fetch stage, whose bytes go to the worker as fetched, whole. */
+static const stk__source_ops k_stk_fields_ops = {.kind = "stk",
+                                                 .read = stk_read,
+                                                 .name = stk_name,
+                                                 .close = stk_close,
+                                                 .select = stk_select,
+                                                 .fields = stk_fields};
+
+/* After a select: whole samples, through the fetch stage when remote. */
+static const stk__source_ops k_stk_whole_ops = {.kind = "stk",
+                                                .read = stk_read,
+                                                .name = stk_name,
+                                                .close = stk_close,
+                                                .locate = stk_locate,
+                                                .accept = stk_accept,
+                                                .select = stk_select,
+                                                .fields = stk_fields};
+
+/* A sample is one range holding all its fields: every select reads it
+ * whole, whichever fields it names. */
+static int stk_select(stk__source *src, uint64_t mask, char *err, size_t errlen)
+{
+    stkset *d = src->impl;
+    (void)mask;
+    (void)err;
+    (void)errlen;
+    d->whole = true;
+    src->ops = &k_stk_whole_ops;
+    return STK_OK;
+}
 
 /* Checks a shard's header and footer bytes (read from anywhere). */
 static int parse_ends(shard *s, const uint8_t *hdr, const uint8_t *foot, char *why, size_t wl)
@@ -380,6 +484,64 @@ static int check_distinct(const stkset *d, char *err, size_t errlen)
     return rc;
 }
 
+/* Fields datasets: the union of the shards' field tables (by name, in order
+ * of first appearance; a kind the writer knew wins over AUTO; samples
+ * added up), each shard's map onto it, and the primary field. */
+static int describe_fields(stk__source *src, stkset *d, char *err, size_t errlen)
+{
+    for (size_t k = 0; k < d->n; k++) {
+        shard *s = &d->shards[k];
+        stk__stk_fdesc fd[STK__MAX_FIELDS];
+        size_t nf;
+        uint64_t before =
+            s->f.count * ((uint64_t)s->f.entry_size + s->f.meta_size) + s->f.keys_bytes;
+        char why[STK_ERRMSG_MAX];
+        if (stk__stk_ftable_decode(s->region + before, (size_t)s->f.tail_bytes, fd, &nf, why,
+                                   sizeof why)) {
+            stk__fmt(err, errlen, "%s: field table: %s", s->path, why);
+            return STK_EFORMAT;
+        }
+        s->nfields = (uint32_t)nf;
+        for (size_t j = 0; j < nf; j++) {
+            size_t g = 0;
+            while (g < src->nfields && (strlen(src->fields[g].name) != fd[j].name_len ||
+                                        memcmp(src->fields[g].name, fd[j].name, fd[j].name_len)))
+                g++;
+            if (g == src->nfields) {
+                if (stk__source_add_field(src, (const char *)fd[j].name, fd[j].name_len, fd[j].kind,
+                                          0) < 0) {
+                    stk__fmt(err, errlen,
+                             "%s: the shards have more than %d distinct field names, or out of "
+                             "memory",
+                             s->path, STK__MAX_FIELDS);
+                    return src->nfields >= STK__MAX_FIELDS ? STK_EFORMAT : STK_ENOMEM;
+                }
+            }
+            stk__field_desc *f = &src->fields[g];
+            if (f->kind == STK_FIELD_AUTO)
+                f->kind = fd[j].kind;
+            f->samples += fd[j].samples;
+            s->gid[j] = (uint8_t)g;
+        }
+    }
+    d->fields = true;
+    d->primary = 0;
+    for (size_t g = src->nfields; g-- > 0;) {
+        const stk__field_desc *f = &src->fields[g];
+        int kind = f->kind ? f->kind : stk_field_kind_for_name(f->name);
+        if (kind == STK_FIELD_IMAGE)
+            d->primary = (int)g;
+    }
+    for (size_t k = 0; k < d->n; k++) {
+        shard *s = &d->shards[k];
+        s->primary = -1;
+        for (uint32_t j = 0; j < s->nfields; j++)
+            if (s->gid[j] == d->primary)
+                s->primary = (int)j;
+    }
+    return STK_OK;
+}
+
 /* After every shard of d is parsed: checks them against the manifest and
  * each other, and fills src. Takes d over (freed on failure). */
 static int finish_set(stk__source *src, stkset *d, bool man, const char *where, char *err,
@@ -443,6 +605,11 @@ static int finish_set(stk__source *src, stkset *d, bool man, const char *where, 
         goto out;
     }
     src->ops = &k_stk_ops;
+    if (d->shards[0].h.kind == STK_PAYLOAD_FIELDS) {
+        if ((rc = describe_fields(src, d, err, errlen)))
+            goto out;
+        src->ops = &k_stk_fields_ops;
+    }
     src->impl = d;
     src->count = total;
     src->num_classes = (uint64_t)(maxl + 1);
@@ -462,6 +629,11 @@ out:
         stk_close(&tmp);
         stk__free(src->shard_first);
         src->shard_first = NULL;
+        for (size_t k = 0; k < src->nfields; k++)
+            stk__free(src->fields[k].name);
+        stk__free(src->fields);
+        src->fields = NULL;
+        src->nfields = 0;
     }
     return rc;
 }

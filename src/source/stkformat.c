@@ -26,6 +26,7 @@ const char *stk__payload_kind_name(uint32_t kind)
     case STK_PAYLOAD_ENCODED: return "encoded";
     case STK_PAYLOAD_RESIZED: return "resized";
     case STK_PAYLOAD_RAW: return "raw";
+    case STK_PAYLOAD_FIELDS: return "fields";
     default: return "unknown";
     }
 }
@@ -34,7 +35,11 @@ void stk__stk_header_encode(uint8_t out[STK_HEADER_SIZE], const stk__stk_header 
 {
     memset(out, 0, STK_HEADER_SIZE);
     memcpy(out, STK_MAGIC, 8);
-    stk__put16(out + 8, STK_VERSION_MAJOR_FMT);
+    /* Version 1 for the kinds it has always had, so their shards stay
+     * byte-identical and older readers keep reading them; version 2 only for
+     * the layout they cannot read (a field table after the keys). */
+    stk__put16(out + 8,
+               h->kind == STK_PAYLOAD_FIELDS ? STK_VERSION_MAJOR_FIELDS : STK_VERSION_MAJOR_FMT);
     stk__put16(out + 10, STK_VERSION_MINOR_FMT);
     stk__put32(out + 12, h->flags);
     stk__put32(out + 16, h->kind);
@@ -56,9 +61,9 @@ int stk__stk_header_decode(const uint8_t in[STK_HEADER_SIZE], stk__stk_header *h
     }
     h->major = stk__get16(in + 8);
     h->minor = stk__get16(in + 10);
-    if (h->major != STK_VERSION_MAJOR_FMT) {
-        stk__fmt(err, errlen, "unsupported .stk version %u.%u (this build reads %d.x)", h->major,
-                 h->minor, STK_VERSION_MAJOR_FMT);
+    if (h->major != STK_VERSION_MAJOR_FMT && h->major != STK_VERSION_MAJOR_FIELDS) {
+        stk__fmt(err, errlen, "unsupported .stk version %u.%u (this build reads %d.x and %d.x)",
+                 h->major, h->minor, STK_VERSION_MAJOR_FMT, STK_VERSION_MAJOR_FIELDS);
         return STK_EFORMAT;
     }
     if (stk__get64(in + 56) != stk__xxh3(in, 56)) {
@@ -77,8 +82,13 @@ int stk__stk_header_decode(const uint8_t in[STK_HEADER_SIZE], stk__stk_header *h
         stk__fmt(err, errlen, "unknown header flags 0x%x", h->flags);
         return STK_EFORMAT;
     }
-    if (h->kind > STK_PAYLOAD_RAW) {
+    if (h->kind > STK_PAYLOAD_FIELDS) {
         stk__fmt(err, errlen, "unknown payload kind %u", h->kind);
+        return STK_EFORMAT;
+    }
+    if ((h->kind == STK_PAYLOAD_FIELDS) != (h->major == STK_VERSION_MAJOR_FIELDS)) {
+        stk__fmt(err, errlen, "payload kind %s in a version %u shard (fields is version 2 only)",
+                 stk__payload_kind_name(h->kind), h->major);
         return STK_EFORMAT;
     }
     if ((h->flags & STK_FLAG_ALIGNED) &&
@@ -147,7 +157,7 @@ int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size
         return STK_EFORMAT;
     }
     uint64_t region = f->count * per + f->keys_bytes;
-    if (f->index_offset + region + STK_FOOTER_SIZE != file_size) {
+    if (region > avail || f->index_offset + region + STK_FOOTER_SIZE > file_size) {
         stk__fmt(err, errlen,
                  "index size does not match the file (index at %llu + %llu bytes + footer != "
                  "%llu bytes): truncated or corrupt",
@@ -155,6 +165,7 @@ int stk__stk_footer_decode(const uint8_t in[STK_FOOTER_SIZE], uint64_t file_size
                  (unsigned long long)file_size);
         return STK_EFORMAT;
     }
+    f->tail_bytes = file_size - STK_FOOTER_SIZE - f->index_offset - region;
     return STK_OK;
 }
 
@@ -168,12 +179,41 @@ void stk__stk_entry_decode(const uint8_t *p, stk__stk_entry *e)
     e->sum = stk__get64(p + 32);
 }
 
+/* The index region's tail: nothing in version 1 (the size equation of
+ * docs/format.md), the field table in version 2. */
+static int check_tail(const uint8_t *region, const stk__stk_footer *f, const stk__stk_header *h,
+                      char *err, size_t errlen)
+{
+    uint64_t before = f->count * ((uint64_t)f->entry_size + f->meta_size) + f->keys_bytes;
+    if (h->major == STK_VERSION_MAJOR_FMT) {
+        if (!f->tail_bytes)
+            return STK_OK;
+        stk__fmt(err, errlen,
+                 "index size does not match the file (index at %llu + %llu bytes + footer != "
+                 "%llu bytes): truncated or corrupt",
+                 (unsigned long long)f->index_offset, (unsigned long long)before,
+                 (unsigned long long)(f->index_offset + before + f->tail_bytes + STK_FOOTER_SIZE));
+        return STK_EFORMAT;
+    }
+    stk__stk_fdesc fd[STK__MAX_FIELDS];
+    size_t nf;
+    char why[STK_ERRMSG_MAX];
+    int rc =
+        stk__stk_ftable_decode(region + before, (size_t)f->tail_bytes, fd, &nf, why, sizeof why);
+    if (rc)
+        stk__fmt(err, errlen, "field table: %s", why);
+    return rc;
+}
+
 int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f, const stk__stk_header *h,
                          int64_t *max_label, char *err, size_t errlen)
 {
     uint64_t prev_end = STK_HEADER_SIZE;
     int64_t maxl = -1;
     uint64_t raw_len = (uint64_t)h->raw_h * h->raw_w * h->raw_c;
+    int rc = check_tail(region, f, h, err, errlen);
+    if (rc)
+        return rc;
     for (uint64_t i = 0; i < f->count; i++) {
         stk__stk_entry e;
         stk__stk_entry_decode(region + i * STK_ENTRY_SIZE, &e);
@@ -200,6 +240,12 @@ int stk__stk_index_check(const uint8_t *region, const stk__stk_footer *f, const 
         if (h->kind == STK_PAYLOAD_RAW && e.length != raw_len) {
             stk__fmt(err, errlen, "index entry %llu: raw sample of %u bytes, expected %llu",
                      (unsigned long long)i, e.length, (unsigned long long)raw_len);
+            return STK_EFORMAT;
+        }
+        if (h->kind == STK_PAYLOAD_FIELDS && e.length < STK_FPAYLOAD_HEAD) {
+            stk__fmt(err, errlen,
+                     "index entry %llu: a fields payload of %u bytes is shorter than its table",
+                     (unsigned long long)i, e.length);
             return STK_EFORMAT;
         }
         if (e.label > maxl)
@@ -237,10 +283,155 @@ int stk__stk_parse_buffer(const uint8_t *buf, size_t n, uint64_t *count, uint64_
     for (uint64_t i = 0; i < f.count; i++) {
         stk__stk_entry e;
         stk__stk_entry_decode(region + i * STK_ENTRY_SIZE, &e);
-        if (stk__xxh3(buf + e.offset, e.length) != e.sum)
+        if (stk__xxh3(buf + e.offset, e.length) != e.sum) {
             (*bad)++;
+        } else if (h.kind == STK_PAYLOAD_FIELDS) {
+            /* A table the checksum vouches for is still untrusted: the
+             * writer that made it may have lied. */
+            stk__stk_fdesc fd[STK__MAX_FIELDS];
+            stk__stk_fref refs[STK__MAX_FIELDS];
+            size_t nf, nr;
+            uint64_t before = f.count * ((uint64_t)f.entry_size + f.meta_size) + f.keys_bytes;
+            char why[STK_ERRMSG_MAX];
+            if (stk__stk_ftable_decode(region + before, (size_t)f.tail_bytes, fd, &nf, why,
+                                       sizeof why) ||
+                stk__stk_fpayload_parse(buf + e.offset, e.length, nf, refs, &nr, why, sizeof why))
+                (*bad)++;
+        }
     }
     *count = f.count;
+    return STK_OK;
+}
+
+/* ---- Fields ---------------------------------------------------------------- */
+
+int stk__stk_ftable_decode(const uint8_t *p, size_t n, stk__stk_fdesc *out, size_t *nf, char *err,
+                           size_t errlen)
+{
+    *nf = 0;
+    if (n < STK_FTABLE_HEAD) {
+        stk__fmt(err, errlen, "%zu bytes, too short for a field table", n);
+        return STK_EFORMAT;
+    }
+    uint32_t cnt = stk__get32(p);
+    if (!cnt || cnt > STK__MAX_FIELDS || stk__get32(p + 4)) {
+        stk__fmt(err, errlen, "%u fields (a shard has 1 to %d) or a reserved word not 0", cnt,
+                 STK__MAX_FIELDS);
+        return STK_EFORMAT;
+    }
+    size_t names = STK_FTABLE_HEAD + (size_t)cnt * STK_FTABLE_ENTRY;
+    if (names > n) {
+        stk__fmt(err, errlen, "%u entries do not fit in its %zu bytes", cnt, n);
+        return STK_EFORMAT;
+    }
+    size_t at = names;
+    for (uint32_t k = 0; k < cnt; k++) {
+        const uint8_t *e = p + STK_FTABLE_HEAD + (size_t)k * STK_FTABLE_ENTRY;
+        stk__stk_fdesc *d = &out[k];
+        d->name_len = stk__get16(e);
+        d->kind = e[2];
+        d->samples = stk__get64(e + 4);
+        if (!d->name_len || d->name_len > STK_FNAME_MAX || d->name_len > n - at) {
+            stk__fmt(err, errlen, "field %u: a name of %zu bytes (1 to %d, inside the table)", k,
+                     d->name_len, STK_FNAME_MAX);
+            return STK_EFORMAT;
+        }
+        if (d->kind > STK_FIELD_NPY || e[3]) {
+            stk__fmt(err, errlen, "field %u: unknown kind %d", k, d->kind);
+            return STK_EFORMAT;
+        }
+        d->name = p + at;
+        at += d->name_len;
+        if (memchr(d->name, '\0', d->name_len)) {
+            stk__fmt(err, errlen, "field %u: a name with a NUL byte", k);
+            return STK_EFORMAT;
+        }
+        for (uint32_t j = 0; j < k; j++)
+            if (out[j].name_len == d->name_len && !memcmp(out[j].name, d->name, d->name_len)) {
+                stk__fmt(err, errlen, "fields %u and %u have the same name '%.*s'", j, k,
+                         (int)d->name_len, (const char *)d->name);
+                return STK_EFORMAT;
+            }
+    }
+    if (at != n) {
+        stk__fmt(err, errlen, "%zu bytes after the last name", n - at);
+        return STK_EFORMAT;
+    }
+    *nf = cnt;
+    return STK_OK;
+}
+
+size_t stk__stk_ftable_size(const stk__stk_fdesc *f, size_t nf)
+{
+    size_t n = STK_FTABLE_HEAD + nf * STK_FTABLE_ENTRY;
+    for (size_t k = 0; k < nf; k++)
+        n += f[k].name_len;
+    return n;
+}
+
+void stk__stk_ftable_encode(uint8_t *out, const stk__stk_fdesc *f, size_t nf)
+{
+    stk__put32(out, (uint32_t)nf);
+    stk__put32(out + 4, 0);
+    size_t at = STK_FTABLE_HEAD + nf * STK_FTABLE_ENTRY;
+    for (size_t k = 0; k < nf; k++) {
+        uint8_t *e = out + STK_FTABLE_HEAD + k * STK_FTABLE_ENTRY;
+        stk__put16(e, (uint16_t)f[k].name_len);
+        e[2] = (uint8_t)f[k].kind;
+        e[3] = 0;
+        stk__put64(e + 4, f[k].samples);
+        memcpy(out + at, f[k].name, f[k].name_len);
+        at += f[k].name_len;
+    }
+}
+
+int stk__stk_fpayload_parse(const uint8_t *p, size_t n, size_t nfields, stk__stk_fref *out,
+                            size_t *nout, char *err, size_t errlen)
+{
+    *nout = 0;
+    if (n < STK_FPAYLOAD_HEAD) {
+        stk__fmt(err, errlen, "field table: a payload of %zu bytes is shorter than its table", n);
+        return STK_EFORMAT;
+    }
+    uint32_t cnt = stk__get32(p);
+    if (cnt > nfields || stk__get32(p + 4)) {
+        stk__fmt(err, errlen,
+                 "field table: %u fields in a sample of a shard that has %zu (or a reserved word "
+                 "not 0)",
+                 cnt, nfields);
+        return STK_EFORMAT;
+    }
+    /* cnt <= STK__MAX_FIELDS here, so this cannot overflow. */
+    size_t at = STK_FPAYLOAD_HEAD + (size_t)cnt * STK_FPAYLOAD_REF;
+    if (at > n) {
+        stk__fmt(err, errlen, "field table: %u entries do not fit in the payload's %zu bytes", cnt,
+                 n);
+        return STK_EFORMAT;
+    }
+    for (uint32_t k = 0; k < cnt; k++) {
+        const uint8_t *e = p + STK_FPAYLOAD_HEAD + (size_t)k * STK_FPAYLOAD_REF;
+        uint32_t id = stk__get32(e), len = stk__get32(e + 4);
+        if (id >= nfields || (k && id <= out[k - 1].id)) {
+            stk__fmt(err, errlen,
+                     "field table: entry %u names field %u (the shard has %zu; ids must increase)",
+                     k, id, nfields);
+            return STK_EFORMAT;
+        }
+        if (len > n - at) {
+            stk__fmt(err, errlen,
+                     "field table: field %u of %u bytes runs past the payload's end (%zu bytes "
+                     "left)",
+                     id, len, n - at);
+            return STK_EFORMAT;
+        }
+        out[k] = (stk__stk_fref){id, len, at};
+        at += len;
+    }
+    if (at != n) {
+        stk__fmt(err, errlen, "field table: %zu bytes after the last field", n - at);
+        return STK_EFORMAT;
+    }
+    *nout = cnt;
     return STK_OK;
 }
 
@@ -261,6 +452,8 @@ struct stk__stk_writer {
     size_t meta_len, meta_cap;
     uint8_t *keys;
     size_t keys_len, keys_cap;
+    uint8_t *tail; /* written after the keys (a field table) */
+    size_t tail_len;
     uint64_t count;
 };
 
@@ -327,6 +520,7 @@ static void writer_free(stk__stk_writer *w)
     stk__free(w->index);
     stk__free(w->meta);
     stk__free(w->keys);
+    stk__free(w->tail);
     stk__free(w);
 }
 
@@ -416,6 +610,19 @@ io:
     return rc;
 }
 
+int stk__stkw_set_tail(stk__stk_writer *w, const uint8_t *p, size_t n)
+{
+    uint8_t *t = stk__malloc(n ? n : 1);
+    if (!t)
+        return STK_ENOMEM;
+    if (n)
+        memcpy(t, p, n);
+    stk__free(w->tail);
+    w->tail = t;
+    w->tail_len = n;
+    return STK_OK;
+}
+
 uint64_t stk__stkw_payload_bytes(const stk__stk_writer *w)
 {
     return w->pos - STK_HEADER_SIZE;
@@ -448,13 +655,14 @@ int stk__stkw_finish(stk__stk_writer *w, uint64_t num_classes, uint64_t *file_si
     XXH3_64bits_update(st, w->index, w->index_len);
     XXH3_64bits_update(st, w->meta, w->meta_len);
     XXH3_64bits_update(st, w->keys, w->keys_len);
+    XXH3_64bits_update(st, w->tail, w->tail_len);
     f.index_sum = (uint64_t)XXH3_64bits_digest(st);
     XXH3_freeState(st);
     uint8_t foot[STK_FOOTER_SIZE];
     footer_encode(foot, &f);
     if ((rc = wput(w, w->index, w->index_len)) || (rc = wput(w, w->meta, w->meta_len)) ||
-        (rc = wput(w, w->keys, w->keys_len)) || (rc = wput(w, foot, sizeof foot)) ||
-        (rc = wflush(w)))
+        (rc = wput(w, w->keys, w->keys_len)) || (rc = wput(w, w->tail, w->tail_len)) ||
+        (rc = wput(w, foot, sizeof foot)) || (rc = wflush(w)))
         goto io;
     if (fsync(w->fd) != 0)
         goto io;

@@ -552,6 +552,91 @@ static void test_same_batches_as_local(void)
     server_stop();
 }
 
+/* A .stk of fields (payload kind fields) read remotely: with fields (whole
+ * samples through the fetch stage) every field equals the local read; without
+ * fields (no fetch stage: each sample by its own range read) the image field. */
+static uint64_t fields_hash(const char *path, const char *spec, uint64_t *samples)
+{
+    g_extra[0] = spec ? "fields" : NULL; /* samples as stored: no transform */
+    g_extra[1] = spec;
+    g_extra[2] = NULL;
+    int rc;
+    stk_loader *l = open_url(path, 2, NULL, NULL, STK_ON_ERROR_RAISE, &rc);
+    memset(g_extra, 0, sizeof g_extra);
+    if (rc)
+        fprintf(stderr, "open %s: %s\n", path, stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    uint64_t h = 0;
+    *samples = 0;
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        h = tu_hash(h, b->indices, b->size * sizeof *b->indices);
+        h = tu_hash(h, b->labels, b->size * sizeof *b->labels);
+        for (size_t k = 0; k < b->size; k++)
+            h = tu_hash(h, (uint8_t *)b->data + b->offsets[k], b->lengths[k]);
+        for (size_t f = 0; f < b->nfields; f++) {
+            const stk_field *fl = &b->fields[f];
+            if (fl->layout == STK_BATCH_DENSE) {
+                h = tu_hash(h, fl->data, b->size * fl->sample_bytes);
+                continue;
+            }
+            for (size_t k = 0; k < b->size; k++)
+                h = tu_hash(h, (uint8_t *)fl->data + fl->offsets[k], fl->lengths[k]);
+        }
+        *samples += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    /* With fields a remote dataset reads through the fetch stage; without,
+     * sample by sample (the fetch stage would hand the worker whole
+     * payloads, not their image field). */
+    stk_fetch_stats fs = {.struct_size = sizeof fs};
+    int frc = stk_loader_fetch_stats(l, &fs);
+    if (strstr(path, "://") && spec)
+        CHECK(frc == STK_OK && fs.requests > 0);
+    else
+        CHECK_EQ(frc, STK_EUNSUPPORTED);
+    stk_loader_close(l);
+    return h;
+}
+
+static void test_fields_remote(void)
+{
+    char dir[1200], err[512];
+    snprintf(dir, sizeof dir, "%s/fields", g_www);
+    stk_writer *w = NULL;
+    stk_writer_options wo = {.struct_size = sizeof wo, .shard_size = 1500, .num_classes = 3};
+    REQUIRE(stk_writer_open(&w, dir, &wo, err, sizeof err) == STK_OK);
+    for (int i = 0; i < 40; i++) {
+        char img[64], txt[64], cls[8], key[16];
+        int ni = snprintf(img, sizeof img, "image bytes %d %.*s", i, i % 30,
+                          "................................");
+        snprintf(txt, sizeof txt, "caption %d: caf\xc3\xa9", i);
+        snprintf(cls, sizeof cls, "%d", i % 3);
+        snprintf(key, sizeof key, "k%02d", i);
+        stk_writer_field f[3] = {{"jpg", img, (size_t)ni, STK_FIELD_IMAGE},
+                                 {"txt", txt, strlen(txt), STK_FIELD_TEXT},
+                                 {"cls", cls, strlen(cls), STK_FIELD_INT}};
+        REQUIRE(stk_writer_add_fields(w, f, i % 4 ? 3 : 2, i % 3, key) == STK_OK);
+    }
+    REQUIRE(stk_writer_finish(w, NULL) == STK_OK);
+    stk_writer_close(w);
+    const char *spec = "image=jpg,caption=txt,label?=cls";
+    uint64_t n_local, n_remote, n_plain_l, n_plain_r;
+    uint64_t local = fields_hash(dir, spec, &n_local);
+    uint64_t plain_local = fields_hash(dir, NULL, &n_plain_l);
+    server_start(g_www, F_NONE);
+    uint64_t remote = fields_hash(url("fields"), spec, &n_remote);
+    uint64_t plain_remote = fields_hash(url("fields"), NULL, &n_plain_r);
+    server_stop();
+    CHECK_EQ(n_local, 40);
+    CHECK_EQ(n_remote, 40);
+    CHECK(local == remote);
+    CHECK_EQ(n_plain_r, 40);
+    CHECK(plain_local == plain_remote);
+    CHECK(plain_local != local);
+}
+
 static void test_cache(void)
 {
     run_out local = run(g_ds, 2, NULL, NULL, 0, 2);
@@ -1839,6 +1924,7 @@ int main(void)
     RUN_IF(test_s3_error_text);
     make_dataset();
     RUN_IF(test_same_batches_as_local);
+    RUN_IF(test_fields_remote);
     RUN_IF(test_cache);
     RUN_IF(test_faults_are_retried);
     RUN_IF(test_past_the_budget);

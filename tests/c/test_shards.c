@@ -442,10 +442,15 @@ static void test_bad_shards(void)
     tu_write_file(shard, b, n);
     expect_open_fail(out, STK_EFORMAT, "wrong magic");
     memcpy(b, orig, n);
+    stk__put16(b + 8, 3);
+    stk__put64(b + 56, stk__xxh3(b, 56));
+    tu_write_file(shard, b, n);
+    expect_open_fail(shard, STK_EFORMAT, "unsupported .stk version 3");
+    /* Version 2 is the fields layout only (docs/format.md). */
     stk__put16(b + 8, 2);
     stk__put64(b + 56, stk__xxh3(b, 56));
     tu_write_file(shard, b, n);
-    expect_open_fail(shard, STK_EFORMAT, "unsupported .stk version 2");
+    expect_open_fail(shard, STK_EFORMAT, "fields is version 2 only");
     memcpy(b, orig, n);
     b[20] ^= 1;
     tu_write_file(shard, b, n);

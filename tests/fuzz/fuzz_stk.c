@@ -1,6 +1,9 @@
 /* fuzz_stk.c -- libFuzzer target for the .stk parser: the in-memory parser
- * (header, footer, index checks, payload checksums) and the real reader
- * (open through a memfd, then read every sample). Built by
+ * (header, footer, index checks, payload checksums, and for version 2 the
+ * field table and each payload's table) and the real reader (open through a
+ * memfd, then read every sample; a fields shard is read twice: its first
+ * image field without select, then whole with every field found by the
+ * `fields` op). Built by
  * scripts/test-fuzz.sh; linked with replay_main.c it is a plain program that
  * replays corpus files given as arguments (the corpus as regular tests). */
 #include "source/stkformat.h"
@@ -43,6 +46,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (s.ops->read(&s, i, &sink, &d, &len, &label, err, sizeof err) != STK_OK)
                     failed++;
                 s.ops->name(&s, i, name, sizeof name);
+            }
+            if (s.ops->fields) {
+                /* A fields shard: the reads above gave each sample's first
+                 * image field (failing where a sample has none); whole
+                 * samples, then their fields, fail exactly where the
+                 * parser's checksum or table checks did. */
+                failed = 0;
+                if (s.ops->select(&s, ~(uint64_t)0, err, sizeof err) != STK_OK)
+                    abort();
+                stk__field_set *fs = malloc(sizeof *fs);
+                if (!fs)
+                    abort();
+                for (uint64_t i = 0; i < s.count; i++) {
+                    stk__sink sink = {.grow = &sc};
+                    uint8_t *d;
+                    size_t len;
+                    int64_t label;
+                    if (s.ops->read(&s, i, &sink, &d, &len, &label, err, sizeof err) != STK_OK ||
+                        s.ops->fields(&s, i, d, len, label, fs, err, sizeof err) != STK_OK) {
+                        failed++;
+                        continue;
+                    }
+                    for (size_t k = 0; k < fs->n; k++)
+                        if (fs->f[k].id >= s.nfields || fs->f[k].data < d ||
+                            fs->f[k].data + fs->f[k].len > d + len)
+                            abort();
+                }
+                free(fs);
             }
             if (failed != bad)
                 abort();
