@@ -99,7 +99,7 @@ static bool hash_fields(field_sums *fs, const stk_batch *b)
 
 static void print_fields(const field_sums *fs, bool json)
 {
-    if (json) {
+    if (json && fs->n) {
         printf(",\"fields\":[");
         for (size_t k = 0; k < fs->n; k++) {
             printf("%s{\"name\":", k ? "," : "");
@@ -113,9 +113,8 @@ static void print_fields(const field_sums *fs, bool json)
                 printf("\"%016llx\"}", (unsigned long long)XXH3_64bits_digest(fs->h[k]));
         }
         printf("]");
-        return;
     }
-    for (size_t k = 0; k < fs->n; k++) {
+    for (size_t k = 0; !json && k < fs->n; k++) {
         printf("  field        %s (%s)", fs->name[k], fs->kind[k] ? fs->kind[k] : "?");
         if (fs->device[k])
             printf(": on the device (not hashed)");

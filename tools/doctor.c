@@ -390,8 +390,10 @@ static void batching_level(doctor *d)
     level *lv = &d->batching;
     if (!d->out_dense || !d->nouts) {
         snprintf(lv->note, sizeof lv->note, "%s",
-                 d->decode.done ? "variable-size output: measured within the full pipeline"
-                                : "no processed samples to batch");
+                 d->decode.done               ? "variable-size output: measured within the full pipeline"
+                 : d->fields && !d->image[0] ? "no image field: the fields are batched in the full "
+                                               "pipeline"
+                                             : "no processed samples to batch");
         return;
     }
     const char *tmp = getenv("TMPDIR");
