@@ -1058,7 +1058,7 @@ typedef struct stk_bench_decode_result {
     unsigned ndim;         /* dense: rank of one output */
     int64_t shape[4];      /* dense: one output's shape */
     size_t sample_bytes;   /* dense: bytes of one output; 0 for variable */
-    size_t outputs;        /* dense outputs written into out (items 0, 1, ...) */
+    size_t outputs;        /* dense outputs written into out (samples 0, 1, ...) */
     uint64_t input_pixels; /* width x height summed over the inputs whose JPEG or
                               PNG header gives a size */
     uint64_t input_images; /* how many inputs those are */
@@ -1072,9 +1072,9 @@ typedef struct stk_bench_decode_result {
  * 3600), and counts what came out. Sample k's draws are keyed by (o's seed,
  * round, k). Nothing is read from storage and nothing is batched: the rate
  * res->samples / res->seconds is the decode+augment ceiling of that many
- * threads. When out is not NULL and outputs are dense, the outputs of items
- * 0, 1, ... are written there (out_cap bytes at most; res->outputs says how
- * many). The samples and out are borrowed for the call; o is only read.
+ * threads. When out is not NULL and outputs are dense, the first round's
+ * outputs (sample 0, 1, ..., one each) are written there, as many as out_cap
+ * bytes hold (res->outputs says how many were). The samples and out are borrowed for the call; o is only read.
  * Blocks for `seconds`; any thread, calls may overlap. STK_OK (samples that
  * fail are counted, not errors); STK_EINVAL (NULL arguments, n 0, threads
  * over 256, seconds out of range, no transform, a bad spec, res->struct_size

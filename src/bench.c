@@ -147,6 +147,8 @@ int stk_bench_decode(const stk_options *o, const void *const *samples, const siz
     if (out && r.sample_bytes) {
         c.keep = out;
         c.nkeep = out_cap / r.sample_bytes;
+        if (c.nkeep > n)
+            c.nkeep = n; /* the first round: one output per sample */
     }
     rc = STK_ENOMEM;
     c.workers = stk__calloc(threads, sizeof *c.workers);

@@ -232,13 +232,165 @@ static const char *sized_presets(char *buf, size_t n)
     return buf;
 }
 
+/* What the arguments said that is checked once all are read. */
+typedef struct bench_seen {
+    uint64_t rank, world, record, header, label;
+    const char *size, *header_opt, *remote_flag;
+    bool cache_dir, cache_limit;
+} bench_seen;
+
+/* The checks across flags, after the last argument: 0, or 2 with the
+ * message printed; then the partition, the path and the records. */
+static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
+{
+    if (!a->path) {
+        fprintf(stderr, "stoker: bench needs a dataset PATH\n");
+        return 2;
+    }
+    if (w->rank >= w->world) {
+        fprintf(stderr,
+                "stoker: --rank %" PRIu64 " is out of range for --world-size %" PRIu64
+                " (0..%" PRIu64 ")\n",
+                w->rank, w->world, w->world - 1);
+        return 2;
+    }
+    /* Options that would otherwise change nothing are refused, so a run never
+     * silently measures something other than what was asked for. */
+    if (w->size && !has_preset(a->transform)) {
+        char presets[128];
+        fprintf(stderr,
+                "stoker: --size sets the output size of the presets (%s); --transform %s has "
+                "none (give sizes in the spec instead)\n",
+                sized_presets(presets, sizeof presets), a->transform ? a->transform : "none");
+        return 2;
+    }
+    if (w->remote_flag && !is_remote(a->path)) {
+        fprintf(stderr,
+                "stoker: %s applies to remote datasets (http://, https://, s3://); %s is a "
+                "local path, which is read directly\n",
+                w->remote_flag, a->path);
+        return 2;
+    }
+    if (w->cache_limit && !w->cache_dir) {
+        fprintf(stderr, "stoker: --cache-limit is the size limit of the disk cache; give "
+                        "--cache-dir too\n");
+        return 2;
+    }
+    if (w->header_opt && !w->record) {
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", w->header_opt);
+        return 2;
+    }
+    if (stk_options_set_partition(o, (unsigned)w->rank, (unsigned)w->world) ||
+        stk_options_set_source(o, a->path)) {
+        fprintf(stderr, "stoker: invalid partition or path\n");
+        return 2;
+    }
+    if (w->record && stk_options_set_records(o, (size_t)w->record, (size_t)w->header, (unsigned)w->label)) {
+        fprintf(stderr, "stoker: invalid --record-size/--label-bytes (label bytes 0,1,2,4,8 "
+                        "and smaller than the record)\n");
+        return 2;
+    }
+    return 0;
+}
+
 /* Parses bench's arguments into o. Returns 0, or 2 for bad usage (with the
  * message printed). */
+/* The flags that take a count or a size (--batch-size ... --label-bytes):
+ * 1 when k is none of them, 0 when it was parsed (*rc: the setter's code),
+ * 2 for bad usage with the message printed. */
+static int parse_count_flag(int *ip, const char *k, const char *val, stk_options *o,
+                            bench_args *a, bench_seen *w, int *rc)
+{
+    uint64_t v = 0;
+#define NUM(lo, hi)                                                                                \
+    do {                                                                                           \
+        if (!stoker_parse_opt(k, val, (lo), (hi), &v))                                             \
+            return 2;                                                                              \
+        (*ip)++;                                                                                   \
+    } while (0)
+#define NUM_BYTES(lo, hi)                                                                          \
+    do {                                                                                           \
+        if (!stoker_parse_bytes(k, val, (lo), (hi), &v))                                           \
+            return 2;                                                                              \
+        (*ip)++;                                                                                   \
+    } while (0)
+    if (!strcmp(k, "--batch-size")) {
+        NUM(1, 1u << 24);
+        *rc = stk_options_set_batch_size(o, (size_t)v);
+    } else if (!strcmp(k, "--threads") && val && !strncmp(val, "auto", 4)) {
+        /* auto or auto:N: autotune up to the default count or N. */
+        if (val[4] && (val[4] != ':' || !stoker_parse_size(val + 5, &v) || v < 1 || v > 256)) {
+            fprintf(stderr, "stoker: --threads takes a number, auto or auto:N (N the most "
+                            "threads, 1..256), got '%s'\n", val);
+            return 2;
+        }
+        *rc = stk_options_set_threads(o, val[4] ? (unsigned)v : 0);
+        if (*rc == STK_OK)
+            *rc = stk_options_set(o, "autotune", "1");
+        (*ip)++;
+    } else if (!strcmp(k, "--threads")) {
+        NUM(0, 256);
+        *rc = stk_options_set_threads(o, (unsigned)v);
+    } else if (!strcmp(k, "--depth") && val && !strcmp(val, "auto")) {
+        *rc = stk_options_set(o, "depth", "auto");
+        (*ip)++;
+    } else if (!strcmp(k, "--memory-budget")) {
+        NUM_BYTES(1, (uint64_t)1 << 50);
+        char num[32];
+        snprintf(num, sizeof num, "%" PRIu64, v);
+        *rc = stk_options_set(o, "memory_budget", num);
+    } else if (!strcmp(k, "--depth")) {
+        NUM(1, 63);
+        *rc = stk_options_set_depth(o, (unsigned)v);
+    } else if (!strcmp(k, "--epochs")) {
+        NUM(0, UINT64_MAX);
+        a->epochs = v;
+    } else if (!strcmp(k, "--seed")) {
+        NUM(0, UINT64_MAX);
+        *rc = stk_options_set_seed(o, v);
+    } else if (!strcmp(k, "--rank")) {
+        NUM(0, UINT32_MAX - 1);
+        w->rank = v;
+    } else if (!strcmp(k, "--world-size")) {
+        NUM(1, UINT32_MAX);
+        w->world = v;
+    } else if (!strcmp(k, "--batch-memory")) {
+        NUM_BYTES(4096, (uint64_t)1 << 40);
+        char num[32];
+        snprintf(num, sizeof num, "%" PRIu64, v);
+        *rc = stk_options_set(o, "batch_memory", num);
+    } else if (!strcmp(k, "--max-sample-bytes")) {
+        NUM_BYTES(1, (uint64_t)1 << 40);
+        *rc = stk_options_set_max_sample_bytes(o, (size_t)v);
+        a->max_sample_bytes = v;
+    } else if (!strcmp(k, "--record-size")) {
+        if (val && !strcmp(val, "0")) {
+            fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
+                            "holds at least 1 byte)\n");
+            return 2;
+        }
+        NUM(1, SIZE_MAX);
+        w->record = v;
+    } else if (!strcmp(k, "--header-bytes")) {
+        NUM(0, SIZE_MAX);
+        w->header = v;
+        w->header_opt = k;
+    } else if (!strcmp(k, "--label-bytes")) {
+        NUM(0, 8);
+        w->label = v;
+        w->header_opt = k;
+    } else {
+        return 1;
+    }
+#undef NUM
+#undef NUM_BYTES
+    return 0;
+}
+
 int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 {
-    uint64_t v = 0, rank = 0, world = 1, record = 0, header = 0, label = 0;
-    const char *size = NULL, *header_opt = NULL, *remote_flag = NULL;
-    bool cache_dir = false, cache_limit = false;
+    uint64_t v = 0;
+    bench_seen seen = {.world = 1}, *w = &seen;
     a->epochs = 1;
     for (int i = 2; i < argc; i++) {
         const char *k = argv[i];
@@ -258,71 +410,11 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             return 2;                                                                              \
         i++;                                                                                       \
     } while (0)
-        if (!strcmp(k, "--batch-size")) {
-            NUM(1, 1u << 24);
-            rc = stk_options_set_batch_size(o, (size_t)v);
-        } else if (!strcmp(k, "--threads") && val && !strncmp(val, "auto", 4)) {
-            /* auto or auto:N: autotune up to the default count or N. */
-            if (val[4] && (val[4] != ':' || !stoker_parse_size(val + 5, &v) || v < 1 || v > 256)) {
-                fprintf(stderr, "stoker: --threads takes a number, auto or auto:N (N the most "
-                                "threads, 1..256), got '%s'\n", val);
-                return 2;
-            }
-            rc = stk_options_set_threads(o, val[4] ? (unsigned)v : 0);
-            if (rc == STK_OK)
-                rc = stk_options_set(o, "autotune", "1");
-            i++;
-        } else if (!strcmp(k, "--threads")) {
-            NUM(0, 256);
-            rc = stk_options_set_threads(o, (unsigned)v);
-        } else if (!strcmp(k, "--depth") && val && !strcmp(val, "auto")) {
-            rc = stk_options_set(o, "depth", "auto");
-            i++;
-        } else if (!strcmp(k, "--memory-budget")) {
-            NUM_BYTES(1, (uint64_t)1 << 50);
-            char num[32];
-            snprintf(num, sizeof num, "%" PRIu64, v);
-            rc = stk_options_set(o, "memory_budget", num);
-        } else if (!strcmp(k, "--depth")) {
-            NUM(1, 63);
-            rc = stk_options_set_depth(o, (unsigned)v);
-        } else if (!strcmp(k, "--epochs")) {
-            NUM(0, UINT64_MAX);
-            a->epochs = v;
-        } else if (!strcmp(k, "--seed")) {
-            NUM(0, UINT64_MAX);
-            rc = stk_options_set_seed(o, v);
-        } else if (!strcmp(k, "--rank")) {
-            NUM(0, UINT32_MAX - 1);
-            rank = v;
-        } else if (!strcmp(k, "--world-size")) {
-            NUM(1, UINT32_MAX);
-            world = v;
-        } else if (!strcmp(k, "--batch-memory")) {
-            NUM_BYTES(4096, (uint64_t)1 << 40);
-            char num[32];
-            snprintf(num, sizeof num, "%" PRIu64, v);
-            rc = stk_options_set(o, "batch_memory", num);
-        } else if (!strcmp(k, "--max-sample-bytes")) {
-            NUM_BYTES(1, (uint64_t)1 << 40);
-            rc = stk_options_set_max_sample_bytes(o, (size_t)v);
-            a->max_sample_bytes = v;
-        } else if (!strcmp(k, "--record-size")) {
-            if (val && !strcmp(val, "0")) {
-                fprintf(stderr, "stoker: --record-size 0 is not a valid record size (a record "
-                                "holds at least 1 byte)\n");
-                return 2;
-            }
-            NUM(1, SIZE_MAX);
-            record = v;
-        } else if (!strcmp(k, "--header-bytes")) {
-            NUM(0, SIZE_MAX);
-            header = v;
-            header_opt = k;
-        } else if (!strcmp(k, "--label-bytes")) {
-            NUM(0, 8);
-            label = v;
-            header_opt = k;
+        int r = parse_count_flag(&i, k, val, o, a, w, &rc);
+        if (r == 2)
+            return 2;
+        if (r == 0) {
+            /* parsed */
         } else if (!strcmp(k, "--no-shuffle")) {
             rc = stk_options_set_shuffle(o, 0);
         } else if (!strcmp(k, "--drop-last")) {
@@ -373,7 +465,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             i++;
         } else if (!strcmp(k, "--size")) {
             NUM(1, 65535);
-            size = val;
+            w->size = val;
             if (set_opt(o, "size", val))
                 return 2;
         } else if (!strcmp(k, "--layout") && val) {
@@ -391,7 +483,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             i++;
         } else if ((opt = stoker_flag_option(k, key, sizeof key)) && val) {
             /* Every other library option is a flag of the same name
-             * (docs/options.md): --cache-limit sets cache_limit. */
+             * (docs/options.md): --cache-limit sets w->cache_limit. */
             if (!strcmp(k, "--cache-dir") && !*val) {
                 fprintf(stderr, "stoker: --cache-dir needs a directory (leave the option out "
                                 "for no disk cache)\n");
@@ -400,11 +492,11 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             if (set_flag(o, key, k, val))
                 return 2;
             if (!strcmp(k, "--cache-dir"))
-                cache_dir = true;
+                w->cache_dir = true;
             else if (!strcmp(k, "--cache-limit"))
-                cache_limit = true;
+                w->cache_limit = true;
             if (opt->flags & STK_OPTION_REMOTE)
-                remote_flag = k;
+                w->remote_flag = k;
             i++;
         } else if (!strcmp(k, "--max-input-bytes")) {
             NUM_BYTES(4096, (uint64_t)1 << 40);
@@ -430,54 +522,7 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             return 2;
         }
     }
-    if (!a->path) {
-        fprintf(stderr, "stoker: bench needs a dataset PATH\n");
-        return 2;
-    }
-    if (rank >= world) {
-        fprintf(stderr,
-                "stoker: --rank %" PRIu64 " is out of range for --world-size %" PRIu64
-                " (0..%" PRIu64 ")\n",
-                rank, world, world - 1);
-        return 2;
-    }
-    /* Options that would otherwise change nothing are refused, so a run never
-     * silently measures something other than what was asked for. */
-    if (size && !has_preset(a->transform)) {
-        char presets[128];
-        fprintf(stderr,
-                "stoker: --size sets the output size of the presets (%s); --transform %s has "
-                "none (give sizes in the spec instead)\n",
-                sized_presets(presets, sizeof presets), a->transform ? a->transform : "none");
-        return 2;
-    }
-    if (remote_flag && !is_remote(a->path)) {
-        fprintf(stderr,
-                "stoker: %s applies to remote datasets (http://, https://, s3://); %s is a "
-                "local path, which is read directly\n",
-                remote_flag, a->path);
-        return 2;
-    }
-    if (cache_limit && !cache_dir) {
-        fprintf(stderr, "stoker: --cache-limit is the size limit of the disk cache; give "
-                        "--cache-dir too\n");
-        return 2;
-    }
-    if (header_opt && !record) {
-        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", header_opt);
-        return 2;
-    }
-    if (stk_options_set_partition(o, (unsigned)rank, (unsigned)world) ||
-        stk_options_set_source(o, a->path)) {
-        fprintf(stderr, "stoker: invalid partition or path\n");
-        return 2;
-    }
-    if (record && stk_options_set_records(o, (size_t)record, (size_t)header, (unsigned)label)) {
-        fprintf(stderr, "stoker: invalid --record-size/--label-bytes (label bytes 0,1,2,4,8 "
-                        "and smaller than the record)\n");
-        return 2;
-    }
-    return 0;
+    return finish_bench(w, o, a);
 }
 
 /* The live line on stderr: rate, starvation and time left. */
@@ -511,6 +556,99 @@ static void print_errors_json(stk_loader *l, FILE *f)
         fprintf(f, "}");
     }
     fprintf(f, "]");
+}
+
+/* What one bench run measured, for its report. */
+typedef struct bench_run {
+    stk_info info;
+    stk_stats st;
+    uint64_t samples, batches, bound;
+    double secs, open_s, first_s, rate;
+    long rss;
+    unsigned long long sum;
+    int status;
+} bench_run;
+
+/* The --json report: one object. */
+static void report_json(stk_loader *l, const bench_args *a, const bench_run *r,
+                        const field_sums *fs)
+{
+    char shown[4096];
+    printf("{\"path\":");
+    stoker_json_str(stdout, stoker_display_path(a->path, shown, sizeof shown));
+    printf(",\"transform\":");
+    stoker_json_str(stdout, a->transform ? a->transform : "none");
+    printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
+           "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
+           ",\"seconds\":%.6f,\"open_s\":%.6f,\"first_batch_s\":",
+           r->info.source_kind, r->info.threads, r->info.batch_size, r->info.depth, a->epochs, r->samples,
+           r->batches, r->secs, r->open_s);
+    if (r->first_s < 0)
+        printf("null");
+    else
+        printf("%.6f", r->first_s);
+    printf(",\"threads_active\":%u", r->st.threads_active);
+    printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
+           ",\"starvation_s\":%.6f,\"stages\":{",
+           r->rate, r->rss, r->bound, (double)r->st.consumer_wait_ns * 1e-9);
+    for (int s = 0; s < stk_stage_count(); s++) {
+        stk_stage_stats ss = {.struct_size = sizeof ss};
+        stk_loader_stage_stats(l, s, &ss);
+        printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
+               stk_stage_name(s), ss.items, (double)ss.busy_ns * 1e-9);
+    }
+    printf("},\"per_thread\":[");
+    for (unsigned t = 0; t < r->info.threads; t++) {
+        printf("%s{", t ? "," : "");
+        for (int s = 0; s < stk_stage_count(); s++) {
+            stk_stage_stats ts = {.struct_size = sizeof ts};
+            stk_loader_thread_stats(l, t, s, &ts);
+            printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
+                   stk_stage_name(s), ts.items, (double)ts.busy_ns * 1e-9);
+        }
+        printf("}");
+    }
+    printf("]");
+    stoker_print_fetch(l, true, r->secs);
+    printf(",\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", r->st.samples_skipped,
+           r->st.samples_failed);
+    print_errors_json(l, stdout);
+    printf(",\"checksum\":\"%016llx\"", r->sum);
+    print_fields(fs, true);
+    printf(",\"ok\":%s}\n", r->status ? "false" : "true");
+}
+
+/* The text report's lines after the header. */
+static void report_text(stk_loader *l, const bench_run *r, const field_sums *fs)
+{
+    char b1[32], b2[32];
+    printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
+           r->samples, r->batches, r->secs, r->rate);
+    printf("  startup      open %.3f s, first batch after %.3f s (both within the %.3f s)\n",
+           r->open_s, r->first_s < 0 ? 0.0 : r->first_s, r->secs);
+    printf("  peak RSS     %s (memory bound %s)\n",
+           stoker_human_bytes((double)r->rss, b1, sizeof b1),
+           stoker_human_bytes((double)r->bound, b2, sizeof b2));
+    for (int s = 0; s < stk_stage_count(); s++) {
+        stk_stage_stats ss = {.struct_size = sizeof ss};
+        stk_loader_stage_stats(l, s, &ss);
+        double busy = (double)ss.busy_ns * 1e-9;
+        printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",
+               stk_stage_name(s), ss.items, busy, r->info.threads,
+               ss.items ? busy * 1e6 / (double)ss.items : 0.0);
+    }
+    stoker_print_fetch(l, false, r->secs);
+    if (r->st.threads_active != r->st.threads_max)
+        printf("  autotune     %u of %u threads working at the end\n", r->st.threads_active,
+               r->st.threads_max);
+    double starve = (double)r->st.consumer_wait_ns * 1e-9;
+    printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
+           r->secs > 0 ? 100.0 * starve / r->secs : 0.0);
+    if (r->st.samples_skipped)
+        printf("  skipped      %" PRIu64 " samples (first: see --json errors)\n",
+               r->st.samples_skipped);
+    printf("  checksum     %016llx\n", r->sum);
+    print_fields(fs, false);
 }
 
 int stoker_cmd_bench(int argc, char **argv)
@@ -611,83 +749,14 @@ int stoker_cmd_bench(int argc, char **argv)
     double secs = stoker_now() - t0;
     stk_stats st = {.struct_size = sizeof st};
     stk_loader_stats(l, &st);
-    long rss = stoker_peak_rss();
-    unsigned long long sum = (unsigned long long)XXH3_64bits_digest(h);
-    double rate = secs > 0 ? (double)samples / secs : 0;
-    if (a.json) {
-        char shown[4096];
-        printf("{\"path\":");
-        stoker_json_str(stdout, stoker_display_path(a.path, shown, sizeof shown));
-        printf(",\"transform\":");
-        stoker_json_str(stdout, a.transform ? a.transform : "none");
-        printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
-               "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
-               ",\"seconds\":%.6f,\"open_s\":%.6f,\"first_batch_s\":",
-               info.source_kind, info.threads, info.batch_size, info.depth, a.epochs, samples,
-               batches, secs, open_s);
-        if (first_s < 0)
-            printf("null");
-        else
-            printf("%.6f", first_s);
-        printf(",\"threads_active\":%u", st.threads_active);
-        printf(",\"samples_per_s\":%.3f,\"peak_rss_bytes\":%ld,\"memory_bound_bytes\":%" PRIu64
-               ",\"starvation_s\":%.6f,\"stages\":{",
-               rate, rss, bound, (double)st.consumer_wait_ns * 1e-9);
-        for (int s = 0; s < stk_stage_count(); s++) {
-            stk_stage_stats ss = {.struct_size = sizeof ss};
-            stk_loader_stage_stats(l, s, &ss);
-            printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                   stk_stage_name(s), ss.items, (double)ss.busy_ns * 1e-9);
-        }
-        printf("},\"per_thread\":[");
-        for (unsigned t = 0; t < info.threads; t++) {
-            printf("%s{", t ? "," : "");
-            for (int s = 0; s < stk_stage_count(); s++) {
-                stk_stage_stats ts = {.struct_size = sizeof ts};
-                stk_loader_thread_stats(l, t, s, &ts);
-                printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-                       stk_stage_name(s), ts.items, (double)ts.busy_ns * 1e-9);
-            }
-            printf("}");
-        }
-        printf("]");
-        stoker_print_fetch(l, true, secs);
-        printf(",\"skipped\":%" PRIu64 ",\"failed\":%" PRIu64 ",", st.samples_skipped,
-               st.samples_failed);
-        print_errors_json(l, stdout);
-        printf(",\"checksum\":\"%016llx\"", sum);
-        print_fields(&fs, true);
-        printf(",\"ok\":%s}\n", status ? "false" : "true");
-    } else {
-        char b1[32], b2[32];
-        printf("  samples      %" PRIu64 " in %" PRIu64 " batches, %.3f s -> %.1f samples/s\n",
-               samples, batches, secs, rate);
-        printf("  startup      open %.3f s, first batch after %.3f s (both within the %.3f s)\n",
-               open_s, first_s < 0 ? 0.0 : first_s, secs);
-        printf("  peak RSS     %s (memory bound %s)\n",
-               stoker_human_bytes((double)rss, b1, sizeof b1),
-               stoker_human_bytes((double)bound, b2, sizeof b2));
-        for (int s = 0; s < stk_stage_count(); s++) {
-            stk_stage_stats ss = {.struct_size = sizeof ss};
-            stk_loader_stage_stats(l, s, &ss);
-            double busy = (double)ss.busy_ns * 1e-9;
-            printf("  %-12s %" PRIu64 " items, %.3f s busy over %u threads (%.2f us/item)\n",
-                   stk_stage_name(s), ss.items, busy, info.threads,
-                   ss.items ? busy * 1e6 / (double)ss.items : 0.0);
-        }
-        stoker_print_fetch(l, false, secs);
-        if (st.threads_active != st.threads_max)
-            printf("  autotune     %u of %u threads working at the end\n", st.threads_active,
-                   st.threads_max);
-        double starve = (double)st.consumer_wait_ns * 1e-9;
-        printf("  starvation   %.3f s waiting for batches (%.0f%% of the run)\n", starve,
-               secs > 0 ? 100.0 * starve / secs : 0.0);
-        if (st.samples_skipped)
-            printf("  skipped      %" PRIu64 " samples (first: see --json errors)\n",
-                   st.samples_skipped);
-        printf("  checksum     %016llx\n", sum);
-        print_fields(&fs, false);
-    }
+    bench_run r = {.info = info, .st = st, .samples = samples, .batches = batches,
+                   .bound = bound, .secs = secs, .open_s = open_s, .first_s = first_s,
+                   .rate = secs > 0 ? (double)samples / secs : 0, .rss = stoker_peak_rss(),
+                   .sum = (unsigned long long)XXH3_64bits_digest(h), .status = status};
+    if (a.json)
+        report_json(l, &a, &r, &fs);
+    else
+        report_text(l, &r, &fs);
 out:
     stk_loader_close(l);
     stk_options_destroy(o);
