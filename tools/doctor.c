@@ -641,12 +641,18 @@ static void report(doctor *d)
     size_t nadv = advise(d, &v, adv, 16);
     char buf[4096];
     const char *shown = stoker_display_path(d->a.path, buf, sizeof buf);
+    char fields[1024];
+    opt(d, "fields", fields, sizeof fields);
     if (d->a.json) {
         printf("{\"path\":");
         stoker_json_str(stdout, shown);
         printf(",\"source\":\"%s\",\"samples\":%" PRIu64 ",\"transform\":",
                d->source_kind ? d->source_kind : "unknown", d->num_samples);
         stoker_json_str(stdout, d->a.transform ? d->a.transform : "none");
+        if (*fields) {
+            printf(",\"fields\":");
+            stoker_json_str(stdout, fields);
+        }
         printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%.2f,"
                "\"levels\":{",
                d->threads, d->cpus, d->batch_size, d->depth, d->secs);
@@ -694,9 +700,12 @@ static void report(doctor *d)
     }
     printf("stoker doctor: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", shown,
            d->source_kind ? d->source_kind : "?", d->num_samples, d->num_classes);
-    printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n\n",
+    printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n",
            d->a.transform ? d->a.transform : "none", d->batch_size, d->threads, d->cpus,
            d->depth, d->secs);
+    if (*fields)
+        printf("  fields %s\n", fields);
+    printf("\n");
     printf("  %-34s %12s %9s %8s\n", "level", "samples/s", "MB/s", "CPUs");
     text_level("storage (first read)", &d->storage, true);
     text_level("storage (second read, warm)", &d->storage2, true);

@@ -118,6 +118,7 @@ def _doctor(path, *args):
 def test_doctor_with_fields(folder):
     root, _ = folder
     d = _doctor(root, "--fields", "image,label", "--transform", "imagenet-val", "--size", "32")
+    assert d["fields"] == "image,label"
     lv = d["levels"]
     for name in ("storage", "storage_warm", "decode", "batching", "full"):
         assert lv[name]["measured"], (name, lv[name])
@@ -126,6 +127,7 @@ def test_doctor_with_fields(folder):
     assert "image field 'image'" in lv["batching"]["note"]
     assert d["verdict"]["bound"] in ("storage", "decode", "batching")
     plain = _doctor(root, "--transform", "imagenet-val", "--size", "32")
+    assert "fields" not in plain
     assert plain["levels"]["decode"]["measured"] and "image field" not in plain["levels"]["decode"]["note"]
 
 
