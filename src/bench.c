@@ -177,15 +177,3 @@ out:
         *res = r;
     return rc;
 }
-
-int stk_default_threads(unsigned *n)
-{
-    char err[128];
-    if (!n)
-        return STK_EINVAL;
-    if (stk__default_threads(n, err, sizeof err) != STK_OK) {
-        *n = 1;
-        return STK_EINVAL;
-    }
-    return STK_OK;
-}
