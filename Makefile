@@ -138,8 +138,11 @@ $(B)/libstoker.so: $(B)/$(SOFILE)
 	ln -sfn $(SOFILE) $(B)/$(SONAME)
 	ln -sfn $(SONAME) $@
 
-$(B)/stoker: $(TOOL_SRCS) $(B)/libstoker.a include/stoker.h
-	$(CC) $(CFLAGS_ALL) -o $@ $(TOOL_SRCS) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
+# The tool is built on the public API alone: its sources see include/ and
+# not src/ (tests/py/test_public_api.py checks the same by reading them).
+TOOL_CFLAGS := $(filter-out -Isrc,$(CFLAGS_ALL))
+$(B)/stoker: $(TOOL_SRCS) $(wildcard tools/*.h) $(B)/libstoker.a include/stoker.h
+	$(CC) $(TOOL_CFLAGS) -o $@ $(TOOL_SRCS) $(B)/libstoker.a $(LDFLAGS_ALL) $(LDLIBS_ALL)
 
 $(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker_test.a $(wildcard tools/*.c tools/*.h)
 	@mkdir -p $(dir $@)
@@ -149,7 +152,9 @@ $(B)/tests/%: tests/c/%.c $(TEST_UTIL) tests/c/testutil.h $(B)/libstoker_test.a 
 # subcommands directly (test_shards, test_mt_pack) instead of including .c files.
 TOOL_LIB_SRCS := $(filter-out tools/stoker.c,$(TOOL_SRCS))
 TOOL_LIB_OBJS := $(TOOL_LIB_SRCS:%.c=$(B)/obj/%.o)
-$(TOOL_LIB_OBJS): $(wildcard tools/*.h)
+$(B)/obj/tools/%.o: tools/%.c $(wildcard tools/*.h) include/stoker.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TOOL_CFLAGS) -c $< -o $@
 $(B)/libstoker_tools.a: $(TOOL_LIB_OBJS)
 	rm -f $@ && ar rcs $@ $^
 $(B)/tests/test_shards $(B)/tests/test_mt_pack: $(B)/libstoker_tools.a

@@ -331,6 +331,22 @@ STK_API int stk_parse_size(const char *text, uint64_t *out);
  * value. STK_OK; STK_EINVAL for NULL, an unknown key or a bad value, with
  * the reason on stk_options_errmsg(o); STK_ENOMEM. */
 STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
+/* Reads option key (an stk_option_info name) back as text that
+ * stk_options_set takes: a bool "0"/"1", a number or size in decimal bytes,
+ * an enum its word ("nchw", "auto" for depth auto, "cuda:1"), a string as
+ * set, "fields" as stk_options_set_fields reads it (per-field transforms
+ * left out). "" means not set: the default applies, decided by the loader
+ * where it depends on other things ("size": the preset's; "fetch_buffer",
+ * "cache_limit", ...), and stk_options_reset gets back there. Writes into buf (n bytes, always terminated).
+ * STK_OK; STK_EINVAL (NULL o or buf, n 0, an unknown key); STK_ETOOBIG when
+ * the text does not fit (buf holds as much as fits). Does not touch o (nor
+ * its message): any thread, as long as none sets o meanwhile. */
+STK_API int stk_options_get(const stk_options *o, const char *key, char *buf, size_t n);
+/* Sets option key back to its default (stk_option_info.def), as a fresh
+ * stk_options_create holds it: "size" back to the preset's, "fields" to none,
+ * "trace" off. STK_OK; STK_EINVAL for NULL or an unknown key (the reason on
+ * stk_options_errmsg); STK_ENOMEM. */
+STK_API int stk_options_reset(stk_options *o, const char *key);
 /* Why the last stk_options_set on o failed, naming the key, the value and
  * what the key takes ("fetch_timeout takes seconds, 1..3600, got '0'"; an
  * unknown key: "unknown option 'x'"); "" after a call that succeeded. The
@@ -1054,6 +1070,57 @@ typedef struct stk_verify_result {
  * when nothing could be checked, with the reason in err. */
 STK_API int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
                                void *user, stk_verify_result *res, char *err, size_t errlen);
+
+/* ---- Measuring one stage ------------------------------------------------
+ * What `stoker doctor` measures at its "decode" level (docs/diagnosis.md):
+ * the decode+augment stage alone, on samples already in memory. */
+
+/* The worker threads a loader with threads 0 starts: the CPUs in this
+ * thread's affinity mask, capped by the cgroup CPU quota, divided by the
+ * LOCAL_WORLD_SIZE environment variable when set; 1..256. STK_OK; STK_EINVAL
+ * for NULL or a malformed LOCAL_WORLD_SIZE (*n is then 1). Any thread. */
+STK_API int stk_default_threads(unsigned *n);
+
+/* What stk_bench_decode measured (set struct_size = sizeof; filled on STK_OK). */
+typedef struct stk_bench_decode_result {
+    size_t struct_size;
+    unsigned threads;      /* threads that ran */
+    uint64_t samples;      /* samples decoded and transformed */
+    uint64_t failed;       /* samples whose decode or transform failed */
+    double seconds;        /* wall time of the run (thread start to stop) */
+    double cpu_seconds;    /* this process's CPU time over it (user + system,
+                              every thread, so other threads' work counts) */
+    int kind;              /* STK_BATCH_DENSE: every output has the shape below */
+    int dtype;             /* dense: the outputs' enum stk_dtype; else UINT8 */
+    unsigned ndim;         /* dense: rank of one output */
+    int64_t shape[4];      /* dense: one output's shape */
+    size_t sample_bytes;   /* dense: bytes of one output; 0 for variable */
+    size_t outputs;        /* dense outputs written into out (samples 0, 1, ...) */
+    uint64_t input_pixels; /* width x height summed over the inputs whose JPEG or
+                              PNG header gives a size */
+    uint64_t input_images; /* how many inputs those are */
+} stk_bench_decode_result;
+
+/* Runs the image pipeline a loader with options o would run (o's transform
+ * and image options: dtype, layout, size, exif, max_dim, strict,
+ * jpeg_memory, scratch_bytes) on the n samples at samples[k] (lens[k] bytes
+ * each, encoded images as stored), over and over in order, on `threads`
+ * library threads (0: stk_default_threads) for `seconds` (0 < seconds <=
+ * 3600), and counts what came out. Sample k's draws are keyed by (o's seed,
+ * round, k). Nothing is read from storage and nothing is batched: the rate
+ * res->samples / res->seconds is the decode+augment ceiling of that many
+ * threads. When out is not NULL and outputs are dense, the first round's
+ * outputs (sample 0, 1, ..., one each) are written there, as many as out_cap
+ * bytes hold (res->outputs says how many were). The samples and out are borrowed for the call; o is only read.
+ * Blocks for `seconds`; any thread, calls may overlap. STK_OK (samples that
+ * fail are counted, not errors); STK_EINVAL (NULL arguments, n 0, threads
+ * over 256, seconds out of range, no transform, a bad spec, res->struct_size
+ * too small, a malformed LOCAL_WORLD_SIZE); STK_ENOMEM; STK_EIO (a thread
+ * would not start). err (errlen bytes, may be 0) says why. */
+STK_API int stk_bench_decode(const stk_options *o, const void *const *samples,
+                             const size_t *lens, size_t n, unsigned threads, double seconds,
+                             void *out, size_t out_cap, stk_bench_decode_result *res, char *err,
+                             size_t errlen);
 
 /* path as messages show it: a URL loses its user:password@ and its query
  * string and fragment, shown as "?..." (they may carry credentials); anything else is

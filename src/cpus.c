@@ -253,3 +253,16 @@ uint64_t stk__mem_available(void)
     }
     return kb * 1024u;
 }
+
+/* The public face of stk__default_threads (include/stoker.h). */
+int stk_default_threads(unsigned *n)
+{
+    char err[128];
+    if (!n)
+        return STK_EINVAL;
+    if (stk__default_threads(n, err, sizeof err) != STK_OK) {
+        *n = 1;
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}

@@ -509,12 +509,9 @@ static int setup_output(core *c, const stk_options *o, char *err, size_t errlen)
         c->dtype = STK_DTYPE_UINT8;
         return STK_OK;
     }
-    stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
-    rc = stk__imgpipe_create(&c->pipe, spec, &prm, err, errlen);
+    rc = stk__imgpipe_from_options(&c->pipe, spec, o, err, errlen);
     if (rc)
         return rc;
-    stk__imgpipe_set_strict(c->pipe, o->strict);
-    stk__imgpipe_set_jpeg_memory(c->pipe, o->jpeg_memory);
     if (c->src.raw_c)
         stk__imgpipe_set_raw(c->pipe, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
     size_t sb = 0;

@@ -32,15 +32,12 @@ static bool spec_is_none(const char *spec)
 static int make_pipe(core *c, const stk_options *o, stk__fplan *p, const char *spec, char *err,
                      size_t errlen)
 {
-    stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
     char why[STK_ERRMSG_MAX];
-    int rc = stk__imgpipe_create(&p->pipe, spec, &prm, why, sizeof why);
+    int rc = stk__imgpipe_from_options(&p->pipe, spec, o, why, sizeof why);
     if (rc) {
         stk__fmt(err, errlen, "field '%s': %s", p->spec->name, why);
         return rc;
     }
-    stk__imgpipe_set_strict(p->pipe, o->strict);
-    stk__imgpipe_set_jpeg_memory(p->pipe, o->jpeg_memory);
     if (c->src.raw_c)
         stk__imgpipe_set_raw(p->pipe, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
     if (stk__imgpipe_dense(p->pipe, &p->ndim, p->shape, &p->dtype, &p->sample_bytes)) {

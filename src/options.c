@@ -3,6 +3,7 @@
 #include "options.h"
 #include "fetch/fetch.h"
 #include "fields.h"
+#include "image.h"
 #include "io/remote.h"
 
 #include <errno.h>
@@ -676,4 +677,192 @@ int stk_options_set(stk_options *o, const char *key, const char *value)
 const char *stk_options_errmsg(const stk_options *o)
 {
     return o ? o->errmsg : "";
+}
+
+/* ---- Reading an option back ------------------------------------------------ */
+
+/* Appends to buf (n bytes) at *at, keeping track of the length the whole text
+ * needs even when buf is too small. */
+static void put(char *buf, size_t n, size_t *at, const char *pre, const char *s)
+{
+    int w = snprintf(*at < n ? buf + *at : NULL, *at < n ? n - *at : 0, "%s%s", pre, s);
+    if (w > 0)
+        *at += (size_t)w;
+}
+
+/* "fields" as stk_options_set_fields reads it: NAME[?][=SOURCES][:KIND],... */
+static size_t fields_text(const stk_options *o, char *buf, size_t n)
+{
+    size_t at = 0;
+    if (n)
+        buf[0] = '\0';
+    for (size_t k = 0; k < o->nfields; k++) {
+        const stk__fspec *f = &o->fields[k];
+        put(buf, n, &at, k ? "," : "", f->name);
+        if (f->flags & STK_FIELD_OPTIONAL)
+            put(buf, n, &at, "", "?");
+        if (strcmp(f->sources, f->name))
+            put(buf, n, &at, "=", f->sources);
+        if (f->kind != STK_FIELD_AUTO)
+            put(buf, n, &at, ":", stk_field_kind_name(f->kind));
+    }
+    return at;
+}
+
+/* The value of entry e in o as text stk_options_set takes back; returns the
+ * length the whole text needs (buf holds as much of it as fits). */
+static size_t entry_text(const stk_options *o, const opt_entry *e, char *buf, size_t n)
+{
+    const char *name = e->info.name;
+    const void *f = (const char *)o + e->off;
+    uint64_t v = 0;
+    const char *s = NULL;
+    char num[32];
+    if (!strcmp(name, "fields"))
+        return fields_text(o, buf, n);
+    if (!strcmp(name, "depth")) {
+        if (o->depth_auto)
+            s = "auto";
+        v = o->depth;
+    } else if (!strcmp(name, "fetch_retries")) {
+        v = o->fetch_retries == UINT32_MAX ? 0 : o->fetch_retries ? o->fetch_retries : 6;
+    } else if (!strcmp(name, "device")) {
+        static const char *const kinds[] = {"cpu", "cuda", "fake"};
+        if (o->device == STK_DEVICE_CPU)
+            s = "cpu";
+        else
+            stk__fmt(num, sizeof num, "%s:%d", kinds[o->device], o->device_id), s = num;
+    } else if (!strcmp(name, "cache_dir")) {
+        s = o->cache_dir ? o->cache_dir : "";
+    } else if (!strcmp(name, "trace")) {
+        s = o->trace ? o->trace : "";
+    } else if (e->store == ST_STR) {
+        s = *(char *const *)f ? *(char *const *)f : "";
+    } else {
+        switch (e->store) {
+        case ST_BOOL: v = *(const bool *)f; break;
+        case ST_INT: v = (uint64_t)(int64_t) * (const int *)f; break;
+        case ST_UNSIGNED: v = *(const unsigned *)f; break;
+        case ST_U32: v = *(const uint32_t *)f; break;
+        case ST_SIZE: v = *(const size_t *)f; break;
+        case ST_U64: v = *(const uint64_t *)f; break;
+        default: break;
+        }
+        if (e->info.type == STK_OPTION_ENUM) {
+            /* The word whose stored value is v. */
+            const char *w = e->info.values;
+            for (int k = 0; *w; k++) {
+                size_t m = strcspn(w, "|");
+                int64_t stored = e->words ? e->words[k] : k;
+                if ((uint64_t)stored == v) {
+                    stk__fmt(num, sizeof num, "%.*s", (int)m, w);
+                    s = num;
+                    break;
+                }
+                w += m + (w[m] == '|');
+            }
+        }
+    }
+    /* 0 below the range: not set, the library picks the value later
+     * ("size": the preset's; "fetch_concurrency": 64). */
+    if (!s && !v && e->info.min > 0 && e->info.type != STK_OPTION_ENUM)
+        s = "";
+    size_t at = 0;
+    if (n)
+        buf[0] = '\0';
+    if (s) {
+        put(buf, n, &at, "", s);
+    } else {
+        stk__fmt(num, sizeof num, "%llu", (unsigned long long)v);
+        put(buf, n, &at, "", num);
+    }
+    return at;
+}
+
+static const opt_entry *find_entry(const char *key)
+{
+    for (size_t k = 0; key && k < NOPT; k++)
+        if (!strcmp(table[k].info.name, key))
+            return &table[k];
+    return NULL;
+}
+
+int stk_options_get(const stk_options *o, const char *key, char *buf, size_t n)
+{
+    if (!o || !buf || !n)
+        return STK_EINVAL;
+    buf[0] = '\0';
+    const opt_entry *e = find_entry(key);
+    if (!e)
+        return STK_EINVAL;
+    return entry_text(o, e, buf, n) < n ? STK_OK : STK_ETOOBIG;
+}
+
+int stk_options_reset(stk_options *o, const char *key)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->errmsg[0] = '\0';
+    const opt_entry *e = find_entry(key);
+    if (!e) {
+        stk__fmt(o->errmsg, sizeof o->errmsg,
+                 "unknown option '%.64s' (the options: stk_option_next, docs/options.md)",
+                 key ? key : "(null)");
+        return STK_EINVAL;
+    }
+    /* The default is what a fresh object holds: copy the field from one, or
+     * undo what the entry's setter does. */
+    stk_options d;
+    memset(&d, 0, sizeof d);
+    stk_options *fresh = NULL;
+    if (stk_options_create(&fresh) != STK_OK)
+        return STK_ENOMEM;
+    d = *fresh;
+    stk__free(fresh);
+    const char *name = e->info.name;
+    if (!strcmp(name, "depth")) {
+        o->depth = d.depth;
+        o->depth_auto = d.depth_auto;
+    } else if (!strcmp(name, "fields")) {
+        stk__fspecs_free(o->fields, o->nfields);
+        o->fields = NULL;
+        o->nfields = 0;
+    } else if (!strcmp(name, "device")) {
+        o->device = d.device;
+        o->device_id = d.device_id;
+    } else if (!strcmp(name, "fetch_retries")) {
+        o->fetch_retries = d.fetch_retries;
+    } else if (!strcmp(name, "cache_dir") || !strcmp(name, "trace") || e->store == ST_STR) {
+        char **p = !strcmp(name, "cache_dir") ? &o->cache_dir
+                   : !strcmp(name, "trace")   ? &o->trace
+                                              : (char **)(void *)((char *)o + e->off);
+        stk__free(*p);
+        *p = NULL;
+    } else if (e->store != ST_NONE) {
+        memcpy((char *)o + e->off, (const char *)&d + e->off,
+               e->store == ST_BOOL    ? sizeof(bool)
+               : e->store == ST_INT   ? sizeof(int)
+               : e->store == ST_U32   ? sizeof(uint32_t)
+               : e->store == ST_SIZE  ? sizeof(size_t)
+               : e->store == ST_U64   ? sizeof(uint64_t)
+                                      : sizeof(unsigned));
+    }
+    /* A remote option back at its default no longer counts as set. */
+    if (!strcmp(name, "cache_limit"))
+        o->cache_limit_set = false;
+    if (o->remote_set && !strcmp(o->remote_set, name))
+        o->remote_set = NULL;
+    return STK_OK;
+}
+
+int stk__imgpipe_from_options(stk__imgpipe **out, const char *spec, const stk_options *o,
+                              char *err, size_t errlen)
+{
+    stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
+    int rc = stk__imgpipe_create(out, spec, &prm, err, errlen);
+    if (rc)
+        return rc;
+    stk__imgpipe_set_strict(*out, o->strict);
+    stk__imgpipe_set_jpeg_memory(*out, o->jpeg_memory);
+    return STK_OK;
 }

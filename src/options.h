@@ -73,4 +73,12 @@ enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };
     "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "    \
     "KB/MB/GB/TB powers of 1000"
 
+struct stk__imgpipe;
+/* Builds the image pipeline for spec with o's image options (dtype, layout,
+ * size, exif, max_dim, strict, jpeg_memory): the one place the loader, its
+ * fields and stk_bench_decode set a pipeline up from options. As
+ * stk__imgpipe_create (the message in err). */
+int stk__imgpipe_from_options(struct stk__imgpipe **out, const char *spec, const stk_options *o,
+                              char *err, size_t errlen);
+
 #endif

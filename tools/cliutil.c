@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
+#include <time.h>
 
 /* 0: a number, stored in *out; 1: not a number; 2: a number too large for
  * uint64 (or negative), so "out of range" is the true complaint. The syntax
@@ -146,4 +148,134 @@ const stk_option_info *stoker_flag_option(const char *flag, char *key, size_t n)
     if (strlen(key) != strlen(flag + 2))
         return NULL;
     return stk_option_by_name(key);
+}
+
+void stoker_usage(FILE *f)
+{
+    fprintf(f, "usage: stoker bench PATH [options]\n"
+               "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
+               "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
+               "                   [--restart]\n"
+               "                   [--quiet] [--progress]\n"
+               "       stoker doctor PATH [bench options] [--seconds S]\n"
+               "       stoker info PATH\n"
+               "       stoker verify PATH [--max-input-bytes N]\n"
+               "       stoker options [--markdown]\n"
+               "       stoker version\n"
+               "\n"
+               "bench iterates the dataset at PATH and reports samples/s, peak RSS, the\n"
+               "memory bound, per-stage times, consumer starvation and a checksum of\n"
+               "every delivered batch (bytes and labels, in order).\n"
+               "\n"
+               "pack writes SRC as .stk shards and a manifest in OUT (docs/shards.md);\n"
+               "doctor runs the pipeline level by level (storage, decode, batching, all)\n"
+               "and says which stage bounds throughput and what to change (docs/diagnosis.md).\n"
+               "\n"
+               "info prints samples, classes, bytes, format and shards; verify reads\n"
+               "every sample, lists each corrupt one and exits 1 if any.\n"
+               "\n"
+               "PATH is a directory in ImageFolder layout (ROOT/CLASS/IMAGE), a directory\n"
+               "of .stk or .tar shards or CIFAR batches, one such file, a brace pattern\n"
+               "such as train-{000000..000099}.tar, or, with --record-size, a file of\n"
+               "fixed-size records.\n"
+               "\n"
+               "options:\n"
+               "  --batch-size N      samples per batch (256)\n"
+               "  --threads N         worker threads (0 = CPUs this process may use); auto or\n"
+               "                      auto:N keeps the fewest working that feed the consumer\n"
+               "  --depth N           batches prepared ahead, 1..63 (2); ring = depth + 1;\n"
+               "                      auto: the deepest (up to 8) within --memory-budget\n"
+               "  --memory-budget N   bytes for --depth auto (a quarter of available memory)\n"
+               "  --epochs N          epochs to run (1)\n"
+               "  --seed S            shuffle and augmentation seed (0)\n"
+               "  --no-shuffle        natural order\n"
+               "  --drop-last         drop each rank's final partial batch\n"
+               "  --rank R --world-size W   this rank's share of each epoch\n"
+               "  --transform T       none | imagenet-train | imagenet-val | cifar-train | SPEC\n"
+               "  --size N            output size for the transform presets\n"
+               "  --layout L          nchw | nhwc (nchw)\n"
+               "  --dtype D           uint8 | float32 | float16 | bfloat16 (uint8)\n"
+               "  --device D          cpu | cuda | cuda:N | fake: deliver batches to a GPU\n"
+               "                      (copied from pinned memory, converted there; the\n"
+               "                      checksum then covers labels only; docs/gpu.md)\n"
+               "  --on-error P        raise | skip (raise)\n"
+               "  --strict            check each image's whole compressed stream\n"
+               "  --batch-memory N    most one variable-size batch's samples may take (512M)\n"
+               "  --max-sample-bytes N  cap on one sample of variable-size batches (none)\n"
+               "  --max-input-bytes N  largest encoded image a decode accepts (32M)\n"
+               "  --record-size N     read PATH as records of N bytes\n"
+               "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
+               "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
+               "  --json              print one JSON object instead of the report\n"
+               "  --progress, --no-progress  live line on stderr (default: on a terminal)\n"
+               "  --fields SPEC       samples with fields: NAME[?][=SOURCES][:KIND],... e.g.\n"
+               "                      image=jpg;png,caption=txt,label=cls (docs/multimodal.md);\n"
+               "                      bench adds a checksum per field\n"
+               "  --trace FILE        write a Chrome trace-event JSON of the run (Perfetto)\n"
+               "  --trace-events N    events the trace keeps, the latest (1M, 40 bytes each)\n"
+               "\n"
+               "Sizes in bytes take 1048576, 64K, 16M = 16MiB (binary), 16MB (decimal),\n"
+               "1.5G, 500GiB.\n"
+               "\n"
+               "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
+               "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
+               "  --cache-limit N     its size limit (default: 90%% of the free space)\n"
+               "  --fetch-concurrency N  requests in flight (64)\n"
+               "  --fetch-retries N   retries per request (6; 0 = none)\n"
+               "  --fetch-timeout S   retry a request that stalls this long (30)\n"
+               "  --fetch-buffer N    bytes buffered ahead of the workers (64M)\n"
+               "  --endpoint URL      S3 endpoint (else AWS_ENDPOINT_URL)\n"
+               "  --region R          S3 region (else AWS_REGION, profile, us-east-1)\n"
+               "  --addressing A      path | virtual (path with a custom endpoint)\n"
+               "  --order O           global | shards (shuffled shards, samples shuffled\n"
+               "                      within windows of --shard-window K shards, default 8)\n"
+               "every library option is also a flag (--max-dim 4096 sets max_dim); stoker\n"
+               "options lists them all (docs/options.md).\n");
+}
+
+
+/* Peak resident set of this process image. VmHWM belongs to the address
+ * space, so it starts afresh at exec; getrusage's ru_maxrss does not (Linux
+ * carries the pre-exec peak over, so a stoker started from a large Python
+ * process would report that process's size). */
+long stoker_peak_rss(void)
+{
+    long kb = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "VmHWM:", 6))
+                kb = strtol(line + 6, NULL, 10);
+        fclose(f);
+    }
+    if (kb < 0) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        kb = ru.ru_maxrss;
+    }
+    return kb * 1024L;
+}
+
+double stoker_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+
+/* MemAvailable of /proc/meminfo in bytes (0 when it cannot be read). */
+uint64_t stoker_mem_available(void)
+{
+    uint64_t kb = 0;
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (f) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (!strncmp(line, "MemAvailable:", 13))
+                kb = strtoull(line + 13, NULL, 10);
+        fclose(f);
+    }
+    return kb * 1024u;
 }

@@ -1,4 +1,6 @@
-/* commands.h -- the `stoker` subcommands that live outside tools/stoker.c. */
+/* commands.h -- the `stoker` subcommands (one file each: bench.c, pack.c,
+ * info.c, doctor.c, options.c) and what they share (cliutil.c); stoker.c
+ * only dispatches to them. Everything here is built on include/stoker.h. */
 #ifndef STOKER_TOOLS_COMMANDS_H
 #define STOKER_TOOLS_COMMANDS_H
 
@@ -66,6 +68,7 @@ typedef struct bench_args {
     bool progress_set;
     double seconds; /* doctor: seconds per level (0 = default) */
     bool device;    /* --device other than cpu: batches are device memory */
+    uint64_t max_sample_bytes; /* --max-sample-bytes (0: not given) */
 } bench_args;
 
 typedef struct stk_options stk_options;
@@ -83,7 +86,12 @@ void stoker_progress(stk_loader *l, double secs, uint64_t samples, uint64_t batc
 long stoker_peak_rss(void);
 /* CLOCK_MONOTONIC in seconds. */
 double stoker_now(void);
+/* MemAvailable of /proc/meminfo in bytes (0 when it cannot be read). */
+uint64_t stoker_mem_available(void);
+/* The tool's --help text. */
+void stoker_usage(FILE *f);
 
+int stoker_cmd_bench(int argc, char **argv);  /* stoker bench PATH [options] (bench.c) */
 int stoker_cmd_pack(int argc, char **argv);   /* stoker pack ... */
 int stoker_cmd_info(int argc, char **argv);   /* stoker info PATH */
 int stoker_cmd_verify(int argc, char **argv); /* stoker verify PATH */

@@ -27,24 +27,16 @@
 #include "stoker.h"
 
 #include "commands.h"
-#include "codec/codec.h"
-#include "image.h"
-#include "internal.h"
-#include "options.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #define DEFAULT_SECONDS 3.0
@@ -64,17 +56,14 @@ typedef struct level {
     uint64_t memory_bound;
     stk_fetch_stats fetch;
     bool remote;
+    unsigned threads, depth; /* as the loader started them */
+    size_t batch_size;
 } level;
 
 typedef struct sweep_pt {
     unsigned threads;
     double rate, cpu, eff;
 } sweep_pt;
-
-typedef struct held {
-    uint8_t *bytes;
-    size_t len;
-} held;
 
 typedef struct doctor {
     int argc;
@@ -85,15 +74,22 @@ typedef struct doctor {
     unsigned step, steps;
     /* What the full pipeline is: from a first parse of the arguments. */
     stk_options *o;
-    unsigned threads, cpus;
+    unsigned threads, cpus, depth;
+    size_t batch_size;
+    /* Samples with fields (--fields): the decode and batching levels take
+     * the first image field (the batch's data); image names it, NULL when
+     * the fields hold no image. */
+    bool fields;
+    char image[64];
     /* The storage pass's samples, held for the decode level. */
-    held *hold;
+    void **hold;
+    size_t *hold_len;
     size_t nhold, hold_bytes;
     uint64_t src_pixels; /* summed over held images whose header parses */
-    size_t src_images;
+    uint64_t src_images;
     /* The decode level's outputs, for the batching level. */
     uint8_t *outs;
-    size_t nouts, outs_cap, out_bytes;
+    size_t nouts, out_bytes;
     int out_dense;
     int64_t out_shape[4];
     unsigned out_ndim;
@@ -138,9 +134,57 @@ static stk_options *options_again(doctor *d)
     return o;
 }
 
-/* Keeps a copy of each sample's bytes (storage pass) for the decode level. */
+/* Option key of the user's options as text ("" when it cannot be read). */
+static const char *opt(const doctor *d, const char *key, char *buf, size_t n)
+{
+    if (stk_options_get(d->o, key, buf, n) == STK_EINVAL)
+        buf[0] = '\0'; /* STK_ETOOBIG leaves the text's start, enough here */
+    return buf;
+}
+
+/* The bytes a batch delivered: every field's with fields. */
+static uint64_t batch_bytes(const stk_batch *b)
+{
+    uint64_t n = 0;
+    if (!b->nfields) {
+        if (b->kind == STK_BATCH_DENSE)
+            return b->size * b->sample_bytes;
+        for (size_t k = 0; k < b->size; k++)
+            n += b->lengths[k];
+        return n;
+    }
+    for (size_t f = 0; f < b->nfields; f++) {
+        const stk_field *fl = &b->fields[f];
+        if (fl->layout == STK_BATCH_DENSE)
+            n += b->size * fl->sample_bytes;
+        else
+            for (size_t k = 0; k < b->size; k++)
+                n += fl->lengths[k];
+    }
+    return n;
+}
+
+/* With fields, notes which field the batch's data is (its first image
+ * field), once. */
+static void note_fields(doctor *d, const stk_batch *b)
+{
+    if (!b->nfields || d->fields)
+        return;
+    d->fields = true;
+    for (size_t f = 0; f < b->nfields; f++)
+        if (b->fields[f].kind == STK_FIELD_IMAGE) {
+            snprintf(d->image, sizeof d->image, "%s", b->fields[f].name);
+            return;
+        }
+}
+
+/* Keeps a copy of each sample's bytes (storage pass) for the decode level:
+ * with fields, those of the first image field, which the batch's data is. */
 static void hold_batch(doctor *d, const stk_batch *b)
 {
+    note_fields(d, b);
+    if (d->fields && !d->image[0])
+        return;
     for (size_t k = 0; k < b->size && d->nhold < CACHE_SAMPLES; k++) {
         const uint8_t *p;
         size_t n;
@@ -157,25 +201,9 @@ static void hold_batch(doctor *d, const stk_batch *b)
         if (!c)
             return;
         memcpy(c, p, n);
-        d->hold[d->nhold++] = (held){c, n};
+        d->hold[d->nhold] = c;
+        d->hold_len[d->nhold++] = n;
         d->hold_bytes += n;
-        /* The stored image's size, for the pack --max-side advice. */
-        const stk__codec *codecs[] = {&stk__codec_jpeg, &stk__codec_png};
-        for (int j = 0; j < 2; j++) {
-            if (!codecs[j]->sniff(c, n))
-                continue;
-            void *st = NULL;
-            stk__imginfo info = {0};
-            stk__codec_opts co = {0};
-            char err[128];
-            if (codecs[j]->open(&st, c, n, &co, &info, err, sizeof err) == STK_OK) {
-                d->src_pixels += (uint64_t)info.width * info.height;
-                d->src_images++;
-            }
-            if (st)
-                codecs[j]->close(st);
-            break;
-        }
     }
 }
 
@@ -196,6 +224,9 @@ static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, b
     stk_info info = {.struct_size = sizeof info};
     stk_loader_info(l, &info);
     lv->memory_bound = stk_loader_memory_bound(l);
+    lv->threads = info.threads;
+    lv->depth = info.depth;
+    lv->batch_size = info.batch_size;
     double first = -1, last = t0;
     uint64_t first_samples = 0;
     for (;;) {
@@ -225,11 +256,7 @@ static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, b
             first_samples = b->size;
         }
         lv->samples += b->size;
-        if (b->kind == STK_BATCH_DENSE)
-            lv->bytes += b->size * b->sample_bytes;
-        else
-            for (size_t k = 0; k < b->size; k++)
-                lv->bytes += b->lengths[k];
+        lv->bytes += batch_bytes(b);
         if (hold)
             hold_batch(d, b);
         stk_batch_release(b);
@@ -258,120 +285,57 @@ static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, b
 
 /* ---- The decode level --------------------------------------------------- */
 
-typedef struct dec_job {
-    doctor *d;
-    const stk__imgpipe *pipe;
-    unsigned id, n;
-    size_t out_cap;
-    _Atomic int *stop;
-    uint64_t done, failed;
-    bool keep; /* thread 0 of the first run keeps its outputs */
-} dec_job;
-
-static void *dec_main(void *arg)
+/* Decodes the held samples on n threads for secs through the library
+ * (stk_bench_decode): samples/s and cores busy. keep: the outputs are kept
+ * for the batching level. */
+static int decode_run(doctor *d, unsigned n, double secs, bool keep, sweep_pt *pt,
+                      uint64_t *failed, char *err, size_t errlen)
 {
-    dec_job *j = arg;
-    doctor *d = j->d;
-    stk__scratch sc = {.limit = (size_t)1 << 31};
-    uint8_t *out = malloc(j->out_cap);
-    if (!out)
-        return NULL;
-    size_t k = d->nhold * j->id / j->n;
-    for (uint64_t it = 0; !atomic_load_explicit(j->stop, memory_order_relaxed); it++) {
-        const held *h = &d->hold[k];
-        stk__rng rng = stk__rng_for(0x646f63746f72ULL, it, k);
-        size_t len = 0;
-        int32_t dims[3];
-        char err[256];
-        if (stk__imgpipe_run(j->pipe, h->bytes, h->len, &rng, &sc, out, j->out_cap, &len, dims,
-                             err, sizeof err) == STK_OK) {
-            j->done++;
-            if (j->keep && d->out_dense && d->nouts < d->outs_cap && len == d->out_bytes) {
-                memcpy(d->outs + d->nouts * d->out_bytes, out, len);
-                d->nouts++;
-            }
-        } else {
-            j->failed++;
-        }
-        k = k + 1 < d->nhold ? k + 1 : 0;
-    }
-    stk__scratch_free(&sc);
-    free(out);
-    return NULL;
-}
-
-/* Decodes the held samples on n threads for secs: samples/s and cores busy. */
-static int decode_run(doctor *d, const stk__imgpipe *pipe, size_t out_cap, unsigned n,
-                      double secs, bool keep, sweep_pt *pt, uint64_t *failed)
-{
-    dec_job jobs[256];
-    pthread_t tid[256];
-    _Atomic int stop = 0;
-    unsigned started = 0;
-    double c0 = cpu_seconds(), t0 = stoker_now();
-    for (unsigned i = 0; i < n; i++) {
-        jobs[i] = (dec_job){.d = d, .pipe = pipe, .id = i, .n = n, .out_cap = out_cap,
-                            .stop = &stop, .keep = keep && i == 0};
-        if (pthread_create(&tid[i], NULL, dec_main, &jobs[i]))
-            break;
-        started++;
-    }
     char what[64];
     snprintf(what, sizeof what, "decode+augment from memory, %u thread%s", n, n == 1 ? "" : "s");
-    for (double t; (t = stoker_now() - t0) < secs;) {
-        progress(d, what, t);
-        struct timespec ts = {0, 100 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+    progress(d, what, 0);
+    stk_bench_decode_result r = {.struct_size = sizeof r};
+    int rc = stk_bench_decode(d->o, (const void *const *)d->hold, d->hold_len, d->nhold, n, secs,
+                              keep ? d->outs : NULL, keep ? BATCH_FILE_MAX : 0, &r, err, errlen);
+    if (rc != STK_OK)
+        return rc;
+    if (keep) {
+        d->out_dense = r.kind == STK_BATCH_DENSE;
+        d->out_bytes = r.sample_bytes;
+        d->out_ndim = r.ndim;
+        memcpy(d->out_shape, r.shape, sizeof d->out_shape);
+        d->out_dtype = r.dtype;
+        /* One output per held sample at most: more would only repeat them. */
+        d->nouts = r.outputs < d->nhold ? r.outputs : d->nhold;
+        d->src_pixels = r.input_pixels;
+        d->src_images = r.input_images;
     }
-    atomic_store(&stop, 1);
-    uint64_t total = 0;
-    for (unsigned i = 0; i < started; i++) {
-        pthread_join(tid[i], NULL);
-        total += jobs[i].done;
-        *failed += jobs[i].failed;
-    }
-    double wall = stoker_now() - t0;
-    pt->threads = n;
-    pt->rate = wall > 0 ? (double)total / wall : 0;
-    pt->cpu = wall > 0 ? (cpu_seconds() - c0) / wall : 0;
-    return started == n ? STK_OK : STK_ENOMEM;
+    *failed += r.failed;
+    pt->threads = r.threads;
+    pt->rate = r.seconds > 0 ? (double)r.samples / r.seconds : 0;
+    pt->cpu = r.seconds > 0 ? r.cpu_seconds / r.seconds : 0;
+    return STK_OK;
 }
 
 static void decode_level(doctor *d)
 {
     level *lv = &d->decode;
-    const char *spec = d->o->transform;
+    const char *spec = d->a.transform;
     if (!spec || !*spec || !strcmp(spec, "none")) {
         snprintf(lv->note, sizeof lv->note, "no transform: nothing to decode");
+        return;
+    }
+    if (d->fields && !d->image[0]) {
+        snprintf(lv->note, sizeof lv->note, "no image field: nothing to decode");
         return;
     }
     if (!d->nhold) {
         snprintf(lv->note, sizeof lv->note, "the storage level delivered no sample to decode");
         return;
     }
-    stk__imgpipe *pipe = NULL;
-    stk__imgpipe_params prm = {d->o->dtype, d->o->nchw, d->o->size, d->o->exif, d->o->max_dim};
-    char err[512];
-    if (stk__imgpipe_create(&pipe, spec, &prm, err, sizeof err) != STK_OK) {
-        snprintf(lv->note, sizeof lv->note, "%s", err);
-        return;
-    }
-    stk__imgpipe_set_strict(pipe, d->o->strict);
-    stk__imgpipe_set_jpeg_memory(pipe, d->o->jpeg_memory);
-    size_t sb = 0, out_cap;
-    d->out_dense =
-        stk__imgpipe_dense(pipe, &d->out_ndim, d->out_shape, &d->out_dtype, &sb);
-    if (d->out_dense) {
-        out_cap = sb;
-        d->out_bytes = sb;
-        size_t n = d->nhold;
-        if (n > BATCH_FILE_MAX / sb)
-            n = BATCH_FILE_MAX / sb;
-        d->outs = n ? malloc(n * sb) : NULL;
-        d->outs_cap = d->outs ? n : 0;
-    } else {
-        out_cap = (size_t)256 << 20; /* decoded pixels of any image up to 85 Mpx */
-    }
+    /* Outputs of the first run, for the batching level: pages are touched
+     * only for the outputs written (one per held sample at most). */
+    d->outs = malloc(BATCH_FILE_MAX);
     /* The sweep: 1, 2, 4, ... and every count up to 8, always the pool's. */
     unsigned counts[MAX_SWEEP], nc = 0;
     for (unsigned t = 1; t <= d->cpus && nc + 1 < MAX_SWEEP; t = t < 8 ? t + 1 : t * 2)
@@ -384,9 +348,11 @@ static void decode_level(doctor *d)
     if (per < 0.5)
         per = 0.5;
     uint64_t failed = 0;
+    char err[512];
     for (unsigned i = 0; i < nc; i++) {
-        if (decode_run(d, pipe, out_cap, counts[i], per, i == 0, &d->sweep[i], &failed)) {
-            snprintf(lv->note, sizeof lv->note, "cannot start %u threads", counts[i]);
+        if (decode_run(d, counts[i], per, i == 0 && d->outs, &d->sweep[i], &failed, err,
+                       sizeof err)) {
+            snprintf(lv->note, sizeof lv->note, "%s", err);
             break;
         }
         d->nsweep = i + 1;
@@ -410,7 +376,11 @@ static void decode_level(doctor *d)
     } else if (at) {
         snprintf(lv->note, sizeof lv->note, "every sample failed to decode");
     }
-    stk__imgpipe_destroy(pipe);
+    if (lv->done && d->fields) {
+        size_t at_len = strlen(lv->note);
+        snprintf(lv->note + at_len, sizeof lv->note - at_len, ", image field '%s' only",
+                 d->image);
+    }
 }
 
 /* ---- The batching level ---------------------------------------------------- */
@@ -420,8 +390,10 @@ static void batching_level(doctor *d)
     level *lv = &d->batching;
     if (!d->out_dense || !d->nouts) {
         snprintf(lv->note, sizeof lv->note, "%s",
-                 d->decode.done ? "variable-size output: measured within the full pipeline"
-                                : "no processed samples to batch");
+                 d->decode.done               ? "variable-size output: measured within the full pipeline"
+                 : d->fields && !d->image[0] ? "no image field: the fields are batched in the full "
+                                               "pipeline"
+                                             : "no processed samples to batch");
         return;
     }
     const char *tmp = getenv("TMPDIR");
@@ -436,7 +408,7 @@ static void batching_level(doctor *d)
         return;
     }
     /* At least four batches' worth, repeating the outputs. */
-    size_t batch = d->o->batch_size, want = d->nouts;
+    size_t batch = d->batch_size, want = d->nouts;
     while (want < 4 * batch && (want + d->nouts) * d->out_bytes <= BATCH_FILE_MAX)
         want += d->nouts;
     bool ok = true;
@@ -458,10 +430,14 @@ static void batching_level(doctor *d)
                stk_options_set_records(o, d->out_bytes, 0, 0) ||
                stk_options_set_batch_size(o, want < batch ? want : batch) ||
                stk_options_set_threads(o, d->threads) ||
-               stk_options_set_depth(o, d->o->depth) || stk_options_set_seed(o, d->o->seed)) {
+               stk_options_set_depth(o, d->depth)) {
         snprintf(lv->note, sizeof lv->note, "cannot set up the batching level");
     } else {
         run_loader(d, o, lv, "batching from memory", false);
+        if (lv->done && d->fields)
+            snprintf(lv->note, sizeof lv->note,
+                     "image field '%s' only: the other fields are batched in the full pipeline",
+                     d->image);
     }
     stk_options_destroy(o);
     unlink(path);
@@ -549,7 +525,9 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
             d->threads, d->cpus, d->cpus);
     if (decode_bound && d->src_images && d->out_dense && d->out_ndim == 3) {
         double src = (double)d->src_pixels / (double)d->src_images;
-        int64_t h = d->out_shape[d->o->nchw ? 1 : 0], w = d->out_shape[d->o->nchw ? 2 : 1];
+        char layout[16];
+        bool nchw = !strcmp(opt(d, "layout", layout, sizeof layout), "nchw");
+        int64_t h = d->out_shape[nchw ? 1 : 0], w = d->out_shape[nchw ? 2 : 1];
         double outpx = (double)h * (double)w;
         if (outpx > 0 && src > 4 * outpx) {
             unsigned side = (unsigned)(2 * (h > w ? h : w));
@@ -566,23 +544,28 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
             "%s OUT` writes .stk shards read as byte ranges of few large files (docs/shards.md)",
             d->a.path);
     if (storage_bound && d->storage.remote) {
-        if (d->o->order != STK__ORDER_SHARDS || !d->o->cache_dir)
+        char order[16], cache[8];
+        if (strcmp(opt(d, "order", order, sizeof order), "shards") ||
+            !*opt(d, "cache_dir", cache, sizeof cache))
             ADD("storage", "shard-aware order and a cache", 0,
                 "remote samples are fetched by ranged requests (%" PRIu64 " requests for %" PRIu64
                 " samples); --order shards --cache-dir DIR reads whole shards once and keeps "
                 "them on local disk (docs/remote.md)",
                 d->storage.fetch.requests, d->storage.samples);
-        unsigned conc = d->o->fetch_concurrency ? d->o->fetch_concurrency : 64;
+        char num[32];
+        unsigned conc = (unsigned)strtoul(opt(d, "fetch_concurrency", num, sizeof num), NULL, 10);
+        if (!conc)
+            conc = 64;
         if (d->storage.fetch.inflight_peak >= conc)
             ADD("storage", "more requests in flight", 0,
                 "the fetch stage kept all %u requests in flight: raise --fetch-concurrency", conc);
     }
     uint64_t bound = d->full.memory_bound;
-    if (bound && d->mem_available && bound > d->mem_available / 2 && d->o->depth > 1)
+    if (bound && d->mem_available && bound > d->mem_available / 2 && d->depth > 1)
         ADD("memory", "lower depth", 0,
             "the memory bound (%.0f MiB) is over half of the memory available (%.0f MiB): "
             "--depth 1 keeps one batch in preparation instead of %u",
-            (double)bound / 1048576.0, (double)d->mem_available / 1048576.0, d->o->depth);
+            (double)bound / 1048576.0, (double)d->mem_available / 1048576.0, d->depth);
     if (d->out_dense && d->out_dtype != STK_DTYPE_UINT8)
         ADD("batching", "uint8 output, normalise on the GPU", 0,
             "%s output makes each batch %dx the bytes of uint8 (copied into the ring, to the "
@@ -658,15 +641,21 @@ static void report(doctor *d)
     size_t nadv = advise(d, &v, adv, 16);
     char buf[4096];
     const char *shown = stoker_display_path(d->a.path, buf, sizeof buf);
+    char fields[1024];
+    opt(d, "fields", fields, sizeof fields);
     if (d->a.json) {
         printf("{\"path\":");
         stoker_json_str(stdout, shown);
         printf(",\"source\":\"%s\",\"samples\":%" PRIu64 ",\"transform\":",
                d->source_kind ? d->source_kind : "unknown", d->num_samples);
         stoker_json_str(stdout, d->a.transform ? d->a.transform : "none");
+        if (*fields) {
+            printf(",\"fields\":");
+            stoker_json_str(stdout, fields);
+        }
         printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%.2f,"
                "\"levels\":{",
-               d->threads, d->cpus, d->o->batch_size, d->o->depth, d->secs);
+               d->threads, d->cpus, d->batch_size, d->depth, d->secs);
         json_level("storage", &d->storage, false);
         json_level("storage_warm", &d->storage2, true);
         json_level("decode", &d->decode, true);
@@ -711,9 +700,12 @@ static void report(doctor *d)
     }
     printf("stoker doctor: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", shown,
            d->source_kind ? d->source_kind : "?", d->num_samples, d->num_classes);
-    printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n\n",
-           d->a.transform ? d->a.transform : "none", d->o->batch_size, d->threads, d->cpus,
-           d->o->depth, d->secs);
+    printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n",
+           d->a.transform ? d->a.transform : "none", d->batch_size, d->threads, d->cpus,
+           d->depth, d->secs);
+    if (*fields)
+        printf("  fields %s\n", fields);
+    printf("\n");
     printf("  %-34s %12s %9s %8s\n", "level", "samples/s", "MB/s", "CPUs");
     text_level("storage (first read)", &d->storage, true);
     text_level("storage (second read, warm)", &d->storage2, true);
@@ -782,6 +774,53 @@ static void report(doctor *d)
     }
 }
 
+/* Levels 1-2: the stored bytes through the loader, twice, on the host and
+ * with no transform. False when the dataset does not open. */
+static bool storage_levels(doctor *d)
+{
+    stk_options *o = options_again(d);
+    if (!o)
+        return false;
+    stk_options_set_transform(o, "none");
+    stk_options_set(o, "trace", ""); /* only the full pipeline is traced */
+    /* The stored bytes stay on the host: they are what the decode level
+     * reads, and without the transform they vary in size, which no device
+     * batch can hold. The device applies to the full pipeline (level 5). */
+    stk_options_set(o, "device", "cpu");
+    /* Nor does depth "auto" apply: without the transform the batches are
+     * variable-size, bounded by batch_memory a buffer (512M by default),
+     * which a budget chosen for the user's batches need not hold. Reading
+     * ahead depth batches is what this level measures, not the ring. */
+    char val[64];
+    if (stk_options_get(o, "depth", val, sizeof val) == STK_OK && !strcmp(val, "auto"))
+        stk_options_set_depth(o, 2);
+    stk_options_set(o, "dtype", "uint8");
+    stk_options_reset(o, "size");
+    stk_options_set_on_error(o, STK_ON_ERROR_SKIP);
+    /* A stored image may be as large as a decode accepts. */
+    uint64_t input = 0;
+    if (stk_options_get(o, "max_input_bytes", val, sizeof val) == STK_OK &&
+        stoker_parse_size(val, &input) && d->a.max_sample_bytes < input)
+        stk_options_set_max_sample_bytes(o, (size_t)input);
+    d->step = 1;
+    run_loader(d, o, &d->storage, "storage, first read", true);
+    d->step = 2;
+    run_loader(d, o, &d->storage2, "storage, second read", false);
+    stk_options_destroy(o);
+    if (!d->storage.done && !d->storage2.done && d->storage.note[0] &&
+        !strncmp(d->storage.note, "cannot open", 11)) {
+        if (d->live)
+            fprintf(stderr, "\r\033[K");
+        fprintf(stderr, "stoker: doctor: %s: %s\n", d->a.path, d->storage.note);
+        return false;
+    }
+    /* The loader's own answers for what the user's options start. */
+    d->threads = d->storage.threads ? d->storage.threads : d->cpus;
+    d->batch_size = d->storage.batch_size;
+    d->depth = d->storage.depth;
+    return true;
+}
+
 int stoker_cmd_doctor(int argc, char **argv)
 {
     doctor d = {.argc = argc, .argv = argv};
@@ -795,51 +834,18 @@ int stoker_cmd_doctor(int argc, char **argv)
     d.secs = d.a.seconds > 0 ? d.a.seconds : DEFAULT_SECONDS;
     d.live = d.a.progress_set ? d.a.progress : isatty(STDERR_FILENO);
     d.steps = 5;
-    d.mem_available = stk__mem_available();
-    char err[256];
-    if (stk__default_threads(&d.cpus, err, sizeof err) != STK_OK || !d.cpus)
+    d.mem_available = stoker_mem_available();
+    if (stk_default_threads(&d.cpus) != STK_OK || !d.cpus)
         d.cpus = 1;
-    d.threads = d.o->threads ? d.o->threads : d.cpus;
     d.hold = calloc(CACHE_SAMPLES, sizeof *d.hold);
-    if (!d.hold) {
+    d.hold_len = calloc(CACHE_SAMPLES, sizeof *d.hold_len);
+    if (!d.hold || !d.hold_len) {
         fprintf(stderr, "stoker: out of memory\n");
         status = 1;
         goto out;
     }
-
     /* 1-2. Storage: the stored bytes through the loader, twice. */
-    stk_options *o = options_again(&d);
-    if (!o) {
-        status = 1;
-        goto out;
-    }
-    stk_options_set_transform(o, "none");
-    stk_options_set(o, "trace", ""); /* only the full pipeline is traced */
-    /* The stored bytes stay on the host: they are what the decode level
-     * reads, and without the transform they vary in size, which no device
-     * batch can hold. The device applies to the full pipeline (level 5). */
-    stk_options_set(o, "device", "cpu");
-    /* Nor does depth "auto" apply: without the transform the batches are
-     * variable-size, bounded by batch_memory a buffer (512M by default),
-     * which a budget chosen for the user's batches need not hold. Reading
-     * ahead depth batches is what this level measures, not the ring. */
-    if (o->depth_auto)
-        stk_options_set_depth(o, 2);
-    o->dtype = STK_DTYPE_UINT8;
-    o->size = 0;
-    stk_options_set_on_error(o, STK_ON_ERROR_SKIP);
-    if (o->max_sample_bytes < o->max_input_bytes)
-        stk_options_set_max_sample_bytes(o, o->max_input_bytes);
-    d.step = 1;
-    run_loader(&d, o, &d.storage, "storage, first read", true);
-    d.step = 2;
-    run_loader(&d, o, &d.storage2, "storage, second read", false);
-    stk_options_destroy(o);
-    if (!d.storage.done && !d.storage2.done && d.storage.note[0] &&
-        !strncmp(d.storage.note, "cannot open", 11)) {
-        if (d.live)
-            fprintf(stderr, "\r\033[K");
-        fprintf(stderr, "stoker: doctor: %s: %s\n", d.a.path, d.storage.note);
+    if (!storage_levels(&d)) {
         status = 1;
         goto out;
     }
@@ -851,18 +857,21 @@ int stoker_cmd_doctor(int argc, char **argv)
     batching_level(&d);
     /* 5. The full pipeline. */
     d.step = 5;
-    o = options_again(&d);
+    stk_options *o = options_again(&d);
     if (o) {
         run_loader(&d, o, &d.full, "full pipeline", false);
         stk_options_destroy(o);
     }
+    if (d.full.depth)
+        d.depth = d.full.depth; /* depth auto: what the open chose */
     if (d.live)
         fprintf(stderr, "\r\033[K");
     report(&d);
 out:
-    for (size_t k = 0; k < d.nhold; k++)
-        free(d.hold[k].bytes);
+    for (size_t k = 0; d.hold && k < d.nhold; k++)
+        free(d.hold[k]);
     free(d.hold);
+    free(d.hold_len);
     free(d.outs);
     stk_options_destroy(d.o);
     return status;

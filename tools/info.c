@@ -9,6 +9,7 @@
 #include "stoker.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,26 @@ static int parse_args(int argc, char **argv, const char **path, stk_options **o)
     return rc;
 }
 
+/* The fields the dataset's samples have (stk_dataset_field), one line each:
+ * name, kind (the source's, else the one the name implies, marked so) and
+ * how many samples have it. */
+static void print_fields(const stk_dataset *d)
+{
+    size_t n = stk_dataset_field_count(d);
+    for (size_t k = 0; k < n; k++) {
+        stk_dataset_field_info f = {.struct_size = sizeof f};
+        if (stk_dataset_field(d, k, &f) != STK_OK)
+            continue;
+        bool implied = f.kind == STK_FIELD_AUTO;
+        const char *kind = stk_field_kind_name(implied ? stk_field_kind_for_name(f.name) : f.kind);
+        printf("field     %-12s %-6s%s", f.name, kind ? kind : "?", implied ? " (by its name)" : "");
+        if (f.samples == UINT64_MAX)
+            printf("  samples not counted\n");
+        else
+            printf("  %" PRIu64 " samples\n", f.samples);
+    }
+}
+
 int stoker_cmd_info(int argc, char **argv)
 {
     const char *path;
@@ -175,6 +196,7 @@ int stoker_cmd_info(int argc, char **argv)
                di.restart_indexed, di.samples);
     else if (!strcmp(di.kind, "stk"))
         printf("restart   not recorded (packed without --restart)\n");
+    print_fields(d);
     printf("index     %" PRIu64 " bytes in memory\n", di.index_bytes);
     /* A .stk of fields: its stored fields, each one's kind and how many
      * samples have it (other sources' fields are listed by --fields users'
