@@ -1359,9 +1359,11 @@ static int check_fields(const uint8_t *buf, size_t n, tarset *d, char *err, size
         const uint8_t *p = buf + e->mbase + lo;
         if (sample_fields(src.fields, t, e, mask, p, (size_t)(hi - lo), fs, why, sizeof why))
             continue;
+        /* A member's data follows its 512-byte header, on a block boundary. */
         for (size_t f = 0; f < fs->n; f++)
             if (fs->f[f].id >= src.nfields || fs->f[f].data < p ||
-                fs->f[f].len > (size_t)(buf + n - fs->f[f].data)) {
+                fs->f[f].len > (size_t)(buf + n - fs->f[f].data) ||
+                (size_t)(fs->f[f].data - buf) % 512) {
                 stk__fmt(err, errlen, "internal: sample %llu's field %zu outside the input",
                          (unsigned long long)k, f);
                 rc = STK_EINVAL;
