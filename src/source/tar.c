@@ -3,21 +3,46 @@
  *
  * A sample is a run of consecutive regular-file members sharing a key: the
  * member's path up to the first dot of its file name ("dir/n0001.jpg" and
- * "dir/n0001.cls" form sample "dir/n0001"). Its bytes are its first image
- * member (.jpg .jpeg .png .webp .ppm .bmp .pgm .tif .tiff, any case), or if
- * it has none its first member that is not a label. Its label is the integer
- * in its .cls member, or else the "label" or "cls" integer field of its
- * .json member (a small purpose-built scan, not a JSON parser). A dataset in
- * which no sample has a label member is unlabeled (labels -1); otherwise a
- * sample without one fails when read, naming the sample and the reason.
+ * "dir/n0001.cls" form sample "dir/n0001"; a file name that starts with a
+ * dot or has none is no member of a sample). This is WebDataset's rule, so
+ * directories may hold dots ("v1.2/n0001.jpg" has key "v1.2/n0001") and an
+ * extension may have several ("n0001.seg.png": field "seg.png").
+ *
+ * Fields (samples with several fields, docs/multimodal.md): every member of
+ * a sample is a field named by its extension, lowercased as WebDataset does
+ * ("A.TXT" is field "txt"). The source describes one field per distinct
+ * extension (at most STK__MAX_FIELDS, in order of first appearance, kind
+ * AUTO: the name decides) with how many samples have it. After select(mask)
+ * a read returns one range of bytes spanning the sample's selected members
+ * (the members of a tar sample are adjacent; unselected ones between them
+ * come along), and the `fields` op points into it, one ref per selected
+ * member present. A sample with a selected field twice (two members with
+ * the same key and extension) fails with "duplicate field 'txt'", as
+ * WebDataset refuses it; an empty member is a field of 0 bytes. After
+ * select, a missing or unparsable label member no longer fails the read
+ * (the fields asked for decide what a sample needs); the label is still
+ * the one below, or -1.
+ *
+ * Without select, a read is what it always was: the sample's bytes are its
+ * first image member (.jpg .jpeg .png .webp .ppm .bmp .pgm .tif .tiff, any
+ * case), or if it has none its first member that is not a label. Its label
+ * is the integer in its .cls member, or else the "label" or "cls" integer
+ * field of its .json member (a small purpose-built scan, not a JSON
+ * parser). A dataset in which no sample has a label member is unlabeled
+ * (labels -1); otherwise a sample without one fails when read, naming the
+ * sample and the reason.
  *
  * Building the index reads every member header (ustar, GNU long names and
  * pax "path"/"size" records are understood) and each label member's bytes.
- * The index is then cached next to the tar (X.tar.stkidx) or, when that
- * directory is not writable, under $XDG_CACHE_HOME/stoker/tar/ (by default
- * ~/.cache/stoker/tar/), keyed by the tar's size and modification time, so
- * later opens read one small file. A cache that does not match or fails any
- * check is rebuilt (docs/format.md describes it).
+ * It keeps per sample its key, payload and label (48 bytes) and per member
+ * its extension id, offset in the sample and length (12 bytes), so a tar of
+ * 100k tiny members needs a few MB. The index is then cached next to the
+ * tar (X.tar.stkidx, magic STKTIDX3) or, when that directory is not
+ * writable, under $XDG_CACHE_HOME/stoker/tar/ (by default
+ * ~/.cache/stoker/tar/), keyed by the tar's size, modification time, inode
+ * and ctime, so later opens read one small file. A cache that does not
+ * match or fails any check (an older format included) is rebuilt
+ * (docs/format.md describes it).
  *
  * Bad input: a corrupt header (checksum mismatch) fails the open, naming the
  * shard and offset. A tar cut short keeps the samples before the cut; the
