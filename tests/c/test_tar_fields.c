@@ -8,9 +8,14 @@
  * members; a tar of 100k tiny members. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
 
 #define NS 23 /* samples of the main tar (batches of 5: a short last one) */
 
@@ -678,9 +683,109 @@ static void test_many_tiny(void)
     stk_loader_close(l);
 }
 
+/* One session on the small tar: open with fields, an epoch, close. Samples
+ * may fail (skip policy) when an allocation fails inside a worker. */
+static int oom_session(const char *p, size_t *delivered)
+{
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    int rc;
+    *delivered = 0;
+    if ((rc = stk_options_create(&o)) != STK_OK)
+        return rc;
+    if ((rc = stk_options_set_source(o, p)) || (rc = stk_options_set_fields(o, "t=txt,m=json,c=cls")))
+        goto out;
+    stk_options_set_batch_size(o, 2);
+    stk_options_set_threads(o, 2);
+    stk_options_set_on_error(o, STK_ON_ERROR_SKIP);
+    if ((rc = stk_loader_open(&l, o)) != STK_OK) {
+        if (l)
+            CHECK(stk_loader_errmsg(l)[0] != 0);
+        goto out;
+    }
+    stk_batch *b;
+    int r;
+    while ((r = stk_loader_next(l, &b)) == STK_OK) {
+        *delivered += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(r, STK_END);
+out:
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    return rc;
+}
+
+/* Allocation failures in the index build (cache removed before each
+ * session), the cache load, the fields description and the reads: each
+ * open succeeds or fails with STK_ENOMEM, nothing leaks. */
+static void test_oom_sweep(void)
+{
+    uint8_t *t = NULL;
+    size_t tn = 0;
+    for (int k = 0; k < 5; k++) {
+        char name[100];
+        snprintf(name, sizeof name, "o%d.txt", k);
+        add_str(&t, &tn, name, "text \xc3\xa9");
+        snprintf(name, sizeof name, "o%d.json", k);
+        add_str(&t, &tn, name, "{\"a\": 1}");
+        snprintf(name, sizeof name, "o%d.cls", k);
+        add_str(&t, &tn, name, "3");
+    }
+    const char *p = tu_path("oom.tar");
+    write_tar(p, t, tn);
+    char idx[700];
+    snprintf(idx, sizeof idx, "%s.stkidx", p);
+    /* An index the beside cache could not store (an allocation failed)
+     * goes to $XDG_CACHE_HOME/stoker/tar (set by main to the test's own). */
+    char xdg[700];
+    snprintf(xdg, sizeof xdg, "%s/stoker/tar", getenv("XDG_CACHE_HOME"));
+    for (int cached = 0; cached < 2; cached++) {
+        long live0 = stk__alloc_live(), n;
+        int fds0 = tu_count_fds(), enomem = 0;
+        for (n = 0; n < 3000; n++) {
+            if (!cached) {
+                unlink(idx);
+                DIR *d = opendir(xdg);
+                struct dirent *e;
+                while (d && (e = readdir(d))) {
+                    char f[1200];
+                    snprintf(f, sizeof f, "%s/%s", xdg, e->d_name);
+                    if (e->d_name[0] != '.')
+                        unlink(f);
+                }
+                if (d)
+                    closedir(d);
+            }
+            long c0 = stk__alloc_count();
+            size_t got;
+            stk__alloc_fail_after(n);
+            int rc = oom_session(p, &got);
+            stk__alloc_fail_after(-1);
+            int injected = stk__alloc_count() - c0 > n;
+            CHECK(rc == STK_OK || rc == STK_ENOMEM);
+            enomem += rc == STK_ENOMEM;
+            if (rc == STK_OK && !injected)
+                CHECK_EQ(got, 5);
+            if (stk__alloc_live() != live0 || tu_count_fds() != fds0) {
+                fprintf(stderr, "    n=%ld leaked %ld allocations, %d fds\n", n,
+                        stk__alloc_live() - live0, tu_count_fds() - fds0);
+                CHECK(0);
+                break;
+            }
+            if (!injected)
+                break;
+        }
+        printf("    %s: %ld allocation points, %d opens failed with ENOMEM\n",
+               cached ? "cached index" : "index built", n, enomem);
+        CHECK(n > 5 && n < 3000);
+    }
+}
+
 int main(void)
 {
     tu_begin("test_tar_fields", 120);
+    setenv("XDG_CACHE_HOME", tu_path("xdg"), 1);
     make_main();
     RUN(test_describe);
     RUN(test_all_fields_epoch);
@@ -690,6 +795,7 @@ int main(void)
     RUN(test_unknown_field);
     RUN(test_case_and_cache);
     RUN(test_many_tiny);
+    RUN(test_oom_sweep);
     for (int k = 0; k < NS; k++) {
         free(W[k].jpg);
         free(W[k].left);
