@@ -230,8 +230,10 @@ void stk__cifar_describe(const stk__source *s, stk__dataset_info *di);
 void stk__cifar_key(const stk__source *s, uint64_t i, char *buf, size_t n);
 
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
- * groups samples, then checks every entry lies inside buf. Returns STK_OK,
- * STK_EFORMAT, or STK_EINVAL if an entry does not (a parser bug). */
+ * groups samples, then checks every entry lies inside buf, the index passes
+ * the cache's checks, and the fields grouping (every field selected) gives
+ * ranges and refs inside buf. Returns STK_OK, STK_EFORMAT, STK_ENOMEM, or
+ * STK_EINVAL if a check fails (a parser bug). */
 int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                           size_t errlen);
 

@@ -68,8 +68,8 @@
 #define TIDX_HEAD     112
 #define TIDX_ENTRY    48
 #define TIDX_MEMBER   12
-#define TAR_MAX_EXTS  1024 /* distinct extensions one shard's index names */
-#define EXT_SLOTS     2048 /* the builder's extension hash table (> 2 x TAR_MAX_EXTS) */
+#define TAR_MAX_EXTS  1024   /* distinct extensions one shard's index names */
+#define EXT_SLOTS     2048   /* the builder's extension hash table (> 2 x TAR_MAX_EXTS) */
 #define EXT_NONE      0xffff /* a member that is no field (see describe_fields) */
 #define MF_FAR        1u     /* member's offset in its sample or size over 4 GiB */
 
@@ -158,7 +158,7 @@ typedef struct builder {
     uint32_t *ext_at; /* where each extension starts in exts */
     size_t next, xcap;
     uint16_t slot[EXT_SLOTS]; /* hash of extensions: id + 1, 0 empty */
-    bool open_sample; /* e[n-1] is still collecting members */
+    bool open_sample;         /* e[n-1] is still collecting members */
     bool has_image;
     bool has_cls;
 } builder;
@@ -701,7 +701,7 @@ static bool index_valid(const tshard *t, uint64_t tsize)
             const tmember *m = &t->m[e->m0 + j];
             if ((m->field != EXT_NONE && m->field >= t->nexts) || m->flags > MF_FAR ||
                 ((m->flags & MF_FAR) ? (m->rel || m->len)
-                                   : (uint64_t)m->rel + m->len > tsize - e->mbase))
+                                     : (uint64_t)m->rel + m->len > tsize - e->mbase))
                 return false;
         }
     }
@@ -778,8 +778,7 @@ static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
     /* Each part no larger than the body, so the sum below cannot wrap. */
     uint64_t body = n - TIDX_HEAD - 8;
     if (count > body / TIDX_ENTRY || nmem > body / TIDX_MEMBER || kb > body || eb > body ||
-        nexts > TAR_MAX_EXTS ||
-        count * TIDX_ENTRY + nmem * TIDX_MEMBER + eb + kb != body)
+        nexts > TAR_MAX_EXTS || count * TIDX_ENTRY + nmem * TIDX_MEMBER + eb + kb != body)
         goto out;
     if (!(t->e = stk__malloc((size_t)(count ? count : 1) * sizeof *t->e)) ||
         !(t->m = stk__malloc((size_t)(nmem ? nmem : 1) * sizeof *t->m)) ||
@@ -947,8 +946,8 @@ static bool selected(uint64_t mask, uint16_t field)
  * field is in mask (members of a tar sample are adjacent, so this is one
  * read; unselected members between two selected ones come along). *far:
  * a selected member the compact index cannot address, else NULL. */
-static void sel_range(const tshard *t, const tentry *e, uint64_t mask, uint64_t *lo,
-                      uint64_t *hi, const tmember **far)
+static void sel_range(const tshard *t, const tentry *e, uint64_t mask, uint64_t *lo, uint64_t *hi,
+                      const tmember **far)
 {
     *lo = UINT64_MAX;
     *hi = 0;
@@ -1091,8 +1090,7 @@ static int tar_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
     (void)label;
     const tarset *d = s->impl;
     const tshard *t = find_tshard(d, i);
-    return sample_fields(s->fields, t, &t->e[i - t->first], d->mask, bytes, len, fs, err,
-                         errlen);
+    return sample_fields(s->fields, t, &t->e[i - t->first], d->mask, bytes, len, fs, err, errlen);
 }
 
 /* pread n bytes at off of shard t into the sink. */
@@ -1310,8 +1308,8 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             if (t->e[j].label > maxl)
                 maxl = t->e[j].label;
         }
-        s->index_bytes += t->count * sizeof *t->e + t->nmem * sizeof *t->m + t->keys_len +
-                          strlen(t->path) + 1;
+        s->index_bytes +=
+            t->count * sizeof *t->e + t->nmem * sizeof *t->m + t->keys_len + strlen(t->path) + 1;
     }
     if (!labeled) {
         /* No sample has a label member: an unlabeled dataset, not n errors. */

@@ -1007,8 +1007,8 @@ static void test_tar_fields_remote_as_local(void)
 {
     server_start(g_www, F_NONE);
     uint64_t nr, nl;
-    uint64_t hr = tar_fields_epoch(url("tars/t-{000000..000001}.tar"), tu_path("cache-tar-fields"),
-                                   &nr);
+    uint64_t hr =
+        tar_fields_epoch(url("tars/t-{000000..000001}.tar"), tu_path("cache-tar-fields"), &nr);
     char local[2048];
     snprintf(local, sizeof local, "%s/tars/t-{000000..000001}.tar", g_www);
     uint64_t hl = tar_fields_epoch(local, NULL, &nl);

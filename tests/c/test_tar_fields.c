@@ -53,7 +53,8 @@ static uint8_t *photo(uint32_t w, uint32_t h, int seed, size_t *n)
 static size_t make_npy(uint8_t *out, int k, size_t *data_off)
 {
     char dict[128];
-    int dl = snprintf(dict, sizeof dict, "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }");
+    int dl =
+        snprintf(dict, sizeof dict, "{'descr': '<i4', 'fortran_order': False, 'shape': (3,), }");
     size_t hl = (size_t)dl + 1;
     while ((10 + hl) % 64)
         hl++;
@@ -87,11 +88,14 @@ static void make_main(void)
         w->jpg = photo(24 + (uint32_t)k, 20 + (uint32_t)(k % 5), k, &w->njpg);
         w->left = photo(16, 16 + (uint32_t)k, k + 100, &w->nleft);
         w->cls = k % 4;
-        snprintf(w->txt, sizeof w->txt, "caption %d: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac "
-                 "\xf0\x9f\x9a\x80 na\xc3\xafve", k);
+        snprintf(w->txt, sizeof w->txt,
+                 "caption %d: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac "
+                 "\xf0\x9f\x9a\x80 na\xc3\xafve",
+                 k);
         snprintf(w->json, sizeof w->json,
                  "{\"id\": %d, \"nested\": {\"a\": [1, 2.5, {\"b\": \"\\u00e9\xc3\xa9\"}], "
-                 "\"t\": true, \"n\": null}}", k);
+                 "\"t\": true, \"n\": null}}",
+                 k);
         w->nnpy = make_npy(w->npy, k, &w->npy_data);
         char cls[16];
         snprintf(cls, sizeof cls, "%d\n", w->cls);
@@ -241,8 +245,7 @@ static uint64_t whole_epoch(unsigned threads)
             for (size_t f = 0; f < b->nfields; f++) {
                 const stk_field *x = &b->fields[f];
                 if (x->layout == STK_BATCH_DENSE)
-                    h = tu_hash(h, (const uint8_t *)x->data + s * x->sample_bytes,
-                                x->sample_bytes);
+                    h = tu_hash(h, (const uint8_t *)x->data + s * x->sample_bytes, x->sample_bytes);
                 else
                     h = tu_hash(h, (const uint8_t *)x->data + x->offsets[s], x->lengths[s]);
             }
@@ -268,8 +271,8 @@ static void test_all_fields_epoch(void)
     /* A subset that starts past the sample's first member and skips one
      * between (npy): one read spans json .. txt. */
     stk_loader *l = NULL;
-    run_cfg c = {.path = g_main, .fields = "meta=json,caption=txt,left=left.jpg:bytes",
-                 .threads = 2};
+    run_cfg c = {
+        .path = g_main, .fields = "meta=json,caption=txt,left=left.jpg:bytes", .threads = 2};
     REQUIRE(open_run(&l, &c) == STK_OK);
     stk_batch *b;
     size_t n = 0;
@@ -337,8 +340,8 @@ static void test_without_fields_unchanged(void)
      * without fields does: same pixels, labels and order, 1 or 3 threads. */
     const char *tf = "RandomResizedCrop(24)|RandomHorizontalFlip()";
     run_cfg plain = {.path = g_main, .transform = tf, .threads = 1};
-    run_cfg with = {.path = g_main, .transform = tf, .threads = 3,
-                    .fields = "image=jpg,caption=txt,label=cls"};
+    run_cfg with = {
+        .path = g_main, .transform = tf, .threads = 3, .fields = "image=jpg,caption=txt,label=cls"};
     size_t n1, n2;
     uint64_t h1 = epoch_hash(&plain, &n1), h2 = epoch_hash(&with, &n2);
     CHECK_EQ(n1, NS);
@@ -457,8 +460,7 @@ static void test_missing_optional_duplicate_empty(void)
             stk_sample_error se;
             CHECK_EQ(stk_loader_error_get(l, k, &se), STK_OK);
             CHECK_EQ(se.code, STK_EFORMAT);
-            if (se.sample == 2 && strstr(se.reason, "has no field 'txt'") &&
-                strstr(se.path, "k2"))
+            if (se.sample == 2 && strstr(se.reason, "has no field 'txt'") && strstr(se.path, "k2"))
                 missing = 1;
             if (se.sample == 3 && strstr(se.reason, "duplicate field 'txt'") &&
                 strstr(se.path, "k3"))
@@ -467,6 +469,11 @@ static void test_missing_optional_duplicate_empty(void)
         CHECK(missing && dup);
         stk_loader_close(l);
     }
+    /* txt alone: sample 2's read spans no member at all (0 bytes). */
+    c.fields = "t=txt";
+    n = run_errors(&c, &raised, msg, sizeof msg, field, sizeof field);
+    CHECK_EQ(n, 4);
+    CHECK(strstr(msg, "has no field 'txt'") || strstr(msg, "duplicate field 'txt'"));
     /* Optional: sample 2 is delivered with present 0; the duplicate still
      * fails. */
     c.fields = "t?=txt,label=cls";
@@ -485,8 +492,7 @@ static void test_missing_optional_duplicate_empty(void)
                     absent = f->present[s] == 0 && f->lengths[s] == 0;
                 else
                     CHECK_EQ(f->present[s], 1);
-                CHECK_EQ(((const int64_t *)lab->data)[s],
-                         b->indices[s] == 1 ? 1 : 0);
+                CHECK_EQ(((const int64_t *)lab->data)[s], b->indices[s] == 1 ? 1 : 0);
             }
             stk_batch_release(b);
         }
@@ -632,7 +638,8 @@ static void test_many_tiny(void)
         for (int m = 0; m < 2; m++) {
             char name[32], body[16];
             snprintf(name, sizeof name, "%06d.%s", k, m ? "txt" : "cls");
-            int bl = m ? snprintf(body, sizeof body, "t%d", k) : snprintf(body, sizeof body, "%d", k % 10);
+            int bl = m ? snprintf(body, sizeof body, "t%d", k)
+                       : snprintf(body, sizeof body, "%d", k % 10);
             uint8_t *h = t + tn;
             snprintf((char *)h, 100, "%s", name);
             memcpy(h + 100, "0000644", 8);
@@ -641,7 +648,10 @@ static void test_many_tiny(void)
             snprintf((char *)h + 124, 12, "%011o", (unsigned)bl);
             snprintf((char *)h + 136, 12, "%011o", 0u);
             h[156] = '0';
-            memcpy(h + 257, "ustar\0" "00", 8);
+            memcpy(h + 257,
+                   "ustar\0"
+                   "00",
+                   8);
             memset(h + 148, ' ', 8);
             unsigned sum = 0;
             for (int q = 0; q < 512; q++)
@@ -693,7 +703,8 @@ static int oom_session(const char *p, size_t *delivered)
     *delivered = 0;
     if ((rc = stk_options_create(&o)) != STK_OK)
         return rc;
-    if ((rc = stk_options_set_source(o, p)) || (rc = stk_options_set_fields(o, "t=txt,m=json,c=cls")))
+    if ((rc = stk_options_set_source(o, p)) ||
+        (rc = stk_options_set_fields(o, "t=txt,m=json,c=cls")))
         goto out;
     stk_options_set_batch_size(o, 2);
     stk_options_set_threads(o, 2);
