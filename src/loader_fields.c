@@ -61,9 +61,14 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
                  o->source_shown);
         return STK_EUNSUPPORTED;
     }
-    if (stk__fspecs_copy(&c->fspecs, o->fields, o->nfields) ||
-        !(c->fplan = stk__calloc(o->nfields, sizeof *c->fplan)))
+    if (stk__fspecs_copy(&c->fspecs, o->fields, o->nfields))
         return STK_ENOMEM;
+    if (!(c->fplan = stk__calloc(o->nfields, sizeof *c->fplan))) {
+        /* stk__fields_free frees nfplan specs: none yet. */
+        stk__fspecs_free(c->fspecs, o->nfields);
+        c->fspecs = NULL;
+        return STK_ENOMEM;
+    }
     c->nfplan = o->nfields;
     int rc = stk__fplan_resolve(c->fplan, c->fspecs, c->nfplan, &c->src, err, errlen);
     if (rc)

@@ -247,8 +247,10 @@ int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, c
                            size_t errlen);
 
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
- * groups samples, then checks every entry lies inside buf. Returns STK_OK,
- * STK_EFORMAT, or STK_EINVAL if an entry does not (a parser bug). */
+ * groups samples, then checks every entry lies inside buf, the index passes
+ * the cache's checks, and the fields grouping (every field selected) gives
+ * ranges and refs inside buf. Returns STK_OK, STK_EFORMAT, STK_ENOMEM, or
+ * STK_EINVAL if a check fails (a parser bug). */
 int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                           size_t errlen);
 

@@ -3,21 +3,46 @@
  *
  * A sample is a run of consecutive regular-file members sharing a key: the
  * member's path up to the first dot of its file name ("dir/n0001.jpg" and
- * "dir/n0001.cls" form sample "dir/n0001"). Its bytes are its first image
- * member (.jpg .jpeg .png .webp .ppm .bmp .pgm .tif .tiff, any case), or if
- * it has none its first member that is not a label. Its label is the integer
- * in its .cls member, or else the "label" or "cls" integer field of its
- * .json member (a small purpose-built scan, not a JSON parser). A dataset in
- * which no sample has a label member is unlabeled (labels -1); otherwise a
- * sample without one fails when read, naming the sample and the reason.
+ * "dir/n0001.cls" form sample "dir/n0001"; a file name that starts with a
+ * dot or has none is no member of a sample). This is WebDataset's rule, so
+ * directories may hold dots ("v1.2/n0001.jpg" has key "v1.2/n0001") and an
+ * extension may have several ("n0001.seg.png": field "seg.png").
+ *
+ * Fields (samples with several fields, docs/multimodal.md): every member of
+ * a sample is a field named by its extension, lowercased as WebDataset does
+ * ("A.TXT" is field "txt"). The source describes one field per distinct
+ * extension (at most STK__MAX_FIELDS, in order of first appearance, kind
+ * AUTO: the name decides) with how many samples have it. After select(mask)
+ * a read returns one range of bytes spanning the sample's selected members
+ * (the members of a tar sample are adjacent; unselected ones between them
+ * come along), and the `fields` op points into it, one ref per selected
+ * member present. A sample with a selected field twice (two members with
+ * the same key and extension) fails with "duplicate field 'txt'", as
+ * WebDataset refuses it; an empty member is a field of 0 bytes. After
+ * select, a missing or unparsable label member no longer fails the read
+ * (the fields asked for decide what a sample needs); the label is still
+ * the one below, or -1.
+ *
+ * Without select, a read is what it always was: the sample's bytes are its
+ * first image member (.jpg .jpeg .png .webp .ppm .bmp .pgm .tif .tiff, any
+ * case), or if it has none its first member that is not a label. Its label
+ * is the integer in its .cls member, or else the "label" or "cls" integer
+ * field of its .json member (a small purpose-built scan, not a JSON
+ * parser). A dataset in which no sample has a label member is unlabeled
+ * (labels -1); otherwise a sample without one fails when read, naming the
+ * sample and the reason.
  *
  * Building the index reads every member header (ustar, GNU long names and
  * pax "path"/"size" records are understood) and each label member's bytes.
- * The index is then cached next to the tar (X.tar.stkidx) or, when that
- * directory is not writable, under $XDG_CACHE_HOME/stoker/tar/ (by default
- * ~/.cache/stoker/tar/), keyed by the tar's size and modification time, so
- * later opens read one small file. A cache that does not match or fails any
- * check is rebuilt (docs/format.md describes it).
+ * It keeps per sample its key, payload and label (48 bytes) and per member
+ * its extension id, offset in the sample and length (12 bytes), so a tar of
+ * 100k tiny members needs a few MB. The index is then cached next to the
+ * tar (X.tar.stkidx, magic STKTIDX3) or, when that directory is not
+ * writable, under $XDG_CACHE_HOME/stoker/tar/ (by default
+ * ~/.cache/stoker/tar/), keyed by the tar's size, modification time, inode
+ * and ctime, so later opens read one small file. A cache that does not
+ * match or fails any check (an older format included) is rebuilt
+ * (docs/format.md describes it).
  *
  * Bad input: a corrupt header (checksum mismatch) fails the open, naming the
  * shard and offset. A tar cut short keeps the samples before the cut; the
@@ -39,19 +64,42 @@
 #define TAR_KEEP_FDS  256
 #define TAR_NAME_MAX  4096
 #define TAR_LABEL_MAX 65536 /* bytes of a .cls/.json member that are scanned */
-#define TIDX_MAGIC    "STKTIDX2"
-#define TIDX_HEAD     88
+#define TIDX_MAGIC    "STKTIDX3"
+#define TIDX_HEAD     112
+#define TIDX_ENTRY    48
+#define TIDX_MEMBER   12
+#define TAR_MAX_EXTS  1024   /* distinct extensions one shard's index names */
+#define EXT_SLOTS     2048   /* the builder's extension hash table (> 2 x TAR_MAX_EXTS) */
+#define EXT_NONE      0xffff /* a member that is no field (see describe_fields) */
+#define MF_FAR        1u     /* member's offset in its sample or size over 4 GiB */
 
 enum label_state { L_OK = 0, L_MISSING = 1, L_BAD = 2, L_NODATA = 3, L_TRUNC = 4 };
 
+/* One sample. off/len: its payload member (what a read without select
+ * gives); members [m0, m0 + nm) of the shard are all its regular-file
+ * members, in tar order, at offsets relative to mbase (the data offset of
+ * its first member). 48 bytes. */
 typedef struct tentry {
     uint64_t off;
+    uint64_t key_off;
+    uint64_t mbase;
     uint32_t len;
     uint32_t key_len;
-    uint64_t key_off;
-    int64_t label;
-    uint64_t state;
+    uint32_t m0, nm;
+    int32_t label;  /* -1 .. INT32_MAX */
+    uint32_t state; /* enum label_state (build-time bits above 0xff) */
 } tentry;
+
+/* One member of a sample, compact (12 bytes) so that a tar of many tiny
+ * members keeps a small index. field: the shard's extension id in the
+ * builder and the cache, the source's field id once open (EXT_NONE: not a
+ * field). */
+typedef struct tmember {
+    uint32_t rel;
+    uint32_t len;
+    uint16_t field;
+    uint16_t flags; /* MF_FAR: rel and len are 0 and unusable */
+} tmember;
 
 typedef struct tshard {
     char *path;
@@ -60,6 +108,11 @@ typedef struct tshard {
     uint64_t count;
     char *keys;
     uint64_t keys_len;
+    tmember *m;
+    uint64_t nmem;
+    char *exts; /* nexts NUL-terminated lowercase extensions; freed at open */
+    uint64_t exts_len;
+    uint32_t nexts;
     uint64_t first, bytes;
 } tshard;
 
@@ -67,6 +120,7 @@ typedef struct tarset {
     tshard *shards;
     size_t n;
     uint64_t total_bytes;
+    uint64_t mask; /* the fields reads return (select); 0: the payload */
 } tarset;
 
 /* ---- Parsing ----------------------------------------------------------- */
@@ -97,10 +151,90 @@ typedef struct builder {
     size_t n, cap;
     char *keys;
     size_t klen, kcap;
-    bool open_sample; /* e[n-1] is still collecting members */
+    tmember *m;
+    size_t nm, mcap;
+    char *exts; /* NUL-terminated lowercase extensions, in order of appearance */
+    size_t elen, ecap;
+    uint32_t *ext_at; /* where each extension starts in exts */
+    size_t next, xcap;
+    uint16_t slot[EXT_SLOTS]; /* hash of extensions: id + 1, 0 empty */
+    bool open_sample;         /* e[n-1] is still collecting members */
     bool has_image;
     bool has_cls;
 } builder;
+
+static void builder_free(builder *b)
+{
+    stk__free(b->e);
+    stk__free(b->keys);
+    stk__free(b->m);
+    stk__free(b->exts);
+    stk__free(b->ext_at);
+}
+
+/* The id of extension ext (lowercased, as WebDataset does), added when new.
+ * Past TAR_MAX_EXTS distinct extensions, and for an empty one ("key."),
+ * EXT_NONE: such members are not fields (a hash table, so an adversarial
+ * tar with a new extension per member stays linear). */
+static int ext_id(builder *b, const char *ext, uint16_t *id)
+{
+    char low[TAR_NAME_MAX];
+    size_t n = strnlen(ext, sizeof low - 1);
+    *id = EXT_NONE;
+    if (!n)
+        return STK_OK;
+    for (size_t k = 0; k < n; k++)
+        low[k] = (char)(ext[k] >= 'A' && ext[k] <= 'Z' ? ext[k] - 'A' + 'a' : ext[k]);
+    low[n] = '\0';
+    size_t h = (size_t)stk__xxh3(low, n) & (EXT_SLOTS - 1);
+    for (; b->slot[h]; h = (h + 1) & (EXT_SLOTS - 1)) {
+        uint16_t k = (uint16_t)(b->slot[h] - 1);
+        if (!strcmp(b->exts + b->ext_at[k], low)) {
+            *id = k;
+            return STK_OK;
+        }
+    }
+    if (b->next >= TAR_MAX_EXTS)
+        return STK_OK;
+    int rc;
+    if ((rc = stk__grow((void **)&b->exts, &b->ecap, b->elen + n + 1, 1)) ||
+        (rc = stk__grow((void **)&b->ext_at, &b->xcap, b->next + 1, sizeof *b->ext_at)))
+        return rc;
+    memcpy(b->exts + b->elen, low, n + 1);
+    b->ext_at[b->next] = (uint32_t)b->elen;
+    b->elen += n + 1;
+    *id = (uint16_t)b->next;
+    b->slot[h] = (uint16_t)++b->next;
+    return STK_OK;
+}
+
+/* Appends a member of sample cur (data at off, size bytes). */
+static int add_field_member(builder *b, tentry *cur, const char *ext, uint64_t off, uint64_t size,
+                            char *why, size_t wl)
+{
+    uint16_t id;
+    int rc;
+    if (b->nm >= UINT32_MAX) {
+        stk__fmt(why, wl, "more than %u members in one tar", UINT32_MAX);
+        return STK_EFORMAT;
+    }
+    if ((rc = ext_id(b, ext, &id)) ||
+        (rc = stk__grow((void **)&b->m, &b->mcap, b->nm + 1, sizeof *b->m)))
+        return rc;
+    /* Members come in file order, so off >= mbase. */
+    uint64_t rel = off - cur->mbase;
+    tmember *m = &b->m[b->nm++];
+    memset(m, 0, sizeof *m);
+    m->field = id;
+    if (rel > UINT32_MAX || size > UINT32_MAX) {
+        m->flags = MF_FAR;
+    } else {
+        m->rel = (uint32_t)rel;
+        m->len = (uint32_t)size;
+    }
+    cur->nm++;
+    return STK_OK;
+}
 
 static const char *const k_img_exts[] = {"jpg", "jpeg", "png", "webp", "ppm",
                                          "bmp", "pgm",  "tif", "tiff"};
@@ -199,6 +333,8 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
         memset(cur, 0, sizeof *cur);
         cur->key_off = b->klen;
         cur->key_len = (uint32_t)klen;
+        cur->m0 = (uint32_t)b->nm;
+        cur->mbase = off;
         cur->label = -1;
         cur->state = L_NODATA;
         memcpy(b->keys + b->klen, name, klen);
@@ -218,6 +354,8 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
     }
     if (cur->state == L_TRUNC)
         return STK_OK;
+    if ((rc = add_field_member(b, cur, ext, off, size, why, wl)))
+        return rc;
     if (is_label_ext(ext)) {
         bool cls = !strcmp(ext, "cls");
         if (b->has_cls || (!cls && (cur->state & 0x100)))
@@ -230,10 +368,10 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
         bool ok = (cls ? parse_int_text(small, n, &v) : json_label(small, n, &v)) && v >= 0 &&
                   v <= INT32_MAX;
         cur->state |= 0x100;
-        cur->state &= ~(uint64_t)0x200;
+        cur->state &= ~(uint32_t)0x200;
         if (!ok)
             cur->state |= 0x200; /* unparsable */
-        cur->label = ok ? v : -1;
+        cur->label = ok ? (int32_t)v : -1;
         b->has_cls = cls;
         return STK_OK;
     }
@@ -243,7 +381,7 @@ static int add_member(builder *b, const src_rd *r, const char *name, uint64_t of
             return STK_OK;
         cur->off = off;
         cur->len = (uint32_t)size;
-        cur->state = (cur->state & ~(uint64_t)0xff) | L_OK;
+        cur->state = (cur->state & ~(uint32_t)0xff) | L_OK;
         b->has_image = img;
     }
     return STK_OK;
@@ -254,8 +392,8 @@ static void finish_states(builder *b)
 {
     for (size_t k = 0; k < b->n; k++) {
         tentry *e = &b->e[k];
-        uint64_t s = e->state;
-        uint64_t data = s & 0xff;
+        uint32_t s = e->state;
+        uint32_t data = s & 0xff;
         if (data == L_TRUNC || data == L_NODATA)
             e->state = data;
         else if (!(s & 0x100))
@@ -479,7 +617,7 @@ static int parse_tar(const src_rd *r, builder *b, const char *tag, char *err, si
     finish_states(b);
     goto out;
 member_failed:
-    if (rc != STK_EIO)
+    if (rc == STK_ENOMEM)
         goto out;
 io:
     stk__fmt(err, errlen, "%s: %s", tag, why);
@@ -487,27 +625,6 @@ out:
     stk__free(name);
     stk__free(next_name);
     stk__free(ext);
-    return rc;
-}
-
-int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err, size_t errlen)
-{
-    builder b = {0};
-    src_rd r = {-1, buf, n};
-    int rc = parse_tar(&r, &b, "tar", err, errlen);
-    *samples = b.n;
-    /* Every entry must point inside the buffer unless marked truncated: a
-     * violation is a parser bug, reported as STK_EINVAL for the fuzzer. */
-    for (size_t k = 0; rc == STK_OK && k < b.n; k++) {
-        if ((b.e[k].state != L_TRUNC && b.e[k].state != L_NODATA &&
-             (b.e[k].off > n || b.e[k].len > n - b.e[k].off)) ||
-            b.e[k].key_off + b.e[k].key_len > b.klen) {
-            stk__fmt(err, errlen, "internal: index entry %zu outside the input", k);
-            rc = STK_EINVAL;
-        }
-    }
-    stk__free(b.e);
-    stk__free(b.keys);
     return rc;
 }
 
@@ -548,6 +665,86 @@ static void mkdirs(const char *file)
     }
 }
 
+static void shard_free_index(tshard *t)
+{
+    stk__free(t->e);
+    stk__free(t->keys);
+    stk__free(t->m);
+    stk__free(t->exts);
+    t->e = NULL;
+    t->keys = NULL;
+    t->m = NULL;
+    t->exts = NULL;
+    t->count = t->keys_len = t->nmem = t->exts_len = 0;
+    t->nexts = 0;
+}
+
+/* Checks a loaded index against the tar (tsize bytes): every entry, member
+ * and extension as the builder makes them, so a cache that passed its
+ * checksum but lies (or was written by a buggy build) is rebuilt rather
+ * than trusted. */
+static bool index_valid(const tshard *t, uint64_t tsize)
+{
+    uint64_t kb = t->keys_len, next_m = 0;
+    for (uint64_t k = 0; k < t->count; k++) {
+        const tentry *e = &t->e[k];
+        if (e->state > L_TRUNC || e->label < -1 || e->key_off > kb ||
+            e->key_len > kb - e->key_off ||
+            (e->state != L_TRUNC && e->state != L_NODATA &&
+             (e->off > tsize || e->len > tsize - e->off)))
+            return false;
+        /* Members are contiguous and in sample order. */
+        if (e->m0 != next_m || e->nm > t->nmem - next_m || e->mbase > tsize)
+            return false;
+        next_m += e->nm;
+        for (uint32_t j = 0; j < e->nm; j++) {
+            const tmember *m = &t->m[e->m0 + j];
+            if ((m->field != EXT_NONE && m->field >= t->nexts) || m->flags > MF_FAR ||
+                ((m->flags & MF_FAR) ? (m->rel || m->len)
+                                     : (uint64_t)m->rel + m->len > tsize - e->mbase))
+                return false;
+        }
+    }
+    if (next_m != t->nmem || t->nexts > TAR_MAX_EXTS)
+        return false;
+    /* nexts non-empty names, each NUL-terminated, filling exts exactly. */
+    uint64_t names = 0;
+    for (uint64_t k = 0; k < t->exts_len; k++) {
+        if (t->exts[k])
+            continue;
+        if (k == 0 || !t->exts[k - 1])
+            return false;
+        names++;
+    }
+    return names == t->nexts && (!t->exts_len || !t->exts[t->exts_len - 1]);
+}
+
+static void get_entry(const uint8_t *p, tentry *e)
+{
+    e->off = stk__get64(p);
+    e->key_off = stk__get64(p + 8);
+    e->mbase = stk__get64(p + 16);
+    e->len = stk__get32(p + 24);
+    e->key_len = stk__get32(p + 28);
+    e->m0 = stk__get32(p + 32);
+    e->nm = stk__get32(p + 36);
+    e->label = (int32_t)stk__get32(p + 40);
+    e->state = stk__get32(p + 44);
+}
+
+static void put_entry(uint8_t *p, const tentry *e)
+{
+    stk__put64(p, e->off);
+    stk__put64(p + 8, e->key_off);
+    stk__put64(p + 16, e->mbase);
+    stk__put32(p + 24, e->len);
+    stk__put32(p + 28, e->key_len);
+    stk__put32(p + 32, e->m0);
+    stk__put32(p + 36, e->nm);
+    stk__put32(p + 40, (uint32_t)e->label);
+    stk__put32(p + 44, e->state);
+}
+
 static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
 {
     int rc = STK_EFORMAT;
@@ -576,41 +773,40 @@ static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
         goto out; /* size and mtime alone can be restored by cp -p or tar x:
                      the inode and ctime cannot, so a replaced tar is noticed */
     uint64_t count = stk__get64(buf + 32), kb = stk__get64(buf + 40);
+    uint64_t nmem = stk__get64(buf + 48), nexts = stk__get64(buf + 88);
+    uint64_t eb = stk__get64(buf + 96);
+    /* Each part no larger than the body, so the sum below cannot wrap. */
     uint64_t body = n - TIDX_HEAD - 8;
-    if (count > body / STK_ENTRY_SIZE || kb != body - count * STK_ENTRY_SIZE)
+    if (count > body / TIDX_ENTRY || nmem > body / TIDX_MEMBER || kb > body || eb > body ||
+        nexts > TAR_MAX_EXTS || count * TIDX_ENTRY + nmem * TIDX_MEMBER + eb + kb != body)
         goto out;
     if (!(t->e = stk__malloc((size_t)(count ? count : 1) * sizeof *t->e)) ||
+        !(t->m = stk__malloc((size_t)(nmem ? nmem : 1) * sizeof *t->m)) ||
+        !(t->exts = stk__malloc((size_t)(eb ? eb : 1))) ||
         !(t->keys = stk__malloc((size_t)(kb ? kb : 1)))) {
         rc = STK_ENOMEM;
         goto out;
     }
     const uint8_t *p = buf + TIDX_HEAD;
-    uint64_t tsize = (uint64_t)tst->st_size;
-    for (uint64_t k = 0; k < count; k++, p += STK_ENTRY_SIZE) {
-        tentry *e = &t->e[k];
-        e->off = stk__get64(p);
-        e->len = stk__get32(p + 8);
-        e->key_len = stk__get32(p + 12);
-        e->key_off = stk__get64(p + 16);
-        e->label = (int64_t)stk__get64(p + 24);
-        e->state = stk__get64(p + 32);
-        if (e->state > L_TRUNC || e->label < -1 || e->label > INT32_MAX || e->key_off > kb ||
-            e->key_len > kb - e->key_off ||
-            (e->state != L_TRUNC && e->state != L_NODATA &&
-             (e->off > tsize || e->len > tsize - e->off)))
-            goto out;
+    for (uint64_t k = 0; k < count; k++, p += TIDX_ENTRY)
+        get_entry(p, &t->e[k]);
+    for (uint64_t k = 0; k < nmem; k++, p += TIDX_MEMBER) {
+        t->m[k].rel = stk__get32(p);
+        t->m[k].len = stk__get32(p + 4);
+        t->m[k].field = (uint16_t)(p[8] | p[9] << 8);
+        t->m[k].flags = (uint16_t)(p[10] | p[11] << 8);
     }
-    memcpy(t->keys, p, (size_t)kb);
+    memcpy(t->exts, p, (size_t)eb);
+    memcpy(t->keys, p + eb, (size_t)kb);
     t->count = count;
     t->keys_len = kb;
-    rc = STK_OK;
+    t->nmem = nmem;
+    t->exts_len = eb;
+    t->nexts = (uint32_t)nexts;
+    rc = index_valid(t, (uint64_t)tst->st_size) ? STK_OK : STK_EFORMAT;
 out:
-    if (rc) {
-        stk__free(t->e);
-        stk__free(t->keys);
-        t->e = NULL;
-        t->keys = NULL;
-    }
+    if (rc)
+        shard_free_index(t);
     stk__free(buf);
     stk__close(fd);
     return rc;
@@ -619,7 +815,8 @@ out:
 static int cache_store(const char *cpath, const struct stat *tst, const tshard *t)
 {
     int rc = STK_EIO;
-    size_t n = TIDX_HEAD + (size_t)t->count * STK_ENTRY_SIZE + (size_t)t->keys_len + 8;
+    size_t n = TIDX_HEAD + (size_t)t->count * TIDX_ENTRY + (size_t)t->nmem * TIDX_MEMBER +
+               (size_t)t->exts_len + (size_t)t->keys_len + 8;
     uint8_t *buf = stk__malloc(n);
     char tmp[4200];
     if (!buf)
@@ -631,20 +828,26 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     stk__put64(buf + 24, (uint64_t)tst->st_mtim.tv_nsec);
     stk__put64(buf + 32, t->count);
     stk__put64(buf + 40, t->keys_len);
+    stk__put64(buf + 48, t->nmem);
     stk__put64(buf + 56, (uint64_t)tst->st_ino);
     stk__put64(buf + 64, (uint64_t)tst->st_dev);
     stk__put64(buf + 72, (uint64_t)tst->st_ctim.tv_sec);
     stk__put64(buf + 80, (uint64_t)tst->st_ctim.tv_nsec);
+    stk__put64(buf + 88, t->nexts);
+    stk__put64(buf + 96, t->exts_len);
     uint8_t *p = buf + TIDX_HEAD;
-    for (uint64_t k = 0; k < t->count; k++, p += STK_ENTRY_SIZE) {
-        const tentry *e = &t->e[k];
-        stk__put64(p, e->off);
-        stk__put32(p + 8, e->len);
-        stk__put32(p + 12, e->key_len);
-        stk__put64(p + 16, e->key_off);
-        stk__put64(p + 24, (uint64_t)e->label);
-        stk__put64(p + 32, e->state);
+    for (uint64_t k = 0; k < t->count; k++, p += TIDX_ENTRY)
+        put_entry(p, &t->e[k]);
+    for (uint64_t k = 0; k < t->nmem; k++, p += TIDX_MEMBER) {
+        const tmember *m = &t->m[k];
+        stk__put32(p, m->rel);
+        stk__put32(p + 4, m->len);
+        p[8] = (uint8_t)m->field, p[9] = (uint8_t)(m->field >> 8);
+        p[10] = (uint8_t)m->flags, p[11] = (uint8_t)(m->flags >> 8);
     }
+    if (t->exts_len)
+        memcpy(p, t->exts, (size_t)t->exts_len);
+    p += t->exts_len;
     if (t->keys_len)
         memcpy(p, t->keys, (size_t)t->keys_len);
     stk__put64(buf + n - 8, stk__xxh3(buf, n - 8));
@@ -669,6 +872,22 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     return rc;
 }
 
+/* Moves a finished builder's index into t. */
+static void shard_take(tshard *t, builder *b)
+{
+    t->e = b->e;
+    t->count = b->n;
+    t->keys = b->keys;
+    t->keys_len = b->klen;
+    t->m = b->m;
+    t->nmem = b->nm;
+    t->exts = b->exts;
+    t->exts_len = b->elen;
+    t->nexts = (uint32_t)b->next;
+    stk__free(b->ext_at);
+    memset(b, 0, sizeof *b);
+}
+
 /* Loads shard t's index from a cache, or builds and caches it. */
 static int index_shard(tshard *t, int fd, const struct stat *st, char *err, size_t errlen)
 {
@@ -679,17 +898,17 @@ static int index_shard(tshard *t, int fd, const struct stat *st, char *err, size
             (rc = cache_load(cpath, st, t)) != STK_ENOENT && rc != STK_EFORMAT)
             return rc;
     }
-    builder b = {0};
+    builder *b = stk__calloc(1, sizeof *b);
+    if (!b)
+        return STK_ENOMEM;
     src_rd r = {fd, NULL, (uint64_t)st->st_size};
-    if ((rc = parse_tar(&r, &b, t->path, err, errlen))) {
-        stk__free(b.e);
-        stk__free(b.keys);
+    if ((rc = parse_tar(&r, b, t->path, err, errlen))) {
+        builder_free(b);
+        stk__free(b);
         return rc;
     }
-    t->e = b.e;
-    t->count = b.n;
-    t->keys = b.keys;
-    t->keys_len = b.klen;
+    shard_take(t, b);
+    stk__free(b);
     for (int beside = 1; beside >= 0; beside--) {
         if (cache_path(t->path, beside, cpath, sizeof cpath) != STK_OK)
             continue;
@@ -716,6 +935,223 @@ static const tshard *find_tshard(const tarset *d, uint64_t i)
     return &d->shards[lo];
 }
 
+/* ---- Fields ------------------------------------------------------------ */
+
+static bool selected(uint64_t mask, uint16_t field)
+{
+    return field < 64 && (mask >> field & 1);
+}
+
+/* The bytes [*lo, *hi) relative to e->mbase that span e's members whose
+ * field is in mask (members of a tar sample are adjacent, so this is one
+ * read; unselected members between two selected ones come along). *far:
+ * a selected member the compact index cannot address, else NULL. */
+static void sel_range(const tshard *t, const tentry *e, uint64_t mask, uint64_t *lo, uint64_t *hi,
+                      const tmember **far)
+{
+    *lo = UINT64_MAX;
+    *hi = 0;
+    *far = NULL;
+    for (uint32_t j = 0; j < e->nm; j++) {
+        const tmember *m = &t->m[e->m0 + j];
+        if (!selected(mask, m->field))
+            continue;
+        if (m->flags & MF_FAR) {
+            *far = m;
+            continue;
+        }
+        if (m->rel < *lo)
+            *lo = m->rel;
+        if ((uint64_t)m->rel + m->len > *hi)
+            *hi = (uint64_t)m->rel + m->len;
+    }
+    if (*lo > *hi)
+        *lo = *hi = 0;
+}
+
+/* The fields of sample e found in bytes/len (what a read gave): with a mask,
+ * one ref per selected member (a field twice in one sample is refused, as
+ * WebDataset refuses it); without, the payload member's. names: the field
+ * names by id, for messages. */
+static int sample_fields(const stk__field_desc *names, const tshard *t, const tentry *e,
+                         uint64_t mask, const uint8_t *bytes, size_t len, stk__field_set *fs,
+                         char *err, size_t errlen)
+{
+    fs->n = 0;
+    fs->gen_used = 0;
+    if (!mask) {
+        for (uint32_t j = 0; e->state != L_TRUNC && e->state != L_NODATA && j < e->nm; j++) {
+            const tmember *m = &t->m[e->m0 + j];
+            if (!(m->flags & MF_FAR) && m->field != EXT_NONE && e->mbase + m->rel == e->off &&
+                m->len == len) {
+                fs->f[fs->n++] = (stk__field_ref){m->field, bytes, len};
+                break;
+            }
+        }
+        return STK_OK;
+    }
+    uint64_t lo, hi;
+    const tmember *far;
+    sel_range(t, e, mask, &lo, &hi, &far);
+    if (len != hi - lo) {
+        stk__fmt(err, errlen, "the read gave %zu bytes, the index says the fields span %llu", len,
+                 (unsigned long long)(hi - lo));
+        return STK_EFORMAT;
+    }
+    for (uint32_t j = 0; j < e->nm; j++) {
+        const tmember *m = &t->m[e->m0 + j];
+        if (!selected(mask, m->field) || (m->flags & MF_FAR))
+            continue;
+        for (size_t k = 0; k < fs->n; k++) {
+            if (fs->f[k].id == m->field) {
+                stk__fmt(err, errlen,
+                         "duplicate field '%s' (two members named %.*s.%s; a sample has each "
+                         "field once)",
+                         names[m->field].name, (int)(e->key_len > 1024 ? 1024 : e->key_len),
+                         t->keys + e->key_off, names[m->field].name);
+                return STK_EFORMAT;
+            }
+        }
+        if (fs->n >= STK__MAX_FIELDS) /* unreachable: at most 64 distinct ids */
+            break;
+        fs->f[fs->n++] = (stk__field_ref){m->field, bytes + (m->rel - lo), m->len};
+    }
+    return STK_OK;
+}
+
+/* Describes the source's fields, one per distinct extension across the
+ * shards in order of first appearance (at most STK__MAX_FIELDS; members
+ * with further extensions are no fields), turns every member's shard
+ * extension id into the source's field id, counts the samples that have
+ * each, and frees the shards' extension tables. */
+static int describe_fields(stk__source *s, tarset *d)
+{
+    uint64_t stamp[STK__MAX_FIELDS] = {0}, have[STK__MAX_FIELDS] = {0};
+    uint16_t *map = stk__malloc(TAR_MAX_EXTS * sizeof *map);
+    if (!map)
+        return STK_ENOMEM;
+    uint64_t sample = 0;
+    for (size_t k = 0; k < d->n; k++) {
+        tshard *t = &d->shards[k];
+        const char *name = t->exts;
+        for (uint32_t x = 0; x < t->nexts; x++, name += strlen(name) + 1) {
+            size_t f = 0;
+            while (f < s->nfields && strcmp(s->fields[f].name, name))
+                f++;
+            map[x] = EXT_NONE;
+            if (f < s->nfields) {
+                map[x] = (uint16_t)f;
+            } else if (s->nfields < STK__MAX_FIELDS) {
+                int id = stk__source_add_field(s, name, strlen(name), STK_FIELD_AUTO, 0);
+                if (id < 0) {
+                    stk__free(map);
+                    return STK_ENOMEM;
+                }
+                map[x] = (uint16_t)id;
+            }
+        }
+        for (uint64_t j = 0; j < t->nmem; j++)
+            if (t->m[j].field != EXT_NONE)
+                t->m[j].field = t->m[j].field < t->nexts ? map[t->m[j].field] : EXT_NONE;
+        for (uint64_t j = 0; j < t->count; j++) {
+            const tentry *e = &t->e[j];
+            sample++;
+            for (uint32_t q = 0; q < e->nm; q++) {
+                uint16_t f = t->m[e->m0 + q].field;
+                if (f < STK__MAX_FIELDS && stamp[f] != sample) {
+                    stamp[f] = sample;
+                    have[f]++;
+                }
+            }
+        }
+        stk__free(t->exts);
+        t->exts = NULL;
+        t->exts_len = 0;
+        t->nexts = 0;
+    }
+    for (size_t f = 0; f < s->nfields; f++)
+        s->fields[f].samples = have[f];
+    stk__free(map);
+    return STK_OK;
+}
+
+static int tar_select(stk__source *s, uint64_t mask, char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    tarset *d = s->impl;
+    d->mask = mask;
+    return STK_OK;
+}
+
+static int tar_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                      int64_t label, stk__field_set *fs, char *err, size_t errlen)
+{
+    (void)label;
+    const tarset *d = s->impl;
+    const tshard *t = find_tshard(d, i);
+    return sample_fields(s->fields, t, &t->e[i - t->first], d->mask, bytes, len, fs, err, errlen);
+}
+
+/* pread n bytes at off of shard t into the sink. */
+static int read_span(const tshard *t, uint64_t off, uint64_t n, stk__sink *sink, uint8_t **data,
+                     char *err, size_t errlen)
+{
+    int rc;
+    static uint8_t empty[1];
+    uint8_t *buf = n > SIZE_MAX ? NULL : stk__sink_reserve(sink, (size_t)n, &rc);
+    if (n > SIZE_MAX)
+        rc = STK_ETOOBIG;
+    if (!buf && rc == STK_OK && n == 0)
+        buf = empty; /* a fixed sink of no bytes */
+    if (!buf) {
+        if (rc == STK_ETOOBIG)
+            stk__fmt(err, errlen, "sample of %llu bytes does not fit its %zu-byte budget",
+                     (unsigned long long)n, sink->grow ? sink->grow->limit : sink->cap);
+        else
+            stk__fmt(err, errlen, "out of memory for %llu bytes", (unsigned long long)n);
+        return rc;
+    }
+    int fd = t->fd;
+    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
+        stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
+        return STK_EIO;
+    }
+    rc = stk__pread_full(fd, buf, (size_t)n, off, err, errlen);
+    if (fd != t->fd)
+        stk__close(fd);
+    if (rc == STK_OK)
+        *data = buf;
+    return rc;
+}
+
+/* A read after select: one range spanning the selected members. Label
+ * members that are missing or unparsable do not fail it (the fields asked
+ * for decide what a sample needs); the label is what the index holds (-1
+ * then). */
+static int read_selected(const stk__source *s, const tshard *t, const tentry *e, uint64_t mask,
+                         stk__sink *sink, uint8_t **data, size_t *len, int64_t *label, char *err,
+                         size_t errlen)
+{
+    uint64_t lo, hi;
+    const tmember *far;
+    sel_range(t, e, mask, &lo, &hi, &far);
+    if (far) {
+        stk__fmt(err, errlen,
+                 "member %.*s.%s is over 4 GiB or starts over 4 GiB into its sample (not "
+                 "supported as a field)",
+                 (int)(e->key_len > 1024 ? 1024 : e->key_len), t->keys + e->key_off,
+                 s->fields[far->field].name);
+        return STK_ETOOBIG;
+    }
+    int rc = read_span(t, e->mbase + lo, hi - lo, sink, data, err, errlen);
+    if (rc)
+        return rc;
+    *len = (size_t)(hi - lo);
+    *label = e->label;
+    return STK_OK;
+}
+
 static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                     int64_t *label, char *err, size_t errlen)
 {
@@ -723,6 +1159,8 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
     const tshard *t = find_tshard(d, i);
     const tentry *e = &t->e[i - t->first];
     int rc;
+    if (d->mask && e->state != L_TRUNC)
+        return read_selected(s, t, e, d->mask, sink, data, len, label, err, errlen);
     switch (e->state) {
     case L_OK: break;
     case L_MISSING:
@@ -803,8 +1241,7 @@ static void tar_close(stk__source *s)
         if (d->shards[k].fd >= 0)
             stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
-        stk__free(d->shards[k].e);
-        stk__free(d->shards[k].keys);
+        shard_free_index(&d->shards[k]);
     }
     stk__free(d->shards);
     stk__free(d);
@@ -817,7 +1254,9 @@ static const stk__source_ops k_tar_ops = {.kind = "tar",
                                           .close = tar_close,
                                           .flags = STK__SRC_IMAGES,
                                           .describe = tar_describe,
-                                          .key = tar_key};
+                                          .key = tar_key,
+                                          .select = tar_select,
+                                          .fields = tar_fields};
 
 int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                          size_t errlen)
@@ -872,7 +1311,8 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             if (t->e[j].label > maxl)
                 maxl = t->e[j].label;
         }
-        s->index_bytes += t->count * sizeof *t->e + t->keys_len + strlen(t->path) + 1;
+        s->index_bytes +=
+            t->count * sizeof *t->e + t->nmem * sizeof *t->m + t->keys_len + strlen(t->path) + 1;
     }
     if (!labeled) {
         /* No sample has a label member: an unlabeled dataset, not n errors. */
@@ -885,6 +1325,10 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
         stk__fmt(err, errlen, "%s%s: no samples (members named KEY.EXT)", d->shards[0].path,
                  n > 1 ? " and the other shards" : "");
         rc = STK_EEMPTY;
+        goto out;
+    }
+    if ((rc = describe_fields(s, d))) {
+        stk__fmt(err, errlen, "out of memory describing the fields of %s", d->shards[0].path);
         goto out;
     }
     /* Shard boundaries, for the shard-aware order. */
@@ -906,6 +1350,86 @@ out:
     if (d) {
         stk__source tmp = {.impl = d};
         tar_close(&tmp);
+        stk__source_free_common(s);
     }
+    return rc;
+}
+
+/* ---- Fuzz entry -------------------------------------------------------- */
+
+/* Runs the field grouping of every sample of a parsed buffer with all
+ * fields selected, as a loader after select would: each sample's range and
+ * each field's bytes must lie inside the buffer (STK_EINVAL otherwise). A
+ * sample's own errors (duplicate fields) are data, not failures. */
+static int check_fields(const uint8_t *buf, size_t n, tarset *d, char *err, size_t errlen)
+{
+    stk__source src = {0};
+    stk__field_set *fs = stk__malloc(sizeof *fs);
+    int rc = fs ? describe_fields(&src, d) : STK_ENOMEM;
+    const tshard *t = &d->shards[0];
+    uint64_t mask = src.nfields >= 64 ? UINT64_MAX : ((uint64_t)1 << src.nfields) - 1;
+    for (uint64_t k = 0; rc == STK_OK && k < t->count; k++) {
+        const tentry *e = &t->e[k];
+        uint64_t lo, hi;
+        const tmember *far;
+        char why[STK_ERRMSG_MAX];
+        if (e->state == L_TRUNC)
+            continue;
+        sel_range(t, e, mask, &lo, &hi, &far);
+        if (e->mbase > n || hi > n - e->mbase) {
+            stk__fmt(err, errlen, "internal: sample %llu's fields outside the input",
+                     (unsigned long long)k);
+            rc = STK_EINVAL;
+            break;
+        }
+        const uint8_t *p = buf + e->mbase + lo;
+        if (sample_fields(src.fields, t, e, mask, p, (size_t)(hi - lo), fs, why, sizeof why))
+            continue;
+        /* A member's data follows its 512-byte header, on a block boundary. */
+        for (size_t f = 0; f < fs->n; f++)
+            if (fs->f[f].id >= src.nfields || fs->f[f].data < p ||
+                fs->f[f].len > (size_t)(buf + n - fs->f[f].data) ||
+                (size_t)(fs->f[f].data - buf) % 512) {
+                stk__fmt(err, errlen, "internal: sample %llu's field %zu outside the input",
+                         (unsigned long long)k, f);
+                rc = STK_EINVAL;
+            }
+    }
+    stk__free(fs);
+    stk__source_free_common(&src);
+    return rc;
+}
+
+int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err, size_t errlen)
+{
+    builder *b = stk__calloc(1, sizeof *b);
+    if (!b)
+        return STK_ENOMEM;
+    src_rd r = {-1, buf, n};
+    int rc = parse_tar(&r, b, "tar", err, errlen);
+    *samples = b->n;
+    tshard t = {0};
+    shard_take(&t, b);
+    stk__free(b);
+    /* Every entry must point inside the buffer unless marked truncated: a
+     * violation is a parser bug, reported as STK_EINVAL for the fuzzer. The
+     * index must also pass the checks a cached one passes. */
+    for (uint64_t k = 0; rc == STK_OK && k < t.count; k++) {
+        const tentry *e = &t.e[k];
+        if ((e->state != L_TRUNC && e->state != L_NODATA && (e->off > n || e->len > n - e->off)) ||
+            e->key_off + e->key_len > t.keys_len) {
+            stk__fmt(err, errlen, "internal: index entry %llu outside the input",
+                     (unsigned long long)k);
+            rc = STK_EINVAL;
+        }
+    }
+    if (rc == STK_OK && !index_valid(&t, n)) {
+        stk__fmt(err, errlen, "internal: the index fails the cache's checks");
+        rc = STK_EINVAL;
+    }
+    tarset d = {&t, 1, n, 0};
+    if (rc == STK_OK)
+        rc = check_fields(buf, n, &d, err, errlen);
+    shard_free_index(&t);
     return rc;
 }

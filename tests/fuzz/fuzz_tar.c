@@ -1,8 +1,14 @@
 /* fuzz_tar.c -- libFuzzer target for the tar parser (member headers, GNU
- * long names, pax records, sample grouping, .cls/.json label scans). The
- * parser checks that every index entry it builds lies inside the input
- * (STK_EINVAL otherwise, which fails the run). Linked with replay_main.c it
- * replays corpus files given as arguments. */
+ * long names, pax records, sample grouping, .cls/.json label scans) and the
+ * multi-field grouping on its index (every member a field: extension ids,
+ * the fields described, each sample's selected range and its field refs
+ * with every field selected, duplicate members). stk__tar_parse_buffer
+ * checks that every index entry, member, range and ref lies inside the
+ * input and that the index passes the cache's own checks (STK_EINVAL
+ * otherwise, which fails the run). Linked with replay_main.c it replays
+ * corpus files given as arguments (the multifield-*.tar seeds hold
+ * several fields, keys with dots, duplicates, empty members, upper-case
+ * and more than 64 distinct extensions). */
 #include "source/stkformat.h"
 
 #include <stdio.h>
