@@ -64,10 +64,11 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
                  o->source_shown);
         return STK_EUNSUPPORTED;
     }
-    if (stk__fspecs_copy(&c->fspecs, o->fields, o->nfields) ||
-        !(c->fplan = stk__calloc(o->nfields, sizeof *c->fplan)))
+    if (stk__fspecs_copy(&c->fspecs, o->fields, o->nfields))
         return STK_ENOMEM;
-    c->nfplan = o->nfields;
+    c->nfplan = o->nfields; /* before the plan: stk__fields_free frees the specs */
+    if (!(c->fplan = stk__calloc(o->nfields, sizeof *c->fplan)))
+        return STK_ENOMEM;
     int rc = stk__fplan_resolve(c->fplan, c->fspecs, c->nfplan, &c->src, err, errlen);
     if (rc)
         return rc;
@@ -116,7 +117,7 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
 
 void stk__fields_free(core *c)
 {
-    for (size_t k = 0; k < c->nfplan; k++)
+    for (size_t k = 0; c->fplan && k < c->nfplan; k++)
         stk__imgpipe_destroy(c->fplan[k].pipe);
     stk__free(c->fplan);
     stk__fspecs_free(c->fspecs, c->nfplan);

@@ -213,11 +213,22 @@ uint64_t stk__transform_hash(const stk_options *o)
 {
     const uint64_t basis = 0xcbf29ce484222325ULL;
     const char *spec = o->transform;
-    if (!spec || !*spec || !strcmp(spec, "none"))
-        return fnv1a(basis, "none");
     char opts[128];
     /* strict changes which damaged samples fail, so which batches come. */
     stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d|strict=%d", o->size,
              o->nchw ? "nchw" : "nhwc", o->dtype, o->exif, o->strict);
-    return fnv1a(fnv1a(basis, spec), opts);
+    uint64_t h = !spec || !*spec || !strcmp(spec, "none") ? fnv1a(basis, "none")
+                                                          : fnv1a(fnv1a(basis, spec), opts);
+    /* Fields change what a batch holds (and which samples fail): a position
+     * saved with other fields is refused too. Without fields the value is
+     * the one it always was. */
+    for (size_t k = 0; k < o->nfields; k++) {
+        const stk__fspec *f = &o->fields[k];
+        char kind[48];
+        stk__fmt(kind, sizeof kind, "|kind=%d|flags=%u|", f->kind, f->flags);
+        h = fnv1a(fnv1a(fnv1a(fnv1a(fnv1a(h, "|field="), f->name), "="), f->sources), kind);
+        if (f->transform)
+            h = fnv1a(fnv1a(h, f->transform), opts);
+    }
+    return h;
 }
