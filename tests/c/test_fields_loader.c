@@ -1072,6 +1072,141 @@ static void test_memory_bound(void)
     stk_loader_close(l3);
 }
 
+/* ---- allocation failures -------------------------------------------------------- */
+
+long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
+
+/* Every field of sample k of a batch, hashed. */
+static uint64_t sample_hash(const stk_batch *b, size_t k)
+{
+    uint64_t h = tu_hash(0, &b->labels[k], sizeof b->labels[k]);
+    for (size_t f = 0; f < b->nfields; f++) {
+        size_t n;
+        const uint8_t *p = fsample(&b->fields[f], k, &n);
+        h = tu_hash(tu_hash(h, &n, sizeof n), p, n);
+        if (b->fields[f].shapes)
+            h = tu_hash(h, &b->fields[f].shapes[k * (STK_FIELD_MAXDIM + 1)],
+                        (STK_FIELD_MAXDIM + 1) * sizeof(int64_t));
+    }
+    return h;
+}
+
+/* One session with fields: options, open, an epoch. Every sample delivered
+ * must equal the fault-free run's (ref, by index); a sample that failed must
+ * have failed for memory. Returns STK_OK or the error that ended it. */
+static int oom_session(const uint64_t *ref, uint64_t *seen)
+{
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    int rc;
+    if ((rc = stk_options_create(&o)) != STK_OK)
+        return rc;
+    if ((rc = stk_options_set_source(o, clean_folder())) ||
+        (rc = stk_options_set_transform(o, RRC)) ||
+        (rc = stk_options_set_fields(o, "image,label,raw=image:bytes,t=label:text")) ||
+        (rc = stk_options_add_field(o, "view2", "image", STK_FIELD_AUTO, RRC, 0)))
+        goto out;
+    stk_options_set_batch_size(o, 5);
+    stk_options_set_threads(o, 2);
+    stk_options_set_seed(o, 3);
+    if ((rc = stk_loader_open(&l, o)) != STK_OK) {
+        CHECK(l == NULL || stk_loader_errmsg(l)[0] != 0);
+        goto out;
+    }
+    for (;;) {
+        stk_batch *b;
+        int r = stk_loader_next(l, &b);
+        if (r == STK_END)
+            break;
+        if (r == STK_ESAMPLE) {
+            stk_error_info info = {.struct_size = sizeof info};
+            CHECK_EQ(stk_loader_last_error(l, &info), STK_OK);
+            CHECK_EQ(info.sample_code, STK_ENOMEM);
+            continue;
+        }
+        CHECK_EQ(r, STK_OK);
+        if (r != STK_OK)
+            break;
+        for (size_t k = 0; k < b->size; k++) {
+            CHECK(sample_hash(b, k) == ref[b->indices[k]]);
+            (*seen)++;
+        }
+        stk_batch_release(b);
+    }
+out:
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    return rc;
+}
+
+static void test_oom_sweep(void)
+{
+    uint64_t ref[NF] = {0}, seen = 0;
+    /* The reference: the same session without failures. */
+    {
+        stk_options *o;
+        stk_loader *l;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        REQUIRE(stk_options_set_source(o, clean_folder()) == STK_OK);
+        REQUIRE(stk_options_set_transform(o, RRC) == STK_OK);
+        REQUIRE(stk_options_set_fields(o, "image,label,raw=image:bytes,t=label:text") == STK_OK);
+        REQUIRE(stk_options_add_field(o, "view2", "image", STK_FIELD_AUTO, RRC, 0) == STK_OK);
+        stk_options_set_batch_size(o, 5);
+        stk_options_set_threads(o, 2);
+        stk_options_set_seed(o, 3);
+        REQUIRE(stk_loader_open(&l, o) == STK_OK);
+        stk_batch *b;
+        while (stk_loader_next(l, &b) == STK_OK) {
+            CHECK_EQ(b->nfields, 5);
+            const stk_field *t = field_named(b, "t");
+            for (size_t k = 0; k < b->size; k++) {
+                ref[b->indices[k]] = sample_hash(b, k);
+                size_t n;
+                const uint8_t *p = fsample(t, k, &n);
+                CHECK(n == 1 && p[0] == (uint8_t)('0' + b->indices[k] / 12));
+            }
+            stk_batch_release(b);
+        }
+        stk_loader_close(l);
+        stk_options_destroy(o);
+    }
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds();
+    long n;
+    int failed = 0;
+    for (n = 0; n < 5000; n++) {
+        long c0 = stk__alloc_count();
+        seen = 0;
+        stk__alloc_fail_after(n);
+        int rc = oom_session(ref, &seen);
+        stk__alloc_fail_after(-1);
+        bool injected = stk__alloc_count() - c0 > n;
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "    n=%ld: %s\n", n, stk_strerror(rc));
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        failed += rc == STK_ENOMEM;
+        if (stk__alloc_live() != live0) {
+            fprintf(stderr, "    n=%ld leaked %ld allocations\n", n, stk__alloc_live() - live0);
+            CHECK(0);
+            break;
+        }
+        if (tu_count_fds() != fds0) {
+            fprintf(stderr, "    n=%ld leaked %d fds\n", n, tu_count_fds() - fds0);
+            CHECK(0);
+            break;
+        }
+        if (!injected) {
+            CHECK_EQ(rc, STK_OK);
+            CHECK_EQ(seen, NF);
+            break;
+        }
+    }
+    printf("    %ld allocation points, %d failed cleanly with ENOMEM\n", n, failed);
+    CHECK(n > 20 && n < 5000);
+}
+
 int main(void)
 {
     tu_begin("test_fields_loader", 300);
@@ -1091,6 +1226,7 @@ int main(void)
     RUN(test_records_json_numbers);
     RUN(test_records_npy);
     RUN(test_memory_bound);
+    RUN(test_oom_sweep);
     for (int i = 0; i < NF; i++)
         free(g_file[i]);
     return tu_end();
