@@ -346,7 +346,12 @@ int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, cons
                      sp->name, k_kinds[kind], p->source_name);
             return STK_EINVAL;
         }
-        p->rng_salt = stk__mix64(0x4649454c44ULL + k); /* "FIELD" */
+        /* Keyed by the output name, not the position: adding or moving
+         * another field leaves this one's draws as they were. */
+        uint64_t h = 0x4649454c44ULL; /* "FIELD" */
+        for (const char *q = sp->name; *q; q++)
+            h = stk__mix64(h ^ (uint8_t)*q);
+        p->rng_salt = stk__mix64(h);
     }
     return STK_OK;
 }

@@ -501,6 +501,41 @@ static void test_second_image(void)
     stk_loader_close(plain);
     stk_loader_close(f);
     stk_loader_close(again);
+
+    /* The draws are keyed by the field's name: view2 in another position,
+     * among other fields, draws the same; view3 with the same transform
+     * draws its own. */
+    static const fadd other[] = {
+        {"image", NULL, STK_FIELD_AUTO, NULL, 0},
+        {"view3", "image", STK_FIELD_AUTO, RRC, 0},
+        {"view2", "image", STK_FIELD_AUTO, RRC, 0},
+    };
+    f = must_open(&c, NULL, k_two_images, 5);
+    stk_loader *g = must_open(&c, NULL, other, 3);
+    size_t same3 = 0;
+    samples = 0;
+    for (;;) {
+        stk_batch *a, *b;
+        int ra = stk_loader_next(f, &a), rb = stk_loader_next(g, &b);
+        REQUIRE(ra == rb);
+        if (ra == STK_END)
+            break;
+        REQUIRE(ra == STK_OK);
+        const stk_field *v2a = field_named(a, "view2"), *v2b = field_named(b, "view2"),
+                        *v3 = field_named(b, "view3");
+        REQUIRE(v2a && v2b && v3);
+        CHECK(!memcmp(v2a->data, v2b->data, a->size * v2a->sample_bytes));
+        for (size_t k = 0; k < a->size; k++, samples++)
+            same3 += !memcmp((const uint8_t *)v3->data + k * v3->sample_bytes,
+                             (const uint8_t *)v2b->data + k * v2b->sample_bytes,
+                             v3->sample_bytes);
+        stk_batch_release(a);
+        stk_batch_release(b);
+    }
+    CHECK_EQ(samples, NF);
+    CHECK(same3 <= samples / 4);
+    stk_loader_close(f);
+    stk_loader_close(g);
 }
 
 /* ---- threads and resume ------------------------------------------------------- */
