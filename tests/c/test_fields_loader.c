@@ -1107,6 +1107,104 @@ static void test_memory_bound(void)
     stk_loader_close(l3);
 }
 
+/* A .stk set whose samples 1, 4, 7, ... have no label (-1): "label" is a
+ * field some samples lack. Required, those samples fail naming what they
+ * have; optional, present is 0 there and the value 0. */
+static const char *unlabeled_stk(void)
+{
+    static char dir[600];
+    if (dir[0])
+        return dir;
+    clean_folder(); /* the JPEGs */
+    snprintf(dir, sizeof dir, "%s", tu_path("unlabeled"));
+    stk_writer_options wo = {.struct_size = sizeof wo, .num_classes = 3};
+    stk_writer *w = NULL;
+    char err[512];
+    REQUIRE(stk_writer_open(&w, dir, &wo, err, sizeof err) == STK_OK);
+    for (int i = 0; i < NF; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "s%02d", i);
+        REQUIRE(stk_writer_add(w, g_file[i], g_len[i], i % 3 == 1 ? -1 : i % 3, key) == STK_OK);
+    }
+    REQUIRE(stk_writer_finish(w, NULL) == STK_OK);
+    stk_writer_close(w);
+    return dir;
+}
+
+static void test_optional_absent(void)
+{
+    const char *dir = unlabeled_stk();
+    tu_cfg c = {.path = dir, .bs = 5, .threads = 2, .seed = 4, .shuffle = 1, .transform = RRC};
+    stk_loader *l = must_open(&c, "image,label?,raw=image:bytes", NULL, 0);
+    stk_batch *b;
+    int rc;
+    size_t seen = 0, absent = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *lab = field_named(b, "label"), *raw = field_named(b, "raw");
+        REQUIRE(lab && raw && lab->present);
+        CHECK(raw->present == NULL);
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            bool has = i % 3 != 1;
+            CHECK_EQ(lab->present[k], has);
+            CHECK_EQ(((const int64_t *)lab->data)[k], has ? (int64_t)(i % 3) : 0);
+            CHECK_EQ(b->labels[k], has ? (int64_t)(i % 3) : -1);
+            size_t n;
+            const uint8_t *p = fsample(raw, k, &n);
+            CHECK(n == g_len[i] && !memcmp(p, g_file[i], n));
+            absent += !has;
+            seen++;
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(seen, NF);
+    CHECK_EQ(absent, NF / 3);
+    stk_loader_close(l);
+
+    /* Required: the samples without one fail, naming the field and what the
+     * sample has; under skip every column stays lined up. */
+    c.on_error = STK_ON_ERROR_SKIP;
+    l = must_open(&c, "image,label,raw=image:bytes", NULL, 0);
+    seen = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *lab = field_named(b, "label"), *raw = field_named(b, "raw");
+        REQUIRE(lab && raw);
+        CHECK(lab->present == NULL);
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            CHECK(i % 3 != 1);
+            CHECK_EQ(((const int64_t *)lab->data)[k], (int64_t)(i % 3));
+            size_t n;
+            const uint8_t *p = fsample(raw, k, &n);
+            CHECK(n == g_len[i] && !memcmp(p, g_file[i], n));
+            seen++;
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(seen, NF - NF / 3);
+    CHECK_EQ(stk_loader_error_count(l), NF / 3);
+    stk_sample_error e;
+    REQUIRE(stk_loader_error_get(l, 0, &e) == STK_OK);
+    CHECK_EQ(e.code, STK_EFORMAT);
+    if (!strstr(e.reason, "has no field 'label' (has: image)"))
+        fprintf(stderr, "    reason: %s (%s)\n", e.reason, e.path);
+    CHECK(strstr(e.reason, "has no field 'label' (has: image)") != NULL);
+    stk_loader_close(l);
+
+    c.on_error = STK_ON_ERROR_RAISE;
+    c.shuffle = 0;
+    l = must_open(&c, "image,label", NULL, 0);
+    REQUIRE(stk_loader_next(l, &b) == STK_ESAMPLE); /* sample 1 */
+    stk_error_info info = {.struct_size = sizeof info};
+    REQUIRE(stk_loader_last_error(l, &info) == STK_OK);
+    CHECK_EQ(info.sample, 1);
+    CHECK(!strcmp(info.field, "label"));
+    CHECK(strstr(stk_loader_errmsg(l), "has no field 'label'") != NULL);
+    stk_loader_close(l);
+}
+
 /* ---- allocation failures -------------------------------------------------------- */
 
 long stk__alloc_live(void);
@@ -1255,6 +1353,7 @@ int main(void)
     RUN(test_skip_variable_primary);
     RUN(test_other_field_fails);
     RUN(test_optional_present);
+    RUN(test_optional_absent);
     RUN(test_field_memory_too_small);
     RUN(test_no_image_field);
     RUN(test_records);
