@@ -893,9 +893,14 @@ static void test_no_image_field(void)
         CHECK_EQ(b->nfields, 1);
         const stk_field *lab = &b->fields[0];
         CHECK_EQ(lab->kind, STK_FIELD_INT);
+        CHECK_EQ(b->kind, STK_BATCH_DENSE);
+        CHECK_EQ(b->sample_bytes, 0);
         for (size_t k = 0; k < b->size; k++) {
             CHECK_EQ(((const int64_t *)lab->data)[k], (int64_t)(b->indices[k] / 12));
             CHECK_EQ(b->labels[k], (int64_t)(b->indices[k] / 12));
+            /* no image: the view's per-sample entries say nothing */
+            CHECK(b->dims[3 * k] == 0 && b->dims[3 * k + 1] == 0 && b->dims[3 * k + 2] == 0);
+            CHECK_EQ(b->lengths[k], 0);
         }
         seen += b->size;
         stk_batch_release(b);
