@@ -826,6 +826,13 @@ static void test_optional_present(void)
     CHECK(open_f(&l, &c, "image,x?=txt", NULL, 0) == STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), "no field 'txt' (they have: image, label)") != NULL);
     stk_loader_close(l);
+    /* Fields are host memory in this version: a device is refused, saying so. */
+    tu_cfg dc = c;
+    dc.options[0] = "device";
+    dc.options[1] = "fake";
+    CHECK(open_f(&l, &dc, "image,label", NULL, 0) == STK_EUNSUPPORTED);
+    CHECK(strstr(stk_loader_errmsg(l), "fields are delivered in host memory") != NULL);
+    stk_loader_close(l);
     /* A transform on a field the source says is no image. */
     fadd t = {"lab", "label", STK_FIELD_AUTO, "Resize(8)", 0};
     CHECK(open_f(&l, &c, NULL, &t, 1) == STK_EINVAL);
