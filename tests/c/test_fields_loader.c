@@ -1354,6 +1354,74 @@ static void test_oom_sweep(void)
     CHECK(n > 20 && n < 5000);
 }
 
+/* Elastic resume: a position saved by one rank of batch 4 resumes on two
+ * ranks of batch 3; the rest of the epoch is delivered exactly once across
+ * them, each sample's fields the ones the unbroken run gives it (draws are
+ * keyed by sample, not by batch or rank). */
+static void test_elastic_resume(void)
+{
+    const char *root = clean_folder();
+    tu_cfg c = {.path = root, .bs = 4, .threads = 2, .seed = 19, .shuffle = 1, .transform = RRC};
+    uint64_t want[NF] = {0};
+    stk_loader *l = must_open(&c, NULL, k_two_images, 5);
+    stk_batch *b;
+    int rc;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        for (size_t k = 0; k < b->size; k++)
+            want[b->indices[k]] = sample_hash(b, k);
+        stk_batch_release(b);
+    }
+    stk_loader_close(l);
+
+    l = must_open(&c, NULL, k_two_images, 5);
+    int seen[NF] = {0};
+    for (int k = 0; k < 2; k++) {
+        REQUIRE(stk_loader_next(l, &b) == STK_OK);
+        for (size_t j = 0; j < b->size; j++)
+            seen[b->indices[j]]++;
+        stk_batch_release(b);
+    }
+    stk_state st = {.struct_size = sizeof st};
+    REQUIRE(stk_loader_get_state(l, &st) == STK_OK);
+    stk_loader_close(l);
+    for (unsigned r = 0; r < 2; r++) {
+        tu_cfg e = c;
+        e.bs = 3;
+        e.rank = r;
+        e.world = 2;
+        stk_options *o;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        REQUIRE(stk_options_set_source(o, root) == STK_OK);
+        REQUIRE(stk_options_set_batch_size(o, e.bs) == STK_OK);
+        REQUIRE(stk_options_set_threads(o, 2) == STK_OK);
+        REQUIRE(stk_options_set_seed(o, e.seed) == STK_OK);
+        REQUIRE(stk_options_set_partition(o, r, 2) == STK_OK);
+        REQUIRE(stk_options_set_transform(o, RRC) == STK_OK);
+        for (size_t k = 0; k < 5; k++)
+            REQUIRE(stk_options_add_field(o, k_two_images[k].name, k_two_images[k].sources,
+                                          k_two_images[k].kind, k_two_images[k].transform,
+                                          0) == STK_OK);
+        REQUIRE(stk_loader_open(&l, o) == STK_OK);
+        stk_options_destroy(o);
+        rc = stk_loader_set_state(l, &st);
+        if (rc)
+            fprintf(stderr, "    set_state: %s\n", stk_loader_errmsg(l));
+        REQUIRE(rc == STK_OK);
+        while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+            CHECK_EQ(b->epoch, 0);
+            for (size_t k = 0; k < b->size; k++) {
+                seen[b->indices[k]]++;
+                CHECK(sample_hash(b, k) == want[b->indices[k]]);
+            }
+            stk_batch_release(b);
+        }
+        CHECK_EQ(rc, STK_END);
+        stk_loader_close(l);
+    }
+    for (int i = 0; i < NF; i++)
+        CHECK_EQ(seen[i], 1);
+}
+
 int main(void)
 {
     tu_begin("test_fields_loader", 300);
@@ -1374,6 +1442,7 @@ int main(void)
     RUN(test_records_json_numbers);
     RUN(test_records_npy);
     RUN(test_memory_bound);
+    RUN(test_elastic_resume);
     RUN(test_oom_sweep);
     for (int i = 0; i < NF; i++)
         free(g_file[i]);
