@@ -6,6 +6,7 @@
 #include "source/source.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,7 +346,12 @@ int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, cons
                      sp->name, k_kinds[kind], p->source_name);
             return STK_EINVAL;
         }
-        p->rng_salt = stk__mix64(0x4649454c44ULL + k); /* "FIELD" */
+        /* Keyed by the output name, not the position: adding or moving
+         * another field leaves this one's draws as they were. */
+        uint64_t h = 0x4649454c44ULL; /* "FIELD" */
+        for (const char *q = sp->name; *q; q++)
+            h = stk__mix64(h ^ (uint8_t)*q);
+        p->rng_salt = stk__mix64(h);
     }
     return STK_OK;
 }
@@ -576,7 +582,8 @@ static bool number_text(const uint8_t *p, size_t n, char *buf, size_t cap)
         p++, n--;
     while (n && (p[n - 1] == ' ' || p[n - 1] == '\t' || p[n - 1] == '\n' || p[n - 1] == '\r'))
         n--;
-    if (!n || n >= cap || memchr(p, '\0', n))
+    /* strtoll/strtod would skip other leading space (\v, \f) too */
+    if (!n || n >= cap || memchr(p, '\0', n) || *p == '\v' || *p == '\f')
         return false;
     memcpy(buf, p, n);
     buf[n] = '\0';
@@ -603,10 +610,24 @@ int stk__field_float(const uint8_t *p, size_t n, float *out, char *err, size_t e
 {
     char buf[64], *end;
     if (number_text(p, n, buf, sizeof buf)) {
+        errno = 0;
         double v = strtod(buf, &end);
         if (!*end && end != buf) {
-            *out = (float)v;
-            return STK_OK;
+            /* Beyond float32 (or double: ERANGE with HUGE_VAL) is no value of
+             * the field's type; only an "inf" written as such is infinite.
+             * Values below its range round to zero, as NumPy's do. */
+            if (isfinite(v) && fabs(v) > FLT_MAX) {
+                stk__fmt(err, errlen, "is out of float32's range (%.*s)", (int)(n < 24 ? n : 24),
+                         (const char *)p);
+                return STK_EFORMAT;
+            }
+            if (!(errno == ERANGE && isinf(v))) {
+                *out = (float)v;
+                return STK_OK;
+            }
+            stk__fmt(err, errlen, "is out of float32's range (%.*s)", (int)(n < 24 ? n : 24),
+                     (const char *)p);
+            return STK_EFORMAT;
         }
     }
     stk__fmt(err, errlen, "is not a number (%zu bytes: '%.*s')", n, (int)(n < 24 ? n : 24),

@@ -33,7 +33,7 @@ typedef struct stk__fplan {
     const char *source_name; /* the first alternative the source has */
     int kind;
     struct stk__imgpipe *pipe; /* images with a transform (not the primary's) */
-    uint64_t rng_salt;         /* further image fields: keys their draws */
+    uint64_t rng_salt;         /* further image fields: keys their draws (by name) */
     int layout, dtype;
     unsigned ndim;
     int64_t shape[4];

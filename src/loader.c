@@ -623,10 +623,16 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
                          (c->kind == STK_BATCH_VARIABLE ? c->batch_memory : 0) +
                          stk__fields_buffer_bytes(c);
     uint64_t per_thread = sizeof(worker);
-    if (c->pipe)
+    bool field_pipe = false; /* further image fields decode in the thread too */
+    for (size_t k = 0; k < c->nfplan; k++)
+        field_pipe |= c->fplan[k].pipe != NULL;
+    if (c->pipe || field_pipe)
         /* the encoded input, and the sub-image a restart-indexed JPEG's crop
          * decodes from (never larger than the input) */
         per_thread += 2 * o->max_input_bytes + o->scratch_bytes + o->jpeg_memory;
+    else if (c->nfplan)
+        /* a sample's fields are read into the thread's input scratch */
+        per_thread += o->max_input_bytes;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +

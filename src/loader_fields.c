@@ -118,7 +118,7 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
 
 void stk__fields_free(core *c)
 {
-    for (size_t k = 0; k < c->nfplan; k++)
+    for (size_t k = 0; c->fplan && k < c->nfplan; k++)
         stk__imgpipe_destroy(c->fplan[k].pipe);
     stk__free(c->fplan);
     stk__fspecs_free(c->fspecs, c->nfplan);
@@ -562,8 +562,10 @@ int stk__fields_make(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch,
         stk__fmt(err, errlen, "%s", why[0] ? why : stk_strerror(rc));
         return rc;
     }
-    if (c->primary < 0)
+    if (c->primary < 0) { /* no image: the view's entries are empty, not stale */
         b->lengths[s] = 0;
+        memset(&b->dims[3 * s], 0, 3 * sizeof *b->dims);
+    }
     for (size_t k = 0; k < c->nfplan; k++) {
         const stk__fplan *p = &c->fplan[k];
         const stk__field_ref *r = find_ref(p, fs);

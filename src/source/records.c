@@ -154,6 +154,13 @@ int stk__source_records_open(stk__source *s, const char *path, const stk__source
         goto out;
     }
     r = NULL;
+    /* Fields: the payload, and the label when records carry one (records
+     * have no classes, so the generic description would leave it out). */
+    if (stk__source_add_field(s, "data", 4, STK_FIELD_BYTES, s->count) < 0 ||
+        (lb && stk__source_add_field(s, "label", 5, STK_FIELD_INT, s->count) < 0)) {
+        stk__fmt(err, errlen, "%s: out of memory", path);
+        rc = STK_ENOMEM;
+    }
 out:
     if (r) {
         stk__source tmp = {.impl = r};
