@@ -280,14 +280,14 @@ static int to_raw(const image *rs, uint32_t dc, stk__pack_sample *s)
 
 bool stk__pack_keeps_fields(const stk__source *src)
 {
-    const char *kind = src->ops->kind;
-    if (!strcmp(kind, "stk")) {
-        stk__dataset_info di;
-        stk__source_describe(src, &di);
-        return di.payload && !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_FIELDS));
-    }
-    if (!src->ops->fields || !strcmp(kind, "folder") || !strcmp(kind, "cifar") ||
-        !strcmp(kind, "records"))
+    stk__dataset_info di;
+    stk__source_describe(src, &di);
+    if (di.payload) /* a .stk dataset: its fields layout is kept */
+        return !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_FIELDS));
+    /* Sources whose fields are their one payload and what the reader makes
+     * up (a folder's label and path, CIFAR's and records' label) cannot
+     * select: only those that store several fields per sample (tar) can. */
+    if (!src->ops->fields || !src->ops->select)
         return false;
     size_t images = 0, ints = 0;
     for (size_t k = 0; k < src->nfields; k++) {

@@ -416,13 +416,15 @@ static void test_image_as_bytes(void)
         REQUIRE(stk_dataset_read(d, i, &p, &n, &lab, err, sizeof err) == STK_OK);
         CHECK(n == g_len[i] && !memcmp(p, g_file[i], n) && lab == (int64_t)(i / 12));
     }
-    CHECK_EQ(stk_dataset_field_count(d), 2);
+    CHECK_EQ(stk_dataset_field_count(d), 3);
     stk_dataset_field_info fi = {.struct_size = sizeof fi};
     CHECK_EQ(stk_dataset_field(d, 0, &fi), STK_OK);
     CHECK(!strcmp(fi.name, "image") && fi.kind == STK_FIELD_IMAGE && fi.samples == NF);
     CHECK_EQ(stk_dataset_field(d, 1, &fi), STK_OK);
     CHECK(!strcmp(fi.name, "label") && fi.kind == STK_FIELD_INT);
-    CHECK_EQ(stk_dataset_field(d, 2, &fi), STK_EINVAL);
+    CHECK_EQ(stk_dataset_field(d, 2, &fi), STK_OK);
+    CHECK(!strcmp(fi.name, "path") && fi.kind == STK_FIELD_TEXT && fi.samples == NF);
+    CHECK_EQ(stk_dataset_field(d, 3, &fi), STK_EINVAL);
     stk_dataset_close(d);
 
     tu_cfg c = {.path = root, .bs = 5, .threads = 2, .seed = 3, .shuffle = 1, .transform = RRC};
@@ -824,7 +826,7 @@ static void test_optional_present(void)
     stk_loader_close(l);
     /* A source field no sample has is refused at open, naming what there is. */
     CHECK(open_f(&l, &c, "image,x?=txt", NULL, 0) == STK_EINVAL);
-    CHECK(strstr(stk_loader_errmsg(l), "no field 'txt' (they have: image, label)") != NULL);
+    CHECK(strstr(stk_loader_errmsg(l), "no field 'txt' (they have: image, label, path)") != NULL);
     stk_loader_close(l);
     /* Fields are host memory in this version: a device is refused, saying so. */
     tu_cfg dc = c;
