@@ -483,7 +483,8 @@ static int job_run(packjob *j, const char *root, char *err, size_t errlen)
         if (rc)
             return rc;
         stk__omap_release(j->map, i);
-        if (j->o.progress && stk__pack_now() - j->last >= 0.1) {
+        /* The last sample's report is job_finish's (done == total once). */
+        if (j->o.progress && i + 1 < j->src.count && stk__pack_now() - j->last >= 0.1) {
             j->last = stk__pack_now();
             j->pr.done = i + 1;
             j->pr.bytes = stk__writer_bytes(j->w);
