@@ -176,9 +176,11 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
                f.requests, f.retries, f.failures, f.bytes, f.sample_bytes, f.overfetch_bytes, over,
                f.inflight_peak, f.waits, (double)f.wait_ns * 1e-9, f.buffered_peak, f.cache_hits,
                f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
-        printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f}",
+        printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f,\"throttled\":%" PRIu64
+               ",\"rate_limit\":%" PRIu64 "}",
                f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
-               f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);
+               f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0,
+               f.throttled, f.rate_limit);
         return;
     }
     char b1[32], b2[32];
@@ -195,6 +197,10 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
         printf("  latency      %.1f ms per request on average, %.1f ms to the first byte\n",
                (double)f.request_ns * 1e-6 / (double)f.completed,
                (double)f.first_byte_ns * 1e-6 / (double)f.completed);
+    if (f.throttled)
+        printf("  throttled    %" PRIu64 " answers 503/429: the request budget is now %" PRIu64
+               "/s (fetch_rate)\n",
+               f.throttled, f.rate_limit);
 }
 
 /* Does the transform spec use a preset whose output size --size sets

@@ -1923,7 +1923,8 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     }
     engine_leave(self);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d}", "requests",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K}",
+        "requests",
         (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
         (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
         (unsigned long long)f.sample_bytes, "overfetch_bytes",
@@ -1937,7 +1938,8 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         (unsigned long long)f.cache_dropped, "io_busy_s", (double)f.io_busy_ns * 1e-9,
         "request_mean_s", f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
         "first_byte_mean_s",
-        f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0);
+        f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0, "throttled",
+        (unsigned long long)f.throttled, "rate_limit", (unsigned long long)f.rate_limit);
 }
 
 static PyObject *Engine_stats(EngineObject *self, PyObject *unused)

@@ -92,6 +92,8 @@ def test_http_directory_gives_the_local_batches(packed):
             assert local.stats()["fetch"] is None
         assert st["requests"] > 0 and st["failures"] == 0 and st["retries"] == 0
         assert st["sample_bytes"] > 0
+        # The request governor: nothing throttled, the budget at its default.
+        assert st["throttled"] == 0 and st["rate_limit"] == 5500
         reqs = srv.requests()
         # Samples came by ranged GETs; nothing else was asked for.
         assert all(r["status"] in (200, 206) for r in reqs)
