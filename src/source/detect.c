@@ -231,8 +231,9 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
     pathlist lists[K_COUNT] = {{0}};
     pathlist cifar_all = {0};
     /* A MosaicML Streaming dataset: index.json names its shards. */
-    if (stk__mds_sniff(dir))
-        return stk__source_mds_open(s, dir, err, errlen);
+    int mds = stk__mds_sniff(dir, err, errlen);
+    if (mds)
+        return mds < 0 ? mds : stk__source_mds_open(s, dir, err, errlen);
     DIR *d = stk__opendir(dir);
     if (!d) {
         int ee = errno;

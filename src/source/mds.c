@@ -701,14 +701,16 @@ void stk__mds_describe(const stk__source *s, stk__dataset_info *di)
     di->bytes = d->total_bytes;
 }
 
-/* Removes the temporary area: its files, then the directory. */
+/* Removes the temporary area: its files, then the directory. Straight
+ * through libc, not the file layer: a close has no one to report a failure
+ * to, and a fault injected here would only leave the area behind. */
 static void remove_tmp(mds *d)
 {
     if (!d->tmpdir)
         return;
     for (size_t k = 0; k < d->n; k++)
         if (d->shards[k].path && !strncmp(d->shards[k].path, d->tmpdir, strlen(d->tmpdir)))
-            (void)stk__unlink(d->shards[k].path);
+            (void)unlink(d->shards[k].path);
     (void)rmdir(d->tmpdir);
     stk__free(d->tmpdir);
     d->tmpdir = NULL;
@@ -929,9 +931,10 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
             return STK_ENOMEM;
     }
     int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || stk__fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
+    if (sr != 0 || !S_ISREG(st.st_mode)) {
         int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, fd < 0 ? strerror(e) : "not a regular file");
+        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
         if (fd >= 0)
             stk__close(fd);
         return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
@@ -1135,27 +1138,36 @@ out:
     return rc;
 }
 
-bool stk__mds_sniff(const char *dir)
+int stk__mds_sniff(const char *dir, char *err, size_t errlen)
 {
     char *ipath = join(dir, "index.json"), *text = NULL;
     size_t len = 0;
-    char why[STK_ERRMSG_MAX];
-    bool yes = false;
+    int rc = 0;
     struct stat st;
-    if (ipath && stk__stat(ipath, &st) == 0 && S_ISREG(st.st_mode) &&
-        read_index(ipath, &text, &len, why, sizeof why) == STK_OK) {
+    if (!ipath)
+        return STK_ENOMEM;
+    if (stk__stat(ipath, &st) != 0) {
+        /* No index.json: another kind. One that cannot be looked at is an
+         * error to report, not a reason to read the directory as another
+         * kind. */
+        int e = errno;
+        if (e != ENOENT && e != ENOTDIR && e != ELOOP) {
+            stk__fmt(err, errlen, "%s: %s", ipath, strerror(e));
+            rc = STK_EIO;
+        }
+    } else if (S_ISREG(st.st_mode) && (rc = read_index(ipath, &text, &len, err, errlen)) == 0) {
         json_t *root = json_loadb(text, len, 0, NULL);
         const json_t *sh = json_array_get(json_object_get(root, "shards"), 0);
         const char *fmt = jstr(sh, "format");
         /* An index that does not parse but names MDS shards is still MDS:
          * the reader then says what is wrong with it. */
-        yes = root ? fmt && !strcmp(fmt, "mds") : strstr(text, "\"mds\"") != NULL;
+        rc = (root ? fmt && !strcmp(fmt, "mds") : strstr(text, "\"mds\"") != NULL) ? 1 : 0;
         if (root)
             json_decref(root);
     }
     stk__free(text);
     stk__free(ipath);
-    return yes;
+    return rc;
 }
 
 /* ---- Fuzz entry point --------------------------------------------------------- */

@@ -211,8 +211,10 @@ int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, c
  * field; the zstd shards are decompressed into a temporary directory that
  * the source removes at close. */
 int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen);
-/* Whether dir's index.json describes MDS shards (detect.c asks). */
-bool stk__mds_sniff(const char *dir);
+/* Whether dir's index.json describes MDS shards (detect.c asks): 1 yes, 0
+ * no (or no index.json), or a negative STK_E* code with the message in err
+ * when index.json is there but cannot be read. */
+int stk__mds_sniff(const char *dir, char *err, size_t errlen);
 
 /* ---- Per-kind accessors (stk.c, tar.c, cifar.c) for describing a source */
 typedef struct stk__dataset_info {

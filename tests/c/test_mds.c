@@ -7,15 +7,19 @@
  * here the way writer.py lays them out; and bad input: a truncated shard,
  * an index.json that lies about counts or sizes, a corrupt record, pkl and
  * unknown encodings, a cut-off zstd shard -- each a clear error naming the
- * file and the sample or offset. */
+ * file and the sample or offset; and a sweep of I/O faults over every file
+ * call of a session. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "testutil.h"
 
+#include "io/file.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <jansson.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -778,6 +782,102 @@ static void test_more_encodings(void)
     stk_loader_close(l);
 }
 
+/* ---- I/O faults ------------------------------------------------------------------
+ * The n-th file call of a session (open, read every sample, close) fails,
+ * for every n: EINTR and short reads change nothing; EIO fails the open
+ * with the OS reason, or fails only samples (each with a message), every
+ * other sample equal to the fault-free one; nothing leaks (tu_end), and the
+ * temporary area is gone after every close. */
+
+typedef struct sess {
+    int open_rc;
+    char msg[1024];
+    uint64_t hash[60];
+    int ok[60];
+} sess;
+
+static void io_session(const char *dir, sess *r)
+{
+    memset(r, 0, sizeof *r);
+    stk_dataset *d = NULL;
+    r->open_rc = stk_dataset_open(&d, dir, NULL, r->msg, sizeof r->msg);
+    if (r->open_rc)
+        return;
+    for (uint64_t i = 0; i < 60; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        char err[1024];
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
+            r->ok[i] = 1;
+            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
+        } else {
+            CHECK(err[0] != '\0');
+        }
+    }
+    stk_dataset_close(d);
+}
+
+static void sweep(const char *variant)
+{
+    const char *tmp = tu_path("sweeptmp");
+    tu_mkdirs(tmp);
+    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    static sess ref, r;
+    io_session(fixture(variant), &ref);
+    REQUIRE(ref.open_rc == STK_OK);
+    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
+    for (size_t kk = 0; kk < 3; kk++) {
+        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
+        stk__iofault_arm(kind, LONG_MAX, 0);
+        io_session(fixture(variant), &r);
+        long calls = stk__iofault_calls();
+        stk__iofault_arm(0, -1, 0);
+        CHECK(calls > 8);
+        for (long n = 0; n < calls + 2; n++) {
+            stk__iofault_arm(kind, n, 0);
+            io_session(fixture(variant), &r);
+            stk__iofault_arm(0, -1, 0);
+            CHECK_EQ(count_tmp(tmp), 0);
+            if (kind != STK__IOF_EIO) {
+                CHECK_EQ(r.open_rc, STK_OK);
+                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
+                continue;
+            }
+            if (r.open_rc) {
+                failed_open++;
+                CHECK_EQ(r.open_rc, STK_EIO);
+                CHECK(strstr(r.msg, "Input/output error") != NULL);
+                if (!strstr(r.msg, "Input/output error"))
+                    fprintf(stderr, "  %s EIO at %ld: %s\n", variant, n, r.msg);
+                continue;
+            }
+            for (int i = 0; i < 60; i++) {
+                failed_samples += !r.ok[i];
+                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
+            }
+        }
+        if (kind == STK__IOF_EIO)
+            CHECK(failed_open > 0 && failed_samples > 0);
+    }
+    if (old)
+        setenv("TMPDIR", old, 1);
+    else
+        unsetenv("TMPDIR");
+    free(old);
+}
+
+static void test_io_faults_plain(void)
+{
+    sweep("plain");
+}
+
+static void test_io_faults_zstd(void)
+{
+    sweep("zstd");
+}
+
 int main(void)
 {
     tu_begin("test_mds", 300);
@@ -798,5 +898,7 @@ int main(void)
     RUN(test_truncated_shard);
     RUN(test_corrupt_records);
     RUN(test_more_encodings);
+    RUN(test_io_faults_plain);
+    RUN(test_io_faults_zstd);
     return tu_end();
 }
