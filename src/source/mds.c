@@ -282,10 +282,18 @@ static int parse_columns(const json_t *sh, mcol **cols, size_t *ncols, size_t *n
         bool fixed = json_is_integer(sz);
         if ((!fixed && !json_is_null(sz)) || (fixed && c[k].size != json_integer_value(sz)) ||
             (!fixed && c[k].size)) {
-            stk__fmt(why, n, "column '%s' (%s) has column_sizes entry %s%lld, but the encoding's "
-                             "size is %s%u",
-                     c[k].name, c[k].encoding, fixed ? "" : "null/", fixed ? json_integer_value(sz) : 0,
-                     c[k].size ? "" : "variable/", c[k].size);
+            char said[32], want[32];
+            if (fixed)
+                stk__fmt(said, sizeof said, "%lld", (long long)json_integer_value(sz));
+            else
+                stk__fmt(said, sizeof said, "%s", json_is_null(sz) ? "null" : "not a number");
+            if (c[k].size)
+                stk__fmt(want, sizeof want, "%u", c[k].size);
+            else
+                stk__fmt(want, sizeof want, "variable (null)");
+            stk__fmt(why, n, "column '%s' (%s) has column_sizes entry %s, but the encoding's size "
+                             "is %s",
+                     c[k].name, c[k].encoding, said, want);
             rc = STK_EFORMAT;
         }
         v += c[k].size == 0;
@@ -1118,12 +1126,12 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
     s->impl = d;
     s->index_bytes += sizeof *d + d->ncols * sizeof *d->cols + ns * sizeof *d->shards +
                       (ns + 1) * sizeof *s->shard_first;
-    if ((rc = describe_fields(s, d))) {
+    d = NULL; /* the source's now: stk__source_close frees it */
+    if ((rc = describe_fields(s, s->impl))) {
         stk__fmt(err, errlen, "out of memory while opening %s", dir);
-        d = NULL; /* the caller's stk__source_close frees it */
+        stk__source_close(s);
         goto out;
     }
-    d = NULL;
 out:
     if (rc && d) {
         mds_free(d);

@@ -7,14 +7,20 @@
  * here the way writer.py lays them out; and bad input: a truncated shard,
  * an index.json that lies about counts or sizes, a corrupt record, pkl and
  * unknown encodings, a cut-off zstd shard -- each a clear error naming the
- * file and the sample or offset; and a sweep of I/O faults over every file
- * call of a session. */
+ * file and the sample or offset; and sweeps of I/O faults over every file
+ * call and of allocation failures over every allocation of a session. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "testutil.h"
 
 #include "io/file.h"
+
+#include <stdbool.h>
+
+long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
 
 #include <ctype.h>
 #include <dirent.h>
@@ -878,6 +884,67 @@ static void test_io_faults_zstd(void)
     sweep("zstd");
 }
 
+/* ---- allocation failures -----------------------------------------------------------
+ * The n-th allocation of a session fails, for every n until one passes:
+ * the session fails with STK_ENOMEM or succeeds, nothing leaks, and the
+ * temporary area is gone after every close. */
+
+static int oom_session(const char *dir)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
+    for (uint64_t i = 0; rc == STK_OK && i < 60; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
+    }
+    stk_dataset_close(d);
+    return rc;
+}
+
+static void oom_sweep(const char *variant)
+{
+    const char *tmp = tu_path("oomtmp");
+    tu_mkdirs(tmp);
+    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds(), seen = 0;
+    long n;
+    for (n = 0; n < 5000; n++) {
+        long c0 = stk__alloc_count();
+        stk__alloc_fail_after(n);
+        int rc = oom_session(fixture(variant));
+        stk__alloc_fail_after(-1);
+        bool injected = stk__alloc_count() - c0 > n;
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        seen += rc == STK_ENOMEM;
+        CHECK_EQ(stk__alloc_live(), live0);
+        CHECK_EQ(tu_count_fds(), fds0);
+        CHECK_EQ(count_tmp(tmp), 0);
+        if (rc == STK_OK && !injected)
+            break;
+    }
+    CHECK(n < 5000 && seen > 5);
+    if (old)
+        setenv("TMPDIR", old, 1);
+    else
+        unsetenv("TMPDIR");
+    free(old);
+}
+
+static void test_oom_plain(void)
+{
+    oom_sweep("plain");
+}
+
+static void test_oom_zstd(void)
+{
+    oom_sweep("zstd");
+}
+
 int main(void)
 {
     tu_begin("test_mds", 300);
@@ -900,5 +967,7 @@ int main(void)
     RUN(test_more_encodings);
     RUN(test_io_faults_plain);
     RUN(test_io_faults_zstd);
+    RUN(test_oom_plain);
+    RUN(test_oom_zstd);
     return tu_end();
 }
