@@ -477,6 +477,15 @@ static void make_gz(json_t *r)
 {
     json_object_set_new(shard0(r), "compression", json_string("gz"));
 }
+static void bad_hash(json_t *r)
+{
+    json_object_set_new(json_object_get(json_object_get(shard0(r), "raw_data"), "hashes"), "xxh64",
+                        json_string("0123456789abcdef"));
+}
+static void small_raw(json_t *r)
+{
+    json_object_set_new(json_object_get(shard0(r), "raw_data"), "bytes", json_integer(1000));
+}
 static void differ(json_t *r)
 {
     json_array_set_new(json_object_get(json_array_get(json_object_get(r, "shards"), 1),
@@ -504,6 +513,12 @@ static void test_index_lies(void)
     d = copy_fixture("plain", "differ");
     edit_index(d, differ);
     expect_open(d, STK_EUNSUPPORTED, "shard 1 (shard.00001.mds)", "other columns");
+    d = copy_fixture("zstd", "hash");
+    edit_index(d, bad_hash);
+    expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "xxh64");
+    d = copy_fixture("zstd", "bomb");
+    edit_index(d, small_raw);
+    expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "more than the 1000 bytes");
     d = copy_fixture("plain", "notjson");
     tu_write_file(file_in(d, "index.json"), "{\"shards\": [{\"format\": \"mds\",", 30);
     expect_open(d, STK_EFORMAT, "index.json", "not valid JSON (line 1");
