@@ -604,6 +604,23 @@ static void test_truncated_shard(void)
     CHECK_EQ(rc, STK_END);
     CHECK_EQ(got, 60 - 11);
     CHECK_EQ(stk_loader_error_count(l), 11);
+    stk_sample_error se;
+    REQUIRE(stk_loader_error_get(l, 0, &se) == STK_OK);
+    CHECK(strstr(se.path, "shard.00001.mds#") && strstr(se.reason, "truncated"));
+    stk_loader_close(l);
+    /* The same with fields. */
+    c.options[0] = "fields";
+    c.options[1] = "image,caption,label";
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    got = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        CHECK_EQ(b->nfields, 3);
+        got += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(got, 60 - 11);
+    CHECK_EQ(stk_loader_error_count(l), 11);
     stk_loader_close(l);
     /* Cut inside the offsets table: the open fails naming the file. */
     d = copy_fixture("plain", "trunc2");
