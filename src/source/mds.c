@@ -71,7 +71,8 @@ typedef struct mshard {
     char *path;  /* the file read: the .mds, or its decompressed copy */
     int fd;
     uint64_t first, count, bytes;
-    uint32_t *off; /* count + 1 record offsets */
+    uint64_t stored; /* bytes of the file as stored (the zip when compressed) */
+    uint32_t *off;   /* count + 1 record offsets */
 } mshard;
 
 typedef struct mds {
@@ -79,7 +80,7 @@ typedef struct mds {
     size_t ncols, nvar;
     mshard *shards;
     size_t n;
-    uint64_t total_bytes;
+    uint64_t total_bytes; /* the shard files as stored */
     int payload; /* column a read without fields gives */
     int label;   /* column giving labels, or -1 */
     bool whole;  /* select was called: reads give the whole record */
@@ -704,7 +705,7 @@ void stk__mds_describe(const stk__source *s, stk__dataset_info *di)
 {
     const mds *d = s->impl;
     di->format = "mds";
-    di->payload = "columns";
+    di->payload = "encoded";
     di->shards = d->n;
     di->bytes = d->total_bytes;
 }
@@ -889,6 +890,15 @@ static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t n
         t->path = NULL;
         return e == ENOENT ? STK_ENOENT : STK_EIO;
     }
+    struct stat st;
+    if (stk__fstat(zfd, &st) != 0) {
+        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(errno));
+        stk__free(t->path);
+        t->path = NULL;
+        stk__close(zfd);
+        return STK_EIO;
+    }
+    t->stored = (uint64_t)st.st_size;
     int ofd = stk__open(t->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (ofd < 0) {
         stk__fmt(err, errlen, "%s: cannot create %s: %s", t->shown, t->path, strerror(errno));
@@ -948,6 +958,8 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
         return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
     }
     t->bytes = (uint64_t)st.st_size;
+    if (!si->zip || !t->stored)
+        t->stored = t->bytes;
     mrd r = {fd, NULL, t->bytes};
     char why[STK_ERRMSG_MAX];
     if ((rc = parse_shard_head(&r, si->samples, t, why, sizeof why)))
@@ -1075,7 +1087,7 @@ static int open_shards(stk__source *s, mds *d, const char *dir, const mshard_inf
         t->first = total;
         total += t->count;
         s->shard_first[k] = t->first;
-        d->total_bytes += t->bytes;
+        d->total_bytes += t->stored;
         s->index_bytes += (t->count + 1) * sizeof *t->off + strlen(t->shown) + strlen(t->path) + 2;
     }
     s->shard_first[ns] = total;
