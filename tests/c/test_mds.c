@@ -162,6 +162,15 @@ static void check_dataset(const char *variant, int image_kind)
     CHECK_EQ(di.samples, n);
     CHECK_EQ(di.shards, 4);
     CHECK_EQ(di.files, 4);
+    CHECK(!strcmp(di.payload, "encoded"));
+    /* The shard files as stored (the zips for .mds.zstd). */
+    json_t *files = json_object_get(m, "files");
+    int64_t stored = 0;
+    for (size_t k = 0; k < json_array_size(files); k++)
+        if (strcmp(json_string_value(json_object_get(json_array_get(files, k), "path")),
+                   "index.json"))
+            stored += json_integer_value(json_object_get(json_array_get(files, k), "bytes"));
+    CHECK_EQ(di.bytes, stored);
     int64_t maxl = -1;
     for (size_t i = 0; i < n; i++)
         if (mint(msample(m, i), "label") > maxl)
