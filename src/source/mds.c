@@ -48,14 +48,28 @@
 #include <xxhash.h>
 #include <zstd.h>
 
-#define MDS_KEEP_FDS   256          /* shards whose descriptors stay open */
-#define MDS_INDEX_MAX  (256u << 20) /* bytes of index.json read */
+#define MDS_KEEP_FDS          256          /* shards whose descriptors stay open */
+#define MDS_INDEX_MAX         (256u << 20) /* bytes of index.json read */
 #define MDS_MAX_SHARD_SAMPLES (1u << 28)
 
 /* Column encodings (encodings.py's _encodings). */
 enum {
-    E_BYTES, E_STR, E_JSON, E_JPEG, E_PNG, E_PIL, E_LIST, E_NDARRAY, E_STR_INT, E_STR_FLOAT,
-    E_STR_DECIMAL, E_INT, E_UINT, E_FLOAT16, E_FLOAT32, E_FLOAT64
+    E_BYTES,
+    E_STR,
+    E_JSON,
+    E_JPEG,
+    E_PNG,
+    E_PIL,
+    E_LIST,
+    E_NDARRAY,
+    E_STR_INT,
+    E_STR_FLOAT,
+    E_STR_DECIMAL,
+    E_INT,
+    E_UINT,
+    E_FLOAT16,
+    E_FLOAT32,
+    E_FLOAT64
 };
 
 typedef struct mcol {
@@ -81,10 +95,10 @@ typedef struct mds {
     mshard *shards;
     size_t n;
     uint64_t total_bytes; /* the shard files as stored */
-    int payload; /* column a read without fields gives */
-    int label;   /* column giving labels, or -1 */
-    bool whole;  /* select was called: reads give the whole record */
-    char *tmpdir; /* the decompressed shards' directory, or NULL */
+    int payload;          /* column a read without fields gives */
+    int label;            /* column giving labels, or -1 */
+    bool whole;           /* select was called: reads give the whole record */
+    char *tmpdir;         /* the decompressed shards' directory, or NULL */
 } mds;
 
 /* One shard as index.json describes it. */
@@ -102,20 +116,32 @@ static const struct {
     uint32_t size;
     int kind;
 } k_encs[] = {
-    {"bytes", E_BYTES, 0, STK_FIELD_AUTO},     {"str", E_STR, 0, STK_FIELD_TEXT},
-    {"json", E_JSON, 0, STK_FIELD_JSON},       {"jpeg", E_JPEG, 0, STK_FIELD_IMAGE},
-    {"png", E_PNG, 0, STK_FIELD_IMAGE},        {"pil", E_PIL, 0, STK_FIELD_BYTES},
-    {"list[pil]", E_LIST, 0, STK_FIELD_BYTES}, {"list[jpeg]", E_LIST, 0, STK_FIELD_BYTES},
-    {"list[png]", E_LIST, 0, STK_FIELD_BYTES}, {"jpeg_array", E_LIST, 0, STK_FIELD_BYTES},
-    {"jpegarray", E_LIST, 0, STK_FIELD_BYTES}, {"str_int", E_STR_INT, 0, STK_FIELD_INT},
+    {"bytes", E_BYTES, 0, STK_FIELD_AUTO},
+    {"str", E_STR, 0, STK_FIELD_TEXT},
+    {"json", E_JSON, 0, STK_FIELD_JSON},
+    {"jpeg", E_JPEG, 0, STK_FIELD_IMAGE},
+    {"png", E_PNG, 0, STK_FIELD_IMAGE},
+    {"pil", E_PIL, 0, STK_FIELD_BYTES},
+    {"list[pil]", E_LIST, 0, STK_FIELD_BYTES},
+    {"list[jpeg]", E_LIST, 0, STK_FIELD_BYTES},
+    {"list[png]", E_LIST, 0, STK_FIELD_BYTES},
+    {"jpeg_array", E_LIST, 0, STK_FIELD_BYTES},
+    {"jpegarray", E_LIST, 0, STK_FIELD_BYTES},
+    {"str_int", E_STR_INT, 0, STK_FIELD_INT},
     {"str_float", E_STR_FLOAT, 0, STK_FIELD_FLOAT},
     {"str_decimal", E_STR_DECIMAL, 0, STK_FIELD_TEXT},
-    {"int", E_INT, 8, STK_FIELD_INT},          {"int8", E_INT, 1, STK_FIELD_INT},
-    {"int16", E_INT, 2, STK_FIELD_INT},        {"int32", E_INT, 4, STK_FIELD_INT},
-    {"int64", E_INT, 8, STK_FIELD_INT},        {"uint8", E_UINT, 1, STK_FIELD_INT},
-    {"uint16", E_UINT, 2, STK_FIELD_INT},      {"uint32", E_UINT, 4, STK_FIELD_INT},
-    {"uint64", E_UINT, 8, STK_FIELD_INT},      {"float16", E_FLOAT16, 2, STK_FIELD_FLOAT},
-    {"float32", E_FLOAT32, 4, STK_FIELD_FLOAT}, {"float64", E_FLOAT64, 8, STK_FIELD_FLOAT},
+    {"int", E_INT, 8, STK_FIELD_INT},
+    {"int8", E_INT, 1, STK_FIELD_INT},
+    {"int16", E_INT, 2, STK_FIELD_INT},
+    {"int32", E_INT, 4, STK_FIELD_INT},
+    {"int64", E_INT, 8, STK_FIELD_INT},
+    {"uint8", E_UINT, 1, STK_FIELD_INT},
+    {"uint16", E_UINT, 2, STK_FIELD_INT},
+    {"uint32", E_UINT, 4, STK_FIELD_INT},
+    {"uint64", E_UINT, 8, STK_FIELD_INT},
+    {"float16", E_FLOAT16, 2, STK_FIELD_FLOAT},
+    {"float32", E_FLOAT32, 4, STK_FIELD_FLOAT},
+    {"float64", E_FLOAT64, 8, STK_FIELD_FLOAT},
 };
 
 /* NDArray's value dtypes and their sizes. */
@@ -124,9 +150,9 @@ static uint32_t ndarray_itemsize(const char *dt, size_t n)
     static const struct {
         const char *name;
         uint32_t size;
-    } t[] = {{"uint8", 1},  {"int8", 1},  {"uint16", 2},  {"int16", 2},
+    } t[] = {{"uint8", 1},   {"int8", 1},   {"uint16", 2}, {"int16", 2},
              {"float16", 2}, {"uint32", 4}, {"int32", 4},  {"float32", 4},
-             {"uint64", 8}, {"int64", 8},  {"float64", 8}};
+             {"uint64", 8},  {"int64", 8},  {"float64", 8}};
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
         if (strlen(t[k].name) == n && !memcmp(t[k].name, dt, n))
             return t[k].size;
@@ -244,8 +270,9 @@ static int parse_columns(const json_t *sh, mcol **cols, size_t *ncols, size_t *n
     if (!json_is_array(names) || !json_is_array(encs) || !json_is_array(sizes) ||
         json_array_size(names) != json_array_size(encs) ||
         json_array_size(names) != json_array_size(sizes) || !json_array_size(names)) {
-        stk__fmt(why, n, "column_names, column_encodings and column_sizes must be arrays of one "
-                         "length (at least one column)");
+        stk__fmt(why, n,
+                 "column_names, column_encodings and column_sizes must be arrays of one "
+                 "length (at least one column)");
         return STK_EFORMAT;
     }
     size_t nc = json_array_size(names);
@@ -292,8 +319,9 @@ static int parse_columns(const json_t *sh, mcol **cols, size_t *ncols, size_t *n
                 stk__fmt(want, sizeof want, "%u", c[k].size);
             else
                 stk__fmt(want, sizeof want, "variable (null)");
-            stk__fmt(why, n, "column '%s' (%s) has column_sizes entry %s, but the encoding's size "
-                             "is %s",
+            stk__fmt(why, n,
+                     "column '%s' (%s) has column_sizes entry %s, but the encoding's size "
+                     "is %s",
                      c[k].name, c[k].encoding, said, want);
             rc = STK_EFORMAT;
         }
@@ -337,17 +365,21 @@ static int parse_shard(const json_t *sh, size_t k, mshard_info *si, char *why, s
     }
     if (!json_is_object(raw) || !good_basename(si->raw = jstr(raw, "basename")) ||
         !juint(raw, "bytes", &si->raw_bytes) || !juint(sh, "samples", &si->samples)) {
-        stk__fmt(why, n, "shard %zu: raw_data needs a file name (basename) and a size (bytes), "
-                         "and the shard a sample count (samples)", k);
+        stk__fmt(why, n,
+                 "shard %zu: raw_data needs a file name (basename) and a size (bytes), "
+                 "and the shard a sample count (samples)",
+                 k);
         return STK_EFORMAT;
     }
     const json_t *hashes = json_object_get(raw, "hashes");
     si->raw_xxh64 = jstr(hashes, "xxh64");
     if (comp && !json_is_null(json_object_get(sh, "compression"))) {
         if (strcmp(comp, "zstd") && strncmp(comp, "zstd:", 5)) {
-            stk__fmt(why, n, "shard %zu is compressed with '%s'; stoker reads zstd-compressed "
-                             "shards only (decompress the others beside index.json, under their "
-                             "raw_data names)", k, comp);
+            stk__fmt(why, n,
+                     "shard %zu is compressed with '%s'; stoker reads zstd-compressed "
+                     "shards only (decompress the others beside index.json, under their "
+                     "raw_data names)",
+                     k, comp);
             return STK_EUNSUPPORTED;
         }
         if (!json_is_object(zip) || !good_basename(si->zip = jstr(zip, "basename")) ||
@@ -401,8 +433,9 @@ static int parse_index(const char *text, size_t len, json_t **root, mcol **cols,
         if ((rc = parse_shard(sh, k, &(*si)[k], why, n)))
             return rc;
         if (k && !same_columns(first, sh)) {
-            stk__fmt(why, n, "shard %zu (%s) has other columns than shard 0; stoker reads "
-                             "datasets whose shards share one set of columns",
+            stk__fmt(why, n,
+                     "shard %zu (%s) has other columns than shard 0; stoker reads "
+                     "datasets whose shards share one set of columns",
                      k, (*si)[k].raw);
             return STK_EUNSUPPORTED;
         }
@@ -422,8 +455,10 @@ typedef struct mrd {
 static int rd_get(const mrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
 {
     if (off > r->size || n > r->size - off) {
-        stk__fmt(why, wn, "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
-                          " bytes; truncated?)", n, off, r->size);
+        stk__fmt(why, wn,
+                 "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
+                 " bytes; truncated?)",
+                 n, off, r->size);
         return STK_EFORMAT;
     }
     if (r->buf) {
@@ -454,8 +489,10 @@ static int parse_shard_head(const mrd *r, uint64_t want, mshard *t, char *why, s
     }
     uint64_t head = 4 + 4 * ((uint64_t)count + 1);
     if (head > r->size) {
-        stk__fmt(why, n, "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
-                         " bytes (truncated?)", head, r->size);
+        stk__fmt(why, n,
+                 "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
+                 " bytes (truncated?)",
+                 head, r->size);
         return STK_EFORMAT;
     }
     if (!(t->off = stk__malloc(((size_t)count + 1) * sizeof *t->off)))
@@ -466,8 +503,9 @@ static int parse_shard_head(const mrd *r, uint64_t want, mshard *t, char *why, s
         uint8_t *p = (uint8_t *)&t->off[k];
         t->off[k] = le32(p);
         if ((k == 0 && t->off[0] < head) || (k && t->off[k] < t->off[k - 1])) {
-            stk__fmt(why, n, "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64
-                             ")", k, t->off[k], k ? "below the one before," : "inside the header,",
+            stk__fmt(why, n,
+                     "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64 ")", k,
+                     t->off[k], k ? "below the one before," : "inside the header,",
                      k ? (uint64_t)t->off[k - 1] : head);
             return STK_EFORMAT;
         }
@@ -492,8 +530,9 @@ static int split_record(const mds *d, const uint8_t *rec, size_t n, size_t *pos,
     for (size_t c = 0; c < d->ncols; c++) {
         size_t sz = d->cols[c].size ? d->cols[c].size : le32(rec + 4 * v++);
         if (sz > n - at) {
-            stk__fmt(why, wn, "column '%s' (%zu bytes at byte %zu) runs past the end of the "
-                              "%zu-byte record",
+            stk__fmt(why, wn,
+                     "column '%s' (%zu bytes at byte %zu) runs past the end of the "
+                     "%zu-byte record",
                      d->cols[c].name, sz, at, n);
             return STK_EFORMAT;
         }
@@ -502,8 +541,10 @@ static int split_record(const mds *d, const uint8_t *rec, size_t n, size_t *pos,
         at += sz;
     }
     if (at != n) {
-        stk__fmt(why, wn, "the columns take %zu of the record's %zu bytes (sizes and offsets "
-                          "table disagree)", at, n);
+        stk__fmt(why, wn,
+                 "the columns take %zu of the record's %zu bytes (sizes and offsets "
+                 "table disagree)",
+                 at, n);
         return STK_EFORMAT;
     }
     return STK_OK;
@@ -600,8 +641,9 @@ static int record_range(const mshard *t, uint64_t j, uint64_t *off, size_t *len,
     *off = t->off[j];
     uint64_t end = t->off[j + 1];
     if (end > t->bytes) {
-        stk__fmt(why, wn, "the shard is truncated: record %" PRIu64 " ends at offset %" PRIu64
-                          ", but the file is %" PRIu64 " bytes",
+        stk__fmt(why, wn,
+                 "the shard is truncated: record %" PRIu64 " ends at offset %" PRIu64
+                 ", but the file is %" PRIu64 " bytes",
                  j, end, t->bytes);
         return STK_EFORMAT;
     }
@@ -689,8 +731,8 @@ static int mds_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_record(d, bytes, len, fs, why, sizeof why);
     if (rc)
-        stk__fmt(err, errlen, "record at offset %" PRIu32 " (%zu bytes): %s",
-                 t->off[i - t->first], len, why);
+        stk__fmt(err, errlen, "record at offset %" PRIu32 " (%zu bytes): %s", t->off[i - t->first],
+                 len, why);
     return rc;
 }
 
@@ -802,8 +844,10 @@ static int unzstd(int zfd, int ofd, uint64_t want, const char *xxh, char *why, s
                 goto out;
             }
             if (o.pos > want - got) {
-                stk__fmt(why, wn, "decompresses to more than the %" PRIu64
-                                  " bytes index.json gives (raw_data.bytes)", want);
+                stk__fmt(why, wn,
+                         "decompresses to more than the %" PRIu64
+                         " bytes index.json gives (raw_data.bytes)",
+                         want);
                 rc = STK_EFORMAT;
                 goto out;
             }
@@ -1192,8 +1236,7 @@ int stk__mds_sniff(const char *dir, char *err, size_t errlen)
 
 /* ---- Fuzz entry point --------------------------------------------------------- */
 
-int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
-                          size_t errlen)
+int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err, size_t errlen)
 {
     *samples = 0;
     if (n < 4) {
@@ -1235,7 +1278,8 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
             continue;
         for (size_t k = 0; k < fs->n; k++) {
             const stk__field_ref *f = &fs->f[k];
-            bool in_rec = f->data >= rec && f->len <= len && f->data - rec <= (ptrdiff_t)(len - f->len);
+            bool in_rec =
+                f->data >= rec && f->len <= len && f->data - rec <= (ptrdiff_t)(len - f->len);
             bool in_gen = f->data >= fs->gen && f->data + f->len <= fs->gen + fs->gen_used;
             if (f->id >= d.ncols || !(in_rec || in_gen)) {
                 stk__fmt(err, errlen, "field %zu of record %" PRIu64 " lies outside it", k, j);

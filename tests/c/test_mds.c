@@ -58,7 +58,8 @@ static void sha_block(uint32_t h[8], const uint8_t *p)
     }
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
     for (int i = 0; i < 64; i++) {
-        uint32_t t1 = k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        uint32_t t1 =
+            k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
         uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
         k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
     }
@@ -201,7 +202,8 @@ static void check_dataset(const char *variant, int image_kind)
         CHECK_EQ(label, mint(s, "label"));
         char key[256];
         REQUIRE(stk_dataset_sample_key(d, i, key, sizeof key) == STK_OK);
-        const char *file = json_string_value(json_object_get(json_object_get(s, "location"), "file"));
+        const char *file =
+            json_string_value(json_object_get(json_object_get(s, "location"), "file"));
         char want[256];
         snprintf(want, sizeof want, "%s#%lld", file,
                  (long long)json_integer_value(
@@ -286,11 +288,11 @@ static uint64_t epoch_fields(const char *variant, unsigned threads)
             /* The meta column is json.dumps' text: equal as JSON, and byte
              * for byte to the same dump (ASCII escapes, ", " and ": "). */
             json_error_t je;
-            json_t *got = json_loadb((const char *)meta->data + meta->offsets[k], meta->lengths[k],
-                                     0, &je);
+            json_t *got =
+                json_loadb((const char *)meta->data + meta->offsets[k], meta->lengths[k], 0, &je);
             CHECK(got && json_equal(got, json_object_get(s, "meta")));
-            char *dump = json_dumps(json_object_get(s, "meta"),
-                                    JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
+            char *dump =
+                json_dumps(json_object_get(s, "meta"), JSON_ENSURE_ASCII | JSON_PRESERVE_ORDER);
             /* Python writes \u00e9 where jansson writes \u00E9. */
             for (char *u = dump; u && (u = strstr(u, "\\u")); u += 2)
                 for (int x = 2; x < 6 && u[x]; x++)
@@ -497,9 +499,9 @@ static void small_raw(json_t *r)
 }
 static void differ(json_t *r)
 {
-    json_array_set_new(json_object_get(json_array_get(json_object_get(r, "shards"), 1),
-                                       "column_encodings"),
-                       2, json_string("uint32"));
+    json_array_set_new(
+        json_object_get(json_array_get(json_object_get(r, "shards"), 1), "column_encodings"), 2,
+        json_string("uint32"));
 }
 
 static void test_index_lies(void)
@@ -694,8 +696,8 @@ static void write_mds(const char *dir, const col *cols, size_t nc, uint8_t **rec
         json_array_append_new(sizes, cols[k].size < 0 ? json_null() : json_integer(cols[k].size));
     }
     json_t *cfg = json_pack("{s:o,s:o,s:o,s:n,s:s,s:[],s:i,s:i}", "column_encodings", encs,
-                            "column_names", names, "column_sizes", sizes, "compression",
-                            "format", "mds", "hashes", "size_limit", 1 << 26, "version", 2);
+                            "column_names", names, "column_sizes", sizes, "compression", "format",
+                            "mds", "hashes", "size_limit", 1 << 26, "version", 2);
     char *ctext = json_dumps(cfg, JSON_SORT_KEYS);
     size_t cl = strlen(ctext), head = 4 + 4 * (n + 1) + cl, total = head;
     for (size_t i = 0; i < n; i++)
@@ -730,11 +732,11 @@ static void test_more_encodings(void)
 {
     /* Sorted by name, as MDSWriter sorts them. */
     const col cols[] = {
-        {"a_i8", "int8", 1},        {"b_i16", "int16", 2},       {"c_i32", "int32", 4},
-        {"d_u32", "uint32", 4},     {"e_u64", "uint64", 8},      {"f_f16", "float16", 2},
-        {"g_f64", "float64", 8},    {"h_sint", "str_int", -1},   {"i_arr", "ndarray:uint8:2,3", 6},
-        {"j_dyn", "ndarray", -1},   {"k_pil", "pil", -1},        {"l_png", "png", -1},
-        {"m_i64", "int64", 8},      {"n_sfl", "str_float", -1},
+        {"a_i8", "int8", 1},      {"b_i16", "int16", 2},      {"c_i32", "int32", 4},
+        {"d_u32", "uint32", 4},   {"e_u64", "uint64", 8},     {"f_f16", "float16", 2},
+        {"g_f64", "float64", 8},  {"h_sint", "str_int", -1},  {"i_arr", "ndarray:uint8:2,3", 6},
+        {"j_dyn", "ndarray", -1}, {"k_pil", "pil", -1},       {"l_png", "png", -1},
+        {"m_i64", "int64", 8},    {"n_sfl", "str_float", -1},
     };
     const size_t nc = sizeof cols / sizeof cols[0];
     uint8_t r0[512], *recs[1] = {r0};
@@ -752,12 +754,12 @@ static void test_more_encodings(void)
                       (uint32_t)strlen(sfl)};
     for (int k = 0; k < 5; k++)
         put32(r0 + p, vs[k]), p += 4;
-    r0[p++] = 0x80;                                  /* int8 -128 */
-    r0[p++] = 0xfe, r0[p++] = 0xff;                  /* int16 -2 */
-    put32(r0 + p, 0x80000000u), p += 4;              /* int32 -2147483648 */
-    put32(r0 + p, 4000000000u), p += 4;              /* uint32 */
+    r0[p++] = 0x80;                                                     /* int8 -128 */
+    r0[p++] = 0xfe, r0[p++] = 0xff;                                     /* int16 -2 */
+    put32(r0 + p, 0x80000000u), p += 4;                                 /* int32 -2147483648 */
+    put32(r0 + p, 4000000000u), p += 4;                                 /* uint32 */
     put32(r0 + p, 0xffffffffu), put32(r0 + p + 4, 0x7fffffffu), p += 8; /* uint64 INT64_MAX */
-    r0[p++] = 0x00, r0[p++] = 0x3e;                  /* float16 1.5 */
+    r0[p++] = 0x00, r0[p++] = 0x3e;                                     /* float16 1.5 */
     double g = 0.1;
     memcpy(r0 + p, &g, 8), p += 8;
     memcpy(r0 + p, sint, strlen(sint)), p += strlen(sint);
@@ -818,11 +820,14 @@ static void test_more_encodings(void)
     CHECK(((const float *)b->fields[6].data)[0] == 0.1f);
     CHECK_EQ(((const int64_t *)b->fields[7].data)[0], -12345678901LL);
     const stk_field *f = &b->fields[8];
-    CHECK(f->lengths[0] == 6 && !memcmp((const uint8_t *)f->data + f->offsets[0], "\x01\x02\x03\x04\x05\x06", 6));
+    CHECK(f->lengths[0] == 6 &&
+          !memcmp((const uint8_t *)f->data + f->offsets[0], "\x01\x02\x03\x04\x05\x06", 6));
     f = &b->fields[9];
-    CHECK(f->lengths[0] == sizeof dyn && !memcmp((const uint8_t *)f->data + f->offsets[0], dyn, sizeof dyn));
+    CHECK(f->lengths[0] == sizeof dyn &&
+          !memcmp((const uint8_t *)f->data + f->offsets[0], dyn, sizeof dyn));
     f = &b->fields[10];
-    CHECK(f->lengths[0] == sizeof pil && !memcmp((const uint8_t *)f->data + f->offsets[0], pil, sizeof pil));
+    CHECK(f->lengths[0] == sizeof pil &&
+          !memcmp((const uint8_t *)f->data + f->offsets[0], pil, sizeof pil));
     CHECK_EQ(((const int64_t *)b->fields[12].data)[0], -5);
     CHECK(((const float *)b->fields[13].data)[0] == 0.1f);
     stk_batch_release(b);
