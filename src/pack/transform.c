@@ -282,8 +282,8 @@ bool stk__pack_keeps_fields(const stk__source *src)
 {
     stk__dataset_info di;
     stk__source_describe(src, &di);
-    if (di.payload) /* a .stk dataset: its fields layout is kept */
-        return !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_FIELDS));
+    if (di.payload && !strcmp(di.payload, stk__payload_kind_name(STK_PAYLOAD_FIELDS)))
+        return true; /* a .stk dataset of fields: its layout is kept */
     /* Sources whose fields are their one payload and what the reader makes
      * up (a folder's label and path, CIFAR's and records' label) cannot
      * select: only those that store several fields per sample (tar) can. */

@@ -20,7 +20,7 @@
  *   manifest.h/.c           a packed dataset's stoker.manifest
  *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
  *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
- *   tar_remote.c
+ *   tar_remote.c mds.c
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -245,6 +245,15 @@ int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const cha
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen);
+/* A MosaicML Streaming (MDS) dataset: dir holds index.json (version 2) and
+ * its .mds or .mds.zstd shards (mds.c; docs/formats.md). Each column is a
+ * field; the zstd shards are decompressed into a temporary directory that
+ * the source removes at close. */
+int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen);
+/* Whether dir's index.json describes MDS shards (detect.c asks): 1 yes, 0
+ * no (or no index.json), or a negative STK_E* code with the message in err
+ * when index.json is there but cannot be read. */
+int stk__mds_sniff(const char *dir, char *err, size_t errlen);
 
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
  * groups samples, then checks every entry lies inside buf, the index passes
@@ -252,6 +261,14 @@ int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, c
  * ranges and refs inside buf. Returns STK_OK, STK_EFORMAT, STK_ENOMEM, or
  * STK_EINVAL if a check fails (a parser bug). */
 int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
+                          size_t errlen);
+/* MDS parsing on a memory buffer (fuzz entry point): the input is a u32
+ * (little-endian) length, that many bytes of index.json, then the bytes of
+ * the index's first shard; parses the index, the shard's offsets table and
+ * splits every record into its fields, checking each lies inside it.
+ * STK_OK, STK_EFORMAT/STK_EUNSUPPORTED/STK_EEMPTY/STK_ENOMEM, or STK_EINVAL
+ * if a field does not lie inside its record (a parser bug). */
+int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                           size_t errlen);
 
 /* ---- Helpers shared by readers (common.c) ------------------------------ */
