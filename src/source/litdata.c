@@ -242,7 +242,8 @@ static int add_name(namer *nm, const char *name)
 static int walk_spec(namer *nm, const json_t *v, int depth, char *why, size_t wn)
 {
     if (depth > LD_SPEC_DEPTH || !json_is_object(v)) {
-        stk__fmt(why, wn, "data_spec: %s", depth > LD_SPEC_DEPTH ? "nested too deep" : "a node is no object");
+        stk__fmt(why, wn, "data_spec: %s",
+                 depth > LD_SPEC_DEPTH ? "nested too deep" : "a node is no object");
         return STK_EFORMAT;
     }
     const json_t *type = json_object_get(v, "type"), *kids = json_object_get(v, "children_spec");
@@ -315,8 +316,7 @@ static int leaf_names(const json_t *spec, size_t nleaves, char ***out, char *why
         if ((rc = walk_spec(&nm, json_array_get(root, 1), 0, why, wn)))
             goto out;
         if (nm.n != nleaves) {
-            stk__fmt(why, wn, "data_spec has %zu leaves, but data_format names %zu", nm.n,
-                     nleaves);
+            stk__fmt(why, wn, "data_spec has %zu leaves, but data_format names %zu", nm.n, nleaves);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -574,8 +574,8 @@ static int parse_chunk_head(const lrd *r, uint64_t want, lchunk *t, char *why, s
 /* Splits an item into its leaves: pos[k]/len[k] inside it. STK_EFORMAT with
  * the reason when the sizes do not add up to the item or a fixed-size leaf
  * has another size. */
-static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, size_t *len,
-                      char *why, size_t wn)
+static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, size_t *len, char *why,
+                      size_t wn)
 {
     size_t head = 4 * d->nleaves;
     if (n < head) {
@@ -665,8 +665,7 @@ static int chunk_pread(const lchunk *t, void *buf, size_t n, uint64_t off, char 
 }
 
 /* Item j of chunk t: where it is, checked against the file. */
-static int item_range(const lchunk *t, uint64_t j, uint64_t *off, size_t *len, char *why,
-                      size_t wn)
+static int item_range(const lchunk *t, uint64_t j, uint64_t *off, size_t *len, char *why, size_t wn)
 {
     *off = t->off[j];
     uint64_t end = t->off[j + 1];
@@ -734,8 +733,8 @@ static int ld_select(stk__source *s, uint64_t mask, char *err, size_t errlen)
 
 /* Fills fs from an item: every leaf a field (field id = leaf index);
  * numbers as their decimal text in the gen area. */
-static int fields_of_item(const ld *d, const uint8_t *it, size_t n, stk__field_set *fs,
-                          char *why, size_t wn)
+static int fields_of_item(const ld *d, const uint8_t *it, size_t n, stk__field_set *fs, char *why,
+                          size_t wn)
 {
     size_t pos[STK__MAX_FIELDS], len[STK__MAX_FIELDS];
     fs->n = 0;
@@ -1294,7 +1293,8 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
             continue;
         for (size_t k = 0; k < fs->n; k++) {
             const stk__field_ref *f = &fs->f[k];
-            bool in_it = f->data >= it && f->len <= len && f->data - it <= (ptrdiff_t)(len - f->len);
+            bool in_it =
+                f->data >= it && f->len <= len && f->data - it <= (ptrdiff_t)(len - f->len);
             bool in_gen = f->data >= fs->gen && f->data + f->len <= fs->gen + fs->gen_used;
             if (f->id >= d.nleaves || !(in_it || in_gen)) {
                 stk__fmt(err, errlen, "field %zu of item %" PRIu64 " lies outside it", k, j);

@@ -146,12 +146,12 @@ static int64_t mint(json_t *s, const char *key)
 /* ---- the dataset API ----------------------------------------------------------- */
 
 /* The leaves of the plain and zstd fixtures, in data_spec's order. */
-static const char *const k_leaves[] = {"image",       "caption",   "label",
-                                       "width",       "height",    "meta.aspect",
-                                       "meta.even",   "meta.tags.0", "meta.tags.1"};
-static const int k_kinds[] = {STK_FIELD_AUTO, STK_FIELD_TEXT,  STK_FIELD_INT,
-                              STK_FIELD_INT,  STK_FIELD_INT,   STK_FIELD_FLOAT,
-                              STK_FIELD_INT,  STK_FIELD_TEXT,  STK_FIELD_TEXT};
+static const char *const k_leaves[] = {"image",     "caption",     "label",
+                                       "width",     "height",      "meta.aspect",
+                                       "meta.even", "meta.tags.0", "meta.tags.1"};
+static const int k_kinds[] = {STK_FIELD_AUTO, STK_FIELD_TEXT, STK_FIELD_INT,
+                              STK_FIELD_INT,  STK_FIELD_INT,  STK_FIELD_FLOAT,
+                              STK_FIELD_INT,  STK_FIELD_TEXT, STK_FIELD_TEXT};
 
 static void check_dataset(const char *variant, size_t chunks)
 {
@@ -536,7 +536,8 @@ static void test_index_lies(void)
     expect_open(d, STK_EFORMAT, "chunk-0-0.zstd.bin", "wrong size");
     d = copy_fixture("plain", "pickle");
     edit_index(d, make_pickle);
-    expect_open(d, STK_EUNSUPPORTED, "index.json", "leaf 'meta.tags.0' is serialized with 'pickle'");
+    expect_open(d, STK_EUNSUPPORTED, "index.json",
+                "leaf 'meta.tags.0' is serialized with 'pickle'");
     expect_open(d, STK_EUNSUPPORTED, "never unpickles", NULL);
     d = copy_fixture("plain", "graph");
     edit_index(d, make_graph);
@@ -731,8 +732,8 @@ static void put32(uint8_t *p, uint32_t v)
 }
 
 /* Writes dir/index.json and dir/chunk-0-0.bin holding n items. */
-static void write_litdata(const char *dir, const char *const *formats, size_t nf,
-                          const char *spec, uint8_t **items, const size_t *lens, size_t n)
+static void write_litdata(const char *dir, const char *const *formats, size_t nf, const char *spec,
+                          uint8_t **items, const size_t *lens, size_t n)
 {
     tu_mkdirs(dir);
     size_t head = 4 + 4 * (n + 1), total = head;
