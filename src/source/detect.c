@@ -22,7 +22,7 @@
 #include <unistd.h>
 /* ---- Naming a dataset ----------------------------------------------------
  * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, an MDS
- * index.json with its shards, or ImageFolder class subfolders), a single shard or batch file, a file of
+ * or LitData index.json with its shards, or ImageFolder class subfolders), a single shard or batch file, a file of
  * fixed-size records (when a record size is given), or a brace pattern
  * "train-{000000..000099}.tar" naming a list of shard files. The kind comes
  * from the contents (magic bytes, tar header checksums, CIFAR names and
@@ -234,6 +234,10 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
     int mds = stk__mds_sniff(dir, err, errlen);
     if (mds)
         return mds < 0 ? mds : stk__source_mds_open(s, dir, err, errlen);
+    /* A LitData dataset: index.json with "chunks" and "config". */
+    int lit = stk__litdata_sniff(dir, err, errlen);
+    if (lit)
+        return lit < 0 ? lit : stk__source_litdata_open(s, dir, err, errlen);
     DIR *d = stk__opendir(dir);
     if (!d) {
         int ee = errno;

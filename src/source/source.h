@@ -21,6 +21,7 @@
  *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
  *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
  *   tar_remote.c mds.c
+ *   litdata.c
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -255,6 +256,16 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
  * when index.json is there but cannot be read. */
 int stk__mds_sniff(const char *dir, char *err, size_t errlen);
 
+/* A LitData dataset (litdata's optimize()): dir holds index.json and its
+ * chunk-*.bin or chunk-*.zstd.bin chunks (litdata.c; docs/formats.md). Each
+ * pytree leaf is a field; zstd chunks are decompressed into a temporary
+ * directory that the source removes at close. Local paths only. */
+int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t errlen);
+/* Whether dir's index.json describes LitData chunks ("chunks" and
+ * "config"): 1 yes, 0 no (or no index.json), or a negative STK_E* code with
+ * the message in err. Asked after stk__mds_sniff. */
+int stk__litdata_sniff(const char *dir, char *err, size_t errlen);
+
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
  * groups samples, then checks every entry lies inside buf, the index passes
  * the cache's checks, and the fields grouping (every field selected) gives
@@ -270,6 +281,16 @@ int stk__tar_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
  * if a field does not lie inside its record (a parser bug). */
 int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                           size_t errlen);
+
+/* LitData parsing on a memory buffer (fuzz entry point): a u32
+ * (little-endian) length, that many bytes of index.json, then the bytes of
+ * the index's first chunk (decompressed); parses the index (config, the
+ * pytree spec, serializer names), the chunk's offsets table and splits
+ * every item into its leaves, checking each lies inside it. STK_OK,
+ * STK_EFORMAT/STK_EUNSUPPORTED/STK_EEMPTY/STK_ENOMEM, or STK_EINVAL if a
+ * field does not lie inside its item (a parser bug). */
+int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
+                              size_t errlen);
 
 /* ---- Helpers shared by readers (common.c) ------------------------------ */
 /* pread exactly n bytes at off. STK_EIO with reason (short read = truncated). */
