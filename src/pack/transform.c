@@ -303,9 +303,9 @@ bool stk__pack_keeps_fields(const stk__source *src)
     return images > 1 || ints > 1;
 }
 
-/* IN_FIELDS: every field the source finds in sample i's bytes, as stored
- * (fields a reader makes up, such as a label's digits, are not stored: the
- * label is in the index). */
+/* IN_FIELDS: every field the source finds in sample i, as the fields op gives
+ * it (bytes as stored, numbers as the text the reader writes); the label is
+ * also in the index. */
 static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_t i,
                           const uint8_t *data, size_t len, stk__pack_sample *s)
 {
@@ -320,9 +320,10 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
     stk__field_ref refs[STK__MAX_FIELDS];
     size_t n = 0;
     for (size_t k = 0; k < fs->n; k++) {
+        /* Generated fields too: MDS and LitData deliver their stored
+         * numbers as text the reader writes (a label's digits made up from
+         * the index come only from sources packed in the old layout). */
         const stk__field_ref *r = &fs->f[k];
-        if (r->data >= fs->gen && r->data < fs->gen + sizeof fs->gen)
-            continue;
         /* Ids increase in a payload: insert in order, refusing repeats. */
         size_t at = n;
         while (at && refs[at - 1].id > r->id)
