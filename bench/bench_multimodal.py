@@ -376,8 +376,9 @@ def main():
     print("    all runs, samples/s: " + " | ".join(
         f"{c} " + " ".join(f"{rate(r):.0f}" for r in runs[c]) for c in configs))
     if "stoker" in best and "dataloader" in best:
-        print(f"  ratio stoker/DataLoader, all fields: {rate(best['stoker']) / rate(best['dataloader']):.2f}x "
-              f"samples/s (target >= 5x on 2 cores)")
+        ratio = rate(best["stoker"]) / rate(best["dataloader"])
+        print(f"  ratio stoker/DataLoader, all fields: {ratio:.2f}x samples/s "
+              f"(target >= 5x on 2 cores)")
     if "stoker-image" in best and "dataloader-image" in best:
         print(f"  ratio stoker/DataLoader, image only: "
               f"{rate(best['stoker-image']) / rate(best['dataloader-image']):.2f}x samples/s")

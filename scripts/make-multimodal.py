@@ -69,8 +69,10 @@ TAGS = ["nature", "macro", "texture", "sky", "water", "plant", "sand", "wood", "
 
 def sources():
     """The photographs, in make-dataset.py's order (one class each)."""
-    files = sorted(os.path.join(PHOTO_DIRS[0], f) for f in os.listdir(PHOTO_DIRS[0])
-                   if f.endswith(".jpg")) if os.path.isdir(PHOTO_DIRS[0]) else []
+    files = []
+    if os.path.isdir(PHOTO_DIRS[0]):
+        files = sorted(os.path.join(PHOTO_DIRS[0], f) for f in os.listdir(PHOTO_DIRS[0])
+                       if f.endswith(".jpg"))
     files += [os.path.join(PHOTO_DIRS[1], "Elephants.jpg")]
     files = [f for f in files if os.path.exists(f)]
     if not files:
