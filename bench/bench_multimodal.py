@@ -36,8 +36,14 @@ done before it starts. The page cache is warmed once before all runs. The
 parent samples the proportional set size (PSS) of each run's processes
 (the DataLoader's workers count) every 100 ms.
 
-Prints samples/s, peak memory, the ratio stoker/DataLoader (issue 20's
-target: >= 5x on 2 cores) and the image-only overheads.
+It also counts the CPU time (user + system) of each run's whole process tree
+from its clock's start, per sample, median of the runs: on a shared machine
+other work slows every run down (and the best of a few runs may still be
+disturbed) while a run's CPU time a sample moves much less.
+
+Prints samples/s, peak memory, CPU time a sample, the ratios stoker/DataLoader
+(issue 20's target: >= 5x the samples/s on 2 cores) and the image-only
+overheads.
 
 The stoker side needs the multi-field Python API (issue 20); without it the
 run stops with a message saying so. --skip-stoker measures the PyTorch side
@@ -48,6 +54,7 @@ import io
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tarfile
@@ -166,11 +173,14 @@ def run_dataloader(a, fields):
     import torch
     import torchvision  # noqa: F401 (imports are the process's cost, not the loader's)
     torch.set_num_threads(1)
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
     ds = make_dataset(shards(a.data), fields, a.size, a.shuffle_buffer, a.seed)
     dl = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, num_workers=a.workers,
                                      persistent_workers=a.workers > 0, collate_fn=collate)
-    return iterate(dl, a, fields, t0)
+    r = iterate(dl, a, fields, t0)
+    r["cpu_before_s"] = cpu0
+    del dl  # shuts the workers down and reaps them: their CPU time counts
+    return r
 
 
 # ---- the stoker side ----------------------------------------------------------------------
@@ -184,7 +194,7 @@ def run_stoker(a, fields):
         sys.exit(f"bench_multimodal: cannot import stoker ({e}); build it first: "
                  f"make -j2 MODE=release python")
     import torch  # noqa: F401
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
     try:
         L = stoker.Loader(a.data, a.batch_size, seed=a.seed, threads=a.workers, fields=fields,
                           transform={"image": T.Compose([T.RandomResizedCrop(a.size),
@@ -194,6 +204,7 @@ def run_stoker(a, fields):
         sys.exit(f"bench_multimodal: this stoker.Loader takes no fields= or per-field "
                  f"transform= (samples with several fields, issue 20's Python API): {e}")
     r = iterate(L, a, fields, t0)
+    r["cpu_before_s"] = cpu0
     L.close()
     return r
 
@@ -247,6 +258,13 @@ def iterate(loader, a, fields, t0):
 
 # ---- the parent: data, spawn, sample memory, compare ---------------------------------------
 
+def cpu_s(who):
+    """User + system CPU seconds of this process (RUSAGE_SELF: all its
+    threads) or of its waited-for descendants (RUSAGE_CHILDREN)."""
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
 def pss_kib(pid):
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -277,6 +295,7 @@ def measure(config, a):
            "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--size", str(a.size),
            "--workers", str(a.workers), "--shuffle-buffer", str(a.shuffle_buffer),
            "--seed", str(a.seed)]
+    cpu0 = cpu_s(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = [0]
     done = threading.Event()
@@ -296,6 +315,9 @@ def measure(config, a):
         sys.exit(f"bench_multimodal: the {config} run failed (exit {p.returncode}){hint}")
     r = json.loads(out.strip().splitlines()[-1])
     r["peak_pss_bytes"] = peak[0] * 1024
+    # CPU time of the run's whole process tree (DataLoader workers included),
+    # less what the child spent before its clock (imports).
+    r["cpu_s"] = cpu_s(resource.RUSAGE_CHILDREN) - cpu0 - r["cpu_before_s"]
     return r
 
 
@@ -364,29 +386,40 @@ def main():
         for c in configs:
             runs[c].append(measure(c, a))
     best = {c: max(rs, key=rate) for c, rs in runs.items()}
+
+    def cpu(c):
+        # CPU seconds a sample, the median run: other work on a shared machine
+        # slows every run down but leaves its CPU time nearly as it is.
+        v = sorted(r["cpu_s"] / sum(r["samples"]) for r in runs[c])
+        return v[len(v) // 2]
+
     mib = 1 << 20
     print(f"  {'configuration':18} {'samples/s':>10} {'open':>8} {'1st batch':>9} "
-          f"{'per epoch':>9} {'peak PSS':>10}")
+          f"{'per epoch':>9} {'peak PSS':>10} {'CPU/sample':>11}")
     for c in configs:
         r = best[c]
         mem = min(x["peak_pss_bytes"] for x in runs[c])
         print(f"  {c:18} {rate(r):10.1f} {1000 * r['open_s']:6.0f}ms "
               f"{1000 * r['first_batch_s']:7.0f}ms {r['samples'][0]:9d} "
-              f"{mem / mib:7.1f} MiB")
+              f"{mem / mib:7.1f} MiB {1000 * cpu(c):8.2f} ms")
     print("    all runs, samples/s: " + " | ".join(
         f"{c} " + " ".join(f"{rate(r):.0f}" for r in runs[c]) for c in configs))
     if "stoker" in best and "dataloader" in best:
         ratio = rate(best["stoker"]) / rate(best["dataloader"])
         print(f"  ratio stoker/DataLoader, all fields: {ratio:.2f}x samples/s "
-              f"(target >= 5x on 2 cores)")
+              f"(target >= 5x on 2 cores), {cpu('dataloader') / cpu('stoker'):.2f}x less CPU "
+              f"a sample")
     if "stoker-image" in best and "dataloader-image" in best:
         print(f"  ratio stoker/DataLoader, image only: "
-              f"{rate(best['stoker-image']) / rate(best['dataloader-image']):.2f}x samples/s")
+              f"{rate(best['stoker-image']) / rate(best['dataloader-image']):.2f}x samples/s, "
+              f"{cpu('dataloader-image') / cpu('stoker-image'):.2f}x less CPU a sample")
     for side in ("stoker", "dataloader"):
         if side in best and side + "-image" in best:
             extra = rate(best[side + "-image"]) / rate(best[side]) - 1
+            extra_cpu = cpu(side) / cpu(side + "-image") - 1
             note = " (target: at most +10%)" if side == "stoker" else ""
-            print(f"  {side}: caption + JSON cost {100 * extra:+.1f}% time over image only{note}")
+            print(f"  {side}: caption + JSON cost {100 * extra:+.1f}% time{note}, "
+                  f"{100 * extra_cpu:+.1f}% CPU over image only")
     if a.skip_stoker:
         print("  stoker: not measured (--skip-stoker)")
     return 0
