@@ -87,3 +87,28 @@ def test_pkl_refused(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps(index))
     with pytest.raises(Exception, match="pkl.*never unpickles"):
         stoker.Loader(str(tmp_path), 4)
+
+
+def test_pack_keeps_every_column(tmp_path):
+    """stoker.pack of an MDS dataset keeps its columns as fields, numbers
+    included (the reader writes them as text: they used to be dropped), and
+    the packed .stk delivers the same fields as the MDS dataset."""
+    src = str(_fixtures() / "plain")
+    out = str(tmp_path / "packed")
+    stoker.pack(src, out)
+    fields = {"caption": "caption", "label": "label", "width": "width", "aspect": "aspect",
+              "meta": "meta"}
+    got = []
+    for path in (src, out):
+        rows = {}
+        with stoker.Loader(path, 10, shuffle=False, fields=fields, output="numpy",
+                           return_indices=True) as L:
+            for b in L:
+                for k, i in enumerate(b["__index__"].tolist()):
+                    rows[i] = (b["caption"][k], int(b["label"][k]), int(b["width"][k]),
+                               float(b["aspect"][k]), json.dumps(b["meta"][k], sort_keys=True))
+        got.append(rows)
+    assert len(got[0]) == 60 and got[0] == got[1]
+    man = _manifest("plain")
+    for i, s in enumerate(man):
+        assert got[1][i][0] == s["caption"] and got[1][i][1] == s["label"]
