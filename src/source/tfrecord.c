@@ -53,6 +53,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,12 +116,10 @@ typedef struct tfr {
  * the read path, so it must keep up with the disk). */
 
 static uint32_t g_crc[8][256];
-static atomic_int g_crc_ready;
+static pthread_once_t g_crc_once = PTHREAD_ONCE_INIT;
 
-static void crc_init(void)
+static void crc_tables(void)
 {
-    if (atomic_load_explicit(&g_crc_ready, memory_order_acquire))
-        return;
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
@@ -130,9 +129,11 @@ static void crc_init(void)
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 8; t++)
             g_crc[t][i] = (g_crc[t - 1][i] >> 8) ^ g_crc[0][g_crc[t - 1][i] & 0xff];
-    /* Release: a thread seeing the flag sees the tables (every writer
-     * writes the same values, so racing initialisers are harmless). */
-    atomic_store_explicit(&g_crc_ready, 1, memory_order_release);
+}
+
+static void crc_init(void)
+{
+    pthread_once(&g_crc_once, crc_tables);
 }
 
 static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
@@ -296,17 +297,18 @@ static bool list_scan(tval *v, char *why, size_t wn)
                 goto bad;
             v->count += (uint64_t)(s.end - s.p) / 4;
         } else if (v->type == T_INT && (wt == 0 || wt == 2)) {
+            /* Unpacked: one varint; packed: a run of them (maybe none). */
             pb s = b;
             if (wt == 2 && !pb_bytes(&b, &s))
                 goto bad;
-            do {
+            for (bool one = wt == 0; one || (wt == 2 && s.p < s.end); one = false) {
                 uint64_t x;
                 if (!pb_varint(&s, &x))
                     goto bad;
                 if (!v->count)
                     v->i0 = (int64_t)x;
                 v->count++;
-            } while (wt == 2 && s.p < s.end);
+            }
             if (wt == 0)
                 b.p = s.p;
         } else {
@@ -444,7 +446,9 @@ static int values_text(const tval *v, bool json, char *buf, size_t n)
             s.end = s.p + 4;
             b.p += 4;
         }
-        do {
+        /* s: one value (unpacked) or a run of them (packed, maybe empty);
+         * list_scan has checked the lengths. */
+        for (bool once = wt != 2; once || (wt == 2 && s.p < s.end); once = false) {
             char one[40];
             int l;
             if (v->type == T_INT) {
@@ -469,7 +473,7 @@ static int values_text(const tval *v, bool json, char *buf, size_t n)
             memcpy(buf + at, one, (size_t)l);
             at += (size_t)l;
             first = false;
-        } while (wt == 2 && s.p < s.end);
+        }
     }
     if (json) {
         if (n - at < 2)
@@ -664,9 +668,9 @@ static int pick_feature(void *ctx, const tval *v, char *why, size_t wn)
     if (id < 0 || v->type == T_NONE || !v->count)
         return STK_OK;
     if (id == pk->d->payload) {
-        if (v->count != 1) {
-            stk__fmt(why, wn, "feature '%s' holds %" PRIu64 " values; a sample's payload is one",
-                     pk->d->feats[id].name, v->count);
+        if (v->type != T_BYTES || v->count != 1) {
+            stk__fmt(why, wn, "feature '%s' holds %" PRIu64 " %s values; a sample's payload is one byte string",
+                     pk->d->feats[id].name, v->count, type_name(v->type));
             return STK_EFORMAT;
         }
         pk->payload = v->first;

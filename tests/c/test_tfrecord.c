@@ -816,8 +816,8 @@ static void frame(FILE *f, const pbuf *ex)
     fwrite(t, 1, 4, f);
 }
 
-/* Unpacked int64 and float values, a multi-valued float list, a negative
- * int, and a bytes payload not named as an image. */
+/* Unpacked int64 and float values (after an empty packed run), a
+ * multi-valued float list, a negative int, and a bytes payload not named as an image. */
 static void test_written_here(void)
 {
     const char *dir = tu_path("written");
@@ -830,6 +830,7 @@ static void test_written_here(void)
         pb_varint(&ints, 1 << 3 | 0); /* unpacked */
         pb_varint(&ints, (uint64_t)r + 1);
         float fv[2] = {1.5f + (float)r, -0.25f};
+        pb_lenfield(&floats, 1, "", 0); /* an empty packed run first */
         for (int k = 0; k < 2; k++) {
             pb_varint(&floats, 1 << 3 | 5); /* unpacked */
             uint32_t u;
@@ -837,7 +838,7 @@ static void test_written_here(void)
             put_le(floats.b + floats.n, u, 4);
             floats.n += 4;
         }
-        char payload[16];
+        char payload[32];
         snprintf(payload, sizeof payload, "data-%d", r);
         pb_lenfield(&bytes, 1, payload, strlen(payload));
         pb_varint(&neg, 1 << 3 | 0);
@@ -869,7 +870,7 @@ static void test_written_here(void)
         size_t len;
         int64_t label;
         REQUIRE(stk_dataset_read(ds, i, &p, &len, &label, err, sizeof err) == STK_OK);
-        char want[16];
+        char want[32];
         snprintf(want, sizeof want, "data-%d", (int)i);
         CHECK(len == strlen(want) && !memcmp(p, want, len));
         CHECK_EQ(label, (int64_t)i + 1);
