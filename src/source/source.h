@@ -263,6 +263,8 @@ int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n
                               size_t errlen);
 /* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
 uint32_t stk__crc32c(const void *data, size_t n);
+/* The same by the table alone, never the CPU's instruction (tests compare). */
+uint32_t stk__crc32c_table(const void *data, size_t n);
 /* TFRecord parsing on a memory buffer (fuzz entry point): walks the framing
  * of one file's bytes, checks the CRCs, scans every Example's features and
  * splits each record into its fields, checking each lies inside it.

@@ -182,6 +182,12 @@ uint32_t stk__crc32c(const void *data, size_t n)
     return ~crc_sw(~0u, p, n);
 }
 
+uint32_t stk__crc32c_table(const void *data, size_t n)
+{
+    crc_init();
+    return ~crc_sw(~0u, data, n);
+}
+
 static uint32_t masked_crc(const void *data, size_t n)
 {
     uint32_t c = stk__crc32c(data, n);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 uint32_t stk__crc32c(const void *data, size_t n);
+uint32_t stk__crc32c_table(const void *data, size_t n);
 long stk__alloc_live(void);
 
 /* ---- SHA-256 (FIPS 180-4), for the manifests' image hashes ------------------ */
@@ -470,6 +471,9 @@ static void test_crc32c(void)
     }
     CHECK_EQ(stk__crc32c(buf + 1, sizeof buf - 1) != ~c, 1);
     CHECK_EQ(stk__crc32c(buf, sizeof buf), ~c);
+    CHECK_EQ(stk__crc32c_table("123456789", 9), 0xE3069283u);
+    for (size_t k = 0; k < 20; k++) /* every alignment and tail length */
+        CHECK_EQ(stk__crc32c_table(buf + k, sizeof buf - 3 * k), stk__crc32c(buf + k, sizeof buf - 3 * k));
 }
 
 /* The DALI index is read instead of walking the framing: one whose first
