@@ -267,7 +267,8 @@ uint32_t stk__crc32c(const void *data, size_t n);
 uint32_t stk__crc32c_table(const void *data, size_t n);
 /* TFRecord parsing on a memory buffer (fuzz entry point): walks the framing
  * of one file's bytes, checks the CRCs, scans every Example's features and
- * splits each record into its fields, checking each lies inside it.
+ * splits each record into its fields (a data CRC mismatch does not stop
+ * the parse), checking each lies inside it.
  * STK_OK, STK_EFORMAT/STK_EUNSUPPORTED/STK_ENOMEM, or STK_EINVAL if a field
  * does not lie inside its record (a parser bug). */
 int stk__tfrecord_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,

@@ -3,7 +3,8 @@
  * their masked CRC32C, the data CRCs), the strict protobuf reader of
  * tf.train.Example (varints, length-delimited and fixed32 fields, packed
  * and unpacked lists), the feature scan and the splitting of every record
- * into its fields. The input is the bytes of one TFRecord file. The parser
+ * into its fields (data CRCs are checked but do not stop the parse, so
+ * mutated Examples reach it). The input is the bytes of one TFRecord file. The parser
  * checks that every field it gives lies inside its record (STK_EINVAL
  * otherwise, which fails the run). Linked with replay_main.c it replays
  * corpus files given as arguments. */
