@@ -142,8 +142,7 @@ static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
         uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                            (uint32_t)p[3] << 24);
         c = g_crc[7][lo & 0xff] ^ g_crc[6][(lo >> 8) & 0xff] ^ g_crc[5][(lo >> 16) & 0xff] ^
-            g_crc[4][lo >> 24] ^ g_crc[3][p[4]] ^ g_crc[2][p[5]] ^ g_crc[1][p[6]] ^
-            g_crc[0][p[7]];
+            g_crc[4][lo >> 24] ^ g_crc[3][p[4]] ^ g_crc[2][p[5]] ^ g_crc[1][p[6]] ^ g_crc[0][p[7]];
         p += 8;
         n -= 8;
     }
@@ -323,9 +322,11 @@ static bool list_scan(tval *v, char *why, size_t wn)
     }
     return true;
 bad:
-    stk__fmt(why, wn, "feature '%.*s': its %s does not parse", (int)(v->name_len < 80 ? v->name_len : 80),
-             (const char *)v->name,
-             v->type == T_BYTES ? "bytes_list" : v->type == T_FLOAT ? "float_list" : "int64_list");
+    stk__fmt(why, wn, "feature '%.*s': its %s does not parse",
+             (int)(v->name_len < 80 ? v->name_len : 80), (const char *)v->name,
+             v->type == T_BYTES   ? "bytes_list"
+             : v->type == T_FLOAT ? "float_list"
+                                  : "int64_list");
     return false;
 }
 
@@ -420,7 +421,8 @@ static int walk_example(const uint8_t *p, size_t n, feat_fn fn, void *ctx, char 
     }
     return STK_OK;
 bad:
-    stk__fmt(why, wn, "the record is not a tf.train.Example (its protobuf does not parse near byte %zu)",
+    stk__fmt(why, wn,
+             "the record is not a tf.train.Example (its protobuf does not parse near byte %zu)",
              (size_t)(ex.p - p));
     return STK_EFORMAT;
 }
@@ -617,8 +619,9 @@ static int check_frame(const uint8_t *buf, uint64_t len, uint64_t j, uint64_t of
 {
     uint64_t l = stk__get64(buf);
     if (stk__get32(buf + 8) != masked_crc(buf, 8)) {
-        stk__fmt(why, wn, "record %" PRIu64 " at offset %" PRIu64 ": its length's CRC does not match",
-                 j, off);
+        stk__fmt(why, wn,
+                 "record %" PRIu64 " at offset %" PRIu64 ": its length's CRC does not match", j,
+                 off);
         return STK_EFORMAT;
     }
     if (l != len) {
@@ -675,7 +678,9 @@ static int pick_feature(void *ctx, const tval *v, char *why, size_t wn)
         return STK_OK;
     if (id == pk->d->payload) {
         if (v->type != T_BYTES || v->count != 1) {
-            stk__fmt(why, wn, "feature '%s' holds %" PRIu64 " %s values; a sample's payload is one byte string",
+            stk__fmt(why, wn,
+                     "feature '%s' holds %" PRIu64
+                     " %s values; a sample's payload is one byte string",
                      pk->d->feats[id].name, v->count, type_name(v->type));
             return STK_EFORMAT;
         }
@@ -723,8 +728,8 @@ static int tf_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         *len = (size_t)r->len;
         pick pk = {d, {0}, false, -1};
         char why[STK_ERRMSG_MAX];
-        if (d->label >= 0 && walk_example(buf + 12, (size_t)r->len, pick_feature, &pk, why,
-                                          sizeof why) == STK_OK)
+        if (d->label >= 0 &&
+            walk_example(buf + 12, (size_t)r->len, pick_feature, &pk, why, sizeof why) == STK_OK)
             *label = pk.label;
         return STK_OK;
     }
@@ -836,8 +841,7 @@ static int tf_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, siz
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_example(d, bytes, len, fs, why, sizeof why);
     if (rc)
-        stk__fmt(err, errlen, "record %" PRIu64 " at offset %" PRIu64 ": %s", j, t->r[j].off,
-                 why);
+        stk__fmt(err, errlen, "record %" PRIu64 " at offset %" PRIu64 ": %s", j, t->r[j].off, why);
     return rc;
 }
 
@@ -958,8 +962,8 @@ static bool read_dali_idx(const char *ipath, uint64_t fsize, tfile *t)
         unsigned long long o = strtoull(line, &e1, 10), sz = strtoull(e1, &e2, 10);
         if (e1 == line && (*line == '\n' || !*line))
             continue;
-        ok = !errno && e1 != line && e2 != e1 && (*e2 == '\n' || !*e2) && o == next &&
-             sz >= 16 && sz <= TF_MAX_RECORD + 16 && sz <= fsize - o &&
+        ok = !errno && e1 != line && e2 != e1 && (*e2 == '\n' || !*e2) && o == next && sz >= 16 &&
+             sz <= TF_MAX_RECORD + 16 && sz <= fsize - o &&
              add_rec(t, &cap, o, sz - 16, RS_OK) == STK_OK;
         next = o + sz;
     }
@@ -1488,8 +1492,8 @@ static int finish(stk__source *s, tfr *d, char *err, size_t errlen)
         if (stk__source_add_field(s, d->feats[k].name, strlen(d->feats[k].name),
                                   feat_kind(&d->feats[k]), d->feats[k].samples) < 0)
             return STK_ENOMEM;
-    s->ops = d->payload >= 0 && image_named(d->feats[d->payload].name) ? &k_tf_ops
-                                                                       : &k_tf_bytes_ops;
+    s->ops =
+        d->payload >= 0 && image_named(d->feats[d->payload].name) ? &k_tf_ops : &k_tf_bytes_ops;
     (void)err;
     (void)errlen;
     return STK_OK;
@@ -1536,8 +1540,7 @@ int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n
     s->count = total;
     s->max_len = maxlen;
     if (!total) {
-        stk__fmt(err, errlen, "%s: the %zu TFRecord files hold no records", n ? paths[0] : "",
-                 n);
+        stk__fmt(err, errlen, "%s: the %zu TFRecord files hold no records", n ? paths[0] : "", n);
         rc = STK_EEMPTY;
         goto out;
     }

@@ -206,12 +206,11 @@ static void patch(const char *path, long off, const void *b, size_t n)
 
 /* The features, in the order the scan meets them (the writer's serialization
  * is deterministic: sorted keys). */
-static const char *const k_feats[] = {"caption",      "image/aspect",   "image/class/label",
-                                      "image/encoded", "image/filename", "image/format",
-                                      "image/height",  "image/size",     "image/width",
-                                      "sample/index"};
-static const int k_kinds[] = {STK_FIELD_AUTO, STK_FIELD_FLOAT, STK_FIELD_INT,  STK_FIELD_IMAGE,
-                              STK_FIELD_AUTO, STK_FIELD_AUTO,  STK_FIELD_INT,  STK_FIELD_JSON,
+static const char *const k_feats[] = {
+    "caption",      "image/aspect", "image/class/label", "image/encoded", "image/filename",
+    "image/format", "image/height", "image/size",        "image/width",   "sample/index"};
+static const int k_kinds[] = {STK_FIELD_AUTO, STK_FIELD_FLOAT, STK_FIELD_INT, STK_FIELD_IMAGE,
+                              STK_FIELD_AUTO, STK_FIELD_AUTO,  STK_FIELD_INT, STK_FIELD_JSON,
                               STK_FIELD_INT,  STK_FIELD_JSON};
 
 static void check_dataset(const char *path, json_t *m, uint64_t stored)
@@ -270,8 +269,8 @@ static uint64_t stored_bytes(json_t *m)
     for (size_t k = 0; k < json_array_size(files); k++)
         if (strncmp(json_string_value(json_object_get(json_array_get(files, k), "path")), "idx/",
                     4))
-            stored += (uint64_t)json_integer_value(
-                json_object_get(json_array_get(files, k), "bytes"));
+            stored +=
+                (uint64_t)json_integer_value(json_object_get(json_array_get(files, k), "bytes"));
     return stored;
 }
 
@@ -477,7 +476,8 @@ static void test_crc32c(void)
     CHECK_EQ(stk__crc32c(buf, sizeof buf), ~c);
     CHECK_EQ(stk__crc32c_table("123456789", 9), 0xE3069283u);
     for (size_t k = 0; k < 20; k++) /* every alignment and tail length */
-        CHECK_EQ(stk__crc32c_table(buf + k, sizeof buf - 3 * k), stk__crc32c(buf + k, sizeof buf - 3 * k));
+        CHECK_EQ(stk__crc32c_table(buf + k, sizeof buf - 3 * k),
+                 stk__crc32c(buf + k, sizeof buf - 3 * k));
 }
 
 /* The DALI index is read instead of walking the framing: one whose first
