@@ -1552,12 +1552,7 @@ out:
     if (rc) {
         tf_free(d);
         s->impl = NULL;
-        for (size_t k = 0; k < s->nfields; k++)
-            stk__free(s->fields[k].name);
-        stk__free(s->fields);
-        s->fields = NULL;
-        s->nfields = 0;
-        stk__source_free_common(s);
+        stk__source_free_common(s); /* the shard table and the fields */
     }
     return rc;
 }
