@@ -28,9 +28,20 @@
  * from the contents (magic bytes, tar header checksums, CIFAR names and
  * sizes); a directory or list mixing kinds is an error that says so. */
 
-enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_COUNT };
-static const char *const k_kind_names[K_COUNT] = {"unknown", ".stk shards", ".tar shards",
-                                                  "CIFAR batches", "class subfolders"};
+enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_TFREC, K_COUNT };
+static const char *const k_kind_names[K_COUNT] = {"unknown",       ".stk shards",      ".tar shards",
+                                                  "CIFAR batches", "class subfolders", "TFRecord files"};
+
+/* TFRecord files go by name (their framing has no magic). */
+static bool tfrecord_name(const char *name)
+{
+    static const char *const sufs[] = {".tfrecord", ".tfrecord.gz", ".tfrecords", ".tfrecords.gz"};
+    size_t n = strlen(name);
+    for (size_t k = 0; k < sizeof sufs / sizeof sufs[0]; k++)
+        if (n > strlen(sufs[k]) && !strcmp(name + n - strlen(sufs[k]), sufs[k]))
+            return true;
+    return false;
+}
 
 typedef struct pathlist {
     char **v;
@@ -137,6 +148,8 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
     else if (got > 0 && cifar_name(base_name(path), &train) &&
              ((uint64_t)st.st_size % 3073 == 0 || (uint64_t)st.st_size % 3074 == 0))
         *kind = K_CIFAR;
+    else if (tfrecord_name(base_name(path)))
+        *kind = K_TFREC;
     return STK_OK;
 }
 
@@ -191,6 +204,7 @@ static int open_kind(stk__source *s, int kind, pathlist *l, const char *dir, cha
     case K_STK: return stk__source_stk_open(s, v, l->n, dir, err, errlen);
     case K_TAR: return stk__source_tar_open(s, v, l->n, err, errlen);
     case K_CIFAR: return stk__source_cifar_open(s, v, l->n, err, errlen);
+    case K_TFREC: return stk__source_tfrecord_open(s, v, l->n, err, errlen);
     default: return STK_EINVAL;
     }
 }
@@ -207,7 +221,7 @@ static int open_pattern(stk__source *s, const char *pat, char *err, size_t errle
         if ((rc = sniff_file(l.v[k], &kk, err, errlen)))
             goto out;
         if (kk == K_NONE) {
-            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard or CIFAR batch", l.v[k]);
+            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch or TFRecord file", l.v[k]);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -281,6 +295,8 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
             kind = K_STK;
         else if (ends_with(name, ".tar"))
             kind = K_TAR;
+        else if (tfrecord_name(name))
+            kind = K_TFREC;
         else if (cifar_name(name, &train)) {
             if ((rc = pl_add(&cifar_all, dir, name)))
                 goto out;
@@ -296,6 +312,9 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
         lists[K_CIFAR] = cifar_all;
         memset(&cifar_all, 0, sizeof cifar_all);
     }
+    if (lists[K_TFREC].n)
+        pl_free(&lists[K_FOLDER]); /* beside TFRecord files, a subfolder (DALI's idx/) is
+                                      no class */
     int found = K_NONE, kinds = 0;
     char mix[256] = "";
     for (int k = K_STK; k < K_COUNT; k++) {
@@ -523,7 +542,7 @@ static int open_any(stk__source *s, const char *path, const stk__source_params *
         return open_kind(s, kind, &l, NULL, err, errlen);
     }
     stk__fmt(err, errlen,
-             "%s: is a file but not a .stk shard, tar shard or CIFAR batch; give its record "
+             "%s: is a file but not a .stk shard, tar shard, CIFAR batch or .tfrecord file; give its record "
              "size (--record-size) to read it as fixed-size records, or name a directory in "
              "ImageFolder layout",
              path);

@@ -22,6 +22,7 @@
  *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
  *   tar_remote.c mds.c
  *   litdata.c
+ *   tfrecord.c
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -265,6 +266,23 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
  * "config"): 1 yes, 0 no (or no index.json), or a negative STK_E* code with
  * the message in err. Asked after stk__mds_sniff. */
 int stk__litdata_sniff(const char *dir, char *err, size_t errlen);
+/* TFRecord files of tf.train.Example records (.tfrecord, or .tfrecord.gz
+ * decompressed into a temporary directory removed at close): local paths
+ * (tfrecord.c; docs/formats.md). Each feature is a field. */
+int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n, char *err,
+                              size_t errlen);
+/* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
+uint32_t stk__crc32c(const void *data, size_t n);
+/* The same by the table alone, never the CPU's instruction (tests compare). */
+uint32_t stk__crc32c_table(const void *data, size_t n);
+/* TFRecord parsing on a memory buffer (fuzz entry point): walks the framing
+ * of one file's bytes, checks the CRCs, scans every Example's features and
+ * splits each record into its fields (a data CRC mismatch does not stop
+ * the parse), checking each lies inside it.
+ * STK_OK, STK_EFORMAT/STK_EUNSUPPORTED/STK_ENOMEM, or STK_EINVAL if a field
+ * does not lie inside its record (a parser bug). */
+int stk__tfrecord_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
+                               size_t errlen);
 
 /* Tar parsing on a memory buffer (fuzz entry point): walks the headers and
  * groups samples, then checks every entry lies inside buf, the index passes
