@@ -7,6 +7,7 @@ the same dict batches field by field; and the batches are identical for 1, 2
 and 8 threads with a second image field under its own transform."""
 
 import importlib.util
+import io
 import os
 import sys
 
@@ -173,3 +174,22 @@ def test_threads_1_2_8_with_a_second_image_field(data):
         assert b["seg"].shape[1:] == (3, 16, 16) and b["seg"].dtype == torch.uint8
     same_batches(runs[2], runs[1], "2 threads")
     same_batches(runs[8], runs[1], "8 threads")
+
+
+def test_second_image_field_is_the_seg_member(data):
+    """Decoded without a crop, the seg field is the seg.png member's pixels
+    (P mode, its palette applied), as PIL decodes them."""
+    from PIL import Image
+    m, tars = data["manifest"], data["www"] / "tars"
+    with stoker.Loader(tars, 8, fields={"seg": "seg.png", "image": "jpg"}, shuffle=False,
+                       transform={"seg": "decode", "image": RRC}, return_indices=True) as L:
+        n = 0
+        for b in L:
+            assert b["image"].shape[1:] == (3, 32, 32)
+            for s, i in enumerate(b["__index__"].tolist()):
+                png = mm.member_bytes(tars, m["samples"][i], "seg.png")
+                want = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+                assert b["seg"][s].shape == want.shape
+                assert np.array_equal(b["seg"][s].numpy(), want), i
+                n += 1
+    assert n == SAMPLES
