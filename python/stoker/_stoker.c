@@ -1367,7 +1367,8 @@ static int add_fields(stk_options *o, PyObject *fields)
             goto out;
         }
         if (rc) {
-            PyErr_Format(PyExc_ValueError, "fields: %s", stk_options_errmsg(o));
+            /* The library's message starts with "fields: " already. */
+            PyErr_Format(PyExc_ValueError, "%s", stk_options_errmsg(o));
             goto out;
         }
     }
