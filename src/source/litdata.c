@@ -37,6 +37,7 @@
  * holds pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/unpack.h"
 #include "io/file.h"
 
 #include <errno.h>
@@ -47,9 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #define LD_KEEP_FDS          256          /* chunks whose descriptors stay open */
 #define LD_INDEX_MAX         (256u << 20) /* bytes of index.json read */
@@ -87,7 +86,7 @@ typedef struct ld {
     int label;            /* leaf giving labels, or -1 */
     bool whole;           /* select was called: reads give the whole item */
     bool zstd;            /* the chunks are zstd-compressed */
-    char *tmpdir;         /* the decompressed chunks' directory, or NULL */
+    stk__unpack_area tmp; /* the decompressed chunks' area */
 } ld;
 
 /* One chunk as index.json describes it. */
@@ -783,20 +782,6 @@ static void ld_describe(const stk__source *s, stk__dataset_info *di)
     di->bytes = d->total_bytes;
 }
 
-/* Removes the temporary area (straight through libc: a close has no one to
- * report a failure to). */
-static void remove_tmp(ld *d)
-{
-    if (!d->tmpdir)
-        return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->chunks[k].path && !strncmp(d->chunks[k].path, d->tmpdir, strlen(d->tmpdir)))
-            (void)unlink(d->chunks[k].path);
-    (void)rmdir(d->tmpdir);
-    stk__free(d->tmpdir);
-    d->tmpdir = NULL;
-}
-
 static void ld_free(ld *d)
 {
     if (!d)
@@ -804,7 +789,7 @@ static void ld_free(ld *d)
     for (size_t k = 0; k < d->n; k++)
         if (d->chunks[k].fd >= 0)
             stk__close(d->chunks[k].fd);
-    remove_tmp(d);
+    stk__unpack_remove(&d->tmp);
     for (size_t k = 0; k < d->n; k++) {
         stk__free(d->chunks[k].shown);
         stk__free(d->chunks[k].path);
@@ -840,144 +825,20 @@ static const stk__source_ops k_ld_bytes_ops = {.kind = "litdata",
                                                .describe = ld_describe};
 
 /* ---- Compressed chunks --------------------------------------------------------------
- * A .zstd.bin chunk is decompressed once, at open, into a private directory
- * $TMPDIR/stoker-litdata-XXXXXX (TMPDIR unset: /tmp), removed at close. The
- * area holds the chunk_bytes index.json gives, checked against the free
- * space first; a chunk decompressing to more than its chunk_bytes is
- * refused (so index.json bounds the area). */
-
-/* Decompresses zfd's zstd stream into ofd: exactly want bytes. */
-static int unzstd(int zfd, int ofd, uint64_t want, char *why, size_t wn)
-{
-    /* zstd's own allocator: its custom-allocator API is in the experimental
-     * part of zstd.h, which a shared libzstd does not promise to keep. */
-    ZSTD_DStream *zs = ZSTD_createDStream();
-    size_t inc = ZSTD_DStreamInSize(), outc = ZSTD_DStreamOutSize();
-    uint8_t *ib = stk__malloc(inc), *ob = stk__malloc(outc);
-    uint64_t got = 0, at = 0;
-    size_t last = 1;
-    int rc = STK_OK;
-    if (!zs || !ib || !ob) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = stk__pread(zfd, ib, inc, (off_t)at);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            stk__fmt(why, wn, "read failed at offset %" PRIu64 ": %s", at, strerror(errno));
-            rc = STK_EIO;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        at += (uint64_t)r;
-        ZSTD_inBuffer in = {ib, (size_t)r, 0};
-        while (in.pos < in.size) {
-            ZSTD_outBuffer o = {ob, outc, 0};
-            last = ZSTD_decompressStream(zs, &o, &in);
-            if (ZSTD_isError(last)) {
-                stk__fmt(why, wn, "not a valid zstd stream (near compressed byte %" PRIu64 "): %s",
-                         at - (uint64_t)r + in.pos, ZSTD_getErrorName(last));
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos > want - got) {
-                stk__fmt(why, wn,
-                         "decompresses to more than the %" PRIu64
-                         " bytes index.json gives (chunk_bytes)",
-                         want);
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos && stk__write_full(ofd, ob, o.pos)) {
-                stk__fmt(why, wn, "cannot write its decompressed copy: %s", strerror(errno));
-                rc = STK_EIO;
-                goto out;
-            }
-            got += o.pos;
-        }
-    }
-    if (last != 0 || got != want) {
-        stk__fmt(why, wn, "%s: %" PRIu64 " bytes decompressed, index.json gives %" PRIu64,
-                 last != 0 ? "the zstd stream is cut off (truncated?)" : "wrong size", got, want);
-        rc = STK_EFORMAT;
-    }
-out:
-    ZSTD_freeDStream(zs);
-    stk__free(ib);
-    stk__free(ob);
-    return rc;
-}
-
-/* The private temporary directory, made once; checks the free space. */
-static int make_tmp(ld *d, uint64_t need, char *err, size_t errlen)
-{
-    if (d->tmpdir)
-        return STK_OK;
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base)
-        base = "/tmp";
-    struct statvfs vf;
-    if (statvfs(base, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-        stk__fmt(err, errlen,
-                 "decompressing the dataset's .zstd.bin chunks needs %" PRIu64
-                 " bytes in %s, which has %" PRIu64 " free: set TMPDIR to a larger disk",
-                 need, base, (uint64_t)vf.f_bavail * vf.f_frsize);
-        return STK_EIO;
-    }
-    char tmpl[4096];
-    stk__fmt(tmpl, sizeof tmpl, "%s/stoker-litdata-XXXXXX", base);
-    if (!mkdtemp(tmpl)) {
-        stk__fmt(err, errlen, "cannot make a temporary directory in %s: %s", base, strerror(errno));
-        return STK_EIO;
-    }
-    if (!(d->tmpdir = stk__strdup(tmpl))) {
-        (void)rmdir(tmpl);
-        return STK_ENOMEM;
-    }
-    return STK_OK;
-}
+ * A .zstd.bin chunk is decompressed once, at open, into the private area
+ * $TMPDIR/stoker-litdata-XXXXXX (unpack.h), removed at close. */
 
 /* Decompresses chunk t (file t->shown) into the temporary area. */
 static int decompress_chunk(ld *d, lchunk *t, const lchunk_info *ci, uint64_t need, char *err,
                             size_t errlen)
 {
-    int rc = make_tmp(d, need, err, errlen);
-    if (rc)
-        return rc;
-    size_t pl = strlen(d->tmpdir) + strlen(ci->file) + 2;
-    if (!(t->path = stk__malloc(pl)))
-        return STK_ENOMEM;
-    stk__fmt(t->path, pl, "%s/%s", d->tmpdir, ci->file);
-    int zfd = stk__open(t->shown, O_RDONLY | O_CLOEXEC), ofd = -1;
-    struct stat st;
-    if (zfd < 0 || stk__fstat(zfd, &st) != 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
-        rc = zfd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-        goto fail;
-    }
-    t->stored = (uint64_t)st.st_size;
-    if ((ofd = stk__open(t->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0) {
-        stk__fmt(err, errlen, "%s: cannot create %s: %s", t->shown, t->path, strerror(errno));
-        rc = STK_EIO;
-        goto fail;
-    }
-    char why[STK_ERRMSG_MAX];
-    rc = unzstd(zfd, ofd, ci->bytes, why, sizeof why);
-    stk__close(zfd);
-    stk__close(ofd);
-    if (rc)
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    return rc;
-fail:
-    if (zfd >= 0)
-        stk__close(zfd);
-    stk__free(t->path);
-    t->path = NULL;
-    return rc;
+    stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
+                         .src = t->shown,
+                         .name = ci->file,
+                         .want = ci->bytes,
+                         .want_from = "chunk_bytes",
+                         .need = need};
+    return stk__unpack(&d->tmp, &j, &t->path, &t->stored, err, errlen);
 }
 
 /* ---- Open ------------------------------------------------------------------------ */
@@ -1171,6 +1032,8 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
         goto out;
     }
     d->label = -1;
+    d->tmp = (stk__unpack_area){
+        .tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
     if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, d, &ci, &nc, why, sizeof why))) {

@@ -31,6 +31,7 @@
  * columns (Python pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/unpack.h"
 #include "io/file.h"
 
 #include <dirent.h>
@@ -43,10 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
-#include <zstd.h>
 
 #define MDS_KEEP_FDS          256          /* shards whose descriptors stay open */
 #define MDS_INDEX_MAX         (256u << 20) /* bytes of index.json read */
@@ -98,7 +96,7 @@ typedef struct mds {
     int payload;          /* column a read without fields gives */
     int label;            /* column giving labels, or -1 */
     bool whole;           /* select was called: reads give the whole record */
-    char *tmpdir;         /* the decompressed shards' directory, or NULL */
+    stk__unpack_area tmp; /* the decompressed shards' area */
 } mds;
 
 /* One shard as index.json describes it. */
@@ -752,21 +750,6 @@ static void mds_describe(const stk__source *s, stk__dataset_info *di)
     di->bytes = d->total_bytes;
 }
 
-/* Removes the temporary area: its files, then the directory. Straight
- * through libc, not the file layer: a close has no one to report a failure
- * to, and a fault injected here would only leave the area behind. */
-static void remove_tmp(mds *d)
-{
-    if (!d->tmpdir)
-        return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->shards[k].path && !strncmp(d->shards[k].path, d->tmpdir, strlen(d->tmpdir)))
-            (void)unlink(d->shards[k].path);
-    (void)rmdir(d->tmpdir);
-    stk__free(d->tmpdir);
-    d->tmpdir = NULL;
-}
-
 static void mds_free(mds *d)
 {
     if (!d)
@@ -774,7 +757,7 @@ static void mds_free(mds *d)
     for (size_t k = 0; k < d->n; k++)
         if (d->shards[k].fd >= 0)
             stk__close(d->shards[k].fd);
-    remove_tmp(d);
+    stk__unpack_remove(&d->tmp);
     for (size_t k = 0; k < d->n; k++) {
         stk__free(d->shards[k].shown);
         stk__free(d->shards[k].path);
@@ -810,165 +793,22 @@ static const stk__source_ops k_mds_bytes_ops = {.kind = "mds",
                                                 .describe = mds_describe};
 
 /* ---- Compressed shards ----------------------------------------------------------
- * A .mds.zstd shard is decompressed once, at open, into a private directory
- * $TMPDIR/stoker-mds-XXXXXX (TMPDIR unset: /tmp), removed at close. The
- * area holds the raw sizes index.json gives, checked against the free space
- * first; a shard decompressing to more than its raw_data.bytes is refused
- * (so index.json bounds the area), and one with an xxh64 hash is checked. */
-
-/* Decompresses zfd's zstd stream into ofd: exactly want bytes. */
-static int unzstd(int zfd, int ofd, uint64_t want, const char *xxh, char *why, size_t wn)
-{
-    /* zstd's own allocator: its custom-allocator API is in the experimental
-     * part of zstd.h, which a shared libzstd does not promise to keep. */
-    ZSTD_DStream *zs = ZSTD_createDStream();
-    size_t inc = ZSTD_DStreamInSize(), outc = ZSTD_DStreamOutSize();
-    uint8_t *ib = stk__malloc(inc), *ob = stk__malloc(outc);
-    XXH64_state_t *hs = XXH64_createState();
-    uint64_t got = 0, at = 0;
-    size_t last = 1;
-    int rc = STK_OK;
-    if (!zs || !ib || !ob || !hs || XXH64_reset(hs, 0) != XXH_OK) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = stk__pread(zfd, ib, inc, (off_t)at);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            stk__fmt(why, wn, "read failed at offset %" PRIu64 ": %s", at, strerror(errno));
-            rc = STK_EIO;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        at += (uint64_t)r;
-        ZSTD_inBuffer in = {ib, (size_t)r, 0};
-        while (in.pos < in.size) {
-            ZSTD_outBuffer o = {ob, outc, 0};
-            last = ZSTD_decompressStream(zs, &o, &in);
-            if (ZSTD_isError(last)) {
-                stk__fmt(why, wn, "not a valid zstd stream (near compressed byte %" PRIu64 "): %s",
-                         at - (uint64_t)r + in.pos, ZSTD_getErrorName(last));
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos > want - got) {
-                stk__fmt(why, wn,
-                         "decompresses to more than the %" PRIu64
-                         " bytes index.json gives (raw_data.bytes)",
-                         want);
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos && stk__write_full(ofd, ob, o.pos)) {
-                stk__fmt(why, wn, "cannot write its decompressed copy: %s", strerror(errno));
-                rc = STK_EIO;
-                goto out;
-            }
-            XXH64_update(hs, ob, o.pos);
-            got += o.pos;
-        }
-    }
-    if (last != 0 || got != want) {
-        stk__fmt(why, wn, "%s: %" PRIu64 " bytes decompressed, index.json gives %" PRIu64,
-                 last != 0 ? "the zstd stream is cut off (truncated?)" : "wrong size", got, want);
-        rc = STK_EFORMAT;
-        goto out;
-    }
-    if (xxh) {
-        char hex[17];
-        stk__fmt(hex, sizeof hex, "%016llx", (unsigned long long)XXH64_digest(hs));
-        if (strcmp(hex, xxh)) {
-            stk__fmt(why, wn, "its decompressed bytes have xxh64 %s, index.json gives %.20s", hex,
-                     xxh);
-            rc = STK_EFORMAT;
-        }
-    }
-out:
-    ZSTD_freeDStream(zs);
-    if (hs)
-        XXH64_freeState(hs);
-    stk__free(ib);
-    stk__free(ob);
-    return rc;
-}
-
-/* The private temporary directory, made once; checks the free space. */
-static int make_tmp(mds *d, uint64_t need, char *err, size_t errlen)
-{
-    if (d->tmpdir)
-        return STK_OK;
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base)
-        base = "/tmp";
-    struct statvfs vf;
-    if (statvfs(base, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-        stk__fmt(err, errlen,
-                 "decompressing the dataset's .mds.zstd shards needs %" PRIu64
-                 " bytes in %s, which has %" PRIu64
-                 " free: set TMPDIR to a larger disk, or decompress the shards beside index.json "
-                 "(zstd -d, under their raw_data names)",
-                 need, base, (uint64_t)vf.f_bavail * vf.f_frsize);
-        return STK_EIO;
-    }
-    char tmpl[4096];
-    stk__fmt(tmpl, sizeof tmpl, "%s/stoker-mds-XXXXXX", base);
-    if (!mkdtemp(tmpl)) {
-        stk__fmt(err, errlen, "cannot make a temporary directory in %s: %s", base, strerror(errno));
-        return STK_EIO;
-    }
-    if (!(d->tmpdir = stk__strdup(tmpl))) {
-        (void)rmdir(tmpl);
-        return STK_ENOMEM;
-    }
-    return STK_OK;
-}
+ * A .mds.zstd shard is decompressed once, at open, into the private area
+ * $TMPDIR/stoker-mds-XXXXXX (unpack.h), removed at close; a shard with an
+ * xxh64 hash is checked. */
 
 /* Decompresses shard t (zip file t->shown) into the temporary area. */
 static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t need, char *err,
                             size_t errlen)
 {
-    int rc = make_tmp(d, need, err, errlen);
-    if (rc)
-        return rc;
-    size_t pl = strlen(d->tmpdir) + strlen(si->raw) + 2;
-    if (!(t->path = stk__malloc(pl)))
-        return STK_ENOMEM;
-    stk__fmt(t->path, pl, "%s/%s", d->tmpdir, si->raw);
-    int zfd = stk__open(t->shown, O_RDONLY | O_CLOEXEC);
-    if (zfd < 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
-        stk__free(t->path);
-        t->path = NULL;
-        return e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    struct stat st;
-    if (stk__fstat(zfd, &st) != 0) {
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(errno));
-        stk__free(t->path);
-        t->path = NULL;
-        stk__close(zfd);
-        return STK_EIO;
-    }
-    t->stored = (uint64_t)st.st_size;
-    int ofd = stk__open(t->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (ofd < 0) {
-        stk__fmt(err, errlen, "%s: cannot create %s: %s", t->shown, t->path, strerror(errno));
-        stk__free(t->path);
-        t->path = NULL;
-        stk__close(zfd);
-        return STK_EIO;
-    }
-    char why[STK_ERRMSG_MAX];
-    rc = unzstd(zfd, ofd, si->raw_bytes, si->raw_xxh64, why, sizeof why);
-    stk__close(zfd);
-    stk__close(ofd);
-    if (rc)
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    return rc;
+    stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
+                         .src = t->shown,
+                         .name = si->raw,
+                         .want = si->raw_bytes,
+                         .want_from = "raw_data.bytes",
+                         .xxh64 = si->raw_xxh64,
+                         .need = need};
+    return stk__unpack(&d->tmp, &j, &t->path, &t->stored, err, errlen);
 }
 
 /* ---- Open ---------------------------------------------------------------------- */
@@ -1166,6 +1006,10 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
         goto out;
     }
     d->label = -1;
+    d->tmp = (stk__unpack_area){.tag = "mds",
+                                .what = "the dataset's .mds.zstd shards",
+                                .hint = ", or decompress the shards beside index.json (zstd -d, "
+                                        "under their raw_data names)"};
     if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, &d->cols, &d->ncols, &d->nvar, &si, &ns, why,

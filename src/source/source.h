@@ -16,6 +16,11 @@
  * Module map of src/source/ (each layer includes only the layers above it):
  *
  *   source.h, common.c      this interface and the helpers every reader uses
+ *   unpack.h/.c             a reader's private temporary area for files stored
+ *                           compressed (mds.c, litdata.c): $TMPDIR/stoker-TAG-*,
+ *                           free-space, size and xxh64 checks; the codec is an
+ *                           enum stk__codec (zstd; a new one, e.g. gzip for
+ *                           TFRecord .gz, is a decoder and a row in unpack.c)
  *   stkformat.h/.c          .stk bytes: header, footer, index, shard writer
  *   manifest.h/.c           a packed dataset's stoker.manifest
  *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
