@@ -637,32 +637,6 @@ static bool is_number(int ser)
     return ser == S_INT || ser == S_FLOAT || ser == S_BOOL;
 }
 
-static const lchunk *find_chunk(const ld *d, uint64_t i)
-{
-    size_t lo = 0, hi = d->n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->chunks[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &d->chunks[lo];
-}
-
-static int chunk_pread(const lchunk *t, void *buf, size_t n, uint64_t off, char *why, size_t wn)
-{
-    int fd = t->fd;
-    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
-        stk__fmt(why, wn, "cannot open %s: %s", t->path, strerror(errno));
-        return STK_EIO;
-    }
-    int rc = stk__pread_full(fd, buf, n, off, why, wn);
-    if (fd != t->fd)
-        stk__close(fd);
-    return rc;
-}
-
 /* Item j of chunk t: where it is, checked against the file. */
 static int item_range(const lchunk *t, uint64_t j, uint64_t *off, size_t *len, char *why, size_t wn)
 {
@@ -683,7 +657,7 @@ static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
                    int64_t *label, char *err, size_t errlen)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
     int rc = item_range(t, j, &off, &n, err, errlen);
@@ -698,7 +672,7 @@ static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             stk__fmt(err, errlen, "out of memory for %zu bytes", n);
         return rc;
     }
-    if ((rc = chunk_pread(t, buf, n, off, err, errlen)))
+    if ((rc = stk__pread_at(t->fd, t->path, buf, n, off, err, errlen)))
         return rc;
     size_t pos[STK__MAX_FIELDS], ll[STK__MAX_FIELDS];
     char why[STK_ERRMSG_MAX];
@@ -756,7 +730,7 @@ static int ld_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, siz
                      int64_t label, stk__field_set *fs, char *err, size_t errlen)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     (void)label;
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_item(d, bytes, len, fs, why, sizeof why);
@@ -769,7 +743,7 @@ static int ld_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, siz
 static void ld_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     stk__fmt(buf, n, "%s#%" PRIu64, t->shown, i - t->first);
 }
 
@@ -930,7 +904,7 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
             char why[STK_ERRMSG_MAX];
             if (item_range(t, j, &off, &n, why, sizeof why) || n < hn)
                 continue;
-            int rc = chunk_pread(t, sizes, hn, off, why, sizeof why);
+            int rc = stk__pread_at(t->fd, t->path, sizes, hn, off, why, sizeof why);
             uint64_t at = hn;
             for (size_t v = 0; v < lab && !rc; v++)
                 at += le32((const uint8_t *)&sizes[v]);
@@ -938,7 +912,7 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
             if (!rc && (le32((const uint8_t *)&sizes[lab]) != 8 || at + 8 > n))
                 continue; /* sizes past the item: its read reports it */
             if (!rc)
-                rc = chunk_pread(t, val, 8, off + at, why, sizeof why);
+                rc = stk__pread_at(t->fd, t->path, val, 8, off + at, why, sizeof why);
             if (rc) {
                 stk__fmt(err, errlen, "%s#%" PRIu64 ": reading its label: %s", t->shown, j, why);
                 return rc;
@@ -1032,8 +1006,8 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
         goto out;
     }
     d->label = -1;
-    d->tmp = (stk__unpack_area){
-        .tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
+    d->tmp =
+        (stk__unpack_area){.tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
     if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, d, &ci, &nc, why, sizeof why))) {

@@ -605,33 +605,7 @@ static bool is_binary_number(int enc)
     return enc >= E_INT;
 }
 
-static const mshard *find_shard(const mds *d, uint64_t i)
-{
-    size_t lo = 0, hi = d->n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->shards[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &d->shards[lo];
-}
-
 /* Reads [off, off + n) of shard t into buf. */
-static int shard_pread(const mshard *t, void *buf, size_t n, uint64_t off, char *why, size_t wn)
-{
-    int fd = t->fd;
-    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
-        stk__fmt(why, wn, "cannot open %s: %s", t->path, strerror(errno));
-        return STK_EIO;
-    }
-    int rc = stk__pread_full(fd, buf, n, off, why, wn);
-    if (fd != t->fd)
-        stk__close(fd);
-    return rc;
-}
-
 /* Record j of shard t: where it is, checked against the file. */
 static int record_range(const mshard *t, uint64_t j, uint64_t *off, size_t *len, char *why,
                         size_t wn)
@@ -653,7 +627,7 @@ static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
                     int64_t *label, char *err, size_t errlen)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
     int rc = record_range(t, j, &off, &n, err, errlen);
@@ -668,7 +642,7 @@ static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
             stk__fmt(err, errlen, "out of memory for %zu bytes", n);
         return rc;
     }
-    if ((rc = shard_pread(t, buf, n, off, err, errlen)))
+    if ((rc = stk__pread_at(t->fd, t->path, buf, n, off, err, errlen)))
         return rc;
     size_t pos[STK__MAX_FIELDS], clen[STK__MAX_FIELDS];
     char why[STK_ERRMSG_MAX];
@@ -724,7 +698,7 @@ static int mds_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
                       int64_t label, stk__field_set *fs, char *err, size_t errlen)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     (void)label;
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_record(d, bytes, len, fs, why, sizeof why);
@@ -737,7 +711,7 @@ static int mds_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
 static void mds_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     stk__fmt(buf, n, "%s#%" PRIu64, t->shown, i - t->first);
 }
 
@@ -904,7 +878,9 @@ static int scan_labels(mds *d, int64_t *maxl, char *err, size_t errlen)
             char why[STK_ERRMSG_MAX];
             if (record_range(t, j, &off, &n, why, sizeof why) || n < 4 * d->nvar)
                 continue;
-            int rc = vbefore ? shard_pread(t, sizes, 4 * vbefore, off, why, sizeof why) : 0;
+            int rc = vbefore
+                         ? stk__pread_at(t->fd, t->path, sizes, 4 * vbefore, off, why, sizeof why)
+                         : 0;
             uint64_t at = 4 * d->nvar + fixed;
             for (size_t v = 0; v < vbefore && !rc; v++)
                 at += le32((const uint8_t *)&sizes[v]);
@@ -912,7 +888,7 @@ static int scan_labels(mds *d, int64_t *maxl, char *err, size_t errlen)
             if (!rc && at + lc->size > n)
                 continue; /* sizes past the record: its read reports it */
             if (!rc)
-                rc = shard_pread(t, val, lc->size, off + at, why, sizeof why);
+                rc = stk__pread_at(t->fd, t->path, val, lc->size, off + at, why, sizeof why);
             if (rc) {
                 stk__fmt(err, errlen, "%s#%" PRIu64 ": reading its label: %s", t->shown, j, why);
                 return rc;
@@ -1035,9 +1011,9 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
     s->num_classes = (uint64_t)(maxl + 1);
     {
         const mcol *pc = &d->cols[d->payload];
-        bool image = pc->kind == STK_FIELD_IMAGE ||
-                     (pc->kind == STK_FIELD_AUTO &&
-                      stk_field_kind_for_name(pc->name) == STK_FIELD_IMAGE);
+        bool image =
+            pc->kind == STK_FIELD_IMAGE ||
+            (pc->kind == STK_FIELD_AUTO && stk_field_kind_for_name(pc->name) == STK_FIELD_IMAGE);
         s->ops = image ? &k_mds_ops : &k_mds_bytes_ops;
     }
     s->impl = d;

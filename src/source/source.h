@@ -300,6 +300,12 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
 /* ---- Helpers shared by readers (common.c) ------------------------------ */
 /* pread exactly n bytes at off. STK_EIO with reason (short read = truncated). */
 int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen);
+/* Same, from fd, or when fd < 0 from path opened for this read only (a
+ * reader with many shards keeps no descriptor per shard). */
+int stk__pread_at(int fd, const char *path, void *buf, size_t n, uint64_t off, char *err,
+                  size_t errlen);
+/* The shard holding sample i: the last k with s->shard_first[k] <= i. */
+size_t stk__source_shard_of(const stk__source *s, uint64_t i);
 /* Writes exactly n bytes. */
 int stk__write_full(int fd, const void *buf, size_t n);
 /* fsyncs the directory holding path, so a rename in it is durable. */
