@@ -37,6 +37,7 @@
  * holds pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/offtab.h"
 #include "source/unpack.h"
 #include "io/file.h"
 
@@ -67,14 +68,9 @@ typedef struct lleaf {
     int kind;      /* enum stk_field_kind the source gives it */
 } lleaf;
 
-typedef struct lchunk {
-    char *shown; /* the file as the user knows it: DIR/chunk-0-0(.zstd).bin */
-    char *path;  /* the file read: the chunk, or its decompressed copy */
-    int fd;
-    uint64_t first, count, bytes;
-    uint64_t stored; /* bytes of the file as stored */
-    uint32_t *off;   /* count + 1 item offsets */
-} lchunk;
+typedef stk__otshard lchunk; /* offtab.h */
+typedef stk__otrd lrd;
+static const stk__otwords k_ld_words = {"chunk", "item", "items", " (chunk_size)"};
 
 typedef struct ld {
     lleaf *leaves;
@@ -497,77 +493,6 @@ static int parse_index(const char *text, size_t len, json_t **root, ld *d, lchun
     return STK_OK;
 }
 
-/* ---- Chunks ------------------------------------------------------------------------ */
-
-/* Where the chunk parser's bytes come from: a descriptor or memory. */
-typedef struct lrd {
-    int fd;
-    const uint8_t *buf;
-    uint64_t size;
-} lrd;
-
-static int rd_get(const lrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
-{
-    if (off > r->size || n > r->size - off) {
-        stk__fmt(why, wn,
-                 "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
-                 " bytes; truncated?)",
-                 n, off, r->size);
-        return STK_EFORMAT;
-    }
-    if (r->buf) {
-        memcpy(out, r->buf + off, n);
-        return STK_OK;
-    }
-    return stk__pread_full(r->fd, out, n, off, why, wn);
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Reads a chunk's item count and offsets table; checks them against
- * index.json's count and the file. An item reaching past the end of the
- * file (a truncated chunk) is left for its read to report. */
-static int parse_chunk_head(const lrd *r, uint64_t want, lchunk *t, char *why, size_t n)
-{
-    uint8_t b4[4];
-    int rc = rd_get(r, 0, b4, 4, why, n);
-    if (rc)
-        return rc;
-    uint32_t count = le32(b4);
-    if (count != want) {
-        stk__fmt(why, n, "holds %" PRIu32 " items, but index.json says %" PRIu64 " (chunk_size)",
-                 count, want);
-        return STK_EFORMAT;
-    }
-    uint64_t head = 4 + 4 * ((uint64_t)count + 1);
-    if (head > r->size) {
-        stk__fmt(why, n,
-                 "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
-                 " bytes (truncated?)",
-                 head, r->size);
-        return STK_EFORMAT;
-    }
-    if (!(t->off = stk__malloc(((size_t)count + 1) * sizeof *t->off)))
-        return STK_ENOMEM;
-    if ((rc = rd_get(r, 4, t->off, ((size_t)count + 1) * 4, why, n)))
-        return rc;
-    for (size_t k = 0; k <= count; k++) {
-        t->off[k] = le32((const uint8_t *)&t->off[k]);
-        if ((k == 0 && t->off[0] < head) || (k && t->off[k] < t->off[k - 1])) {
-            stk__fmt(why, n,
-                     "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64 ")", k,
-                     t->off[k], k ? "below the one before," : "inside the header,",
-                     k ? (uint64_t)t->off[k - 1] : head);
-            return STK_EFORMAT;
-        }
-    }
-    t->count = count;
-    return STK_OK;
-}
-
 /* ---- Items ------------------------------------------------------------------------ */
 
 /* Splits an item into its leaves: pos[k]/len[k] inside it. STK_EFORMAT with
@@ -584,7 +509,7 @@ static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, siz
     size_t at = head;
     for (size_t k = 0; k < d->nleaves; k++) {
         const lleaf *l = &d->leaves[k];
-        size_t sz = le32(it + 4 * k);
+        size_t sz = stk__le32(it + 4 * k);
         if (sz > n - at) {
             stk__fmt(why, wn,
                      "leaf '%s' (%zu bytes at byte %zu) runs past the end of the %zu-byte item",
@@ -612,7 +537,7 @@ static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, siz
 
 static int64_t i64_value(const uint8_t *p)
 {
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     int64_t v;
     memcpy(&v, &u, sizeof v);
     return v;
@@ -626,7 +551,7 @@ static int number_text(const lleaf *l, const uint8_t *p, char *buf, size_t n)
         return snprintf(buf, n, "%" PRId64, i64_value(p));
     if (l->ser == S_BOOL)
         return snprintf(buf, n, "%d", p[0] != 0);
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     double v;
     memcpy(&v, &u, 8);
     return snprintf(buf, n, "%.17g", v);
@@ -637,22 +562,6 @@ static bool is_number(int ser)
     return ser == S_INT || ser == S_FLOAT || ser == S_BOOL;
 }
 
-/* Item j of chunk t: where it is, checked against the file. */
-static int item_range(const lchunk *t, uint64_t j, uint64_t *off, size_t *len, char *why, size_t wn)
-{
-    *off = t->off[j];
-    uint64_t end = t->off[j + 1];
-    if (end > t->bytes) {
-        stk__fmt(why, wn,
-                 "the chunk is truncated: item %" PRIu64 " ends at offset %" PRIu64
-                 ", but the file is %" PRIu64 " bytes",
-                 j, end, t->bytes);
-        return STK_EFORMAT;
-    }
-    *len = (size_t)(end - *off);
-    return STK_OK;
-}
-
 static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                    int64_t *label, char *err, size_t errlen)
 {
@@ -660,7 +569,7 @@ static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
     const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
-    int rc = item_range(t, j, &off, &n, err, errlen);
+    int rc = stk__ot_range(t, j, &off, &n, &k_ld_words, err, errlen);
     if (rc)
         return rc;
     uint8_t *buf = stk__sink_reserve(sink, n, &rc);
@@ -760,15 +669,8 @@ static void ld_free(ld *d)
 {
     if (!d)
         return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->chunks[k].fd >= 0)
-            stk__close(d->chunks[k].fd);
+    stk__ot_free(d->chunks, d->n);
     stk__unpack_remove(&d->tmp);
-    for (size_t k = 0; k < d->n; k++) {
-        stk__free(d->chunks[k].shown);
-        stk__free(d->chunks[k].path);
-        stk__free(d->chunks[k].off);
-    }
     stk__free(d->chunks);
     free_leaves(d->leaves, d->nleaves);
     stk__free(d);
@@ -855,7 +757,7 @@ static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, 
         t->stored = t->bytes;
     lrd r = {fd, NULL, t->bytes};
     char why[STK_ERRMSG_MAX];
-    if ((rc = parse_chunk_head(&r, ci->samples, t, why, sizeof why)))
+    if ((rc = stk__ot_head(&r, ci->samples, t, &k_ld_words, why, sizeof why)))
         stk__fmt(err, errlen, "%s: %s", t->shown, why);
     if (keep && !rc)
         t->fd = fd;
@@ -902,14 +804,14 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
             uint64_t off;
             size_t n;
             char why[STK_ERRMSG_MAX];
-            if (item_range(t, j, &off, &n, why, sizeof why) || n < hn)
+            if (stk__ot_range(t, j, &off, &n, &k_ld_words, why, sizeof why) || n < hn)
                 continue;
             int rc = stk__pread_at(t->fd, t->path, sizes, hn, off, why, sizeof why);
             uint64_t at = hn;
             for (size_t v = 0; v < lab && !rc; v++)
-                at += le32((const uint8_t *)&sizes[v]);
+                at += stk__le32((const uint8_t *)&sizes[v]);
             uint8_t val[8];
-            if (!rc && (le32((const uint8_t *)&sizes[lab]) != 8 || at + 8 > n))
+            if (!rc && (stk__le32((const uint8_t *)&sizes[lab]) != 8 || at + 8 > n))
                 continue; /* sizes past the item: its read reports it */
             if (!rc)
                 rc = stk__pread_at(t->fd, t->path, val, 8, off + at, why, sizeof why);
@@ -1096,7 +998,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         stk__fmt(err, errlen, "input too short");
         return STK_EFORMAT;
     }
-    uint32_t il = le32(buf);
+    uint32_t il = stk__le32(buf);
     if (il > n - 4) {
         stk__fmt(err, errlen, "index length past the input");
         return STK_EFORMAT;
@@ -1111,7 +1013,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         goto out;
     lrd r = {-1, buf + 4 + il, n - 4 - il};
     t.bytes = r.size;
-    if ((rc = parse_chunk_head(&r, ci[0].samples, &t, err, errlen)))
+    if ((rc = stk__ot_head(&r, ci[0].samples, &t, &k_ld_words, err, errlen)))
         goto out;
     *samples = t.count;
     stk__field_set *fs = stk__malloc(sizeof *fs);
@@ -1123,7 +1025,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         uint64_t off;
         size_t len;
         char why[STK_ERRMSG_MAX];
-        if (item_range(&t, j, &off, &len, why, sizeof why))
+        if (stk__ot_range(&t, j, &off, &len, &k_ld_words, why, sizeof why))
             continue;
         const uint8_t *it = r.buf + off;
         if (fields_of_item(&d, it, len, fs, why, sizeof why))

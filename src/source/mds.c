@@ -31,6 +31,7 @@
  * columns (Python pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/offtab.h"
 #include "source/unpack.h"
 #include "io/file.h"
 
@@ -78,14 +79,9 @@ typedef struct mcol {
     int kind;      /* enum stk_field_kind the source gives it */
 } mcol;
 
-typedef struct mshard {
-    char *shown; /* the file as the user knows it: DIR/shard.00000.mds(.zstd) */
-    char *path;  /* the file read: the .mds, or its decompressed copy */
-    int fd;
-    uint64_t first, count, bytes;
-    uint64_t stored; /* bytes of the file as stored (the zip when compressed) */
-    uint32_t *off;   /* count + 1 record offsets */
-} mshard;
+typedef stk__otshard mshard; /* offtab.h */
+typedef stk__otrd mrd;
+static const stk__otwords k_mds_words = {"shard", "record", "samples", ""};
 
 typedef struct mds {
     mcol *cols;
@@ -441,77 +437,6 @@ static int parse_index(const char *text, size_t len, json_t **root, mcol **cols,
     return STK_OK;
 }
 
-/* ---- Shards ------------------------------------------------------------------ */
-
-/* Where the shard parser's bytes come from: a descriptor or memory. */
-typedef struct mrd {
-    int fd;
-    const uint8_t *buf;
-    uint64_t size;
-} mrd;
-
-static int rd_get(const mrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
-{
-    if (off > r->size || n > r->size - off) {
-        stk__fmt(why, wn,
-                 "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
-                 " bytes; truncated?)",
-                 n, off, r->size);
-        return STK_EFORMAT;
-    }
-    if (r->buf) {
-        memcpy(out, r->buf + off, n);
-        return STK_OK;
-    }
-    return stk__pread_full(r->fd, out, n, off, why, wn);
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Reads a shard's sample count and offsets table; checks them against
- * index.json's count and the file. A record reaching past the end of the
- * file (a truncated shard) is left for its read to report. */
-static int parse_shard_head(const mrd *r, uint64_t want, mshard *t, char *why, size_t n)
-{
-    uint8_t b4[4];
-    int rc = rd_get(r, 0, b4, 4, why, n);
-    if (rc)
-        return rc;
-    uint32_t count = le32(b4);
-    if (count != want) {
-        stk__fmt(why, n, "holds %" PRIu32 " samples, but index.json says %" PRIu64, count, want);
-        return STK_EFORMAT;
-    }
-    uint64_t head = 4 + 4 * ((uint64_t)count + 1);
-    if (head > r->size) {
-        stk__fmt(why, n,
-                 "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
-                 " bytes (truncated?)",
-                 head, r->size);
-        return STK_EFORMAT;
-    }
-    if (!(t->off = stk__malloc(((size_t)count + 1) * sizeof *t->off)))
-        return STK_ENOMEM;
-    if ((rc = rd_get(r, 4, t->off, ((size_t)count + 1) * 4, why, n)))
-        return rc;
-    for (size_t k = 0; k <= count; k++) {
-        uint8_t *p = (uint8_t *)&t->off[k];
-        t->off[k] = le32(p);
-        if ((k == 0 && t->off[0] < head) || (k && t->off[k] < t->off[k - 1])) {
-            stk__fmt(why, n,
-                     "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64 ")", k,
-                     t->off[k], k ? "below the one before," : "inside the header,",
-                     k ? (uint64_t)t->off[k - 1] : head);
-            return STK_EFORMAT;
-        }
-    }
-    t->count = count;
-    return STK_OK;
-}
-
 /* ---- Records ------------------------------------------------------------------ */
 
 /* Splits a record into its columns: pos[c]/len[c] inside rec. STK_EFORMAT
@@ -526,7 +451,7 @@ static int split_record(const mds *d, const uint8_t *rec, size_t n, size_t *pos,
     }
     size_t at = head, v = 0;
     for (size_t c = 0; c < d->ncols; c++) {
-        size_t sz = d->cols[c].size ? d->cols[c].size : le32(rec + 4 * v++);
+        size_t sz = d->cols[c].size ? d->cols[c].size : stk__le32(rec + 4 * v++);
         if (sz > n - at) {
             stk__fmt(why, wn,
                      "column '%s' (%zu bytes at byte %zu) runs past the end of the "
@@ -589,12 +514,12 @@ static int number_text(const mcol *c, const uint8_t *p, char *buf, size_t n)
         return snprintf(buf, n, "%.9g", half_value(h));
     }
     if (c->enc == E_FLOAT32) {
-        uint32_t u = le32(p);
+        uint32_t u = stk__le32(p);
         float f;
         memcpy(&f, &u, 4);
         return snprintf(buf, n, "%.9g", (double)f);
     }
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     double v;
     memcpy(&v, &u, 8);
     return snprintf(buf, n, "%.17g", v);
@@ -605,24 +530,6 @@ static bool is_binary_number(int enc)
     return enc >= E_INT;
 }
 
-/* Reads [off, off + n) of shard t into buf. */
-/* Record j of shard t: where it is, checked against the file. */
-static int record_range(const mshard *t, uint64_t j, uint64_t *off, size_t *len, char *why,
-                        size_t wn)
-{
-    *off = t->off[j];
-    uint64_t end = t->off[j + 1];
-    if (end > t->bytes) {
-        stk__fmt(why, wn,
-                 "the shard is truncated: record %" PRIu64 " ends at offset %" PRIu64
-                 ", but the file is %" PRIu64 " bytes",
-                 j, end, t->bytes);
-        return STK_EFORMAT;
-    }
-    *len = (size_t)(end - *off);
-    return STK_OK;
-}
-
 static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                     int64_t *label, char *err, size_t errlen)
 {
@@ -630,7 +537,7 @@ static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
     const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
-    int rc = record_range(t, j, &off, &n, err, errlen);
+    int rc = stk__ot_range(t, j, &off, &n, &k_mds_words, err, errlen);
     if (rc)
         return rc;
     uint8_t *buf = stk__sink_reserve(sink, n, &rc);
@@ -728,15 +635,8 @@ static void mds_free(mds *d)
 {
     if (!d)
         return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->shards[k].fd >= 0)
-            stk__close(d->shards[k].fd);
+    stk__ot_free(d->shards, d->n);
     stk__unpack_remove(&d->tmp);
-    for (size_t k = 0; k < d->n; k++) {
-        stk__free(d->shards[k].shown);
-        stk__free(d->shards[k].path);
-        stk__free(d->shards[k].off);
-    }
     stk__free(d->shards);
     free_cols(d->cols, d->ncols);
     stk__free(d);
@@ -831,7 +731,7 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
         t->stored = t->bytes;
     mrd r = {fd, NULL, t->bytes};
     char why[STK_ERRMSG_MAX];
-    if ((rc = parse_shard_head(&r, si->samples, t, why, sizeof why)))
+    if ((rc = stk__ot_head(&r, si->samples, t, &k_mds_words, why, sizeof why)))
         stk__fmt(err, errlen, "%s: %s", t->shown, why);
     if (keep && !rc)
         t->fd = fd;
@@ -876,14 +776,14 @@ static int scan_labels(mds *d, int64_t *maxl, char *err, size_t errlen)
             uint64_t off;
             size_t n;
             char why[STK_ERRMSG_MAX];
-            if (record_range(t, j, &off, &n, why, sizeof why) || n < 4 * d->nvar)
+            if (stk__ot_range(t, j, &off, &n, &k_mds_words, why, sizeof why) || n < 4 * d->nvar)
                 continue;
             int rc = vbefore
                          ? stk__pread_at(t->fd, t->path, sizes, 4 * vbefore, off, why, sizeof why)
                          : 0;
             uint64_t at = 4 * d->nvar + fixed;
             for (size_t v = 0; v < vbefore && !rc; v++)
-                at += le32((const uint8_t *)&sizes[v]);
+                at += stk__le32((const uint8_t *)&sizes[v]);
             uint8_t val[8];
             if (!rc && at + lc->size > n)
                 continue; /* sizes past the record: its read reports it */
@@ -1080,7 +980,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         stk__fmt(err, errlen, "input too short");
         return STK_EFORMAT;
     }
-    uint32_t il = le32(buf);
+    uint32_t il = stk__le32(buf);
     if (il > n - 4) {
         stk__fmt(err, errlen, "index length past the input");
         return STK_EFORMAT;
@@ -1096,7 +996,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         goto out;
     mrd r = {-1, buf + 4 + il, n - 4 - il};
     t.bytes = r.size;
-    if ((rc = parse_shard_head(&r, si[0].samples, &t, err, errlen)))
+    if ((rc = stk__ot_head(&r, si[0].samples, &t, &k_mds_words, err, errlen)))
         goto out;
     *samples = t.count;
     stk__field_set *fs = stk__malloc(sizeof *fs);
@@ -1108,7 +1008,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         uint64_t off;
         size_t len;
         char why[STK_ERRMSG_MAX];
-        if (record_range(&t, j, &off, &len, why, sizeof why))
+        if (stk__ot_range(&t, j, &off, &len, &k_mds_words, why, sizeof why))
             continue;
         const uint8_t *rec = r.buf + off;
         if (fields_of_record(&d, rec, len, fs, why, sizeof why))

@@ -16,6 +16,8 @@
  * Module map of src/source/ (each layer includes only the layers above it):
  *
  *   source.h, common.c      this interface and the helpers every reader uses
+ *   offtab.h/.c             shards that begin with an offsets table (MDS
+ *                           shards, LitData chunks): the table, item ranges
  *   unpack.h/.c             a reader's private temporary area for files stored
  *                           compressed (mds.c, litdata.c): $TMPDIR/stoker-TAG-*,
  *                           free-space, size and xxh64 checks; the codec is an
