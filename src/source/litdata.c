@@ -719,23 +719,13 @@ static int decompress_chunk(ld *d, lchunk *t, const lchunk_info *ci, uint64_t ne
 
 /* ---- Open ------------------------------------------------------------------------ */
 
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = stk__malloc(n);
-    if (p)
-        stk__fmt(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 /* Opens chunk t (decompressed first when compressed); reads its offsets
  * table. */
 static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, uint64_t need,
                       bool keep, char *err, size_t errlen)
 {
-    struct stat st;
     int rc;
-    if (!(t->shown = join(dir, ci->file)))
+    if (!(t->shown = stk__ot_join(dir, ci->file)))
         return STK_ENOMEM;
     if (d->zstd) {
         if ((rc = decompress_chunk(d, t, ci, need, err, errlen)))
@@ -743,27 +733,7 @@ static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, 
     } else if (!(t->path = stk__strdup(t->shown))) {
         return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    t->bytes = (uint64_t)st.st_size;
-    if (!d->zstd)
-        t->stored = t->bytes;
-    lrd r = {fd, NULL, t->bytes};
-    char why[STK_ERRMSG_MAX];
-    if ((rc = stk__ot_head(&r, ci->samples, t, &k_ld_words, why, sizeof why)))
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    if (keep && !rc)
-        t->fd = fd;
-    else
-        stk__close(fd);
-    return rc;
+    return stk__ot_open(t, ci->samples, keep, &k_ld_words, err, errlen);
 }
 
 static bool leaf_is_image(const lleaf *l)
@@ -895,7 +865,7 @@ static int describe_fields(stk__source *s, const ld *d)
 
 int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = join(dir, "index.json");
+    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
     size_t tlen = 0, nc = 0;
     json_t *root = NULL;
     lchunk_info *ci = NULL;
@@ -958,7 +928,7 @@ out:
 
 int stk__litdata_sniff(const char *dir, char *err, size_t errlen)
 {
-    char *ipath = join(dir, "index.json"), *text = NULL;
+    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
     size_t len = 0;
     int rc = 0;
     struct stat st;

@@ -687,15 +687,6 @@ static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t n
 
 /* ---- Open ---------------------------------------------------------------------- */
 
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = stk__malloc(n);
-    if (p)
-        stk__fmt(p, n, "%s/%s", dir, name);
-    return p;
-}
-
 /* Opens shard k: the raw file when it is there (Streaming's own cache keeps
  * it beside the zip), else its zip decompressed; reads its offsets table. */
 static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si, uint64_t need,
@@ -703,12 +694,12 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
 {
     struct stat st;
     int rc;
-    char *raw = join(dir, si->raw);
+    char *raw = stk__ot_join(dir, si->raw);
     if (!raw)
         return STK_ENOMEM;
     if (si->zip && (stk__stat(raw, &st) != 0 || (uint64_t)st.st_size != si->raw_bytes)) {
         stk__free(raw);
-        if (!(t->shown = join(dir, si->zip)))
+        if (!(t->shown = stk__ot_join(dir, si->zip)))
             return STK_ENOMEM;
         if ((rc = decompress_shard(d, t, si, need, err, errlen)))
             return rc;
@@ -717,27 +708,7 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
         if (!(t->path = stk__strdup(raw)))
             return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    t->bytes = (uint64_t)st.st_size;
-    if (!si->zip || !t->stored)
-        t->stored = t->bytes;
-    mrd r = {fd, NULL, t->bytes};
-    char why[STK_ERRMSG_MAX];
-    if ((rc = stk__ot_head(&r, si->samples, t, &k_mds_words, why, sizeof why)))
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    if (keep && !rc)
-        t->fd = fd;
-    else
-        stk__close(fd);
-    return rc;
+    return stk__ot_open(t, si->samples, keep, &k_mds_words, err, errlen);
 }
 
 /* The column a read without fields gives: the first image column, else the
@@ -869,7 +840,7 @@ static int open_shards(stk__source *s, mds *d, const char *dir, const mshard_inf
 
 int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = join(dir, "index.json");
+    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
     size_t tlen = 0, ns = 0;
     json_t *root = NULL;
     mshard_info *si = NULL;
@@ -941,7 +912,7 @@ out:
 
 int stk__mds_sniff(const char *dir, char *err, size_t errlen)
 {
-    char *ipath = join(dir, "index.json"), *text = NULL;
+    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
     size_t len = 0;
     int rc = 0;
     struct stat st;

@@ -5,8 +5,12 @@
 #include "source/source.h"
 #include "io/file.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int stk__ot_get(const stk__otrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
 {
@@ -77,6 +81,43 @@ int stk__ot_range(const stk__otshard *t, uint64_t j, uint64_t *off, size_t *len,
     }
     *len = (size_t)(end - *off);
     return STK_OK;
+}
+
+int stk__ot_open(stk__otshard *t, uint64_t want, bool keep, const stk__otwords *w, char *err,
+                 size_t errlen)
+{
+    struct stat st;
+    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
+    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
+    if (sr != 0 || !S_ISREG(st.st_mode)) {
+        int e = errno;
+        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
+        if (fd >= 0)
+            stk__close(fd);
+        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
+    }
+    t->bytes = (uint64_t)st.st_size;
+    if (!t->stored) /* not decompressed: the file read is the one stored */
+        t->stored = t->bytes;
+    stk__otrd r = {fd, NULL, t->bytes};
+    char why[STK_ERRMSG_MAX];
+    int rc = stk__ot_head(&r, want, t, w, why, sizeof why);
+    if (rc)
+        stk__fmt(err, errlen, "%s: %s", t->shown, why);
+    if (keep && !rc)
+        t->fd = fd;
+    else
+        stk__close(fd);
+    return rc;
+}
+
+char *stk__ot_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = stk__malloc(n);
+    if (p)
+        stk__fmt(p, n, "%s/%s", dir, name);
+    return p;
 }
 
 void stk__ot_free(stk__otshard *t, size_t n)

@@ -9,6 +9,7 @@
 
 #include "internal.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* One shard: its files, its samples, its offsets table. */
@@ -53,6 +54,15 @@ int stk__ot_head(const stk__otrd *r, uint64_t want, stk__otshard *t, const stk__
 /* Item j's range in t; STK_EFORMAT when it ends past the file. */
 int stk__ot_range(const stk__otshard *t, uint64_t j, uint64_t *off, size_t *len,
                   const stk__otwords *w, char *why, size_t wn);
+
+/* Opens t->path (a regular file) and reads its offsets table (want items);
+ * sets t->bytes, and t->stored when still 0. keep: t->fd stays open, else
+ * reads open the file each time. Errors name t->shown. */
+int stk__ot_open(stk__otshard *t, uint64_t want, bool keep, const stk__otwords *w, char *err,
+                 size_t errlen);
+
+/* "dir/name", allocated; NULL when out of memory. */
+char *stk__ot_join(const char *dir, const char *name);
 
 /* Closes and frees n shards' descriptors, names and tables (not the array). */
 void stk__ot_free(stk__otshard *t, size_t n);
