@@ -1081,6 +1081,13 @@ STK_API int stk_dataset_verify(const char *path, const stk_options *o, stk_verif
  * for NULL or a malformed LOCAL_WORLD_SIZE (*n is then 1). Any thread. */
 STK_API int stk_default_threads(unsigned *n);
 
+/* Bytes of memory this machine can still give without swapping
+ * (MemAvailable of /proc/meminfo); 0 when it cannot be read. A loader
+ * without memory_budget takes a quarter of it, shared by the node's ranks
+ * (docs/memory.md); `stoker doctor` compares the memory bound with it.
+ * Any thread. */
+STK_API uint64_t stk_mem_available(void);
+
 /* What stk_bench_decode measured (set struct_size = sizeof; filled on STK_OK). */
 typedef struct stk_bench_decode_result {
     size_t struct_size;

@@ -254,6 +254,12 @@ uint64_t stk__mem_available(void)
     return kb * 1024u;
 }
 
+/* The public face of stk__mem_available (include/stoker.h). */
+uint64_t stk_mem_available(void)
+{
+    return stk__mem_available();
+}
+
 /* The public face of stk__default_threads (include/stoker.h). */
 int stk_default_threads(unsigned *n)
 {

@@ -263,19 +263,3 @@ double stoker_now(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
-
-
-/* MemAvailable of /proc/meminfo in bytes (0 when it cannot be read). */
-uint64_t stoker_mem_available(void)
-{
-    uint64_t kb = 0;
-    FILE *f = fopen("/proc/meminfo", "re");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "MemAvailable:", 13))
-                kb = strtoull(line + 13, NULL, 10);
-        fclose(f);
-    }
-    return kb * 1024u;
-}

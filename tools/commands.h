@@ -86,8 +86,6 @@ void stoker_progress(stk_loader *l, double secs, uint64_t samples, uint64_t batc
 long stoker_peak_rss(void);
 /* CLOCK_MONOTONIC in seconds. */
 double stoker_now(void);
-/* MemAvailable of /proc/meminfo in bytes (0 when it cannot be read). */
-uint64_t stoker_mem_available(void);
 /* The tool's --help text. */
 void stoker_usage(FILE *f);
 

@@ -834,7 +834,7 @@ int stoker_cmd_doctor(int argc, char **argv)
     d.secs = d.a.seconds > 0 ? d.a.seconds : DEFAULT_SECONDS;
     d.live = d.a.progress_set ? d.a.progress : isatty(STDERR_FILENO);
     d.steps = 5;
-    d.mem_available = stoker_mem_available();
+    d.mem_available = stk_mem_available();
     if (stk_default_threads(&d.cpus) != STK_OK || !d.cpus)
         d.cpus = 1;
     d.hold = calloc(CACHE_SAMPLES, sizeof *d.hold);

@@ -679,8 +679,11 @@ static PyObject *Batch_record_stream(BatchObject *self, PyObject *arg)
  * batch, so no per-sample Python code runs for a field. */
 
 /* Field k of the batch, or NULL with IndexError. */
-static const stk_field *batch_field(const BatchObject *self, Py_ssize_t k)
+static const stk_field *batch_field(const BatchObject *self, PyObject *arg)
 {
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
     if (k < 0 || (size_t)k >= self->b->nfields) {
         PyErr_Format(PyExc_IndexError, "batch field %zd out of range (the batch has %zu)", k,
                      self->b->nfields);
@@ -797,10 +800,7 @@ static PyObject *field_json(const stk_field *f, size_t n)
  * field is absent. */
 static PyObject *Batch_field(BatchObject *self, PyObject *arg)
 {
-    Py_ssize_t k = PyLong_AsSsize_t(arg);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    const stk_field *f = batch_field(self, k);
+    const stk_field *f = batch_field(self, arg);
     if (!f)
         return NULL;
     size_t n = self->b->size;
@@ -843,10 +843,7 @@ static PyObject *Batch_field(BatchObject *self, PyObject *arg)
 /* field_info(k) -> {"name", "source", "kind", "dense", "optional"}. */
 static PyObject *Batch_field_info(BatchObject *self, PyObject *arg)
 {
-    Py_ssize_t k = PyLong_AsSsize_t(arg);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    const stk_field *f = batch_field(self, k);
+    const stk_field *f = batch_field(self, arg);
     if (!f)
         return NULL;
     const char *kind = stk_field_kind_name(f->kind);
@@ -860,10 +857,7 @@ static PyObject *Batch_field_info(BatchObject *self, PyObject *arg)
  * field; None for a field that is not optional. */
 static PyObject *Batch_field_present(BatchObject *self, PyObject *arg)
 {
-    Py_ssize_t k = PyLong_AsSsize_t(arg);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    const stk_field *f = batch_field(self, k);
+    const stk_field *f = batch_field(self, arg);
     if (!f)
         return NULL;
     if (!f->present)
@@ -878,10 +872,7 @@ static PyObject *Batch_field_present(BatchObject *self, PyObject *arg)
  * Views (size,). */
 static PyObject *Batch_field_ragged(BatchObject *self, PyObject *arg)
 {
-    Py_ssize_t k = PyLong_AsSsize_t(arg);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    const stk_field *f = batch_field(self, k);
+    const stk_field *f = batch_field(self, arg);
     if (!f)
         return NULL;
     if (f->layout == STK_BATCH_DENSE) {
@@ -907,10 +898,7 @@ static PyObject *Batch_field_ragged(BatchObject *self, PyObject *arg)
  * array), else None. */
 static PyObject *Batch_field_uniform(BatchObject *self, PyObject *arg)
 {
-    Py_ssize_t k = PyLong_AsSsize_t(arg);
-    if (k == -1 && PyErr_Occurred())
-        return NULL;
-    const stk_field *f = batch_field(self, k);
+    const stk_field *f = batch_field(self, arg);
     if (!f)
         return NULL;
     size_t n = self->b->size;
@@ -952,9 +940,8 @@ static PyObject *Batch_field_uniform(BatchObject *self, PyObject *arg)
  * bytes (field_uniform's stacked array). */
 static PyObject *Batch_field_gather(BatchObject *self, PyObject *args)
 {
-    Py_ssize_t k;
-    PyObject *out;
-    if (!PyArg_ParseTuple(args, "nO:field_gather", &k, &out))
+    PyObject *k, *out;
+    if (!PyArg_ParseTuple(args, "OO:field_gather", &k, &out))
         return NULL;
     const stk_field *f = batch_field(self, k);
     if (!f)

@@ -507,6 +507,24 @@ static int usable(stk_writer *w)
     return STK_EMISUSE;
 }
 
+/* Checks a sample's label and key (stk_writer_add, stk_writer_add_fields). */
+static int check_label_key(stk_writer *w, uint64_t i, int64_t label, const char *key)
+{
+    if (label < -1 || (label >= 0 && (uint64_t)label >= w->o.num_classes)) {
+        stk__fmt(w->err, sizeof w->err,
+                 "sample %" PRIu64 " (%s): label %lld is outside -1..%lld (num_classes %llu)", i,
+                 key ? key : "", (long long)label, (long long)w->o.num_classes - 1,
+                 (unsigned long long)w->o.num_classes);
+        return STK_EINVAL;
+    }
+    if (key && strlen(key) >= STK_KEY_MAX) {
+        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": key of %zu bytes (at most %d)", i,
+                 strlen(key), STK_KEY_MAX - 1);
+        return STK_EINVAL;
+    }
+    return STK_OK;
+}
+
 int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, const char *key)
 {
     if (!w)
@@ -526,18 +544,8 @@ int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, c
         stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": no data for %zu bytes", i, len);
         return STK_EINVAL;
     }
-    if (label < -1 || (label >= 0 && (uint64_t)label >= w->o.num_classes)) {
-        stk__fmt(w->err, sizeof w->err,
-                 "sample %" PRIu64 " (%s): label %lld is outside -1..%lld (num_classes %llu)", i,
-                 key ? key : "", (long long)label, (long long)w->o.num_classes - 1,
-                 (unsigned long long)w->o.num_classes);
-        return STK_EINVAL;
-    }
-    if (key && strlen(key) >= STK_KEY_MAX) {
-        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": key of %zu bytes (at most %d)", i,
-                 strlen(key), STK_KEY_MAX - 1);
-        return STK_EINVAL;
-    }
+    if ((rc = check_label_key(w, i, label, key)))
+        return rc;
     uint32_t sw = 0, sh = 0;
     if (w->o.raw_c) {
         size_t want = (size_t)w->o.raw_h * w->o.raw_w * w->o.raw_c;
@@ -554,24 +562,6 @@ int stk_writer_add(stk_writer *w, const void *data, size_t len, int64_t label, c
     }
     w->layout = 1;
     return stk__writer_put(w, i, data, len, label, key, sw, sh);
-}
-
-/* Checks a sample's label and key as stk_writer_add does. */
-static int check_label_key(stk_writer *w, uint64_t i, int64_t label, const char *key)
-{
-    if (label < -1 || (label >= 0 && (uint64_t)label >= w->o.num_classes)) {
-        stk__fmt(w->err, sizeof w->err,
-                 "sample %" PRIu64 " (%s): label %lld is outside -1..%lld (num_classes %llu)", i,
-                 key ? key : "", (long long)label, (long long)w->o.num_classes - 1,
-                 (unsigned long long)w->o.num_classes);
-        return STK_EINVAL;
-    }
-    if (key && strlen(key) >= STK_KEY_MAX) {
-        stk__fmt(w->err, sizeof w->err, "sample %" PRIu64 ": key of %zu bytes (at most %d)", i,
-                 strlen(key), STK_KEY_MAX - 1);
-        return STK_EINVAL;
-    }
-    return STK_OK;
 }
 
 /* The id field f has (or will have once added: *fresh), checking its name

@@ -17,8 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
-
 void stk__source_free_common(stk__source *s)
 {
     /* The I/O thread first: a download finishing now runs its completion,
@@ -214,6 +212,33 @@ int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t
         got += (size_t)k;
     }
     return STK_OK;
+}
+
+int stk__pread_at(int fd, const char *path, void *buf, size_t n, uint64_t off, char *err,
+                  size_t errlen)
+{
+    int own = fd;
+    if (fd < 0 && (own = stk__open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+        stk__fmt(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return STK_EIO;
+    }
+    int rc = stk__pread_full(own, buf, n, off, err, errlen);
+    if (own != fd)
+        stk__close(own);
+    return rc;
+}
+
+size_t stk__source_shard_of(const stk__source *s, uint64_t i)
+{
+    size_t lo = 0, hi = s->nshards;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->shard_first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 int stk__write_full(int fd, const void *buf, size_t n)

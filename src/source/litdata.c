@@ -37,6 +37,8 @@
  * holds pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/offtab.h"
+#include "source/unpack.h"
 #include "io/file.h"
 
 #include <errno.h>
@@ -47,9 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
-#include <zstd.h>
 
 #define LD_KEEP_FDS          256          /* chunks whose descriptors stay open */
 #define LD_INDEX_MAX         (256u << 20) /* bytes of index.json read */
@@ -68,14 +68,9 @@ typedef struct lleaf {
     int kind;      /* enum stk_field_kind the source gives it */
 } lleaf;
 
-typedef struct lchunk {
-    char *shown; /* the file as the user knows it: DIR/chunk-0-0(.zstd).bin */
-    char *path;  /* the file read: the chunk, or its decompressed copy */
-    int fd;
-    uint64_t first, count, bytes;
-    uint64_t stored; /* bytes of the file as stored */
-    uint32_t *off;   /* count + 1 item offsets */
-} lchunk;
+typedef stk__otshard lchunk; /* offtab.h */
+typedef stk__otrd lrd;
+static const stk__otwords k_ld_words = {"chunk", "item", "items", " (chunk_size)"};
 
 typedef struct ld {
     lleaf *leaves;
@@ -87,7 +82,7 @@ typedef struct ld {
     int label;            /* leaf giving labels, or -1 */
     bool whole;           /* select was called: reads give the whole item */
     bool zstd;            /* the chunks are zstd-compressed */
-    char *tmpdir;         /* the decompressed chunks' directory, or NULL */
+    stk__unpack_area tmp; /* the decompressed chunks' area */
 } ld;
 
 /* One chunk as index.json describes it. */
@@ -498,77 +493,6 @@ static int parse_index(const char *text, size_t len, json_t **root, ld *d, lchun
     return STK_OK;
 }
 
-/* ---- Chunks ------------------------------------------------------------------------ */
-
-/* Where the chunk parser's bytes come from: a descriptor or memory. */
-typedef struct lrd {
-    int fd;
-    const uint8_t *buf;
-    uint64_t size;
-} lrd;
-
-static int rd_get(const lrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
-{
-    if (off > r->size || n > r->size - off) {
-        stk__fmt(why, wn,
-                 "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
-                 " bytes; truncated?)",
-                 n, off, r->size);
-        return STK_EFORMAT;
-    }
-    if (r->buf) {
-        memcpy(out, r->buf + off, n);
-        return STK_OK;
-    }
-    return stk__pread_full(r->fd, out, n, off, why, wn);
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Reads a chunk's item count and offsets table; checks them against
- * index.json's count and the file. An item reaching past the end of the
- * file (a truncated chunk) is left for its read to report. */
-static int parse_chunk_head(const lrd *r, uint64_t want, lchunk *t, char *why, size_t n)
-{
-    uint8_t b4[4];
-    int rc = rd_get(r, 0, b4, 4, why, n);
-    if (rc)
-        return rc;
-    uint32_t count = le32(b4);
-    if (count != want) {
-        stk__fmt(why, n, "holds %" PRIu32 " items, but index.json says %" PRIu64 " (chunk_size)",
-                 count, want);
-        return STK_EFORMAT;
-    }
-    uint64_t head = 4 + 4 * ((uint64_t)count + 1);
-    if (head > r->size) {
-        stk__fmt(why, n,
-                 "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
-                 " bytes (truncated?)",
-                 head, r->size);
-        return STK_EFORMAT;
-    }
-    if (!(t->off = stk__malloc(((size_t)count + 1) * sizeof *t->off)))
-        return STK_ENOMEM;
-    if ((rc = rd_get(r, 4, t->off, ((size_t)count + 1) * 4, why, n)))
-        return rc;
-    for (size_t k = 0; k <= count; k++) {
-        t->off[k] = le32((const uint8_t *)&t->off[k]);
-        if ((k == 0 && t->off[0] < head) || (k && t->off[k] < t->off[k - 1])) {
-            stk__fmt(why, n,
-                     "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64 ")", k,
-                     t->off[k], k ? "below the one before," : "inside the header,",
-                     k ? (uint64_t)t->off[k - 1] : head);
-            return STK_EFORMAT;
-        }
-    }
-    t->count = count;
-    return STK_OK;
-}
-
 /* ---- Items ------------------------------------------------------------------------ */
 
 /* Splits an item into its leaves: pos[k]/len[k] inside it. STK_EFORMAT with
@@ -585,7 +509,7 @@ static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, siz
     size_t at = head;
     for (size_t k = 0; k < d->nleaves; k++) {
         const lleaf *l = &d->leaves[k];
-        size_t sz = le32(it + 4 * k);
+        size_t sz = stk__le32(it + 4 * k);
         if (sz > n - at) {
             stk__fmt(why, wn,
                      "leaf '%s' (%zu bytes at byte %zu) runs past the end of the %zu-byte item",
@@ -613,7 +537,7 @@ static int split_item(const ld *d, const uint8_t *it, size_t n, size_t *pos, siz
 
 static int64_t i64_value(const uint8_t *p)
 {
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     int64_t v;
     memcpy(&v, &u, sizeof v);
     return v;
@@ -627,7 +551,7 @@ static int number_text(const lleaf *l, const uint8_t *p, char *buf, size_t n)
         return snprintf(buf, n, "%" PRId64, i64_value(p));
     if (l->ser == S_BOOL)
         return snprintf(buf, n, "%d", p[0] != 0);
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     double v;
     memcpy(&v, &u, 8);
     return snprintf(buf, n, "%.17g", v);
@@ -638,56 +562,14 @@ static bool is_number(int ser)
     return ser == S_INT || ser == S_FLOAT || ser == S_BOOL;
 }
 
-static const lchunk *find_chunk(const ld *d, uint64_t i)
-{
-    size_t lo = 0, hi = d->n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->chunks[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &d->chunks[lo];
-}
-
-static int chunk_pread(const lchunk *t, void *buf, size_t n, uint64_t off, char *why, size_t wn)
-{
-    int fd = t->fd;
-    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
-        stk__fmt(why, wn, "cannot open %s: %s", t->path, strerror(errno));
-        return STK_EIO;
-    }
-    int rc = stk__pread_full(fd, buf, n, off, why, wn);
-    if (fd != t->fd)
-        stk__close(fd);
-    return rc;
-}
-
-/* Item j of chunk t: where it is, checked against the file. */
-static int item_range(const lchunk *t, uint64_t j, uint64_t *off, size_t *len, char *why, size_t wn)
-{
-    *off = t->off[j];
-    uint64_t end = t->off[j + 1];
-    if (end > t->bytes) {
-        stk__fmt(why, wn,
-                 "the chunk is truncated: item %" PRIu64 " ends at offset %" PRIu64
-                 ", but the file is %" PRIu64 " bytes",
-                 j, end, t->bytes);
-        return STK_EFORMAT;
-    }
-    *len = (size_t)(end - *off);
-    return STK_OK;
-}
-
 static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                    int64_t *label, char *err, size_t errlen)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
-    int rc = item_range(t, j, &off, &n, err, errlen);
+    int rc = stk__ot_range(t, j, &off, &n, &k_ld_words, err, errlen);
     if (rc)
         return rc;
     uint8_t *buf = stk__sink_reserve(sink, n, &rc);
@@ -699,7 +581,7 @@ static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             stk__fmt(err, errlen, "out of memory for %zu bytes", n);
         return rc;
     }
-    if ((rc = chunk_pread(t, buf, n, off, err, errlen)))
+    if ((rc = stk__pread_at(t->fd, t->path, buf, n, off, err, errlen)))
         return rc;
     size_t pos[STK__MAX_FIELDS], ll[STK__MAX_FIELDS];
     char why[STK_ERRMSG_MAX];
@@ -757,7 +639,7 @@ static int ld_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, siz
                      int64_t label, stk__field_set *fs, char *err, size_t errlen)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     (void)label;
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_item(d, bytes, len, fs, why, sizeof why);
@@ -770,7 +652,7 @@ static int ld_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, siz
 static void ld_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const ld *d = s->impl;
-    const lchunk *t = find_chunk(d, i);
+    const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
     stk__fmt(buf, n, "%s#%" PRIu64, t->shown, i - t->first);
 }
 
@@ -783,33 +665,12 @@ static void ld_describe(const stk__source *s, stk__dataset_info *di)
     di->bytes = d->total_bytes;
 }
 
-/* Removes the temporary area (straight through libc: a close has no one to
- * report a failure to). */
-static void remove_tmp(ld *d)
-{
-    if (!d->tmpdir)
-        return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->chunks[k].path && !strncmp(d->chunks[k].path, d->tmpdir, strlen(d->tmpdir)))
-            (void)unlink(d->chunks[k].path);
-    (void)rmdir(d->tmpdir);
-    stk__free(d->tmpdir);
-    d->tmpdir = NULL;
-}
-
 static void ld_free(ld *d)
 {
     if (!d)
         return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->chunks[k].fd >= 0)
-            stk__close(d->chunks[k].fd);
-    remove_tmp(d);
-    for (size_t k = 0; k < d->n; k++) {
-        stk__free(d->chunks[k].shown);
-        stk__free(d->chunks[k].path);
-        stk__free(d->chunks[k].off);
-    }
+    stk__ot_free(d->chunks, d->n);
+    stk__unpack_remove(&d->tmp);
     stk__free(d->chunks);
     free_leaves(d->leaves, d->nleaves);
     stk__free(d);
@@ -840,165 +701,31 @@ static const stk__source_ops k_ld_bytes_ops = {.kind = "litdata",
                                                .describe = ld_describe};
 
 /* ---- Compressed chunks --------------------------------------------------------------
- * A .zstd.bin chunk is decompressed once, at open, into a private directory
- * $TMPDIR/stoker-litdata-XXXXXX (TMPDIR unset: /tmp), removed at close. The
- * area holds the chunk_bytes index.json gives, checked against the free
- * space first; a chunk decompressing to more than its chunk_bytes is
- * refused (so index.json bounds the area). */
-
-/* Decompresses zfd's zstd stream into ofd: exactly want bytes. */
-static int unzstd(int zfd, int ofd, uint64_t want, char *why, size_t wn)
-{
-    /* zstd's own allocator: its custom-allocator API is in the experimental
-     * part of zstd.h, which a shared libzstd does not promise to keep. */
-    ZSTD_DStream *zs = ZSTD_createDStream();
-    size_t inc = ZSTD_DStreamInSize(), outc = ZSTD_DStreamOutSize();
-    uint8_t *ib = stk__malloc(inc), *ob = stk__malloc(outc);
-    uint64_t got = 0, at = 0;
-    size_t last = 1;
-    int rc = STK_OK;
-    if (!zs || !ib || !ob) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = stk__pread(zfd, ib, inc, (off_t)at);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            stk__fmt(why, wn, "read failed at offset %" PRIu64 ": %s", at, strerror(errno));
-            rc = STK_EIO;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        at += (uint64_t)r;
-        ZSTD_inBuffer in = {ib, (size_t)r, 0};
-        while (in.pos < in.size) {
-            ZSTD_outBuffer o = {ob, outc, 0};
-            last = ZSTD_decompressStream(zs, &o, &in);
-            if (ZSTD_isError(last)) {
-                stk__fmt(why, wn, "not a valid zstd stream (near compressed byte %" PRIu64 "): %s",
-                         at - (uint64_t)r + in.pos, ZSTD_getErrorName(last));
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos > want - got) {
-                stk__fmt(why, wn,
-                         "decompresses to more than the %" PRIu64
-                         " bytes index.json gives (chunk_bytes)",
-                         want);
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos && stk__write_full(ofd, ob, o.pos)) {
-                stk__fmt(why, wn, "cannot write its decompressed copy: %s", strerror(errno));
-                rc = STK_EIO;
-                goto out;
-            }
-            got += o.pos;
-        }
-    }
-    if (last != 0 || got != want) {
-        stk__fmt(why, wn, "%s: %" PRIu64 " bytes decompressed, index.json gives %" PRIu64,
-                 last != 0 ? "the zstd stream is cut off (truncated?)" : "wrong size", got, want);
-        rc = STK_EFORMAT;
-    }
-out:
-    ZSTD_freeDStream(zs);
-    stk__free(ib);
-    stk__free(ob);
-    return rc;
-}
-
-/* The private temporary directory, made once; checks the free space. */
-static int make_tmp(ld *d, uint64_t need, char *err, size_t errlen)
-{
-    if (d->tmpdir)
-        return STK_OK;
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base)
-        base = "/tmp";
-    struct statvfs vf;
-    if (statvfs(base, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-        stk__fmt(err, errlen,
-                 "decompressing the dataset's .zstd.bin chunks needs %" PRIu64
-                 " bytes in %s, which has %" PRIu64 " free: set TMPDIR to a larger disk",
-                 need, base, (uint64_t)vf.f_bavail * vf.f_frsize);
-        return STK_EIO;
-    }
-    char tmpl[4096];
-    stk__fmt(tmpl, sizeof tmpl, "%s/stoker-litdata-XXXXXX", base);
-    if (!mkdtemp(tmpl)) {
-        stk__fmt(err, errlen, "cannot make a temporary directory in %s: %s", base, strerror(errno));
-        return STK_EIO;
-    }
-    if (!(d->tmpdir = stk__strdup(tmpl))) {
-        (void)rmdir(tmpl);
-        return STK_ENOMEM;
-    }
-    return STK_OK;
-}
+ * A .zstd.bin chunk is decompressed once, at open, into the private area
+ * $TMPDIR/stoker-litdata-XXXXXX (unpack.h), removed at close. */
 
 /* Decompresses chunk t (file t->shown) into the temporary area. */
 static int decompress_chunk(ld *d, lchunk *t, const lchunk_info *ci, uint64_t need, char *err,
                             size_t errlen)
 {
-    int rc = make_tmp(d, need, err, errlen);
-    if (rc)
-        return rc;
-    size_t pl = strlen(d->tmpdir) + strlen(ci->file) + 2;
-    if (!(t->path = stk__malloc(pl)))
-        return STK_ENOMEM;
-    stk__fmt(t->path, pl, "%s/%s", d->tmpdir, ci->file);
-    int zfd = stk__open(t->shown, O_RDONLY | O_CLOEXEC), ofd = -1;
-    struct stat st;
-    if (zfd < 0 || stk__fstat(zfd, &st) != 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
-        rc = zfd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-        goto fail;
-    }
-    t->stored = (uint64_t)st.st_size;
-    if ((ofd = stk__open(t->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600)) < 0) {
-        stk__fmt(err, errlen, "%s: cannot create %s: %s", t->shown, t->path, strerror(errno));
-        rc = STK_EIO;
-        goto fail;
-    }
-    char why[STK_ERRMSG_MAX];
-    rc = unzstd(zfd, ofd, ci->bytes, why, sizeof why);
-    stk__close(zfd);
-    stk__close(ofd);
-    if (rc)
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    return rc;
-fail:
-    if (zfd >= 0)
-        stk__close(zfd);
-    stk__free(t->path);
-    t->path = NULL;
-    return rc;
+    stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
+                         .src = t->shown,
+                         .name = ci->file,
+                         .want = ci->bytes,
+                         .want_from = "chunk_bytes",
+                         .need = need};
+    return stk__unpack(&d->tmp, &j, &t->path, &t->stored, err, errlen);
 }
 
 /* ---- Open ------------------------------------------------------------------------ */
-
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = stk__malloc(n);
-    if (p)
-        stk__fmt(p, n, "%s/%s", dir, name);
-    return p;
-}
 
 /* Opens chunk t (decompressed first when compressed); reads its offsets
  * table. */
 static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, uint64_t need,
                       bool keep, char *err, size_t errlen)
 {
-    struct stat st;
     int rc;
-    if (!(t->shown = join(dir, ci->file)))
+    if (!(t->shown = stk__ot_join(dir, ci->file)))
         return STK_ENOMEM;
     if (d->zstd) {
         if ((rc = decompress_chunk(d, t, ci, need, err, errlen)))
@@ -1006,27 +733,7 @@ static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, 
     } else if (!(t->path = stk__strdup(t->shown))) {
         return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    t->bytes = (uint64_t)st.st_size;
-    if (!d->zstd)
-        t->stored = t->bytes;
-    lrd r = {fd, NULL, t->bytes};
-    char why[STK_ERRMSG_MAX];
-    if ((rc = parse_chunk_head(&r, ci->samples, t, why, sizeof why)))
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    if (keep && !rc)
-        t->fd = fd;
-    else
-        stk__close(fd);
-    return rc;
+    return stk__ot_open(t, ci->samples, keep, &k_ld_words, err, errlen);
 }
 
 static bool leaf_is_image(const lleaf *l)
@@ -1067,17 +774,17 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
             uint64_t off;
             size_t n;
             char why[STK_ERRMSG_MAX];
-            if (item_range(t, j, &off, &n, why, sizeof why) || n < hn)
+            if (stk__ot_range(t, j, &off, &n, &k_ld_words, why, sizeof why) || n < hn)
                 continue;
-            int rc = chunk_pread(t, sizes, hn, off, why, sizeof why);
+            int rc = stk__pread_at(t->fd, t->path, sizes, hn, off, why, sizeof why);
             uint64_t at = hn;
             for (size_t v = 0; v < lab && !rc; v++)
-                at += le32((const uint8_t *)&sizes[v]);
+                at += stk__le32((const uint8_t *)&sizes[v]);
             uint8_t val[8];
-            if (!rc && (le32((const uint8_t *)&sizes[lab]) != 8 || at + 8 > n))
+            if (!rc && (stk__le32((const uint8_t *)&sizes[lab]) != 8 || at + 8 > n))
                 continue; /* sizes past the item: its read reports it */
             if (!rc)
-                rc = chunk_pread(t, val, 8, off + at, why, sizeof why);
+                rc = stk__pread_at(t->fd, t->path, val, 8, off + at, why, sizeof why);
             if (rc) {
                 stk__fmt(err, errlen, "%s#%" PRIu64 ": reading its label: %s", t->shown, j, why);
                 return rc;
@@ -1158,7 +865,7 @@ static int describe_fields(stk__source *s, const ld *d)
 
 int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = join(dir, "index.json");
+    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
     size_t tlen = 0, nc = 0;
     json_t *root = NULL;
     lchunk_info *ci = NULL;
@@ -1171,6 +878,8 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
         goto out;
     }
     d->label = -1;
+    d->tmp =
+        (stk__unpack_area){.tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
     if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, d, &ci, &nc, why, sizeof why))) {
@@ -1219,7 +928,7 @@ out:
 
 int stk__litdata_sniff(const char *dir, char *err, size_t errlen)
 {
-    char *ipath = join(dir, "index.json"), *text = NULL;
+    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
     size_t len = 0;
     int rc = 0;
     struct stat st;
@@ -1259,7 +968,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         stk__fmt(err, errlen, "input too short");
         return STK_EFORMAT;
     }
-    uint32_t il = le32(buf);
+    uint32_t il = stk__le32(buf);
     if (il > n - 4) {
         stk__fmt(err, errlen, "index length past the input");
         return STK_EFORMAT;
@@ -1274,7 +983,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         goto out;
     lrd r = {-1, buf + 4 + il, n - 4 - il};
     t.bytes = r.size;
-    if ((rc = parse_chunk_head(&r, ci[0].samples, &t, err, errlen)))
+    if ((rc = stk__ot_head(&r, ci[0].samples, &t, &k_ld_words, err, errlen)))
         goto out;
     *samples = t.count;
     stk__field_set *fs = stk__malloc(sizeof *fs);
@@ -1286,7 +995,7 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         uint64_t off;
         size_t len;
         char why[STK_ERRMSG_MAX];
-        if (item_range(&t, j, &off, &len, why, sizeof why))
+        if (stk__ot_range(&t, j, &off, &len, &k_ld_words, why, sizeof why))
             continue;
         const uint8_t *it = r.buf + off;
         if (fields_of_item(&d, it, len, fs, why, sizeof why))

@@ -31,6 +31,8 @@
  * columns (Python pickles) are refused at open: stoker never unpickles.
  */
 #include "source/source.h"
+#include "source/offtab.h"
+#include "source/unpack.h"
 #include "io/file.h"
 
 #include <dirent.h>
@@ -43,10 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
-#include <zstd.h>
 
 #define MDS_KEEP_FDS          256          /* shards whose descriptors stay open */
 #define MDS_INDEX_MAX         (256u << 20) /* bytes of index.json read */
@@ -80,14 +79,9 @@ typedef struct mcol {
     int kind;      /* enum stk_field_kind the source gives it */
 } mcol;
 
-typedef struct mshard {
-    char *shown; /* the file as the user knows it: DIR/shard.00000.mds(.zstd) */
-    char *path;  /* the file read: the .mds, or its decompressed copy */
-    int fd;
-    uint64_t first, count, bytes;
-    uint64_t stored; /* bytes of the file as stored (the zip when compressed) */
-    uint32_t *off;   /* count + 1 record offsets */
-} mshard;
+typedef stk__otshard mshard; /* offtab.h */
+typedef stk__otrd mrd;
+static const stk__otwords k_mds_words = {"shard", "record", "samples", ""};
 
 typedef struct mds {
     mcol *cols;
@@ -98,7 +92,7 @@ typedef struct mds {
     int payload;          /* column a read without fields gives */
     int label;            /* column giving labels, or -1 */
     bool whole;           /* select was called: reads give the whole record */
-    char *tmpdir;         /* the decompressed shards' directory, or NULL */
+    stk__unpack_area tmp; /* the decompressed shards' area */
 } mds;
 
 /* One shard as index.json describes it. */
@@ -443,77 +437,6 @@ static int parse_index(const char *text, size_t len, json_t **root, mcol **cols,
     return STK_OK;
 }
 
-/* ---- Shards ------------------------------------------------------------------ */
-
-/* Where the shard parser's bytes come from: a descriptor or memory. */
-typedef struct mrd {
-    int fd;
-    const uint8_t *buf;
-    uint64_t size;
-} mrd;
-
-static int rd_get(const mrd *r, uint64_t off, void *out, size_t n, char *why, size_t wn)
-{
-    if (off > r->size || n > r->size - off) {
-        stk__fmt(why, wn,
-                 "%zu bytes at offset %" PRIu64 " lie past the end of the file (%" PRIu64
-                 " bytes; truncated?)",
-                 n, off, r->size);
-        return STK_EFORMAT;
-    }
-    if (r->buf) {
-        memcpy(out, r->buf + off, n);
-        return STK_OK;
-    }
-    return stk__pread_full(r->fd, out, n, off, why, wn);
-}
-
-static uint32_t le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-/* Reads a shard's sample count and offsets table; checks them against
- * index.json's count and the file. A record reaching past the end of the
- * file (a truncated shard) is left for its read to report. */
-static int parse_shard_head(const mrd *r, uint64_t want, mshard *t, char *why, size_t n)
-{
-    uint8_t b4[4];
-    int rc = rd_get(r, 0, b4, 4, why, n);
-    if (rc)
-        return rc;
-    uint32_t count = le32(b4);
-    if (count != want) {
-        stk__fmt(why, n, "holds %" PRIu32 " samples, but index.json says %" PRIu64, count, want);
-        return STK_EFORMAT;
-    }
-    uint64_t head = 4 + 4 * ((uint64_t)count + 1);
-    if (head > r->size) {
-        stk__fmt(why, n,
-                 "its offsets table (%" PRIu64 " bytes) is cut off: the file is %" PRIu64
-                 " bytes (truncated?)",
-                 head, r->size);
-        return STK_EFORMAT;
-    }
-    if (!(t->off = stk__malloc(((size_t)count + 1) * sizeof *t->off)))
-        return STK_ENOMEM;
-    if ((rc = rd_get(r, 4, t->off, ((size_t)count + 1) * 4, why, n)))
-        return rc;
-    for (size_t k = 0; k <= count; k++) {
-        uint8_t *p = (uint8_t *)&t->off[k];
-        t->off[k] = le32(p);
-        if ((k == 0 && t->off[0] < head) || (k && t->off[k] < t->off[k - 1])) {
-            stk__fmt(why, n,
-                     "its offsets table is corrupt: entry %zu is %" PRIu32 " (%s %" PRIu64 ")", k,
-                     t->off[k], k ? "below the one before," : "inside the header,",
-                     k ? (uint64_t)t->off[k - 1] : head);
-            return STK_EFORMAT;
-        }
-    }
-    t->count = count;
-    return STK_OK;
-}
-
 /* ---- Records ------------------------------------------------------------------ */
 
 /* Splits a record into its columns: pos[c]/len[c] inside rec. STK_EFORMAT
@@ -528,7 +451,7 @@ static int split_record(const mds *d, const uint8_t *rec, size_t n, size_t *pos,
     }
     size_t at = head, v = 0;
     for (size_t c = 0; c < d->ncols; c++) {
-        size_t sz = d->cols[c].size ? d->cols[c].size : le32(rec + 4 * v++);
+        size_t sz = d->cols[c].size ? d->cols[c].size : stk__le32(rec + 4 * v++);
         if (sz > n - at) {
             stk__fmt(why, wn,
                      "column '%s' (%zu bytes at byte %zu) runs past the end of the "
@@ -591,12 +514,12 @@ static int number_text(const mcol *c, const uint8_t *p, char *buf, size_t n)
         return snprintf(buf, n, "%.9g", half_value(h));
     }
     if (c->enc == E_FLOAT32) {
-        uint32_t u = le32(p);
+        uint32_t u = stk__le32(p);
         float f;
         memcpy(&f, &u, 4);
         return snprintf(buf, n, "%.9g", (double)f);
     }
-    uint64_t u = (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+    uint64_t u = (uint64_t)stk__le32(p) | (uint64_t)stk__le32(p + 4) << 32;
     double v;
     memcpy(&v, &u, 8);
     return snprintf(buf, n, "%.17g", v);
@@ -607,58 +530,14 @@ static bool is_binary_number(int enc)
     return enc >= E_INT;
 }
 
-static const mshard *find_shard(const mds *d, uint64_t i)
-{
-    size_t lo = 0, hi = d->n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->shards[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &d->shards[lo];
-}
-
-/* Reads [off, off + n) of shard t into buf. */
-static int shard_pread(const mshard *t, void *buf, size_t n, uint64_t off, char *why, size_t wn)
-{
-    int fd = t->fd;
-    if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
-        stk__fmt(why, wn, "cannot open %s: %s", t->path, strerror(errno));
-        return STK_EIO;
-    }
-    int rc = stk__pread_full(fd, buf, n, off, why, wn);
-    if (fd != t->fd)
-        stk__close(fd);
-    return rc;
-}
-
-/* Record j of shard t: where it is, checked against the file. */
-static int record_range(const mshard *t, uint64_t j, uint64_t *off, size_t *len, char *why,
-                        size_t wn)
-{
-    *off = t->off[j];
-    uint64_t end = t->off[j + 1];
-    if (end > t->bytes) {
-        stk__fmt(why, wn,
-                 "the shard is truncated: record %" PRIu64 " ends at offset %" PRIu64
-                 ", but the file is %" PRIu64 " bytes",
-                 j, end, t->bytes);
-        return STK_EFORMAT;
-    }
-    *len = (size_t)(end - *off);
-    return STK_OK;
-}
-
 static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                     int64_t *label, char *err, size_t errlen)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     uint64_t j = i - t->first, off;
     size_t n;
-    int rc = record_range(t, j, &off, &n, err, errlen);
+    int rc = stk__ot_range(t, j, &off, &n, &k_mds_words, err, errlen);
     if (rc)
         return rc;
     uint8_t *buf = stk__sink_reserve(sink, n, &rc);
@@ -670,7 +549,7 @@ static int mds_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
             stk__fmt(err, errlen, "out of memory for %zu bytes", n);
         return rc;
     }
-    if ((rc = shard_pread(t, buf, n, off, err, errlen)))
+    if ((rc = stk__pread_at(t->fd, t->path, buf, n, off, err, errlen)))
         return rc;
     size_t pos[STK__MAX_FIELDS], clen[STK__MAX_FIELDS];
     char why[STK_ERRMSG_MAX];
@@ -726,7 +605,7 @@ static int mds_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
                       int64_t label, stk__field_set *fs, char *err, size_t errlen)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     (void)label;
     char why[STK_ERRMSG_MAX];
     int rc = fields_of_record(d, bytes, len, fs, why, sizeof why);
@@ -739,7 +618,7 @@ static int mds_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
 static void mds_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const mds *d = s->impl;
-    const mshard *t = find_shard(d, i);
+    const mshard *t = &d->shards[stk__source_shard_of(s, i)];
     stk__fmt(buf, n, "%s#%" PRIu64, t->shown, i - t->first);
 }
 
@@ -752,34 +631,12 @@ static void mds_describe(const stk__source *s, stk__dataset_info *di)
     di->bytes = d->total_bytes;
 }
 
-/* Removes the temporary area: its files, then the directory. Straight
- * through libc, not the file layer: a close has no one to report a failure
- * to, and a fault injected here would only leave the area behind. */
-static void remove_tmp(mds *d)
-{
-    if (!d->tmpdir)
-        return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->shards[k].path && !strncmp(d->shards[k].path, d->tmpdir, strlen(d->tmpdir)))
-            (void)unlink(d->shards[k].path);
-    (void)rmdir(d->tmpdir);
-    stk__free(d->tmpdir);
-    d->tmpdir = NULL;
-}
-
 static void mds_free(mds *d)
 {
     if (!d)
         return;
-    for (size_t k = 0; k < d->n; k++)
-        if (d->shards[k].fd >= 0)
-            stk__close(d->shards[k].fd);
-    remove_tmp(d);
-    for (size_t k = 0; k < d->n; k++) {
-        stk__free(d->shards[k].shown);
-        stk__free(d->shards[k].path);
-        stk__free(d->shards[k].off);
-    }
+    stk__ot_free(d->shards, d->n);
+    stk__unpack_remove(&d->tmp);
     stk__free(d->shards);
     free_cols(d->cols, d->ncols);
     stk__free(d);
@@ -810,177 +667,25 @@ static const stk__source_ops k_mds_bytes_ops = {.kind = "mds",
                                                 .describe = mds_describe};
 
 /* ---- Compressed shards ----------------------------------------------------------
- * A .mds.zstd shard is decompressed once, at open, into a private directory
- * $TMPDIR/stoker-mds-XXXXXX (TMPDIR unset: /tmp), removed at close. The
- * area holds the raw sizes index.json gives, checked against the free space
- * first; a shard decompressing to more than its raw_data.bytes is refused
- * (so index.json bounds the area), and one with an xxh64 hash is checked. */
-
-/* Decompresses zfd's zstd stream into ofd: exactly want bytes. */
-static int unzstd(int zfd, int ofd, uint64_t want, const char *xxh, char *why, size_t wn)
-{
-    /* zstd's own allocator: its custom-allocator API is in the experimental
-     * part of zstd.h, which a shared libzstd does not promise to keep. */
-    ZSTD_DStream *zs = ZSTD_createDStream();
-    size_t inc = ZSTD_DStreamInSize(), outc = ZSTD_DStreamOutSize();
-    uint8_t *ib = stk__malloc(inc), *ob = stk__malloc(outc);
-    XXH64_state_t *hs = XXH64_createState();
-    uint64_t got = 0, at = 0;
-    size_t last = 1;
-    int rc = STK_OK;
-    if (!zs || !ib || !ob || !hs || XXH64_reset(hs, 0) != XXH_OK) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (;;) {
-        ssize_t r = stk__pread(zfd, ib, inc, (off_t)at);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            stk__fmt(why, wn, "read failed at offset %" PRIu64 ": %s", at, strerror(errno));
-            rc = STK_EIO;
-            goto out;
-        }
-        if (r == 0)
-            break;
-        at += (uint64_t)r;
-        ZSTD_inBuffer in = {ib, (size_t)r, 0};
-        while (in.pos < in.size) {
-            ZSTD_outBuffer o = {ob, outc, 0};
-            last = ZSTD_decompressStream(zs, &o, &in);
-            if (ZSTD_isError(last)) {
-                stk__fmt(why, wn, "not a valid zstd stream (near compressed byte %" PRIu64 "): %s",
-                         at - (uint64_t)r + in.pos, ZSTD_getErrorName(last));
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos > want - got) {
-                stk__fmt(why, wn,
-                         "decompresses to more than the %" PRIu64
-                         " bytes index.json gives (raw_data.bytes)",
-                         want);
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            if (o.pos && stk__write_full(ofd, ob, o.pos)) {
-                stk__fmt(why, wn, "cannot write its decompressed copy: %s", strerror(errno));
-                rc = STK_EIO;
-                goto out;
-            }
-            XXH64_update(hs, ob, o.pos);
-            got += o.pos;
-        }
-    }
-    if (last != 0 || got != want) {
-        stk__fmt(why, wn, "%s: %" PRIu64 " bytes decompressed, index.json gives %" PRIu64,
-                 last != 0 ? "the zstd stream is cut off (truncated?)" : "wrong size", got, want);
-        rc = STK_EFORMAT;
-        goto out;
-    }
-    if (xxh) {
-        char hex[17];
-        stk__fmt(hex, sizeof hex, "%016llx", (unsigned long long)XXH64_digest(hs));
-        if (strcmp(hex, xxh)) {
-            stk__fmt(why, wn, "its decompressed bytes have xxh64 %s, index.json gives %.20s", hex,
-                     xxh);
-            rc = STK_EFORMAT;
-        }
-    }
-out:
-    ZSTD_freeDStream(zs);
-    if (hs)
-        XXH64_freeState(hs);
-    stk__free(ib);
-    stk__free(ob);
-    return rc;
-}
-
-/* The private temporary directory, made once; checks the free space. */
-static int make_tmp(mds *d, uint64_t need, char *err, size_t errlen)
-{
-    if (d->tmpdir)
-        return STK_OK;
-    const char *base = getenv("TMPDIR");
-    if (!base || !*base)
-        base = "/tmp";
-    struct statvfs vf;
-    if (statvfs(base, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < need) {
-        stk__fmt(err, errlen,
-                 "decompressing the dataset's .mds.zstd shards needs %" PRIu64
-                 " bytes in %s, which has %" PRIu64
-                 " free: set TMPDIR to a larger disk, or decompress the shards beside index.json "
-                 "(zstd -d, under their raw_data names)",
-                 need, base, (uint64_t)vf.f_bavail * vf.f_frsize);
-        return STK_EIO;
-    }
-    char tmpl[4096];
-    stk__fmt(tmpl, sizeof tmpl, "%s/stoker-mds-XXXXXX", base);
-    if (!mkdtemp(tmpl)) {
-        stk__fmt(err, errlen, "cannot make a temporary directory in %s: %s", base, strerror(errno));
-        return STK_EIO;
-    }
-    if (!(d->tmpdir = stk__strdup(tmpl))) {
-        (void)rmdir(tmpl);
-        return STK_ENOMEM;
-    }
-    return STK_OK;
-}
+ * A .mds.zstd shard is decompressed once, at open, into the private area
+ * $TMPDIR/stoker-mds-XXXXXX (unpack.h), removed at close; a shard with an
+ * xxh64 hash is checked. */
 
 /* Decompresses shard t (zip file t->shown) into the temporary area. */
 static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t need, char *err,
                             size_t errlen)
 {
-    int rc = make_tmp(d, need, err, errlen);
-    if (rc)
-        return rc;
-    size_t pl = strlen(d->tmpdir) + strlen(si->raw) + 2;
-    if (!(t->path = stk__malloc(pl)))
-        return STK_ENOMEM;
-    stk__fmt(t->path, pl, "%s/%s", d->tmpdir, si->raw);
-    int zfd = stk__open(t->shown, O_RDONLY | O_CLOEXEC);
-    if (zfd < 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
-        stk__free(t->path);
-        t->path = NULL;
-        return e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    struct stat st;
-    if (stk__fstat(zfd, &st) != 0) {
-        stk__fmt(err, errlen, "%s: %s", t->shown, strerror(errno));
-        stk__free(t->path);
-        t->path = NULL;
-        stk__close(zfd);
-        return STK_EIO;
-    }
-    t->stored = (uint64_t)st.st_size;
-    int ofd = stk__open(t->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (ofd < 0) {
-        stk__fmt(err, errlen, "%s: cannot create %s: %s", t->shown, t->path, strerror(errno));
-        stk__free(t->path);
-        t->path = NULL;
-        stk__close(zfd);
-        return STK_EIO;
-    }
-    char why[STK_ERRMSG_MAX];
-    rc = unzstd(zfd, ofd, si->raw_bytes, si->raw_xxh64, why, sizeof why);
-    stk__close(zfd);
-    stk__close(ofd);
-    if (rc)
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    return rc;
+    stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
+                         .src = t->shown,
+                         .name = si->raw,
+                         .want = si->raw_bytes,
+                         .want_from = "raw_data.bytes",
+                         .xxh64 = si->raw_xxh64,
+                         .need = need};
+    return stk__unpack(&d->tmp, &j, &t->path, &t->stored, err, errlen);
 }
 
 /* ---- Open ---------------------------------------------------------------------- */
-
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = stk__malloc(n);
-    if (p)
-        stk__fmt(p, n, "%s/%s", dir, name);
-    return p;
-}
 
 /* Opens shard k: the raw file when it is there (Streaming's own cache keeps
  * it beside the zip), else its zip decompressed; reads its offsets table. */
@@ -989,12 +694,12 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
 {
     struct stat st;
     int rc;
-    char *raw = join(dir, si->raw);
+    char *raw = stk__ot_join(dir, si->raw);
     if (!raw)
         return STK_ENOMEM;
     if (si->zip && (stk__stat(raw, &st) != 0 || (uint64_t)st.st_size != si->raw_bytes)) {
         stk__free(raw);
-        if (!(t->shown = join(dir, si->zip)))
+        if (!(t->shown = stk__ot_join(dir, si->zip)))
             return STK_ENOMEM;
         if ((rc = decompress_shard(d, t, si, need, err, errlen)))
             return rc;
@@ -1003,27 +708,7 @@ static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si,
         if (!(t->path = stk__strdup(raw)))
             return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    t->bytes = (uint64_t)st.st_size;
-    if (!si->zip || !t->stored)
-        t->stored = t->bytes;
-    mrd r = {fd, NULL, t->bytes};
-    char why[STK_ERRMSG_MAX];
-    if ((rc = parse_shard_head(&r, si->samples, t, why, sizeof why)))
-        stk__fmt(err, errlen, "%s: %s", t->shown, why);
-    if (keep && !rc)
-        t->fd = fd;
-    else
-        stk__close(fd);
-    return rc;
+    return stk__ot_open(t, si->samples, keep, &k_mds_words, err, errlen);
 }
 
 /* The column a read without fields gives: the first image column, else the
@@ -1062,17 +747,19 @@ static int scan_labels(mds *d, int64_t *maxl, char *err, size_t errlen)
             uint64_t off;
             size_t n;
             char why[STK_ERRMSG_MAX];
-            if (record_range(t, j, &off, &n, why, sizeof why) || n < 4 * d->nvar)
+            if (stk__ot_range(t, j, &off, &n, &k_mds_words, why, sizeof why) || n < 4 * d->nvar)
                 continue;
-            int rc = vbefore ? shard_pread(t, sizes, 4 * vbefore, off, why, sizeof why) : 0;
+            int rc = vbefore
+                         ? stk__pread_at(t->fd, t->path, sizes, 4 * vbefore, off, why, sizeof why)
+                         : 0;
             uint64_t at = 4 * d->nvar + fixed;
             for (size_t v = 0; v < vbefore && !rc; v++)
-                at += le32((const uint8_t *)&sizes[v]);
+                at += stk__le32((const uint8_t *)&sizes[v]);
             uint8_t val[8];
             if (!rc && at + lc->size > n)
                 continue; /* sizes past the record: its read reports it */
             if (!rc)
-                rc = shard_pread(t, val, lc->size, off + at, why, sizeof why);
+                rc = stk__pread_at(t->fd, t->path, val, lc->size, off + at, why, sizeof why);
             if (rc) {
                 stk__fmt(err, errlen, "%s#%" PRIu64 ": reading its label: %s", t->shown, j, why);
                 return rc;
@@ -1153,7 +840,7 @@ static int open_shards(stk__source *s, mds *d, const char *dir, const mshard_inf
 
 int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = join(dir, "index.json");
+    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
     size_t tlen = 0, ns = 0;
     json_t *root = NULL;
     mshard_info *si = NULL;
@@ -1166,6 +853,10 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
         goto out;
     }
     d->label = -1;
+    d->tmp = (stk__unpack_area){.tag = "mds",
+                                .what = "the dataset's .mds.zstd shards",
+                                .hint = ", or decompress the shards beside index.json (zstd -d, "
+                                        "under their raw_data names)"};
     if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, &d->cols, &d->ncols, &d->nvar, &si, &ns, why,
@@ -1191,9 +882,9 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
     s->num_classes = (uint64_t)(maxl + 1);
     {
         const mcol *pc = &d->cols[d->payload];
-        bool image = pc->kind == STK_FIELD_IMAGE ||
-                     (pc->kind == STK_FIELD_AUTO &&
-                      stk_field_kind_for_name(pc->name) == STK_FIELD_IMAGE);
+        bool image =
+            pc->kind == STK_FIELD_IMAGE ||
+            (pc->kind == STK_FIELD_AUTO && stk_field_kind_for_name(pc->name) == STK_FIELD_IMAGE);
         s->ops = image ? &k_mds_ops : &k_mds_bytes_ops;
     }
     s->impl = d;
@@ -1221,7 +912,7 @@ out:
 
 int stk__mds_sniff(const char *dir, char *err, size_t errlen)
 {
-    char *ipath = join(dir, "index.json"), *text = NULL;
+    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
     size_t len = 0;
     int rc = 0;
     struct stat st;
@@ -1260,7 +951,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         stk__fmt(err, errlen, "input too short");
         return STK_EFORMAT;
     }
-    uint32_t il = le32(buf);
+    uint32_t il = stk__le32(buf);
     if (il > n - 4) {
         stk__fmt(err, errlen, "index length past the input");
         return STK_EFORMAT;
@@ -1276,7 +967,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         goto out;
     mrd r = {-1, buf + 4 + il, n - 4 - il};
     t.bytes = r.size;
-    if ((rc = parse_shard_head(&r, si[0].samples, &t, err, errlen)))
+    if ((rc = stk__ot_head(&r, si[0].samples, &t, &k_mds_words, err, errlen)))
         goto out;
     *samples = t.count;
     stk__field_set *fs = stk__malloc(sizeof *fs);
@@ -1288,7 +979,7 @@ int stk__mds_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char 
         uint64_t off;
         size_t len;
         char why[STK_ERRMSG_MAX];
-        if (record_range(&t, j, &off, &len, why, sizeof why))
+        if (stk__ot_range(&t, j, &off, &len, &k_mds_words, why, sizeof why))
             continue;
         const uint8_t *rec = r.buf + off;
         if (fields_of_record(&d, rec, len, fs, why, sizeof why))

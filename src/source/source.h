@@ -16,6 +16,13 @@
  * Module map of src/source/ (each layer includes only the layers above it):
  *
  *   source.h, common.c      this interface and the helpers every reader uses
+ *   offtab.h/.c             shards that begin with an offsets table (MDS
+ *                           shards, LitData chunks): the table, item ranges
+ *   unpack.h/.c             a reader's private temporary area for files stored
+ *                           compressed (mds.c, litdata.c): $TMPDIR/stoker-TAG-*,
+ *                           free-space, size and xxh64 checks; the codec is an
+ *                           enum stk__codec (zstd; a new one, e.g. gzip for
+ *                           TFRecord .gz, is a decoder and a row in unpack.c)
  *   stkformat.h/.c          .stk bytes: header, footer, index, shard writer
  *   manifest.h/.c           a packed dataset's stoker.manifest
  *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
@@ -313,6 +320,12 @@ int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
 /* ---- Helpers shared by readers (common.c) ------------------------------ */
 /* pread exactly n bytes at off. STK_EIO with reason (short read = truncated). */
 int stk__pread_full(int fd, void *buf, size_t n, uint64_t off, char *err, size_t errlen);
+/* Same, from fd, or when fd < 0 from path opened for this read only (a
+ * reader with many shards keeps no descriptor per shard). */
+int stk__pread_at(int fd, const char *path, void *buf, size_t n, uint64_t off, char *err,
+                  size_t errlen);
+/* The shard holding sample i: the last k with s->shard_first[k] <= i. */
+size_t stk__source_shard_of(const stk__source *s, uint64_t i);
 /* Writes exactly n bytes. */
 int stk__write_full(int fd, const void *buf, size_t n);
 /* fsyncs the directory holding path, so a rename in it is durable. */

@@ -922,19 +922,6 @@ static int index_shard(tshard *t, int fd, const struct stat *st, char *err, size
 
 /* ---- Source ------------------------------------------------------------ */
 
-static const tshard *find_tshard(const tarset *d, uint64_t i)
-{
-    size_t lo = 0, hi = d->n;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->shards[mid].first <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &d->shards[lo];
-}
-
 /* ---- Fields ------------------------------------------------------------ */
 
 static bool selected(uint64_t mask, uint16_t field)
@@ -1089,7 +1076,7 @@ static int tar_fields(const stk__source *s, uint64_t i, const uint8_t *bytes, si
 {
     (void)label;
     const tarset *d = s->impl;
-    const tshard *t = find_tshard(d, i);
+    const tshard *t = &d->shards[stk__source_shard_of(s, i)];
     return sample_fields(s->fields, t, &t->e[i - t->first], d->mask, bytes, len, fs, err, errlen);
 }
 
@@ -1156,7 +1143,7 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
                     int64_t *label, char *err, size_t errlen)
 {
     const tarset *d = s->impl;
-    const tshard *t = find_tshard(d, i);
+    const tshard *t = &d->shards[stk__source_shard_of(s, i)];
     const tentry *e = &t->e[i - t->first];
     int rc;
     if (d->mask && e->state != L_TRUNC)
@@ -1209,7 +1196,7 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
 static void tar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const tarset *d = s->impl;
-    const tshard *t = find_tshard(d, i);
+    const tshard *t = &d->shards[stk__source_shard_of(s, i)];
     const tentry *e = &t->e[i - t->first];
     stk__fmt(buf, n, "%.*s", (int)(e->key_len > 4096 ? 4096 : e->key_len), t->keys + e->key_off);
 }
@@ -1217,7 +1204,7 @@ static void tar_key(const stk__source *s, uint64_t i, char *buf, size_t n)
 static void tar_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const tarset *d = s->impl;
-    const tshard *t = find_tshard(d, i);
+    const tshard *t = &d->shards[stk__source_shard_of(s, i)];
     char key[512];
     tar_key(s, i, key, sizeof key);
     stk__fmt(buf, n, "%s#%llu key '%s'", t->path, (unsigned long long)(i - t->first), key);

@@ -122,6 +122,19 @@ static void test_default_threads(void)
     CHECK_EQ(stk_default_threads(&n), STK_OK);
     CHECK(n >= 1 && n <= 256);
     CHECK_EQ(stk_default_threads(NULL), STK_EINVAL);
+    /* MemAvailable, as /proc/meminfo gives it (Linux 3.14+). */
+    unsigned long long kb = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "MemAvailable:", 13))
+            kb = strtoull(line + 13, NULL, 10);
+    if (f)
+        fclose(f);
+    uint64_t got = stk_mem_available();
+    CHECK(kb > 0 && got > 0);
+    /* It moves between the two reads: within 1 GiB of each other. */
+    CHECK(got + (1ull << 30) > kb * 1024 && got < kb * 1024 + (1ull << 30));
 }
 
 /* Two JPEGs of different content, w x h. */
