@@ -102,8 +102,8 @@ def main():
         # few round trips (manifest, then headers/footers, then indexes).
         steady0 = local["samples"] / max(local["seconds"] - local["first_batch_s"], 1e-9)
         print(f"{'run':12} {'samples/s':>10} {'x local':>8} {'steady x':>8} "
-              f"{'fetched/need':>13} {'requests/s':>11} {'in flight':>9} {'net wait s':>10} "
-              f"{'open s':>7}")
+              f"{'fetched/need':>13} {'requests/s':>11} {'MiB/request':>11} {'in flight':>9} "
+              f"{'net wait s':>10} {'open s':>7}")
         for name, r in rows:
             ref = next((refs[o] for o in refs if name.endswith(o)), local)
             base = ref["samples_per_s"]
@@ -116,9 +116,10 @@ def main():
             need = f.get("sample_bytes", 0) / (a.epochs if cached else 1)
             ratio = f"{f['bytes'] / need:.3f}" if need else "-"
             rps = f"{f['requests'] / r['seconds']:.0f}" if f else "-"
+            mpr = f"{f['bytes'] / f['requests'] / 2**20:.2f}" if f and f["requests"] else "-"
             steady = r["samples"] / max(r["seconds"] - r["first_batch_s"], 1e-9)
             print(f"{name:12} {r['samples_per_s']:10.0f} {r['samples_per_s'] / base:8.2f} "
-                  f"{steady / steady0:8.2f} {ratio:>13} {rps:>11} "
+                  f"{steady / steady0:8.2f} {ratio:>13} {rps:>11} {mpr:>11} "
                   f"{f.get('inflight_peak', '-'):>9} {f.get('wait_s', 0):10.3f} "
                   f"{r.get('open_s', 0):7.3f}")
             assert r["checksum"] == ref["checksum"], f"{name}: batches differ from local"

@@ -16,7 +16,7 @@ prints for each:
   lag-1 corr     correlation of the sample index at positions p and p + 1
 
 The defaults mimic the remote benchmark of issue 23: 20,000 samples of ~24 KB
-in 4 MiB blocks (about 170 samples a block), shards of 2,000, window 8.
+in 5 MiB blocks (about 170 samples a block at 28 KB each), shards of 2,000, window 8.
 
     /usr/bin/python3 bench/order_quality.py [--samples 20000] [--per-block 170]
 """

@@ -31,7 +31,7 @@ int stk_options_create(stk_options **out)
     o->jpeg_memory = 64u << 20;
     o->trace_events = 1u << 20;
     o->field_memory = (size_t)64 << 20;
-    o->block_bytes = (uint64_t)4 << 20;
+    o->block_bytes = (uint64_t)5 << 20;
     o->fetch_rate = 5500;
     return STK_OK;
 }
@@ -408,7 +408,7 @@ static const opt_entry table[] = {
         "windows of shard_window shards; or blocks (runs of consecutive samples of about "
         "block_bytes) shuffled the same way, for remote data without a cache (docs/remote.md)",
         ENGINE, OFF(order), ST_INT, NULL, NULL),
-    OPT("block_bytes", SIZE, 4096, TB, NULL, NULL, "4M",
+    OPT("block_bytes", SIZE, 4096, TB, NULL, NULL, "5M",
         "bytes of one block of the block order: a remote dataset read without a cache takes "
         "one request a block",
         ENGINE, OFF(block_bytes), ST_U64, NULL, NULL),
