@@ -362,13 +362,13 @@ static void missing(const core *c, const stk__fplan *p, const stk__field_set *fs
     char has[256];
     size_t used = 0;
     has[0] = '\0';
-    for (size_t k = 0; k < fs->n && used + 1 < sizeof has; k++) {
-        stk__fmt(has + used, sizeof has - used, "%s%s", k ? ", " : "",
-                 c->src.fields[fs->f[k].id].name);
+    for (size_t k = 0; k < fs->n + fs->nothers && used + 1 < sizeof has; k++) {
+        uint32_t id = k < fs->n ? fs->f[k].id : fs->others[k - fs->n];
+        stk__fmt(has + used, sizeof has - used, "%s%s", k ? ", " : "", c->src.fields[id].name);
         used += strlen(has + used);
     }
     stk__fmt(err, errlen, "has no field '%s' (has: %s)", p->spec->sources,
-             fs->n ? has : "nothing");
+             fs->n + fs->nothers ? has : "nothing");
 }
 
 /* The primary image: exactly what a loader without fields makes. */
@@ -555,6 +555,7 @@ int stk__fields_make(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch,
     char why[STK_ERRMSG_MAX];
     why[0] = '\0';
     *field = NULL;
+    fs->nothers = 0; /* only readers of a subset fill it */
     int rc = c->src.ops->fields
                  ? c->src.ops->fields(&c->src, i, bytes, len, label, fs, why, sizeof why)
                  : stk__source_fields_generic(&c->src, i, bytes, len, label, fs, why, sizeof why);

@@ -81,6 +81,10 @@ typedef struct stk__field_ref {
 typedef struct stk__field_set {
     stk__field_ref f[STK__MAX_FIELDS];
     size_t n;
+    /* Fields the sample has that the select left out (ids; only sources that
+     * read a subset fill it): for the message naming what a sample has. */
+    uint32_t others[STK__MAX_FIELDS];
+    size_t nothers;
     size_t gen_used;
     uint8_t gen[STK__FIELD_GEN];
 } stk__field_set;

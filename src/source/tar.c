@@ -985,8 +985,16 @@ static int sample_fields(const stk__field_desc *names, const tshard *t, const te
                  (unsigned long long)(hi - lo));
         return STK_EFORMAT;
     }
+    fs->nothers = 0;
     for (uint32_t j = 0; j < e->nm; j++) {
         const tmember *m = &t->m[e->m0 + j];
+        if (!selected(mask, m->field) && m->field != EXT_NONE && m->field < STK__MAX_FIELDS) {
+            bool seen = false;
+            for (size_t k = 0; k < fs->nothers && !seen; k++)
+                seen = fs->others[k] == m->field;
+            if (!seen)
+                fs->others[fs->nothers++] = m->field;
+        }
         if (!selected(mask, m->field) || (m->flags & MF_FAR))
             continue;
         for (size_t k = 0; k < fs->n; k++) {

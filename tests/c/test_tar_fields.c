@@ -395,6 +395,36 @@ static size_t run_errors(const run_cfg *c, int *raised, char *msg, size_t msglen
     return n;
 }
 
+/* The message of a missing field names every field the sample has, also
+ * those the loader did not select (issue 20: "has no field 'txt' (has: jpg,
+ * json)"). */
+static void test_missing_names_what_the_sample_has(void)
+{
+    uint8_t *t = NULL;
+    size_t tn = 0;
+    add_str(&t, &tn, "a.cls", "1");
+    add_str(&t, &tn, "a.json", "{}");
+    add_str(&t, &tn, "a.txt", "x");
+    add_str(&t, &tn, "b.cls", "2");
+    add_str(&t, &tn, "b.json", "[]");
+    const char *p = tu_path("has.tar");
+    write_tar(p, t, tn); /* takes t */
+    char msg[2048], field[64];
+    int raised;
+    run_cfg c = {.path = p, .fields = "t=txt", .bs = 1, .on_error = STK_ON_ERROR_SKIP};
+    (void)run_errors(&c, &raised, msg, sizeof msg, field, sizeof field);
+    stk_loader *l = NULL;
+    REQUIRE(open_run(&l, &c) == STK_OK);
+    stk_batch *b;
+    while (stk_loader_next(l, &b) == STK_OK)
+        stk_batch_release(b);
+    CHECK_EQ(stk_loader_error_count(l), 1);
+    stk_sample_error se;
+    CHECK_EQ(stk_loader_error_get(l, 0, &se), STK_OK);
+    CHECK(strstr(se.reason, "has no field 'txt' (has: cls, json)") != NULL);
+    stk_loader_close(l);
+}
+
 /* A tar of 6 samples: 0..5, with a txt and a cls each but sample 2 lacks
  * its txt, sample 3 has a duplicate txt, sample 4 an empty txt. */
 static void test_missing_optional_duplicate_empty(void)
@@ -802,6 +832,7 @@ int main(void)
     RUN(test_all_fields_epoch);
     RUN(test_without_fields_unchanged);
     RUN(test_missing_optional_duplicate_empty);
+    RUN(test_missing_names_what_the_sample_has);
     RUN(test_invalid_text_json);
     RUN(test_unknown_field);
     RUN(test_case_and_cache);
