@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 void stk__source_free_common(stk__source *s)
 {
@@ -126,6 +127,40 @@ void stk__source_close(stk__source *s)
         s->ops->close(s);
     stk__source_free_common(s);
     memset(s, 0, sizeof *s);
+}
+
+int stk__index_cache_path(const char *file, const char *kind, bool beside, char *out, size_t n)
+{
+    if (beside) {
+        stk__fmt(out, n, "%s.stkidx", file);
+        return STK_OK;
+    }
+    char abs[4096];
+    if (!realpath(file, abs))
+        return STK_EIO;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[4096];
+    if (xdg && *xdg)
+        stk__fmt(dir, sizeof dir, "%s/stoker/%s", xdg, kind);
+    else if (home && *home)
+        stk__fmt(dir, sizeof dir, "%s/.cache/stoker/%s", home, kind);
+    else
+        return STK_EIO;
+    stk__fmt(out, n, "%s/%016llx.stkidx", dir, (unsigned long long)XXH3_64bits(abs, strlen(abs)));
+    return STK_OK;
+}
+
+void stk__mkdirs_for(const char *file)
+{
+    char p[4096];
+    stk__fmt(p, sizeof p, "%s", file);
+    for (char *s = p + 1; *s; s++) {
+        if (*s == '/') {
+            *s = '\0';
+            (void)mkdir(p, 0755);
+            *s = '/';
+        }
+    }
 }
 
 int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,

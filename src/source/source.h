@@ -335,6 +335,15 @@ int stk__write_full(int fd, const void *buf, size_t n);
 /* fsyncs the directory holding path, so a rename in it is durable. */
 void stk__fsync_parent(const char *path);
 
+/* Where a reader caches the index it built of a file (tar, TFRecord): beside
+ * it as FILE.stkidx, or (beside false) under $XDG_CACHE_HOME/stoker/KIND/
+ * (default ~/.cache/stoker/KIND/), named by a hash of the file's absolute
+ * path. STK_EIO when neither the path resolves nor a cache home is known. */
+int stk__index_cache_path(const char *file, const char *kind, bool beside, char *out, size_t n);
+/* Makes the directories above file (errors ignored: the write that follows
+ * reports them). */
+void stk__mkdirs_for(const char *file);
+
 /* Reads a whole file into a sink (open, fstat, read, close): the shared helper
  * for sources whose samples are files. */
 int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,

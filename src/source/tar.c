@@ -630,40 +630,6 @@ out:
 
 /* ---- Index cache ------------------------------------------------------- */
 
-static int cache_path(const char *tar, bool beside, char *out, size_t n)
-{
-    if (beside) {
-        stk__fmt(out, n, "%s.stkidx", tar);
-        return STK_OK;
-    }
-    char abs[4096];
-    if (!realpath(tar, abs))
-        return STK_EIO;
-    const char *xdg = getenv("XDG_CACHE_HOME");
-    const char *home = getenv("HOME");
-    char dir[4096];
-    if (xdg && *xdg)
-        stk__fmt(dir, sizeof dir, "%s/stoker/tar", xdg);
-    else if (home && *home)
-        stk__fmt(dir, sizeof dir, "%s/.cache/stoker/tar", home);
-    else
-        return STK_EIO;
-    stk__fmt(out, n, "%s/%016llx.stkidx", dir, (unsigned long long)stk__xxh3(abs, strlen(abs)));
-    return STK_OK;
-}
-
-static void mkdirs(const char *file)
-{
-    char p[4096];
-    stk__fmt(p, sizeof p, "%s", file);
-    for (char *s = p + 1; *s; s++) {
-        if (*s == '/') {
-            *s = '\0';
-            (void)mkdir(p, 0755);
-            *s = '/';
-        }
-    }
-}
 
 static void shard_free_index(tshard *t)
 {
@@ -894,7 +860,7 @@ static int index_shard(tshard *t, int fd, const struct stat *st, char *err, size
     char cpath[4096];
     int rc;
     for (int beside = 1; beside >= 0; beside--) {
-        if (cache_path(t->path, beside, cpath, sizeof cpath) == STK_OK &&
+        if (stk__index_cache_path(t->path, "tar", beside, cpath, sizeof cpath) == STK_OK &&
             (rc = cache_load(cpath, st, t)) != STK_ENOENT && rc != STK_EFORMAT)
             return rc;
     }
@@ -910,10 +876,10 @@ static int index_shard(tshard *t, int fd, const struct stat *st, char *err, size
     shard_take(t, b);
     stk__free(b);
     for (int beside = 1; beside >= 0; beside--) {
-        if (cache_path(t->path, beside, cpath, sizeof cpath) != STK_OK)
+        if (stk__index_cache_path(t->path, "tar", beside, cpath, sizeof cpath) != STK_OK)
             continue;
         if (!beside)
-            mkdirs(cpath);
+            stk__mkdirs_for(cpath);
         if (cache_store(cpath, st, t) == STK_OK)
             break;
     }

@@ -1034,38 +1034,6 @@ static int scan_file(const trd *rd, tfile *t, bool crc, char *why, size_t wn)
 
 /* ---- Index cache ----------------------------------------------------------- */
 
-static int cache_path(const char *file, bool beside, char *out, size_t n)
-{
-    if (beside) {
-        stk__fmt(out, n, "%s.stkidx", file);
-        return STK_OK;
-    }
-    char abs[4096];
-    if (!realpath(file, abs))
-        return STK_EIO;
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    char dir[4096];
-    if (xdg && *xdg)
-        stk__fmt(dir, sizeof dir, "%s/stoker/tfrecord", xdg);
-    else if (home && *home)
-        stk__fmt(dir, sizeof dir, "%s/.cache/stoker/tfrecord", home);
-    else
-        return STK_EIO;
-    stk__fmt(out, n, "%s/%016llx.stkidx", dir, (unsigned long long)stk__xxh3(abs, strlen(abs)));
-    return STK_OK;
-}
-
-static void mkdirs(const char *file)
-{
-    char p[4096];
-    stk__fmt(p, sizeof p, "%s", file);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            (void)mkdir(p, 0755);
-            *s = '/';
-        }
-}
 
 static void put_stat(uint8_t *b, const struct stat *st)
 {
@@ -1240,7 +1208,7 @@ static int index_file(tfile *t, int fd, const struct stat *fst, char *err, size_
     char cpath[4096];
     int rc;
     for (int beside = 1; beside >= 0; beside--)
-        if (cache_path(t->shown, beside, cpath, sizeof cpath) == STK_OK &&
+        if (stk__index_cache_path(t->shown, "tfrecord", beside, cpath, sizeof cpath) == STK_OK &&
             (rc = cache_load(cpath, fst, t->bytes, t)) != STK_ENOENT && rc != STK_EFORMAT)
             return rc;
     trd rd = {fd, NULL, t->bytes};
@@ -1255,10 +1223,10 @@ static int index_file(tfile *t, int fd, const struct stat *fst, char *err, size_
         return rc;
     }
     for (int beside = 1; beside >= 0; beside--) {
-        if (cache_path(t->shown, beside, cpath, sizeof cpath) != STK_OK)
+        if (stk__index_cache_path(t->shown, "tfrecord", beside, cpath, sizeof cpath) != STK_OK)
             continue;
         if (!beside)
-            mkdirs(cpath);
+            stk__mkdirs_for(cpath);
         if (cache_store(cpath, fst, t->bytes, t) == STK_OK)
             break;
     }
