@@ -212,7 +212,6 @@ void stk__fields_publish(core *c, buffer *b)
         v->fields = NULL;
         return;
     }
-    size_t kept = 0;
     for (size_t k = 0; k < c->nfplan; k++) {
         const stk__fplan *p = &c->fplan[k];
         fcol *col = &b->cols[k];
@@ -237,7 +236,6 @@ void stk__fields_publish(core *c, buffer *b)
             }
             j++;
         }
-        kept = j;
         stk_field *f = &b->fviews[k];
         f->name = p->spec->name;
         f->source = p->source_name;
@@ -269,7 +267,6 @@ void stk__fields_publish(core *c, buffer *b)
             f->dtypes = col->dtypes;
         }
     }
-    (void)kept;
     v->nfields = c->nfplan;
     v->fields = b->fviews;
 }
