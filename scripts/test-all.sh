@@ -27,12 +27,13 @@ run_suite() {
     local pass=0 fail=0 t
     for t in build/"$mode"/tests/$filter; do
         [ -x "$t" ] || continue
+        local t0=$SECONDS
         if timeout "${TEST_TIMEOUT:-600}" "$t" >"$t.out" 2>&1; then
             pass=$((pass + 1))
-            echo "  [$name] $(basename "$t"): ok"
+            echo "  [$name] $(basename "$t"): ok ($((SECONDS - t0)) s)"
         else
             fail=$((fail + 1))
-            echo "  [$name] $(basename "$t"): FAILED"
+            echo "  [$name] $(basename "$t"): FAILED ($((SECONDS - t0)) s)"
             tail -n 40 "$t.out" | sed 's/^/      /'
         fi
     done
@@ -48,22 +49,22 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
-echo "== C tests (release)"
+echo "== C tests (release) (at ${SECONDS} s)"
 run_suite c-release release
-echo "== C tests (ASan+UBSan)"
+echo "== C tests (ASan+UBSan) (at ${SECONDS} s)"
 run_suite c-asan asan
-echo "== C tests (TSan)"
+echo "== C tests (TSan) (at ${SECONDS} s)"
 run_suite c-tsan tsan
 
 if [ -x scripts/test-fuzz.sh ]; then
-    echo "== fuzz targets"
+    echo "== fuzz targets (at ${SECONDS} s)"
     scripts/test-fuzz.sh || overall=1
 fi
 
 if [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
-    echo "== Python tests"
+    echo "== Python tests (at ${SECONDS} s)"
     if make -s -j"$JOBS" MODE=release python >build/python.log 2>&1; then
-        /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/py
+        /usr/bin/python3 -m pytest -q -p no:cacheprovider --durations=10 tests/py
         rc=$?
         # pytest's exit 5 means no tests were collected: treat it as a failure.
         [ $rc -eq 0 ] || overall=1
@@ -74,9 +75,10 @@ if [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1; then
     fi
 fi
 
-echo "== docs links"
+echo "== docs links (at ${SECONDS} s)"
 # Prints "docs-links: N passed, N failed" (scripts/check-doc-links.py).
 /usr/bin/python3 scripts/check-doc-links.py || overall=1
 
+echo "test-all: ${SECONDS} s"
 if [ $overall -eq 0 ]; then echo "ALL SUITES PASSED"; else echo "SOME SUITES FAILED"; fi
 exit $overall

@@ -30,13 +30,38 @@ result() { # NAME OK?
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
+# build_lib NAME COMPILER FLAGS...: compiles LIB_SRCS once into $OUT/NAME.a
+# (JOBS at a time); every target of that flavour links it, instead of
+# compiling the library again per target.
+build_lib() {
+    local name=$1 cc=$2
+    shift 2
+    local dir=$OUT/obj-$name
+    rm -rf "$dir" && mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    if ! printf '%s\n' $LIB_SRCS | xargs -P "${JOBS:-2}" -I{} sh -c \
+        'd=$1 src=$2 cc=$3; shift 3; exec "$cc" "$@" -c "$src" -o "$d/$(echo "$src" | tr / _).o"' \
+        _ "$dir" {} "$cc" \
+        "$@" >"$OUT/$name-lib.log" 2>&1; then
+        cat "$OUT/$name-lib.log"
+        return 1
+    fi
+    rm -f "$OUT/$name.a" && ar rcs "$OUT/$name.a" "$dir"/*.o
+}
+
+REPLAY_FLAGS="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+# shellcheck disable=SC2086
+if ! build_lib replay "$CC" $FLAGS $REPLAY_FLAGS; then
+    result "replay library (build)" 1
+    echo "fuzz: $pass passed, $fail failed"
+    exit 1
+fi
 for t in $TARGETS; do
     corpus=tests/fuzz/corpus/$t
     bin=$OUT/replay_$t
     # shellcheck disable=SC2086
-    if $CC $FLAGS -O1 -fno-omit-frame-pointer -fsanitize=address,undefined \
-        -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c tests/fuzz/replay_main.c \
-        $LIB_SRCS $LIBS >"$OUT/replay_$t.log" 2>&1; then
+    if $CC $FLAGS $REPLAY_FLAGS -o "$bin" tests/fuzz/fuzz_$t.c tests/fuzz/replay_main.c \
+        "$OUT/replay.a" $LIBS >"$OUT/replay_$t.log" 2>&1; then
         "$bin" "$corpus"/* >"$OUT/replay_$t.out" 2>&1
         rc=$?
         [ $rc -eq 0 ] || tail -n 30 "$OUT/replay_$t.out" | sed 's/^/      /'
@@ -51,11 +76,20 @@ CLANG=${CLANG:-$(command -v clang || command -v clang-14 || true)}
 if [ -z "$CLANG" ]; then
     echo "  [fuzz] libFuzzer runs skipped: clang is not installed (the corpus replays above still ran)"
 else
-    for t in $TARGETS; do
+    # The library is built with fuzzer-no-link (coverage counters, no main);
+    # each target links libFuzzer's main.
+    # shellcheck disable=SC2086
+    fuzz_targets=$TARGETS
+    if ! build_lib fuzz "$CLANG" $FLAGS -O1 -fsanitize=fuzzer-no-link,address,undefined \
+        -fno-sanitize-recover=all; then
+        result "libFuzzer library (build)" 1
+        fuzz_targets=""
+    fi
+    for t in $fuzz_targets; do
         bin=$OUT/fuzz_$t
         # shellcheck disable=SC2086
         if ! "$CLANG" $FLAGS -O1 -fsanitize=fuzzer,address,undefined \
-            -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c $LIB_SRCS $LIBS \
+            -fno-sanitize-recover=all -o "$bin" tests/fuzz/fuzz_$t.c "$OUT/fuzz.a" $LIBS \
             >"$OUT/fuzz_$t.log" 2>&1; then
             cat "$OUT/fuzz_$t.log"
             result "libFuzzer $t (build)" 1
