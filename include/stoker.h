@@ -720,6 +720,12 @@ typedef struct stk_fetch_stats {
     uint64_t throttled;  /* answers 503/429 (S3 SlowDown): each halves the rate budget */
     uint64_t rate_limit; /* the request rate budget now (requests a second; 0: none), raised
                             again while the store stops throttling (docs/remote.md) */
+    /* Cold cache (docs/remote.md "Cold cache"): samples read from a shard's
+     * file while its download into the cache was still running, and samples
+     * fetched by range because their shard's download would reach them too
+     * late. */
+    uint64_t cache_partial_reads;
+    uint64_t cache_cold_ranged;
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

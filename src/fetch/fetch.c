@@ -93,6 +93,16 @@ struct chunk {
     uint64_t start;     /* K_RANGE: the shard offset of buf[0] */
     uint64_t useful;    /* block chunks: bytes of the samples planned from it */
     size_t block;       /* block chunks: its block; SIZE_MAX for other chunks */
+    /* K_CACHE downloads in flight (cold cache): samples below the download's
+     * high-water mark (req.written) are read from the file being written.
+     * `partial` counts such reads under way (their pread uses fd without the
+     * lock); `finishing`, set by the completion before it commits or aborts
+     * the file (which closes or re-locks fd), stops new ones, and the
+     * completion waits for `partial` to drain. */
+    unsigned partial;
+    bool finishing;
+    unsigned hwm_waiters; /* entries waiting for the high-water mark */
+    uint64_t dl_t0;       /* when the download was submitted (ns) */
 };
 
 struct stk__fetch {
@@ -125,6 +135,7 @@ struct stk__fetch {
 
     /* stats (under lock) */
     uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
+    uint64_t partial_reads, cold_ranged;
 };
 
 /* ---- chunks ---------------------------------------------------------------- */
@@ -241,10 +252,38 @@ static void on_chunk_done(stk__req *q, void *ctx)
 
 /* ---- the disk cache ----------------------------------------------------------- */
 
+/* A download's high-water mark moved (I/O thread): entries waiting for
+ * bytes below it can read them from the file being written. */
+static void on_download_progress(stk__req *q, void *ctx)
+{
+    (void)q;
+    chunk *c = ctx;
+    stk__fetch *f = c->f;
+    pthread_mutex_lock(&f->lock);
+    if (c->hwm_waiters)
+        pthread_cond_broadcast(&f->cond);
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* Whether bytes [.., end) of a download in flight can be read from its
+ * file now. Lock held. */
+static bool partial_ok(const chunk *c, uint64_t end)
+{
+    return c->kind == K_CACHE && c->state == C_INFLIGHT && !c->finishing &&
+           atomic_load_explicit(&c->req.written, memory_order_acquire) >= end;
+}
+
 static void on_download_done(stk__req *q, void *ctx)
 {
     chunk *c = ctx;
     stk__fetch *f = c->f;
+    /* Readers of the file in progress finish before it is committed (which
+     * re-locks it) or aborted (which closes it); none start after. */
+    pthread_mutex_lock(&f->lock);
+    c->finishing = true;
+    while (c->partial)
+        pthread_cond_wait(&f->cond, &f->lock);
+    pthread_mutex_unlock(&f->lock);
     const shardst *h = &f->sh[c->shard]; /* key: immutable after create */
     const char *tag = f->src->shard_tags ? f->src->shard_tags[c->shard] : NULL;
     uint64_t want = f->src->shard_bytes[c->shard];
@@ -321,9 +360,40 @@ static uint64_t next_use_of(void *ctx, const char *key)
     return UINT64_MAX;
 }
 
-/* Decides how entry e (sample of shard k, not yet requested) is read: from
- * the cache (true: e references the shard's admission) or by range (false). */
-static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
+/* How far ahead of a sample's read its entry is planned, for the guess
+ * below: the default lookahead is a few hundred samples, well under this
+ * at the rates a remote dataset is read. */
+#define PLAN_HORIZON_NS 100000000ULL
+/* Bytes past the high-water mark a download is trusted to cover before a
+ * planned read with no rate measured yet: one request's worth of a
+ * typical sample run. */
+#define PARTIAL_SLACK (256u << 10)
+
+/* Cold cache: whether a planned read of a shard's bytes up to `end` should
+ * wait for the shard's download (admitting or in flight) rather than fetch
+ * its sample by range. It waits when the download, at the rate it has
+ * shown, will be past `end` within the planning horizon: a sample near the
+ * front of the shard is read from the file being written; one far ahead is
+ * fetched by range at once, so the first batches of a cold epoch do not
+ * wait for whole shards. Lock held. */
+static bool join_download(const chunk *c, uint64_t end)
+{
+    if (c->state != C_ADMIT && c->state != C_INFLIGHT)
+        return true;
+    uint64_t w = 0, rate_slack = 0;
+    if (c->state == C_INFLIGHT) {
+        w = atomic_load_explicit(&c->req.written, memory_order_acquire);
+        uint64_t el = stk__now_ns() - c->dl_t0;
+        if (el > 20000000ULL && w)
+            rate_slack = (uint64_t)((double)w * (double)PLAN_HORIZON_NS / (double)el);
+    }
+    return end <= w + PARTIAL_SLACK + rate_slack;
+}
+
+/* Decides how entry e (sample of shard k at bytes [off, off + e->len), not
+ * yet requested) is read: from the cache (true: e references the shard's
+ * admission, resident, downloading or being admitted) or by range (false). */
+static bool plan_cached(stk__fetch *f, entry *e, uint32_t k, uint64_t off)
 {
     shardst *h = &f->sh[k];
     chunk *c = h->cur;
@@ -358,6 +428,10 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k)
         }
         h->cur = c;
     }
+    if (!join_download(c, off + e->len)) {
+        f->cold_ranged++;
+        return false;
+    }
     e->ch = c;
     c->refs++;
     e->state = E_LIVE;
@@ -379,7 +453,9 @@ static void admit_install(stk__fetch *f, chunk *c)
         c->req.name = f->src->shard_objs[c->shard];
         c->req.fd = c->fd;
         c->req.done = on_download_done;
+        c->req.progress = on_download_progress;
         c->req.ctx = c;
+        c->dl_t0 = stk__now_ns();
         queue_submit(f, c);
         return;
     }
@@ -602,7 +678,7 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
             f->src->ops->locate(f->src, i, &shard, &off, &len);
             e->sample = i;
             e->len = (uint32_t)len;
-            if (f->cache && plan_cached(f, e, (uint32_t)shard)) {
+            if (f->cache && plan_cached(f, e, (uint32_t)shard, off)) {
                 e->off = off;
                 continue;
             }
@@ -853,6 +929,21 @@ static void wait_chunk(stk__fetch *f, chunk *c)
     f->wait_ns += stk__now_ns() - t0;
 }
 
+/* Waits for a planned entry's bytes [.., end) of chunk c: the chunk done, or
+ * (a download into the cache) its high-water mark past end. Lock held. */
+static void wait_entry(stk__fetch *f, chunk *c, uint64_t end)
+{
+    if (!busy(c) || partial_ok(c, end))
+        return;
+    uint64_t t0 = stk__now_ns();
+    f->waits++;
+    c->hwm_waiters++;
+    while (busy(c) && !partial_ok(c, end) && !f->cancel && !f->interrupt)
+        stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
+    c->hwm_waiters--;
+    f->wait_ns += stk__now_ns() - t0;
+}
+
 /* Copies sample i's n bytes (from buf, or from the cached shard fd at off)
  * into the sink and checks them. No lock held. */
 static int deliver(stk__fetch *f, uint64_t i, stk__sink *sink, const uint8_t *src, int fd,
@@ -953,20 +1044,30 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     char why[STK_ERRMSG_MAX] = "";
     uint64_t off = 0;
     uint32_t n = 0;
+    bool partial = false; /* read from a download in progress */
     if (e) {
         c = e->state == E_LIVE ? e->ch : NULL;
-        if (c && busy(c) && (f->pending || (f->admit && !f->admitter))) {
+        uint64_t end = c && c->kind == K_CACHE ? e->off + e->len : 0;
+        if (c && busy(c) && !partial_ok(c, end) &&
+            (f->pending || (f->admit && !f->admitter))) {
             /* The requests this thread planned go out before it waits, and
              * admissions no thread is making are made (a seek's). */
             unlock_and_submit(f);
             pthread_mutex_lock(&f->lock);
         }
         if (c)
-            wait_chunk(f, c);
+            wait_entry(f, c, end);
         if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
             /* Reading ahead ran out of memory (planning, or the request):
              * that is no fault of the sample; it is read on its own. */
             alone = true;
+        } else if (partial_ok(c, end)) {
+            /* Its bytes are in the file being downloaded: read them there
+             * (checked by checksum like any cached read). The completion
+             * waits for this read before it commits or closes the file. */
+            cfd = c->fd;
+            c->partial++;
+            partial = true;
         } else if (busy(c)) {
             stk__fmt(err, errlen,
                      f->cancel ? "cancelled: the loader is closing"
@@ -1003,7 +1104,22 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     uint8_t *buf = NULL;
     if (!alone && rc == STK_OK) {
         rc = deliver(f, i, sink, c->buf, cfd, off, n, &buf, label, err, errlen);
-        if (rc == STK_EFORMAT && cfd >= 0) {
+        if (partial) {
+            pthread_mutex_lock(&f->lock);
+            if (--c->partial == 0 && c->finishing)
+                pthread_cond_broadcast(&f->cond);
+            if (rc == STK_OK)
+                f->partial_reads++;
+            pthread_mutex_unlock(&f->lock);
+        }
+        if (rc == STK_EFORMAT && partial) {
+            /* Bytes of a download in progress failed their checksum: the
+             * object changed under an attempt (the download will fail and
+             * the shard is not cached). Nothing is dropped; the sample is
+             * read by range. */
+            stk__fmt(why, sizeof why, "read while its shard downloaded: %s", err);
+            alone = true;
+        } else if (rc == STK_EFORMAT && cfd >= 0) {
             /* The cached copy is corrupt (a bad disk, a copy cut by power
              * loss): drop it from the cache, so that the shard's next
              * admission downloads it again, and read this sample, and the
@@ -1070,6 +1186,8 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->buffered = f->buffered;
     st->buffered_peak = f->buffered_peak;
     st->cache_fallbacks = f->fallbacks;
+    st->cache_partial_reads = f->partial_reads;
+    st->cache_cold_ranged = f->cold_ranged;
     pthread_mutex_unlock(&f->lock);
     if (f->cache) {
         stk__cache_stats cs;

@@ -90,6 +90,12 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
             }
             done += (size_t)w;
         }
+        uint64_t hw = q->got + n;
+        if (hw > atomic_load_explicit(&q->written, memory_order_relaxed)) {
+            atomic_store_explicit(&q->written, hw, memory_order_release);
+            if (q->progress)
+                q->progress(q, q->ctx);
+        }
     } else {
         if (q->got + n > q->max_bytes) {
             stk__fmt(q->err, sizeof q->err, "object is larger than the %zu-byte limit",
@@ -729,6 +735,7 @@ static void *io_main(void *arg)
 
 void stk__remote_submit(stk__remote *r, stk__req *q)
 {
+    atomic_store_explicit(&q->written, 0, memory_order_relaxed); /* not yet shared */
     q->rc = STK_OK;
     q->err[0] = '\0';
     q->attempts = 0;

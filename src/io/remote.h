@@ -23,6 +23,7 @@
 
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 /* Settings a caller may give (zero = default). */
@@ -90,6 +91,10 @@ struct stk__req {
     int fd;            /* >= 0 (and buf NULL): write the body to fd from offset 0 */
     void (*done)(stk__req *q, void *ctx);
     void *ctx;
+    /* Optional, fd destinations: called on the I/O thread (no engine lock
+     * held) after `written` grew, so a reader waiting for bytes of a
+     * download in progress can look again. */
+    void (*progress)(stk__req *q, void *ctx);
     /* out */
     int rc;         /* STK_OK, STK_ENOENT (404), STK_EIO, STK_ETOOBIG, STK_ENOMEM */
     long status;    /* last HTTP status */
@@ -99,6 +104,13 @@ struct stk__req {
     unsigned attempts;
     char validator[128]; /* the response's ETag, else its Last-Modified ("" when neither) */
     int write_errno;     /* fd destination: why writing the body failed (errno), else 0 */
+    /* fd destination: bytes [0, written) of the object are in the file, the
+     * most any attempt of this request has written (a retry rewrites the
+     * same object from offset 0; a changed object fails the request, and a
+     * reader of bytes written before that checks them by checksum). Written
+     * by the I/O thread, read by any (release/acquire: the bytes are in the
+     * file before the mark says so). */
+    _Atomic uint64_t written;
     char err[384];
     /* engine private */
     char *url_;

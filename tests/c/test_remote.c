@@ -49,7 +49,9 @@ enum {
     F_HANG,
     F_500_WHOLE_FIRST, /* each shard's first whole-object GET fails (500) */
     F_500_WHOLE_STALL, /* whole-object GETs fail (500), payload ranges hang */
-    F_RATE             /* over g_rate_limit requests a second (1 s windows): 503 */
+    F_RATE,            /* over g_rate_limit requests a second (1 s windows): 503 */
+    F_SLOW_WHOLE,      /* whole-object GETs of a .stk trickle (~1.3 MB/s) */
+    F_CUT_WHOLE        /* ... trickle their first half, then reset the connection */
 };
 
 /* F_RATE's limit, requests a second (set before server_start). */
@@ -249,6 +251,23 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
     uint8_t *buf = malloc(n ? n : 1);
     ssize_t got = pread(f, buf, n, (off_t)a);
     close(f);
+    if ((fault == F_SLOW_WHOLE || fault == F_CUT_WHOLE) && !ranged && strstr(path, ".stk") &&
+        got > 0) {
+        /* A slow download: 4 KiB every 3 ms; F_CUT_WHOLE stops half-way
+         * with a reset. */
+        size_t stop = fault == F_CUT_WHOLE ? (size_t)got / 2 : (size_t)got;
+        for (size_t o = 0; o < stop && !atomic_load(&srv.stop); o += 4096) {
+            send_all(fd, buf + o, stop - o < 4096 ? stop - o : 4096);
+            usleep(3000);
+        }
+        free(buf);
+        if (fault == F_CUT_WHOLE) {
+            struct linger lg = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            return false;
+        }
+        return true;
+    }
     bool cut = (fault == F_RESET_FIRST || fault == F_TRUNC_FIRST) && n > 1 && first_time(key);
     size_t send_n = cut ? (size_t)n / 2 : (size_t)(got > 0 ? got : 0);
     send_all(fd, buf, send_n);
@@ -1334,6 +1353,90 @@ static void test_failed_download_then_readmitted(void)
     server_stop();
 }
 
+/* A dataset of 4 shards of up to ~700 KB (samples of 24 KB): big enough that
+ * a slow download of a shard takes a while, and that some of its samples
+ * lie past what a download is trusted to cover soon. */
+static void make_big_dataset(const char *dir)
+{
+    char err[512];
+    stk_writer *w = NULL;
+    stk_writer_options wo = {.struct_size = sizeof wo, .shard_size = 700000, .num_classes = 5};
+    REQUIRE(stk_writer_open(&w, dir, &wo, err, sizeof err) == STK_OK);
+    static uint8_t data[24000];
+    for (int i = 0; i < 90; i++) {
+        for (size_t j = 0; j < sizeof data; j++)
+            data[j] = (uint8_t)(i * 29 + j * 13 + (j >> 9));
+        char key[16];
+        snprintf(key, sizeof key, "b%02d", i);
+        REQUIRE(stk_writer_add(w, data, sizeof data, i % 5, key) == STK_OK);
+    }
+    REQUIRE(stk_writer_finish(w, NULL) == STK_OK);
+    stk_writer_close(w);
+}
+
+/* Cold cache: a shard being downloaded is read up to its high-water mark,
+ * and samples the download will reach too late are fetched by range, so a
+ * cold epoch does not wait for whole shards. Batches equal a local read;
+ * each shard is downloaded once; the warm run reads only the cache. */
+static void test_cold_cache_reads_while_downloading(void)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/big", g_www);
+    run_out local = run(dir, 2, NULL, NULL, 0, 2);
+    CHECK_EQ(local.samples, 180);
+    server_start(g_www, F_SLOW_WHOLE);
+    /* A consumer slow enough that the downloads (~0.55 s each, in parallel)
+     * complete within the two epochs, so the warm run finds every shard. */
+    g_consumer_ms = 30;
+    run_out cold = run(url("big"), 2, tu_path("cache-cold"), NULL, 0, 2);
+    g_consumer_ms = 0;
+    CHECK_EQ(cold.open_rc, STK_OK);
+    CHECK_EQ(cold.samples, local.samples);
+    CHECK(cold.hash == local.hash);
+    CHECK(cold.fs.cache_partial_reads > 0);
+    CHECK(cold.fs.cache_cold_ranged > 0);
+    stk_dataset *ds = NULL;
+    char err[512];
+    REQUIRE(stk_dataset_open(&ds, dir, NULL, err, sizeof err) == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(ds, &di) == STK_OK);
+    stk_dataset_close(ds);
+    int shards = (int)di.shards;
+    CHECK(shards >= 3);
+    CHECK_EQ(cold.fs.cache_misses, (uint64_t)shards);
+    CHECK_EQ(atomic_load(&srv.whole_gets), shards);
+    CHECK_EQ(cold.fs.failures, 0);
+    run_out warm = run(url("big"), 2, tu_path("cache-cold"), NULL, 0, 2);
+    CHECK(warm.hash == local.hash);
+    CHECK_EQ(warm.fs.cache_partial_reads, 0);
+    CHECK_EQ(warm.fs.cache_cold_ranged, 0);
+    CHECK_EQ(atomic_load(&srv.whole_gets), shards);
+    server_stop();
+}
+
+/* A download that fails midway (every whole GET cut half-way, no retries):
+ * the samples read from its first half stay good, the rest come by range;
+ * nothing is delivered twice or lost. */
+static void test_cold_download_cut_midway(void)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/big", g_www);
+    run_out local = run(dir, 2, NULL, NULL, 0, 1);
+    server_start(g_www, F_CUT_WHOLE);
+    g_extra[0] = "fetch_retries";
+    g_extra[1] = "0";
+    run_out r = run(url("big"), 2, tu_path("cache-cut"), NULL, STK_ON_ERROR_RAISE, 1);
+    g_extra[0] = NULL;
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK_EQ(r.samples, local.samples);
+    CHECK(r.hash == local.hash);
+    CHECK(r.fs.cache_partial_reads > 0);
+    CHECK(r.fs.cache_fallbacks > 0);
+    if (r.msg[0])
+        fprintf(stderr, "    unexpected: %s\n", r.msg);
+    server_stop();
+}
+
 /* A lookahead of a million small samples plans in a loop, not one stack
  * frame per 64 samples (that overflowed the stack at open), and the option
  * is bounded. */
@@ -1994,6 +2097,13 @@ int main(void)
     RUN_IF(test_cache_write_error_reads_by_ranges);
     RUN_IF(test_failed_download_names_its_own_shard);
     RUN_IF(test_republished_and_corrupt_entries);
+    {
+        char big[1200];
+        snprintf(big, sizeof big, "%s/big", g_www);
+        make_big_dataset(big);
+    }
+    RUN_IF(test_cold_cache_reads_while_downloading);
+    RUN_IF(test_cold_download_cut_midway);
     make_tars(tu_path("www/tars"));
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
