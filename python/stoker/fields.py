@@ -191,7 +191,10 @@ class Converter:
             elif kind in ("text", "bytes"):
                 value = b.field(k)   # lists of str / bytes, built in C
             elif kind == "npy":
-                value = self._npy(b, k)
+                # With a device, a batch whose arrays share a dtype and shape
+                # arrives stacked in device memory (dense for that batch).
+                value = (self._dense(b.field(k)) if b.field_info(k)["dense"]
+                         else self._npy(b, k))
             else:   # variable-size images, and images without a transform (their bytes)
                 value = [None if v is None else self._dense(v) for v in b.field(k)]
             out[name] = value
