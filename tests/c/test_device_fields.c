@@ -10,7 +10,8 @@
  * intact (ASan: no use after free); a consumer on its own stream reads
  * device memory nobody rewrote (the fake's checks) and no host memory is
  * changed under a queued copy; resume; the memory bound. Also run under
- * ASan and TSan. */
+ * ASan and TSan. STOKER_TEST_DEVICE=cuda (scripts/test-gpu.sh) runs the
+ * checks that need no fake hooks on the real CUDA backend. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -503,6 +504,58 @@ static void test_memory_bound(void)
     stk_loader_close(l);
 }
 
+/* Fields without an image: the batch's data is empty and every dense
+ * column still goes to the device. */
+static void test_no_image_field(void)
+{
+    uint64_t want[MAXB];
+    size_t nw = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        stk_options *o = NULL;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        REQUIRE(stk_options_set_source(o, g_tar) == STK_OK);
+        REQUIRE(stk_options_set_batch_size(o, BS) == STK_OK);
+        REQUIRE(stk_options_set_threads(o, 2) == STK_OK);
+        REQUIRE(stk_options_set_seed(o, 4) == STK_OK);
+        REQUIRE(stk_options_set_shuffle(o, 1) == STK_OK);
+        REQUIRE(stk_options_set(o, "device", pass ? g_dev : "cpu") == STK_OK);
+        REQUIRE(stk_options_set_fields(o, "label=cls,score=score:float,caption=txt,arr=npy") ==
+                STK_OK);
+        stk_loader *l = NULL;
+        int rc = stk_loader_open(&l, o);
+        stk_options_destroy(o);
+        if (rc)
+            fprintf(stderr, "    open: %s\n", stk_loader_errmsg(l));
+        REQUIRE(rc == STK_OK);
+        stk_batch *b;
+        size_t n = 0;
+        for (int e = 0; e < 2; e++) {
+            while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+                REQUIRE(stk_batch_sync(b) == STK_OK);
+                CHECK_EQ(b->sample_bytes, 0);
+                if (pass) {
+                    CHECK_EQ(field_named(b, "label")->device, b->device);
+                    CHECK_EQ(field_named(b, "arr")->device, b->device);
+                    CHECK_EQ(field_named(b, "caption")->device, STK_DEVICE_CPU);
+                }
+                uint64_t h = batch_hash(l, b);
+                if (!pass) {
+                    REQUIRE(nw < MAXB);
+                    want[nw++] = h;
+                } else {
+                    CHECK(n < nw && want[n] == h);
+                }
+                n++;
+                stk_batch_release(b);
+            }
+            CHECK_EQ(rc, STK_END);
+        }
+        if (pass)
+            CHECK_EQ(n, nw);
+        stk_loader_close(l);
+    }
+}
+
 /* ---- the CUDA backend on the mock driver -------------------------------- */
 
 static void run_on_mock_cuda(void)
@@ -530,6 +583,7 @@ static void run_on_mock_cuda(void)
     RUN(test_same_as_host);
     RUN(test_resume);
     RUN(test_memory_bound);
+    RUN(test_no_image_field);
     unsetenv("STOKER_LIBCUDA");
     g_dev = "fake";
     long (*live)(void) = NULL;
@@ -542,12 +596,19 @@ static void run_on_mock_cuda(void)
 
 int main(void)
 {
+    /* STOKER_TEST_DEVICE=cuda (scripts/test-gpu.sh): the real CUDA backend. */
+    const char *env = getenv("STOKER_TEST_DEVICE");
+    if (env && *env)
+        g_dev = env;
     tu_begin("test_device_fields", 300);
+    printf("device under test: %s\n", g_dev);
     make_tar();
     RUN(test_same_as_host);
     RUN(test_stream_consumer);
     RUN(test_resume);
     RUN(test_memory_bound);
-    run_on_mock_cuda();
+    RUN(test_no_image_field);
+    if (!strncmp(g_dev, "fake", 4))
+        run_on_mock_cuda();
     return tu_end();
 }

@@ -534,18 +534,22 @@ def assert_same_batch(a, b):
             assert a[k] == b[k], k
 
 
+@pytest.mark.parametrize("device", ["fake", "cuda"])
 @pytest.mark.parametrize("dtype", ["uint8", "float16"])
-def test_tar_device_fake_equals_cpu(wds, dtype):
+def test_tar_device_equals_cpu(wds, dtype, device):
     """device="fake" (the CPU stand-in whose copies run late on another
-    thread) with every kind of field: the image (converted on the device),
-    labels and the stacked .npy arrive as tensors equal to the CPU run's;
-    captions, JSON and bytes are equal too, also for a batch held while the
-    next ones come, over two epochs."""
+    thread; "cuda" on a GPU, scripts/test-gpu.sh) with every kind of field:
+    the image (converted on the device), labels and the stacked .npy arrive
+    as device tensors equal to the CPU run's; captions, JSON and bytes are
+    equal too, also for a batch held while the next ones come, over two
+    epochs; record_stream finds the batch of each device tensor."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
     root, _ = wds
     kw = dict(fields=TAR_FIELDS, transform={"image": RRC}, seed=3, dtype=dtype,
               return_indices=True)
     with tar_loader(root, 5, **kw) as C, \
-            tar_loader(root, 5, device="fake", threads=3, depth=2, **kw) as D:
+            tar_loader(root, 5, device=device, threads=3, depth=2, **kw) as D:
         assert D.info()["memory_bound_bytes"] > C.info()["memory_bound_bytes"]
         n = 0
         for _ in range(2):
@@ -553,6 +557,14 @@ def test_tar_device_fake_equals_cpu(wds, dtype):
             for a, b in zip(C, D):
                 assert b["image"].dtype == getattr(torch, dtype)
                 assert b["arr"].shape[1:] == (2, 3)
+                assert b["__index__"].device.type == "cpu"
+                if device == "cuda":
+                    for k in ("image", "label", "arr"):
+                        assert b[k].is_cuda, k
+                for k in ("image", "label", "arr"):
+                    D.record_stream(b[k], None)
+                with pytest.raises(ValueError, match="not in a batch"):
+                    D.record_stream(a["label"], None)
                 if held is not None:
                     assert_same_batch(*held)   # the copy thread ran ahead meanwhile
                 held = (a, b)
