@@ -654,6 +654,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
         per_thread += o->max_input_bytes;
     /* With a device and fields: each device buffer's host columns. */
     stk__devstage_cfg scfg = stage_cfg(c);
+    scfg.slots = c->nbufs; /* (depth "auto" tries depths through nbufs) */
     uint64_t stage_host = c->dev ? stk__devstage_host_bytes(&scfg) : 0;
     return c->nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
            sizeof(core) +

@@ -185,16 +185,18 @@ def test_set_epoch_len_stats_and_trace(jpeg_folder, tmp_path):
     assert events
 
 
-def test_diagnose_takes_dict_batches(jpeg_folder):
+@pytest.mark.parametrize("device", [None, "fake"])
+def test_diagnose_takes_dict_batches(jpeg_folder, device):
     with stoker.Loader(jpeg_folder, 4, fields={"image": "image", "label": "label"},
-                       transform=RRC) as L:
+                       transform=RRC, device=device) as L:
         d = stoker.diagnose(L, step=lambda b: b["image"].float().mean(), steps=2, warmup=1)
         assert d["bound"] in ("step", "storage", "decode", "contention")
 
 
-def test_numpy_output(jpeg_folder):
+@pytest.mark.parametrize("device", [None, "fake"])
+def test_numpy_output(jpeg_folder, device):
     with stoker.Loader(jpeg_folder, 4, fields={"image": "image", "label": "label"},
-                       transform=RRC, output="numpy", return_indices=True) as L:
+                       transform=RRC, output="numpy", return_indices=True, device=device) as L:
         b = next(iter(L))
         assert isinstance(b["image"], np.ndarray) and b["image"].dtype == np.uint8
         assert b["label"].dtype == np.int64 and b["__index__"].dtype == np.int64
