@@ -5,7 +5,8 @@
  * of one size; int64 and float32 columns; a uniform .npy column) arrive in
  * device memory bit-identical to the host path's bytes for the same seed,
  * and the host columns (text, JSON, bytes, a ragged .npy, an optional
- * field) equal the host path's, over several epochs and thread counts; a
+ * field) equal the host path's, over several epochs and thread counts, and
+ * with samples skipped (every column compacted alike); a
  * consumer holding batches while the copy thread runs ahead reads them
  * intact (ASan: no use after free); a consumer on its own stream reads
  * device memory nobody rewrote (the fake's checks) and no host memory is
@@ -31,7 +32,9 @@
 #define MAXB   (EPOCHS * ((NS + BS - 1) / BS))
 
 static const char *g_dev = "fake"; /* or "cuda" (the mock driver) */
-static char g_tar[600];
+static char g_tar[600], g_bad[600];
+static const char *g_src = g_tar; /* what open_loader opens */
+static int g_on_error = STK_ON_ERROR_RAISE;
 
 #define SPEC_NORM                                                                                  \
     "RandomResizedCrop(16)|RandomHorizontalFlip()|Normalize(mean=(0.485,0.456,0.406), "            \
@@ -87,7 +90,9 @@ static void add_str(uint8_t **t, size_t *tn, const char *name, const char *s)
     tu_tar_add(t, tn, name, s, strlen(s));
 }
 
-static void make_tar(void)
+/* bad: sample 5's JSON is invalid and sample 17's image no JPEG (under
+ * skip both are left out of their batches, compacting every column). */
+static void make_tar(const char *file, bool bad, char *path, size_t pathlen)
 {
     uint8_t *t = NULL;
     size_t tn = 0;
@@ -97,6 +102,8 @@ static void make_tar(void)
         size_t n;
         uint8_t *j = photo(24 + (uint32_t)(k % 7) * 3, 20 + (uint32_t)(k % 5) * 4, k, &n);
         snprintf(name, sizeof name, "%s.jpg", key);
+        if (bad && k == 17)
+            memset(j, 'x', 16);
         tu_tar_add(&t, &tn, name, j, n);
         free(j);
         j = photo(18 + (uint32_t)(k % 3) * 5, 30 - (uint32_t)(k % 4), k + 500, &n);
@@ -111,7 +118,7 @@ static void make_tar(void)
         snprintf(name, sizeof name, "%s.txt", key);
         add_str(&t, &tn, name, s);
         snprintf(s, sizeof s, "{\"id\": %d, \"tags\": [\"t%d\", %d.5], \"ok\": %s}", k, k % 3,
-                 k, k % 2 ? "true" : "null");
+                 k, bad && k == 5 ? "nope" : k % 2 ? "true" : "null");
         snprintf(name, sizeof name, "%s.json", key);
         add_str(&t, &tn, name, s);
         snprintf(s, sizeof s, "%d\n", k % 5);
@@ -134,8 +141,8 @@ static void make_tar(void)
     t = realloc(t, tn + 1024);
     REQUIRE(t);
     memset(t + tn, 0, 1024);
-    snprintf(g_tar, sizeof g_tar, "%s", tu_path("fields.tar"));
-    tu_write_file(g_tar, t, tn + 1024);
+    snprintf(path, pathlen, "%s", tu_path(file));
+    tu_write_file(path, t, tn + 1024);
     free(t);
 }
 
@@ -144,7 +151,8 @@ static int open_loader(stk_loader **l, const char *device, unsigned threads, uns
 {
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_set_source(o, g_tar) == STK_OK);
+    REQUIRE(stk_options_set_source(o, g_src) == STK_OK);
+    REQUIRE(stk_options_set_on_error(o, g_on_error) == STK_OK);
     REQUIRE(stk_options_set_batch_size(o, BS) == STK_OK);
     REQUIRE(stk_options_set_threads(o, threads) == STK_OK);
     REQUIRE(stk_options_set_depth(o, depth) == STK_OK);
@@ -378,6 +386,30 @@ static void test_same_as_host(void)
     }
 }
 
+/* Under skip, the failed samples are left out of their batches on the
+ * host before the copy: the device columns and the host ones are compacted
+ * alike, equal to the host path's. */
+static void test_skip_compacts(void)
+{
+    g_src = g_bad;
+    g_on_error = STK_ON_ERROR_SKIP;
+    uint64_t want[MAXB], got[MAXB];
+    size_t nw = host_run(want, 2);
+    stk__fake_config(9, 300, 0);
+    stk_loader *l = NULL;
+    REQUIRE(open_loader(&l, g_dev, 3, 2, 2) == STK_OK);
+    size_t ng = run(l, EPOCHS, 2, got, MAXB);
+    stk_stats st = {.struct_size = sizeof st};
+    REQUIRE(stk_loader_stats(l, &st) == STK_OK);
+    CHECK_EQ(st.samples_skipped, 2 * EPOCHS);
+    stk_loader_close(l);
+    CHECK_EQ(ng, nw);
+    for (size_t k = 0; k < nw && k < ng; k++)
+        CHECK(want[k] == got[k]);
+    g_src = g_tar;
+    g_on_error = STK_ON_ERROR_RAISE;
+}
+
 /* A consumer on its own fake stream: it waits on the device, checks every
  * device column there (queued, run late) and releases on its stream, so the
  * copy thread reuses buffers while those checks and earlier copies are
@@ -581,6 +613,7 @@ static void run_on_mock_cuda(void)
     setenv("STOKER_LIBCUDA", exe, 1);
     g_dev = "cuda";
     RUN(test_same_as_host);
+    RUN(test_skip_compacts);
     RUN(test_resume);
     RUN(test_memory_bound);
     RUN(test_no_image_field);
@@ -602,9 +635,11 @@ int main(void)
         g_dev = env;
     tu_begin("test_device_fields", 300);
     printf("device under test: %s\n", g_dev);
-    make_tar();
+    make_tar("fields.tar", false, g_tar, sizeof g_tar);
+    make_tar("bad.tar", true, g_bad, sizeof g_bad);
     RUN(test_same_as_host);
     RUN(test_stream_consumer);
+    RUN(test_skip_compacts);
     RUN(test_resume);
     RUN(test_memory_bound);
     RUN(test_no_image_field);
