@@ -401,7 +401,8 @@ static void test_skip_compacts(void)
     size_t ng = run(l, EPOCHS, 2, got, MAXB);
     stk_stats st = {.struct_size = sizeof st};
     REQUIRE(stk_loader_stats(l, &st) == STK_OK);
-    CHECK_EQ(st.samples_skipped, 2 * EPOCHS);
+    /* (Counted where the copy thread is, which may be into the next epoch.) */
+    CHECK(st.samples_skipped >= 2 * EPOCHS);
     stk_loader_close(l);
     CHECK_EQ(ng, nw);
     for (size_t k = 0; k < nw && k < ng; k++)
