@@ -180,8 +180,8 @@ int stk__fields_ring_alloc(core *c, buffer *b)
             if (c->dev) {
                 /* Page-locked, as the ring's data: the device copies it. */
                 char err[STK_ERRMSG_MAX];
-                if (c->dev->ops->host_alloc(c->dev, B * p->sample_bytes, (void **)&col->dense,
-                                            err, sizeof err))
+                if (c->dev->ops->host_alloc(c->dev, B * p->sample_bytes, (void **)&col->dense, err,
+                                            sizeof err))
                     return STK_ENOMEM;
                 memset(col->dense, 0, B * p->sample_bytes);
             } else if (!(col->dense = stk__calloc(B, p->sample_bytes))) {

@@ -262,8 +262,8 @@ static bool npy_uniform(const stk_field *hf, size_t n)
 /* Packs sample s of a variable column into the arena at *aoff. The host
  * ring's field arena took each sample rounded up to ARENA_ALIGN out of
  * field_memory, and so does this, so everything that fitted there fits. */
-static int pack_sample(const stk__devstage *st, dslot *d, const stk_field *hf, dcol *col,
-                       size_t s, size_t *aoff, char *err, size_t errlen)
+static int pack_sample(const stk__devstage *st, dslot *d, const stk_field *hf, dcol *col, size_t s,
+                       size_t *aoff, char *err, size_t errlen)
 {
     size_t len = (size_t)hf->lengths[s];
     size_t need = align_up(len, ARENA_ALIGN);
@@ -285,8 +285,8 @@ static int pack_sample(const stk__devstage *st, dslot *d, const stk_field *hf, d
  * views except the primary's (issue does, with the batch's view). The
  * host batch stays the copy thread's until the event recorded after these
  * copies completed. */
-static int issue_fields(stk__devstage *st, dslot *d, const stk_batch *hb, stk__stream s,
-                        char *err, size_t errlen)
+static int issue_fields(stk__devstage *st, dslot *d, const stk_batch *hb, stk__stream s, char *err,
+                        size_t errlen)
 {
     const stk__dev_ops *ops = st->dev->ops;
     stk__dev *dev = st->dev;
@@ -316,8 +316,8 @@ static int issue_fields(stk__devstage *st, dslot *d, const stk_batch *hb, stk__s
         f->device = STK_DEVICE_CPU;
         f->device_id = 0;
         if ((hf->present && !col->present) ||
-            (df->where == STK__DF_HOST && ((hf->shapes && !col->shapes) ||
-                                            (hf->dtypes && !col->dtypes)))) {
+            (df->where == STK__DF_HOST &&
+             ((hf->shapes && !col->shapes) || (hf->dtypes && !col->dtypes)))) {
             stk__fmt(err, errlen, "internal error: field '%s' has columns its plan lacks",
                      hf->name);
             return STK_EINVAL;
@@ -914,7 +914,8 @@ static int alloc_field_slot(stk__devstage *st, dslot *d, bool arena, char *err, 
             continue;
         if (!(col->offsets = stk__calloc(B ? B : 1, sizeof *col->offsets)) ||
             !(col->lengths = stk__calloc(B ? B : 1, sizeof *col->lengths)) ||
-            (f->shapes && !(col->shapes = stk__calloc(B * SHAPE_STRIDE + 1, sizeof *col->shapes))) ||
+            (f->shapes &&
+             !(col->shapes = stk__calloc(B * SHAPE_STRIDE + 1, sizeof *col->shapes))) ||
             (f->dtypes && !(col->dtypes = stk__calloc(B ? B : 1, sizeof *col->dtypes))))
             goto oom;
     }

@@ -117,8 +117,10 @@ static void make_tar(const char *file, bool bad, char *path, size_t pathlen)
         s[len] = 0;
         snprintf(name, sizeof name, "%s.txt", key);
         add_str(&t, &tn, name, s);
-        snprintf(s, sizeof s, "{\"id\": %d, \"tags\": [\"t%d\", %d.5], \"ok\": %s}", k, k % 3,
-                 k, bad && k == 5 ? "nope" : k % 2 ? "true" : "null");
+        snprintf(s, sizeof s, "{\"id\": %d, \"tags\": [\"t%d\", %d.5], \"ok\": %s}", k, k % 3, k,
+                 bad && k == 5 ? "nope"
+                 : k % 2       ? "true"
+                               : "null");
         snprintf(name, sizeof name, "%s.json", key);
         add_str(&t, &tn, name, s);
         snprintf(s, sizeof s, "%d\n", k % 5);
