@@ -445,7 +445,12 @@ typedef struct stk_batch {
 /* One field of a batch: `size` samples of it (the batch's size, after
  * skipped samples were left out), in the batch's sample order. Owned by the
  * batch, valid until it is released; every pointer is host memory except
- * `data` of the first image field with a device (then `device` says so).
+ * `data` of a dense field of a device batch (then `device` says so: the
+ * first image field, converted as the batch's data, further images of one
+ * size, INT and FLOAT; docs/gpu.md). With a device, an NPY field whose
+ * samples in this batch all have one dtype and shape (up to 4 dims, not
+ * UINT16/32/64) is delivered dense in device memory for that batch; other
+ * batches of it may be variable, in host memory.
  *
  * Dense (layout STK_BATCH_DENSE): data holds size x shape of dtype, sample k
  * at k * sample_bytes: images of one output size, INT (int64, shape ()),

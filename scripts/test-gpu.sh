@@ -23,16 +23,21 @@ if ! make -s -j"$JOBS" MODE=release lib tools tests python; then
 fi
 export STOKER_TEST_DEVICE=cuda
 step "test_device on CUDA (release)" build/release/tests/test_device
+step "test_device_fields on CUDA (release)" build/release/tests/test_device_fields
 # CUDA's driver maps memory where ASan keeps its shadow gap.
 if make -s -j"$JOBS" MODE=asan tests; then
     step "test_device on CUDA (ASan)" env ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 \
         build/asan/tests/test_device
+    step "test_device_fields on CUDA (ASan)" env ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=0 \
+        build/asan/tests/test_device_fields
 else
     fail=$((fail + 1))
 fi
 if /usr/bin/python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     step "Python device tests on CUDA" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
         tests/py/test_device.py
+    step "Python fields on CUDA" /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+        tests/py/test_fields.py -k device
 else
     echo "== Python device tests: skipped (this torch has no CUDA: torch.cuda.is_available() is False)"
 fi

@@ -44,6 +44,7 @@ void stk__core_free(core *c)
     stk__devstage_destroy(c->dstage);
     stk__ring_free(c);
     stk__free(c->dnodes);
+    stk__free(c->devfields);
     if (c->workers) {
         for (unsigned k = 0; k < c->nthreads; k++) {
             stk__scratch_free(&c->workers[k].in);
@@ -562,24 +563,42 @@ static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
         c->convert = 1;
         c->sample_bytes = (size_t)c->cv.h * c->cv.w * 3;
     }
+    if (c->nfplan) {
+        /* Which fields ride the copy to the device (stage.h). */
+        if (!(c->devfields = stk__calloc(c->nfplan, sizeof *c->devfields))) {
+            stk__fmt(err, errlen, "out of memory for the device stage's field plan");
+            return STK_ENOMEM;
+        }
+        stk__fields_devfields(c, c->devfields);
+    }
     return STK_OK;
+}
+
+/* The device stage's configuration for the loader as it now stands (the
+ * memory bound reads it before the stage exists, with depth still open). */
+static stk__devstage_cfg stage_cfg(const core *c)
+{
+    return (stk__devstage_cfg){.dev = c->dev,
+                               .slots = c->depth + 1,
+                               .batch_size = c->batch_size,
+                               .host_sample_bytes = c->sample_bytes,
+                               .out_sample_bytes = c->out_sample_bytes,
+                               .convert = c->convert,
+                               .cv = c->cv,
+                               .batches_per_epoch = c->sched.part.batches,
+                               .fields = c->devfields,
+                               .nfields = c->devfields ? c->nfplan : 0,
+                               .field_memory = c->field_memory,
+                               .ctx = (void *)(uintptr_t)c,
+                               .host_next = stage_host_next,
+                               .host_release = stage_host_release};
 }
 
 static int start_device(core *c, char *err, size_t errlen)
 {
     if (!c->dev)
         return STK_OK;
-    stk__devstage_cfg cfg = {.dev = c->dev,
-                             .slots = c->depth + 1,
-                             .batch_size = c->batch_size,
-                             .host_sample_bytes = c->sample_bytes,
-                             .out_sample_bytes = c->out_sample_bytes,
-                             .convert = c->convert,
-                             .cv = c->cv,
-                             .batches_per_epoch = c->sched.part.batches,
-                             .ctx = c,
-                             .host_next = stage_host_next,
-                             .host_release = stage_host_release};
+    stk__devstage_cfg cfg = stage_cfg(c);
     c->dev_bytes = stk__devstage_device_bytes(&cfg);
     if (!(c->dnodes = stk__calloc(cfg.slots, sizeof *c->dnodes))) {
         stk__fmt(err, errlen, "out of memory for the device batches' table entries");
@@ -633,7 +652,12 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     else if (c->nfplan)
         /* a sample's fields are read into the thread's input scratch */
         per_thread += o->max_input_bytes;
-    return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
+    /* With a device and fields: each device buffer's host columns. */
+    stk__devstage_cfg scfg = stage_cfg(c);
+    scfg.slots = c->nbufs; /* (depth "auto" tries depths through nbufs) */
+    uint64_t stage_host = c->dev ? stk__devstage_host_bytes(&scfg) : 0;
+    return c->nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
+           sizeof(core) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* raised failures the user has not reached (their records are in core) */

@@ -187,6 +187,7 @@ struct core {
     int convert;                 /* the device converts uint8 HWC to the output */
     stk__convert cv;
     size_t out_sample_bytes; /* one sample as delivered */
+    stk__devfield *devfields; /* with fields: how each travels (nfplan entries) */
 };
 
 struct stk_loader {
@@ -228,6 +229,8 @@ void stk__seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bo
 int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *err, size_t errlen);
 /* Frees the plan (pipelines, specs). */
 void stk__fields_free(core *c);
+/* How each field travels through the device stage (out: nfplan entries). */
+void stk__fields_devfields(const core *c, stk__devfield *out);
 /* Bytes the fields' columns take in one buffer (memory bound). */
 uint64_t stk__fields_buffer_bytes(const core *c);
 /* Makes sample i's fields into slot s (worker). Returns the error, with

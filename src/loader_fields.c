@@ -54,13 +54,6 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
     c->primary = -1;
     if (!o->nfields)
         return STK_OK;
-    if (o->device != STK_DEVICE_CPU) {
-        stk__fmt(err, errlen,
-                 "%s: fields are delivered in host memory in this version; drop the device "
-                 "option and move the tensors you need (docs/multimodal.md)",
-                 o->source_shown);
-        return STK_EUNSUPPORTED;
-    }
     if (stk__fspecs_copy(&c->fspecs, o->fields, o->nfields))
         return STK_ENOMEM;
     if (!(c->fplan = stk__calloc(o->nfields, sizeof *c->fplan))) {
@@ -145,6 +138,26 @@ uint64_t stk__fields_buffer_bytes(const core *c)
     return n;
 }
 
+void stk__fields_devfields(const core *c, stk__devfield *out)
+{
+    for (size_t k = 0; k < c->nfplan; k++) {
+        const stk__fplan *p = &c->fplan[k];
+        stk__devfield *f = &out[k];
+        bool variable = p->layout != STK_BATCH_DENSE;
+        *f = (stk__devfield){.optional = (p->spec->flags & STK_FIELD_OPTIONAL) != 0};
+        if ((int)k == c->primary) {
+            f->where = STK__DF_PRIMARY;
+        } else if (!variable) {
+            f->where = STK__DF_DENSE;
+            f->sample_bytes = p->sample_bytes;
+        } else {
+            f->where = p->kind == STK_FIELD_NPY ? STK__DF_NPY : STK__DF_HOST;
+            f->shapes = p->kind == STK_FIELD_IMAGE || p->kind == STK_FIELD_NPY;
+            f->dtypes = p->kind == STK_FIELD_NPY;
+        }
+    }
+}
+
 /* ---- the ring's columns ------------------------------------------------- */
 
 int stk__fields_ring_alloc(core *c, buffer *b)
@@ -164,8 +177,16 @@ int stk__fields_ring_alloc(core *c, buffer *b)
         if (p->layout == STK_BATCH_DENSE && !primary) {
             if (p->sample_bytes && B > SIZE_MAX / p->sample_bytes)
                 return STK_ETOOBIG;
-            if (!(col->dense = stk__calloc(B, p->sample_bytes)))
+            if (c->dev) {
+                /* Page-locked, as the ring's data: the device copies it. */
+                char err[STK_ERRMSG_MAX];
+                if (c->dev->ops->host_alloc(c->dev, B * p->sample_bytes, (void **)&col->dense, err,
+                                            sizeof err))
+                    return STK_ENOMEM;
+                memset(col->dense, 0, B * p->sample_bytes);
+            } else if (!(col->dense = stk__calloc(B, p->sample_bytes))) {
                 return STK_ENOMEM;
+            }
         } else if (!primary || c->kind == STK_BATCH_VARIABLE) {
             if (!(col->offsets = stk__calloc(B, sizeof *col->offsets)) ||
                 !(col->lengths = stk__calloc(B, sizeof *col->lengths)) ||
@@ -185,7 +206,10 @@ void stk__fields_ring_free(core *c, buffer *b)
     if (b->cols) {
         for (size_t k = 0; k < c->nfplan; k++) {
             fcol *col = &b->cols[k];
-            stk__free(col->dense);
+            if (c->dev && col->dense)
+                c->dev->ops->host_free(c->dev, col->dense);
+            else
+                stk__free(col->dense);
             stk__free(col->offsets);
             stk__free(col->lengths);
             stk__free(col->shapes);

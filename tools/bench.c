@@ -92,8 +92,12 @@ static bool hash_fields(field_sums *fs, const stk_batch *b)
             fs->device[k] = b->fields[k].device != STK_DEVICE_CPU;
         }
     }
-    for (size_t k = 0; k < fs->n && k < b->nfields; k++)
+    for (size_t k = 0; k < fs->n && k < b->nfields; k++) {
+        /* (An npy field with a device is on it only in batches whose
+         * arrays stack: its checksum then covers part of the samples.) */
+        fs->device[k] = fs->device[k] || b->fields[k].device != STK_DEVICE_CPU;
         hash_field(fs, k, &b->fields[k], b->size);
+    }
     return true;
 }
 

@@ -34,8 +34,9 @@ def _hold(batch):
 def _sync(batch):
     """Waits for the device work queued by a step when the batch lives on a
     GPU, so that time is counted where it was spent."""
-    if isinstance(batch, dict):   # the first tensor of a batch with fields
-        batch = [v for v in batch.values() if hasattr(v, "device")][:1]
+    if isinstance(batch, dict):   # a batch with fields: its first GPU tensor, if any
+        batch = [v for v in batch.values()
+                 if getattr(getattr(v, "device", None), "type", None) == "cuda"][:1]
     first = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     dev = getattr(first, "device", None)
     if dev is not None and getattr(dev, "type", "cpu") == "cuda":

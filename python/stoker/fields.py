@@ -149,9 +149,12 @@ def engine_fields(fields, per):
 class Converter:
     """Turns a Batch with fields into the dict the loop gets."""
 
-    def __init__(self, torch, from_dlpack, bytes_as, return_indices):
+    def __init__(self, torch, from_dlpack, bytes_as, return_indices, note_device=None):
         self._torch = torch
         self._from_dlpack = from_dlpack
+        # With a device: called with (batch, tensor) for each dense field, so
+        # Loader.record_stream finds the batch a field's tensor views.
+        self._note_device = note_device
         self._tensor_bytes = bytes_as == "tensor"
         self._return_indices = return_indices
         self._infos = None   # the fields' static facts, read from the first batch
@@ -180,8 +183,13 @@ class Converter:
         out = {}
         for k, info in enumerate(self._infos):
             name, kind = info["name"], info["kind"]
-            if info["dense"]:
+            dense = info["dense"] or (kind == "npy" and b.field_info(k)["dense"])
+            if dense:
+                # (With a device, an .npy column whose arrays share a dtype and
+                # shape arrives stacked in device memory: dense for that batch.)
                 value = self._dense(b.field(k))
+                if self._note_device is not None:
+                    self._note_device(b, value)
             elif kind == "json":
                 value = json.loads(b.field(k))
             elif kind == "bytes" and self._tensor_bytes:

@@ -635,8 +635,9 @@ class Loader:
         self.threads = self._info["threads"]
         self._fields_conv = None
         if fields is not None:
-            self._fields_conv = _fields.Converter(self._torch, getattr(self, "_from_dlpack", None),
-                                                  bytes_as, self.return_indices)
+            self._fields_conv = _fields.Converter(
+                self._torch, getattr(self, "_from_dlpack", None), bytes_as, self.return_indices,
+                self._note_device_batch if device != "cpu" else None)
         self._lock = threading.Lock()
         self._generation = 0   # bumped when an iterator is superseded
         self._pinned = False   # set_epoch/load_state_dict chose the next position
@@ -841,8 +842,13 @@ class Loader:
         if len(self._device_batches) >= 64:
             self._device_batches = {a: e for a, e in self._device_batches.items()
                                     if e[0]() is not None}
-        nbytes = data.numel() * data.element_size() if self._torch is not None else data.nbytes
-        self._device_batches[b.address] = (weakref.ref(b), nbytes)
+        if self._torch is not None:
+            addr, nbytes = data.data_ptr(), data.numel() * data.element_size()
+        else:
+            addr, nbytes = data.__array_interface__["data"][0], data.nbytes
+        # Keyed by the tensor's memory: with fields, each dense field of a
+        # batch is a tensor of its own in device memory.
+        self._device_batches[addr] = (weakref.ref(b), nbytes)
 
     def record_stream(self, data, stream):
         """For a device batch used on more than one CUDA stream, like torch's

@@ -12,7 +12,20 @@
 #define WAIT_SLICE   100000000ULL   /* waits wake this often to re-check cancel */
 #define REAP_SLICE   1000000ULL     /* while copies run, look at their events this often */
 
+#define DEV_ALIGN    256            /* each device column starts on this (cudaMalloc's) */
+#define ARENA_ALIGN  64             /* each host sample, as the host field arena has it */
+#define SHAPE_STRIDE (STK_FIELD_MAXDIM + 1)
+
 enum { D_FREE, D_ISSUING, D_QUEUED, D_HELD, D_RELEASING };
+
+/* A field's host-side columns in one device buffer (which exist depends on
+ * its stk__devfield). */
+typedef struct dcol {
+    uint64_t *offsets, *lengths;
+    int64_t *shapes;
+    int32_t *dtypes;
+    uint8_t *present;
+} dcol;
 enum { E_BATCH, E_END, E_ERROR };
 
 typedef struct dslot {
@@ -35,6 +48,13 @@ typedef struct dslot {
     stk__stream rec[STK_BATCH_MAX_STREAMS];
     stk__event rec_ev[STK_BATCH_MAX_STREAMS];
     unsigned nrec, nwait;
+    /* Fields: the views handed out, the host columns, the host arena of the
+     * variable ones, and the device memory of the dense ones. */
+    stk_field *fviews;
+    dcol *cols;
+    uint8_t *arena;
+    stk__dptr fdev;
+    bool arena_h2d; /* the last issue copied from arena to the device */
 } dslot;
 
 typedef struct entry {
@@ -72,13 +92,66 @@ struct stk__devstage {
     int broken; /* STK_EDEVICE once a copy or conversion failed */
     char broken_msg[STK_ERRMSG_MAX];
     uint64_t delivered_batches, delivered_samples;
+    stk__devfield *fields; /* cfg.fields, copied */
+    size_t *foff;          /* DENSE fields: the column's offset in a slot's fdev */
+    size_t npy_off;        /* where the NPY columns go in fdev */
 };
+
+static size_t align_up(size_t n, size_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+static bool any_field(const stk__devstage_cfg *cfg, int w1, int w2)
+{
+    for (size_t k = 0; k < cfg->nfields; k++)
+        if (cfg->fields[k].where == w1 || cfg->fields[k].where == w2)
+            return true;
+    return false;
+}
+
+/* A device buffer's fdev: the dense columns, then room for the NPY ones
+ * (their bytes are at most the host field arena's, plus each column's
+ * alignment). */
+static uint64_t fdev_bytes(const stk__devstage_cfg *cfg)
+{
+    uint64_t n = 0;
+    for (size_t k = 0; k < cfg->nfields; k++) {
+        const stk__devfield *f = &cfg->fields[k];
+        if (f->where == STK__DF_DENSE)
+            n += align_up(cfg->batch_size * f->sample_bytes, DEV_ALIGN);
+        else if (f->where == STK__DF_NPY)
+            n += DEV_ALIGN;
+    }
+    if (any_field(cfg, STK__DF_NPY, STK__DF_NPY))
+        n += cfg->field_memory;
+    return n;
+}
+
+uint64_t stk__devstage_host_bytes(const stk__devstage_cfg *cfg)
+{
+    if (!cfg->nfields)
+        return 0;
+    uint64_t B = cfg->batch_size;
+    uint64_t per = cfg->nfields * (sizeof(stk_field) + sizeof(dcol));
+    for (size_t k = 0; k < cfg->nfields; k++) {
+        const stk__devfield *f = &cfg->fields[k];
+        if (f->where == STK__DF_HOST || f->where == STK__DF_NPY)
+            per += B * (16 + (f->shapes ? (uint64_t)SHAPE_STRIDE * 8 : 0u) + (f->dtypes ? 4u : 0u));
+        if (f->optional)
+            per += B;
+    }
+    if (any_field(cfg, STK__DF_HOST, STK__DF_NPY))
+        per += cfg->field_memory;
+    return per * cfg->slots;
+}
 
 uint64_t stk__devstage_device_bytes(const stk__devstage_cfg *cfg)
 {
     uint64_t per = (uint64_t)cfg->batch_size * cfg->host_sample_bytes;
     if (cfg->convert)
         per += (uint64_t)cfg->batch_size * cfg->out_sample_bytes;
+    per += fdev_bytes(cfg);
     return per * cfg->slots;
 }
 
@@ -156,6 +229,164 @@ static void reap(stk__devstage *st, bool block)
     }
 }
 
+/* Whether an .npy column of n samples stacks into one dense device array:
+ * every sample present, of one dtype torch has (not the unsigned wider
+ * ones) and one shape of at most 4 dims (stk_field.shape) that accounts
+ * for exactly its bytes. */
+static bool npy_uniform(const stk_field *hf, size_t n)
+{
+    if (!n || !hf->shapes || !hf->dtypes || !hf->lengths)
+        return false;
+    int dt = hf->dtypes[0];
+    if (dt == STK_DTYPE_UINT16 || dt == STK_DTYPE_UINT32 || dt == STK_DTYPE_UINT64)
+        return false;
+    const int64_t *sh = hf->shapes;
+    if (sh[0] < 0 || sh[0] > 4)
+        return false;
+    uint64_t bytes = stk_dtype_size(dt);
+    for (int64_t d = 1; d <= sh[0]; d++) {
+        if (sh[d] < 0 || (sh[d] && bytes > UINT64_MAX / (uint64_t)sh[d]))
+            return false;
+        bytes *= (uint64_t)sh[d];
+    }
+    if (!bytes || bytes != hf->lengths[0])
+        return false;
+    for (size_t s = 0; s < n; s++)
+        if ((hf->present && !hf->present[s]) || hf->dtypes[s] != dt ||
+            hf->lengths[s] != hf->lengths[0] ||
+            memcmp(&hf->shapes[s * SHAPE_STRIDE], sh, SHAPE_STRIDE * sizeof *sh))
+            return false;
+    return true;
+}
+
+/* Packs sample s of a variable column into the arena at *aoff. The host
+ * ring's field arena took each sample rounded up to ARENA_ALIGN out of
+ * field_memory, and so does this, so everything that fitted there fits. */
+static int pack_sample(const stk__devstage *st, dslot *d, const stk_field *hf, dcol *col, size_t s,
+                       size_t *aoff, char *err, size_t errlen)
+{
+    size_t len = (size_t)hf->lengths[s];
+    size_t need = align_up(len, ARENA_ALIGN);
+    if (need < len || need > st->cfg.field_memory - *aoff) {
+        stk__fmt(err, errlen, "field '%s' takes more than field_memory (%zu bytes) on the host",
+                 hf->name, st->cfg.field_memory);
+        return STK_ETOOBIG;
+    }
+    if (len)
+        memcpy(d->arena + *aoff, (const uint8_t *)hf->data + hf->offsets[s], len);
+    col->offsets[s] = *aoff;
+    col->lengths[s] = len;
+    *aoff += need;
+    return STK_OK;
+}
+
+/* Queues the copies of the batch's dense fields on stream s and packs its
+ * variable ones into the buffer's host arena; fills the buffer's field
+ * views except the primary's (issue does, with the batch's view). The
+ * host batch stays the copy thread's until the event recorded after these
+ * copies completed. */
+static int issue_fields(stk__devstage *st, dslot *d, const stk_batch *hb, stk__stream s, char *err,
+                        size_t errlen)
+{
+    const stk__dev_ops *ops = st->dev->ops;
+    stk__dev *dev = st->dev;
+    size_t n = hb->size;
+    int rc = STK_OK;
+    if (hb->nfields != st->cfg.nfields) {
+        stk__fmt(err, errlen, "internal error: a batch with %zu fields, the plan has %zu",
+                 hb->nfields, st->cfg.nfields);
+        return STK_EINVAL;
+    }
+    if (d->arena_h2d) {
+        /* The last batch in this buffer was copied to the device from its
+         * arena; the consumer may have released it with that copy still
+         * queued (a device consumer orders its work after it on the device
+         * only), so the host waits for it before writing the arena again. */
+        if ((rc = ops->event_sync(dev, d->ready, err, errlen)))
+            return rc;
+        d->arena_h2d = false;
+    }
+    size_t aoff = 0, noff = st->npy_off;
+    for (size_t k = 0; k < st->cfg.nfields; k++) {
+        const stk__devfield *df = &st->fields[k];
+        const stk_field *hf = &hb->fields[k];
+        stk_field *f = &d->fviews[k];
+        dcol *col = &d->cols[k];
+        *f = *hf;
+        f->device = STK_DEVICE_CPU;
+        f->device_id = 0;
+        if ((hf->present && !col->present) ||
+            (df->where == STK__DF_HOST &&
+             ((hf->shapes && !col->shapes) || (hf->dtypes && !col->dtypes)))) {
+            stk__fmt(err, errlen, "internal error: field '%s' has columns its plan lacks",
+                     hf->name);
+            return STK_EINVAL;
+        }
+        if (hf->present) {
+            memcpy(col->present, hf->present, n);
+            f->present = col->present;
+        }
+        if (df->where == STK__DF_PRIMARY)
+            continue;
+        if (df->where == STK__DF_DENSE) {
+            stk__dptr dst = d->fdev + st->foff[k];
+            if (n * df->sample_bytes != 0 &&
+                (rc = ops->copy_h2d(dev, dst, hf->data, n * df->sample_bytes, s, err, errlen)))
+                return rc;
+            f->data = (void *)(uintptr_t)dst;
+            f->device = dev->kind;
+            f->device_id = dev->id;
+            continue;
+        }
+        if (df->where == STK__DF_NPY && npy_uniform(hf, n)) {
+            /* One dense array: packed back to back in the arena, then one
+             * copy (the arena stays untouched until it ran: arena_h2d). */
+            size_t len = (size_t)hf->lengths[0], total = n * len;
+            if (total > st->cfg.field_memory - aoff) {
+                stk__fmt(err, errlen, "field '%s' takes more than field_memory (%zu bytes)",
+                         hf->name, st->cfg.field_memory);
+                return STK_ETOOBIG;
+            }
+            for (size_t j = 0; j < n; j++)
+                memcpy(d->arena + aoff + j * len, (const uint8_t *)hf->data + hf->offsets[j], len);
+            stk__dptr dst = d->fdev + noff;
+            if ((rc = ops->copy_h2d(dev, dst, d->arena + aoff, total, s, err, errlen)))
+                return rc;
+            d->arena_h2d = true;
+            aoff += align_up(total, ARENA_ALIGN);
+            noff += align_up(total, DEV_ALIGN);
+            f->layout = STK_BATCH_DENSE;
+            f->dtype = hf->dtypes[0];
+            f->ndim = (unsigned)hf->shapes[0];
+            memset(f->shape, 0, sizeof f->shape);
+            for (unsigned j = 0; j < f->ndim; j++)
+                f->shape[j] = hf->shapes[1 + j];
+            f->sample_bytes = len;
+            f->data = (void *)(uintptr_t)dst;
+            f->offsets = f->lengths = NULL;
+            f->shapes = NULL;
+            f->dtypes = NULL;
+            f->device = dev->kind;
+            f->device_id = dev->id;
+            continue;
+        }
+        /* A variable column (or a ragged .npy batch) in host memory. */
+        for (size_t j = 0; j < n; j++)
+            if ((rc = pack_sample(st, d, hf, col, j, &aoff, err, errlen)))
+                return rc;
+        if (hf->shapes)
+            memcpy(col->shapes, hf->shapes, n * SHAPE_STRIDE * sizeof *col->shapes);
+        if (hf->dtypes)
+            memcpy(col->dtypes, hf->dtypes, n * sizeof *col->dtypes);
+        f->data = d->arena;
+        f->offsets = col->offsets;
+        f->lengths = col->lengths;
+        f->shapes = hf->shapes ? col->shapes : NULL;
+        f->dtypes = hf->dtypes ? col->dtypes : NULL;
+    }
+    return STK_OK;
+}
+
 /* Queues the copy (and conversion) of host batch hb into a free device
  * buffer. Lock held; dropped around the backend calls. */
 static void issue(stk__devstage *st, stk_batch *hb)
@@ -189,8 +420,16 @@ static void issue(stk__devstage *st, stk_batch *hb)
     size_t host_bytes = hb->size * st->cfg.host_sample_bytes;
     if (!rc && host_bytes)
         rc = ops->copy_h2d(dev, d->staging, hb->data, host_bytes, s, err, sizeof err);
-    if (!rc)
+    if (!rc && st->cfg.nfields)
+        rc = issue_fields(st, d, hb, s, err, sizeof err);
+    if (!rc) {
         rc = ops->event_record(dev, hev, s, err, sizeof err);
+    } else {
+        /* Copies queued before the failure still read the host batch: its
+         * release waits for them as for a whole batch's. */
+        char err2[STK_ERRMSG_MAX];
+        (void)ops->event_record(dev, hev, s, err2, sizeof err2);
+    }
     if (!rc && st->cfg.convert && hb->size) {
         what = "conversion";
         rc = ops->convert(dev, &st->cfg.cv, d->staging, d->out, hb->size, s, err, sizeof err);
@@ -238,6 +477,23 @@ static void issue(stk__devstage *st, stk_batch *hb)
         v->shape[2] = cv->nchw ? cv->w : 3;
         v->shape[3] = 0;
     }
+    /* The primary image field is the batch's data, as on the host. */
+    for (size_t k = 0; k < st->cfg.nfields; k++) {
+        if (st->fields[k].where != STK__DF_PRIMARY)
+            continue;
+        stk_field *f = &d->fviews[k];
+        f->layout = STK_BATCH_DENSE;
+        f->dtype = v->dtype;
+        f->ndim = v->ndim;
+        memcpy(f->shape, v->shape, sizeof f->shape);
+        f->sample_bytes = v->sample_bytes;
+        f->data = v->data;
+        f->offsets = f->lengths = NULL;
+        f->device = v->device;
+        f->device_id = v->device_id;
+    }
+    v->nfields = st->cfg.nfields;
+    v->fields = st->cfg.nfields ? d->fviews : NULL;
 
     pthread_mutex_lock(&st->lock);
     st->issuing = false;
@@ -603,6 +859,21 @@ void stk__devstage_destroy(stk__devstage *st)
                 (void)ops->event_sync(dev, d->rec_ev[i], err, sizeof err);
                 ops->event_destroy(dev, d->rec_ev[i]);
             }
+            if (d->fdev)
+                ops->dev_free(dev, d->fdev);
+            if (d->cols) {
+                for (size_t f = 0; f < st->cfg.nfields; f++) {
+                    stk__free(d->cols[f].offsets);
+                    stk__free(d->cols[f].lengths);
+                    stk__free(d->cols[f].shapes);
+                    stk__free(d->cols[f].dtypes);
+                    stk__free(d->cols[f].present);
+                }
+            }
+            stk__free(d->cols);
+            stk__free(d->fviews);
+            if (d->arena)
+                stk__unmap(d->arena, st->cfg.field_memory);
             if (d->staging)
                 ops->dev_free(dev, d->staging);
             if (d->out)
@@ -620,9 +891,42 @@ void stk__devstage_destroy(stk__devstage *st)
         ops->leave(dev);
     stk__free(st->slots);
     stk__free(st->q);
+    stk__free(st->fields);
+    stk__free(st->foff);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->cond);
     stk__free(st);
+}
+
+/* A device buffer's field views and host columns (and arena). */
+static int alloc_field_slot(stk__devstage *st, dslot *d, bool arena, char *err, size_t errlen)
+{
+    size_t B = st->cfg.batch_size, n = st->cfg.nfields;
+    if (!(d->fviews = stk__calloc(n, sizeof *d->fviews)) ||
+        !(d->cols = stk__calloc(n, sizeof *d->cols)))
+        goto oom;
+    for (size_t k = 0; k < n; k++) {
+        const stk__devfield *f = &st->fields[k];
+        dcol *col = &d->cols[k];
+        if (f->optional && !(col->present = stk__calloc(B ? B : 1, 1)))
+            goto oom;
+        if (f->where != STK__DF_HOST && f->where != STK__DF_NPY)
+            continue;
+        if (!(col->offsets = stk__calloc(B ? B : 1, sizeof *col->offsets)) ||
+            !(col->lengths = stk__calloc(B ? B : 1, sizeof *col->lengths)) ||
+            (f->shapes &&
+             !(col->shapes = stk__calloc(B * SHAPE_STRIDE + 1, sizeof *col->shapes))) ||
+            (f->dtypes && !(col->dtypes = stk__calloc(B ? B : 1, sizeof *col->dtypes))))
+            goto oom;
+    }
+    /* Address space only, as the host ring's field arena: memory is used as
+     * the columns are packed. */
+    if (arena && st->cfg.field_memory && !(d->arena = stk__map(st->cfg.field_memory)))
+        goto oom;
+    return STK_OK;
+oom:
+    stk__fmt(err, errlen, "out of memory for the device batches' field columns");
+    return STK_ENOMEM;
 }
 
 int stk__devstage_create(stk__devstage **out, const stk__devstage_cfg *cfg, char *err,
@@ -652,12 +956,34 @@ int stk__devstage_create(stk__devstage **out, const stk__devstage_cfg *cfg, char
     size_t B = cfg->batch_size;
     int rc = STK_OK;
     st->qcap = 3 * cfg->slots + 4;
+    st->cfg.fields = NULL; /* the copy below, once made */
     if (!(st->q = stk__calloc(st->qcap, sizeof *st->q)) ||
         !(st->slots = stk__calloc(cfg->slots, sizeof *st->slots))) {
         stk__fmt(err, errlen, "out of memory creating the device stage");
         rc = STK_ENOMEM;
         goto fail;
     }
+    if (cfg->nfields) {
+        if (!(st->fields = stk__calloc(cfg->nfields, sizeof *st->fields)) ||
+            !(st->foff = stk__calloc(cfg->nfields, sizeof *st->foff))) {
+            st->cfg.nfields = 0; /* no slot has columns to free yet */
+            stk__fmt(err, errlen, "out of memory creating the device stage");
+            rc = STK_ENOMEM;
+            goto fail;
+        }
+        memcpy(st->fields, cfg->fields, cfg->nfields * sizeof *st->fields);
+        st->cfg.fields = st->fields;
+        size_t off = 0;
+        for (size_t k = 0; k < cfg->nfields; k++) {
+            if (st->fields[k].where != STK__DF_DENSE)
+                continue;
+            st->foff[k] = off;
+            off += align_up(B * st->fields[k].sample_bytes, DEV_ALIGN);
+        }
+        st->npy_off = off;
+    }
+    uint64_t fdev = fdev_bytes(&st->cfg);
+    bool arena = any_field(&st->cfg, STK__DF_HOST, STK__DF_NPY);
     if (ops->enter)
         ops->enter(dev);
     for (unsigned k = 0; k < NSTREAMS && !rc; k++)
@@ -680,6 +1006,10 @@ int stk__devstage_create(stk__devstage **out, const stk__devstage_cfg *cfg, char
             rc = STK_ENOMEM;
             break;
         }
+        if (cfg->nfields && (rc = alloc_field_slot(st, d, arena, err, errlen)))
+            break;
+        if (fdev && (rc = ops->dev_alloc(dev, (size_t)fdev, &d->fdev, err, errlen)))
+            break;
         rc = ops->dev_alloc(dev, B * cfg->host_sample_bytes, &d->staging, err, errlen);
         if (!rc && cfg->convert)
             rc = ops->dev_alloc(dev, B * cfg->out_sample_bytes, &d->out, err, errlen);

@@ -18,6 +18,19 @@
  *   it added with stk_batch_record_stream, and for the buffer's previous
  *   copy.
  *
+ * Batches with fields (docs/gpu.md, docs/multimodal.md): the dense numeric
+ * fields ride the same copy into device memory of their own (the first
+ * image field is the batch's data, converted as without fields; further
+ * images of one size, int64 and float32 columns are copied as they are; an
+ * .npy column whose samples all have one dtype and shape is packed into
+ * one dense array). Everything else (text, JSON, bytes, images of varied
+ * size or without a transform, ragged .npy) stays in host memory: the copy
+ * thread packs those columns into the device buffer's own host arena when
+ * it issues the copy, so the host ring buffer still goes back to the
+ * workers as soon as its copy ran, and the host columns live exactly as
+ * long as the device batch. Both are sized at open from the plan and
+ * field_memory (stk__devstage_host_bytes, stk__devstage_device_bytes).
+ *
  * Lock order: the stage's lock is taken under no other; the host callbacks
  * (which take the loader's lock) and the backend are called without it.
  */
@@ -28,6 +41,20 @@
 
 typedef struct stk__devstage stk__devstage;
 
+/* Where the stage puts one field of the batches (stk_batch.fields[k]). */
+enum {
+    STK__DF_PRIMARY, /* the batch's data: copied (and converted) as without fields */
+    STK__DF_DENSE,   /* a dense column: copied to device memory as it is */
+    STK__DF_NPY,     /* .npy: to the device, dense, when the batch's samples are uniform */
+    STK__DF_HOST     /* a variable column: packed into the buffer's host arena */
+};
+typedef struct stk__devfield {
+    int where;           /* STK__DF_* */
+    size_t sample_bytes; /* DENSE: one sample's bytes */
+    bool optional;       /* has a present column */
+    bool shapes, dtypes; /* HOST and NPY: has per-sample shapes / dtypes */
+} stk__devfield;
+
 typedef struct stk__devstage_cfg {
     stk__dev *dev;            /* borrowed: outlives the stage */
     unsigned slots;           /* device buffers: the consumer's + depth ahead */
@@ -37,6 +64,13 @@ typedef struct stk__devstage_cfg {
     int convert;              /* 1: out = cv applied to the host bytes */
     stk__convert cv;
     uint64_t batches_per_epoch; /* to name a batch in messages */
+    /* Batches with fields: how each field travels (copied by create), and
+     * the size of the host arena a device buffer packs its variable columns
+     * into (the host ring's field_memory: they always fit); 0 and NULL
+     * without fields. */
+    const stk__devfield *fields;
+    size_t nfields;
+    size_t field_memory;
     /* The host ring, read as the consumer would (without the handle checks
      * and without counting the wait as the consumer's). */
     void *ctx;
@@ -44,8 +78,10 @@ typedef struct stk__devstage_cfg {
     void (*host_release)(void *ctx, stk_batch *b);
 } stk__devstage_cfg;
 
-/* Device memory the stage allocates for cfg (for the memory bound). */
+/* Device memory the stage allocates for cfg, and host memory for the
+ * fields' host columns (for the memory bound). */
 uint64_t stk__devstage_device_bytes(const stk__devstage_cfg *cfg);
+uint64_t stk__devstage_host_bytes(const stk__devstage_cfg *cfg);
 
 /* Allocates the device buffers, streams and events and starts the copy
  * thread. STK_OK, or an error with err saying why. */

@@ -185,16 +185,18 @@ def test_set_epoch_len_stats_and_trace(jpeg_folder, tmp_path):
     assert events
 
 
-def test_diagnose_takes_dict_batches(jpeg_folder):
+@pytest.mark.parametrize("device", [None, "fake"])
+def test_diagnose_takes_dict_batches(jpeg_folder, device):
     with stoker.Loader(jpeg_folder, 4, fields={"image": "image", "label": "label"},
-                       transform=RRC) as L:
+                       transform=RRC, device=device) as L:
         d = stoker.diagnose(L, step=lambda b: b["image"].float().mean(), steps=2, warmup=1)
         assert d["bound"] in ("step", "storage", "decode", "contention")
 
 
-def test_numpy_output(jpeg_folder):
+@pytest.mark.parametrize("device", [None, "fake"])
+def test_numpy_output(jpeg_folder, device):
     with stoker.Loader(jpeg_folder, 4, fields={"image": "image", "label": "label"},
-                       transform=RRC, output="numpy", return_indices=True) as L:
+                       transform=RRC, output="numpy", return_indices=True, device=device) as L:
         b = next(iter(L))
         assert isinstance(b["image"], np.ndarray) and b["image"].dtype == np.uint8
         assert b["label"].dtype == np.int64 and b["__index__"].dtype == np.int64
@@ -385,11 +387,6 @@ def test_argument_types_and_library_refusals(jpeg_folder):
         stoker.Loader(jpeg_folder, 4, fields={"__index__": "label"})
 
 
-def test_device_with_fields_is_refused_with_the_library_reason(jpeg_folder):
-    with pytest.raises(stoker.Error, match="host memory"):
-        stoker.Loader(jpeg_folder, 4, fields={"image": "image"}, transform=RRC, device="fake")
-
-
 # ---- WebDataset tars ----------------------------------------------------------------
 
 N_TAR = 12
@@ -525,3 +522,54 @@ def test_resume_under_other_fields_is_refused(jpeg_folder):
     with pytest.raises(ValueError, match="transform"):
         b.load_state_dict(st)
     b.close()
+
+
+# ---- fields on a device -------------------------------------------------------------
+
+def assert_same_batch(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert isinstance(b[k], torch.Tensor), k
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k].cpu()), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("device", ["fake", "cuda"])
+@pytest.mark.parametrize("dtype", ["uint8", "float16"])
+def test_tar_device_equals_cpu(wds, dtype, device):
+    """device="fake" (the CPU stand-in whose copies run late on another
+    thread; "cuda" on a GPU, scripts/test-gpu.sh) with every kind of field:
+    the image (converted on the device), labels and the stacked .npy arrive
+    as device tensors equal to the CPU run's; captions, JSON and bytes are
+    equal too, also for a batch held while the next ones come, over two
+    epochs; record_stream finds the batch of each device tensor."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    root, _ = wds
+    kw = dict(fields=TAR_FIELDS, transform={"image": RRC}, seed=3, dtype=dtype,
+              return_indices=True)
+    with tar_loader(root, 5, **kw) as C, \
+            tar_loader(root, 5, device=device, threads=3, depth=2, **kw) as D:
+        assert D.info()["memory_bound_bytes"] > C.info()["memory_bound_bytes"]
+        n = 0
+        for _ in range(2):
+            held = None
+            for a, b in zip(C, D):
+                assert b["image"].dtype == getattr(torch, dtype)
+                assert b["arr"].shape[1:] == (2, 3)
+                assert b["__index__"].device.type == "cpu"
+                if device == "cuda":
+                    for k in ("image", "label", "arr"):
+                        assert b[k].is_cuda, k
+                for k in ("image", "label", "arr"):
+                    D.record_stream(b[k], None)
+                with pytest.raises(ValueError, match="not in a batch"):
+                    D.record_stream(a["label"], None)
+                if held is not None:
+                    assert_same_batch(*held)   # the copy thread ran ahead meanwhile
+                held = (a, b)
+                n += 1
+            assert_same_batch(*held)
+        assert n == 2 * ((N_TAR + 4) // 5)
