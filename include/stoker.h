@@ -720,6 +720,9 @@ typedef struct stk_fetch_stats {
     uint64_t throttled;  /* answers 503/429 (S3 SlowDown): each halves the rate budget */
     uint64_t rate_limit; /* the request rate budget now (requests a second; 0: none), raised
                             again while the store stops throttling (docs/remote.md) */
+    uint64_t hedges;     /* requests sent again because they ran past fetch_hedge x the
+                            recent p95 latency (counted in requests too) */
+    uint64_t hedge_wins; /* hedges that answered before the request they raced */
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

@@ -158,7 +158,9 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .cache_write_errors = f.cache_write_errors,
                             .cache_dropped = f.cache_dropped,
                             .throttled = f.throttled,
-                            .rate_limit = f.rate};
+                            .rate_limit = f.rate,
+                            .hedges = f.hedges,
+                            .hedge_wins = f.hedge_wins};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);

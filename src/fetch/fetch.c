@@ -1061,6 +1061,8 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->first_byte_ns = rc.first_byte_ns;
     st->throttled = rc.throttled;
     st->rate = rc.rate;
+    st->hedges = rc.hedges;
+    st->hedge_wins = rc.hedge_wins;
     pthread_mutex_lock(&f->lock);
     st->samples = f->samples;
     st->sample_bytes = f->sample_bytes;

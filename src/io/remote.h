@@ -37,6 +37,9 @@ typedef struct stk__remote_cfg {
     unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
     unsigned rate;        /* requests a second at most (default 5500, S3's per-prefix GET
                              rate; UINT32_MAX: no budget); halved on throttling answers */
+    unsigned hedge;       /* a request into memory still running after this multiple of the
+                             recent p95 latency is sent again, the first answer wins
+                             (default 3; UINT32_MAX: never) */
 } stk__remote_cfg;
 
 typedef struct stk__remote stk__remote;
@@ -111,6 +114,9 @@ struct stk__req {
     char ebody_[512]; /* start of an error response's body (S3's XML error) */
     uint64_t cred_gen_; /* generation of the credentials that signed it */
     bool cred_retried_; /* already retried once after an expired token */
+    bool hedged_;       /* a hedge was sent for it (one a request at most) */
+    stk__req *hedge_;   /* its hedge in flight, or NULL */
+    stk__req *hedge_of_; /* for a hedge (engine-allocated): the request it races */
     char cerr_[256];  /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
     uint64_t t0_;     /* the current attempt's start (stk__now_ns) */
     unsigned timeout_s_;
@@ -145,6 +151,7 @@ typedef struct stk__remote_counters {
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
     uint64_t throttled; /* answers 503 / 429 (SlowDown): each cut the rate budget */
     uint64_t rate;      /* the rate budget now, requests a second (0: none) */
+    uint64_t hedges, hedge_wins; /* hedged requests sent; those that answered first */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
 
