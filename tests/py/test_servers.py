@@ -608,6 +608,37 @@ def test_proxy_throughput(www):
         assert speed > 50e6
 
 
+def test_proxy_bandwidth_cap_per_connection(www):
+    # 16 MiB at 64 Mbit/s (8 MB/s) a connection: about 2.1 s on one
+    # connection, and two connections each get the cap (not half of it)
+    data = (www / "huge.bin").read_bytes()
+    assert S.parse_bandwidth("64Mbit") == 8e6 and S.parse_bandwidth("125MB/s") == 125e6
+    with pytest.raises(ValueError):
+        S.parse_bandwidth("fast")
+    with S.Nginx(www) as n, S.DelayProxy("127.0.0.1", n.port, 1, connect_rtt=False,
+                                         bandwidth="64Mbit") as p:
+        def fetch(out):
+            c = http.client.HTTPConnection("127.0.0.1", p.port, timeout=30)
+            out.append(get(c, "/huge.bin")[1])
+            c.close()
+
+        got = []
+        t = time.monotonic()
+        fetch(got)
+        one = time.monotonic() - t
+        threads = [threading.Thread(target=fetch, args=(got,)) for _ in range(2)]
+        t = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        two = time.monotonic() - t
+        assert got == [data] * 3
+        print(f"16 MiB at 64 Mbit/s: one connection {one:.2f} s, two at once {two:.2f} s")
+        assert 2.0 <= one < 6.0
+        assert 2.0 <= two < 1.6 * one
+
+
 def test_proxy_64_concurrent_connections(www):
     data = (www / "small.txt").read_bytes()
     errors = []
