@@ -1034,7 +1034,7 @@ static void test_governor(void)
 }
 
 /* Hedged requests (issue 23): against a store that holds one payload range
- * in fifty for 3 s, a run with hedging (the default) is not held up by the
+ * in fifty for 5 s, a run with hedging (the default) is not held up by the
  * stalls, as the slow requests are sent again and the first answer wins;
  * every sample still arrives once, the same bytes as a local read. With
  * fetch_hedge 0 the same stalls are waited out (so the assertion can fail). */
@@ -1048,7 +1048,7 @@ static double run_timed(run_out *r, const char *path, int epochs)
 static void test_hedge(void)
 {
     run_out local = run(g_ds, 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
-    g_stall_ms = 3000;
+    g_stall_ms = 5000;
     g_extra[0] = "fetch_lookahead";
     g_extra[1] = "8"; /* small requests: about one a sample */
     g_extra[2] = "fetch_timeout";
