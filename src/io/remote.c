@@ -600,6 +600,16 @@ static void gov_cut(stk__remote *r)
  * I/O thread late), not the store's tail: hedging it would only duplicate. */
 #define HEDGE_FLOOR_NS 20000000ULL
 
+static unsigned hedge_cap(const stk__remote *r)
+{
+    return r->cfg.concurrency / 8 ? r->cfg.concurrency / 8 : 1;
+}
+
+unsigned stk__remote_hedge_slots(const stk__remote *r)
+{
+    return r->hedge_mult ? hedge_cap(r) : 0;
+}
+
 static bool hedgeable(const stk__req *q)
 {
     return !(q->fd >= 0 && !q->buf);
@@ -704,7 +714,7 @@ static void hedge_scan(stk__remote *r, uint64_t now, uint64_t *next_due)
 {
     if (!r->hedge_mult || !r->hedge_after_ns)
         return;
-    unsigned cap = r->cfg.concurrency / 8 ? r->cfg.concurrency / 8 : 1;
+    unsigned cap = hedge_cap(r);
     for (stk__req *q = r->act; q; q = q->anext_) {
         if (q->hedge_of_ || q->hedged_ || !hedgeable(q))
             continue;

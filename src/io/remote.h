@@ -154,6 +154,9 @@ typedef struct stk__remote_counters {
     uint64_t hedges, hedge_wins; /* hedged requests sent; those that answered first */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
+/* The most hedges in flight at once (0: hedging off); each holds a copy of
+ * its request's buffer until it ends (for the memory bound). */
+unsigned stk__remote_hedge_slots(const stk__remote *r);
 
 /* ---- Pieces shared with tests -------------------------------------------- */
 /* Percent-encodes s (RFC 3986: unreserved kept; '/' kept when keep_slash). */
