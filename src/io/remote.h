@@ -9,6 +9,10 @@
  * requests in flight over reused connections (HTTP/2 multiplexed where the
  * server offers it), each retried with exponential backoff and jitter on
  * 5xx, 429/SlowDown, resets, stalls and short bodies, honouring Retry-After.
+ * Requests start within a rate budget (the governor: a token bucket, halved
+ * on 503/429), and a request into memory that runs far past the recent p95
+ * latency is sent a second time, the first answer winning (hedging; a caller
+ * sees one request either way).
  *
  * Objects are named relative to the dataset root: "" is the root URL itself
  * (a single shard), "train-000000.stk" an object beside it.
