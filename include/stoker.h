@@ -725,6 +725,9 @@ typedef struct stk_fetch_stats {
     uint64_t throttled;  /* answers 503/429 (S3 SlowDown): each halves the rate budget */
     uint64_t rate_limit; /* the request rate budget now (requests a second; 0: none), raised
                             again while the store stops throttling (docs/remote.md) */
+    uint64_t hedges;     /* requests sent again because they ran past fetch_hedge x the
+                            recent p95 latency (counted in requests too) */
+    uint64_t hedge_wins; /* hedges that answered before the request they raced */
     /* Cold cache (docs/remote.md "Cold cache"): samples read from a shard's
      * file while its download into the cache was still running, and samples
      * fetched by range because their shard's download would reach them too

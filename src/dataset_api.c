@@ -44,6 +44,7 @@ static void source_params(const stk_options *o, stk__source_params *prm, stk__re
                               .concurrency = o->fetch_concurrency,
                               .retries = o->fetch_retries,
                               .rate = o->fetch_rate ? o->fetch_rate : UINT32_MAX,
+                              .hedge = o->fetch_hedge ? o->fetch_hedge : UINT32_MAX,
                               .timeout_s = o->fetch_timeout};
     prm->record_bytes = o->record_bytes;
     prm->header_bytes = o->header_bytes;

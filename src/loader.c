@@ -782,6 +782,7 @@ static int open_core(stk_loader *l, const stk_options *o)
                             .concurrency = o->fetch_concurrency,
                             .retries = o->fetch_retries,
                             .rate = o->fetch_rate ? o->fetch_rate : UINT32_MAX,
+                            .hedge = o->fetch_hedge ? o->fetch_hedge : UINT32_MAX,
                             .timeout_s = o->fetch_timeout};
     stk__source_params sp = {.record_bytes = o->record_bytes,
                              .header_bytes = o->header_bytes,

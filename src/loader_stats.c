@@ -159,6 +159,8 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .cache_dropped = f.cache_dropped,
                             .throttled = f.throttled,
                             .rate_limit = f.rate,
+                            .hedges = f.hedges,
+                            .hedge_wins = f.hedge_wins,
                             .cache_partial_reads = f.cache_partial_reads,
                             .cache_cold_ranged = f.cache_cold_ranged};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;

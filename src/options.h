@@ -34,6 +34,7 @@ struct stk_options {
     unsigned fetch_concurrency;  /* requests in flight (0 = 64) */
     unsigned fetch_retries;      /* 0 = default (6) */
     unsigned fetch_rate;         /* requests a second (0: no budget) */
+    unsigned fetch_hedge;        /* hedge after this multiple of the recent p95 (0: never) */
     unsigned fetch_timeout;      /* seconds of < 1 KiB/s before a retry (0 = 30) */
     uint64_t fetch_buffer;       /* bytes buffered + in flight (0 = 64 MiB) */
     uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */

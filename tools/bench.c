@@ -181,11 +181,12 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
                f.inflight_peak, f.waits, (double)f.wait_ns * 1e-9, f.buffered_peak, f.cache_hits,
                f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
         printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f,\"throttled\":%" PRIu64
-               ",\"rate_limit\":%" PRIu64 ",\"cache_partial_reads\":%" PRIu64
-               ",\"cache_cold_ranged\":%" PRIu64 "}",
+               ",\"rate_limit\":%" PRIu64 ",\"hedges\":%" PRIu64 ",\"hedge_wins\":%" PRIu64
+               ",\"cache_partial_reads\":%" PRIu64 ",\"cache_cold_ranged\":%" PRIu64 "}",
                f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
                f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0,
-               f.throttled, f.rate_limit, f.cache_partial_reads, f.cache_cold_ranged);
+               f.throttled, f.rate_limit, f.hedges, f.hedge_wins, f.cache_partial_reads,
+               f.cache_cold_ranged);
         return;
     }
     char b1[32], b2[32];
@@ -210,6 +211,10 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
         printf("  throttled    %" PRIu64 " answers 503/429: the request budget is now %" PRIu64
                "/s (fetch_rate)\n",
                f.throttled, f.rate_limit);
+    if (f.hedges)
+        printf("  hedged       %" PRIu64 " slow requests sent again (fetch_hedge), %" PRIu64
+               " of them answered first\n",
+               f.hedges, f.hedge_wins);
 }
 
 /* Does the transform spec use a preset whose output size --size sets

@@ -559,6 +559,13 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
         if (d->storage.fetch.inflight_peak >= conc)
             ADD("storage", "more requests in flight", 0,
                 "the fetch stage kept all %u requests in flight: raise --fetch-concurrency", conc);
+        if (d->storage.fetch.throttled)
+            ADD("storage", "fewer requests", 0,
+                "the store answered 503/429 (throttled) %" PRIu64 " times and the request budget "
+                "fell to %" PRIu64 "/s: --order blocks (one request a few MB) or a cache makes "
+                "fewer requests; a prefix per shard group spreads S3's per-prefix limit "
+                "(docs/remote.md)",
+                d->storage.fetch.throttled, d->storage.fetch.rate_limit);
     }
     uint64_t bound = d->full.memory_bound;
     if (bound && d->mem_available && bound > d->mem_available / 2 && d->depth > 1)
@@ -610,6 +617,10 @@ static void json_level(const char *name, const level *lv, bool comma)
                (double)lv->fetch.wait_ns * 1e-9,
                lv->fetch.completed ? (double)lv->fetch.request_ns * 1e-9 / (double)lv->fetch.completed : 0.0,
                lv->fetch.completed ? (double)lv->fetch.first_byte_ns * 1e-9 / (double)lv->fetch.completed : 0.0);
+    if (lv->remote)
+        printf(",\"throttled\":%" PRIu64 ",\"rate_limit\":%" PRIu64 ",\"hedges\":%" PRIu64
+               ",\"hedge_wins\":%" PRIu64,
+               lv->fetch.throttled, lv->fetch.rate_limit, lv->fetch.hedges, lv->fetch.hedge_wins);
     if (lv->note[0]) {
         printf(",\"note\":");
         stoker_json_str(stdout, lv->note);
@@ -721,6 +732,16 @@ static void report(doctor *d)
                d->storage.fetch.completed ? (double)d->storage.fetch.first_byte_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
                (double)d->storage.fetch.bytes / 1e6,
                d->storage.fetch.inflight_peak, (double)d->storage.fetch.wait_ns * 1e-9);
+    if (d->storage.remote && d->storage.done) {
+        /* The governor and hedging (docs/remote.md "Request governor"). */
+        const stk_fetch_stats *f = &d->storage.fetch;
+        char rate[32] = "none";
+        if (f->rate_limit)
+            snprintf(rate, sizeof rate, "%" PRIu64 " requests/s", f->rate_limit);
+        printf("  remote: rate budget %s, %" PRIu64 " answers 503/429 (throttled); %" PRIu64
+               " slow requests hedged, %" PRIu64 " hedges answered first\n",
+               rate, f->throttled, f->hedges, f->hedge_wins);
+    }
     if (d->nsweep) {
         printf("\n  thread sweep (decode+augment from memory)\n");
         printf("    %7s %12s %8s %11s\n", "threads", "samples/s", "CPU %", "efficiency");

@@ -1911,7 +1911,8 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     }
     engine_leave(self);
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K,s:K,s:K}",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K,s:K,"
+        "s:K,s:K,s:K}",
         "requests",
         (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
         (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
@@ -1927,7 +1928,8 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         "request_mean_s", f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
         "first_byte_mean_s",
         f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0, "throttled",
-        (unsigned long long)f.throttled, "rate_limit", (unsigned long long)f.rate_limit,
+        (unsigned long long)f.throttled, "rate_limit", (unsigned long long)f.rate_limit, "hedges",
+        (unsigned long long)f.hedges, "hedge_wins", (unsigned long long)f.hedge_wins,
         "cache_partial_reads", (unsigned long long)f.cache_partial_reads, "cache_cold_ranged",
         (unsigned long long)f.cache_cold_ranged);
 }

@@ -1177,6 +1177,8 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->first_byte_ns = rc.first_byte_ns;
     st->throttled = rc.throttled;
     st->rate = rc.rate;
+    st->hedges = rc.hedges;
+    st->hedge_wins = rc.hedge_wins;
     pthread_mutex_lock(&f->lock);
     st->samples = f->samples;
     st->sample_bytes = f->sample_bytes;
@@ -1210,6 +1212,8 @@ uint64_t stk__fetch_memory_bound(const stk__fetch *f)
     uint64_t forced = (uint64_t)(f->cfg.threads ? f->cfg.threads : 1) * 16 * maxs;
     uint64_t chunks = f->cap * (sizeof(chunk) + 64);
     uint64_t slack = f->block_max > f->cfg.max_request ? f->block_max : f->cfg.max_request;
-    return f->cfg.buffer_bytes + slack + forced + f->cap * sizeof(entry) + chunks +
+    /* A hedged request (io/remote.c) receives into a copy of its buffer. */
+    uint64_t hedges = (uint64_t)stk__remote_hedge_slots(f->remote) * slack;
+    return f->cfg.buffer_bytes + slack + hedges + forced + f->cap * sizeof(entry) + chunks +
            f->cfg.nblocks * sizeof *f->blk + sizeof *f;
 }

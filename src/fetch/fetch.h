@@ -82,6 +82,7 @@ typedef struct stk__fetch_stats {
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
     uint64_t cache_write_errors, cache_dropped;
     uint64_t throttled, rate;
+    uint64_t hedges, hedge_wins;
     uint64_t cache_partial_reads, cache_cold_ranged; /* cold cache: see stk_fetch_stats */
 } stk__fetch_stats;
 

@@ -451,8 +451,18 @@ static void finish_locked(stk__remote *r, stk__req *q)
         atomic_fetch_add_explicit(&r->n_failures, 1, memory_order_relaxed);
 }
 
+static void hedge_drop(stk__remote *r, stk__req *h);
+static void hedge_cancel(stk__remote *r, stk__req *h);
+
 static void complete(stk__remote *r, stk__req *q)
 {
+    if (q->hedge_of_) {
+        /* A hedge that lost, failed or could not start: it has no caller. */
+        hedge_drop(r, q);
+        return;
+    }
+    if (q->hedge_)
+        hedge_cancel(r, q->hedge_); /* q answered (or failed for good) first */
     /* done callbacks run without the engine lock; waiters are woken after. */
     void (*cb)(stk__req *, void *) = q->done;
     void *ctx = q->ctx;
@@ -574,6 +584,214 @@ static void gov_cut(stk__remote *r)
     atomic_store_explicit(&r->n_rate, (uint64_t)r->rate_now, memory_order_relaxed);
 }
 
+/* ---- hedged requests ------------------------------------------------------- */
+
+/* A request still running after hedge_mult x the p95 latency of recent
+ * requests is sent again, and the first of the two to answer completes it:
+ * the other is cancelled (its connection closed). A slow disk or a busy
+ * server behind an object store delays a few requests in a hundred by many
+ * times the usual latency ("The Tail at Scale", Dean and Barroso, 2013); a
+ * reader that consumes in order waits for the slowest of them, so one
+ * straggler in a window stalls every worker.
+ *
+ * Bounds: one hedge a request; hedges are at most HEDGE_PCT % of the
+ * requests sent and at most an eighth of the concurrency at once; each
+ * takes a slot of the concurrency and a token of the governor like any
+ * request. Only requests into memory are hedged: a download into a cache
+ * file is written in place as it arrives, and two writers of one file would
+ * need a second file and a rename to decide between them. */
+#define HEDGE_MIN_SAMPLES 20 /* completed requests before the first hedge */
+#define HEDGE_PCT 5
+/* Below this a delay is the host's scheduling (a loaded machine runs the
+ * I/O thread late), not the store's tail: hedging it would only duplicate. */
+#define HEDGE_FLOOR_NS 20000000ULL
+
+static unsigned hedge_cap(const stk__remote *r)
+{
+    return r->cfg.concurrency / 8 ? r->cfg.concurrency / 8 : 1;
+}
+
+unsigned stk__remote_hedge_slots(const stk__remote *r)
+{
+    return r->hedge_mult ? hedge_cap(r) : 0;
+}
+
+static bool hedgeable(const stk__req *q)
+{
+    return !(q->fd >= 0 && !q->buf);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Records a successful request's latency; every 8 records the hedging delay
+ * is taken again from the ring's p95. I/O thread. */
+static void hedge_record(stk__remote *r, uint64_t us)
+{
+    if (!r->hedge_mult)
+        return;
+    r->lat_us[r->lat_pos] = us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+    r->lat_pos = (r->lat_pos + 1) % HEDGE_RING;
+    if (r->lat_n < HEDGE_RING)
+        r->lat_n++;
+    if (++r->lat_new < 8 || r->lat_n < HEDGE_MIN_SAMPLES)
+        return;
+    r->lat_new = 0;
+    uint32_t v[HEDGE_RING];
+    memcpy(v, r->lat_us, r->lat_n * sizeof *v);
+    qsort(v, r->lat_n, sizeof *v, cmp_u32);
+    uint64_t p95 = v[(r->lat_n * 95 - 1) / 100];
+    uint64_t d = p95 * 1000u * r->hedge_mult;
+    r->hedge_after_ns = d > HEDGE_FLOOR_NS ? d : HEDGE_FLOOR_NS;
+}
+
+/* Frees hedge h (not in the multi handle any more) and unlinks it from the
+ * request it raced. I/O thread. */
+static void hedge_drop(stk__remote *r, stk__req *h)
+{
+    h->hedge_of_->hedge_ = NULL;
+    r->hedges_active--;
+    if (h->easy_)
+        curl_easy_cleanup(h->easy_);
+    curl_slist_free_all(h->hdrs_);
+    stk__free(h->url_);
+    stk__free(h->buf);
+    stk__free(h->body);
+    stk__free(h);
+}
+
+/* Stops hedge h in flight (the request it raced answered first). */
+static void hedge_cancel(stk__remote *r, stk__req *h)
+{
+    curl_multi_remove_handle(r->multi, h->easy_);
+    act_remove(r, h);
+    atomic_fetch_add_explicit(&r->n_bytes, h->got, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+    pthread_mutex_lock(&r->lock);
+    r->active--;
+    pthread_mutex_unlock(&r->lock);
+    hedge_drop(r, h);
+}
+
+/* Sends a hedge for p (a slot and a token already taken for it). Out of
+ * memory, it is simply not sent. */
+static void hedge_start(stk__remote *r, stk__req *p)
+{
+    p->hedged_ = true;
+    stk__req *h = stk__calloc(1, sizeof *h);
+    if (h && p->len)
+        h->buf = stk__malloc((size_t)p->len);
+    if (h)
+        h->url_ = stk__strdup(p->url_);
+    if (!h || (p->len && !h->buf) || !h->url_) {
+        if (h) {
+            stk__free(h->buf);
+            stk__free(h->url_);
+            stk__free(h);
+        }
+        pthread_mutex_lock(&r->lock);
+        r->active--;
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
+    h->off = p->off;
+    h->len = p->len;
+    h->max_bytes = p->max_bytes;
+    h->fd = -1;
+    h->hedge_of_ = p;
+    h->state_ = Q_ACTIVE;
+    p->hedge_ = h;
+    r->hedges_active++;
+    atomic_fetch_add_explicit(&r->n_hedges, 1, memory_order_relaxed);
+    uint64_t v = atomic_fetch_add_explicit(&r->n_inflight, 1, memory_order_relaxed) + 1;
+    if (v > atomic_load_explicit(&r->n_peak, memory_order_relaxed))
+        atomic_store_explicit(&r->n_peak, v, memory_order_relaxed);
+    start_one(r, h);
+}
+
+/* Sends hedges for the requests in flight past the hedging delay, within
+ * the bounds; lowers *next_due to when the next one will be due. Before the
+ * queue is served: the straggler holds up everything the reader consumes
+ * after it. I/O thread. */
+static void hedge_scan(stk__remote *r, uint64_t now, uint64_t *next_due)
+{
+    if (!r->hedge_mult || !r->hedge_after_ns)
+        return;
+    unsigned cap = hedge_cap(r);
+    for (stk__req *q = r->act; q; q = q->anext_) {
+        if (q->hedge_of_ || q->hedged_ || !hedgeable(q))
+            continue;
+        uint64_t due = q->t0_ + r->hedge_after_ns;
+        if (due > now) {
+            if (due < *next_due)
+                *next_due = due;
+            continue;
+        }
+        uint64_t sent = atomic_load_explicit(&r->n_requests, memory_order_relaxed);
+        uint64_t hedges = atomic_load_explicit(&r->n_hedges, memory_order_relaxed);
+        if (r->hedges_active >= cap || (hedges + 1) * 100 > HEDGE_PCT * (sent - hedges))
+            return; /* looked at again as requests complete */
+        pthread_mutex_lock(&r->lock);
+        bool ok = r->active < r->cfg.concurrency && gov_take(r, now, next_due);
+        if (ok)
+            r->active++;
+        pthread_mutex_unlock(&r->lock);
+        if (!ok)
+            return;
+        hedge_start(r, q); /* puts the hedge at the head of r->act, behind q */
+    }
+}
+
+/* A hedge ended: when it answered, it completes the request it raced, whose
+ * own attempt is stopped (or whose wait for a retry ends); else it goes,
+ * leaving the request to its own attempts. I/O thread. */
+static void hedge_done(stk__remote *r, stk__req *h, int v)
+{
+    stk__req *p = h->hedge_of_;
+    pthread_mutex_lock(&r->lock);
+    r->active--;
+    if (v == STK_OK && p->state_ == Q_WAITING_RETRY)
+        for (stk__req **pp = &r->retry; *pp; pp = &(*pp)->next_)
+            if (*pp == p) {
+                *pp = p->next_;
+                p->next_ = NULL;
+                break;
+            }
+    pthread_mutex_unlock(&r->lock);
+    if (v != STK_OK) {
+        hedge_drop(r, h);
+        return;
+    }
+    atomic_fetch_add_explicit(&r->n_hedge_wins, 1, memory_order_relaxed);
+    if (p->state_ == Q_ACTIVE) {
+        curl_multi_remove_handle(r->multi, p->easy_);
+        act_remove(r, p);
+        atomic_fetch_add_explicit(&r->n_bytes, p->got, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+        pthread_mutex_lock(&r->lock);
+        r->active--;
+        pthread_mutex_unlock(&r->lock);
+    }
+    if (p->len) {
+        memcpy(p->buf, h->buf, (size_t)h->len);
+    } else {
+        stk__free(p->body);
+        p->body = h->body;
+        h->body = NULL;
+    }
+    p->got = h->got;
+    p->total = h->total;
+    p->status = h->status;
+    memcpy(p->validator, h->validator, sizeof p->validator);
+    p->rc = STK_OK;
+    p->err[0] = '\0';
+    hedge_drop(r, h);
+    complete(r, p);
+}
+
 static void *io_main(void *arg)
 {
     stk__remote *r = arg;
@@ -582,6 +800,7 @@ static void *io_main(void *arg)
         /* Take queued requests and due retries, up to the concurrency. */
         stk__req *take = NULL, **tail = &take;
         uint64_t now = stk__now_ns(), next_due = UINT64_MAX;
+        hedge_scan(r, now, &next_due);
         pthread_mutex_lock(&r->lock);
         if (r->stop) {
             pthread_mutex_unlock(&r->lock);
@@ -630,6 +849,9 @@ static void *io_main(void *arg)
             if (v > atomic_load_explicit(&r->n_peak, memory_order_relaxed))
                 atomic_store_explicit(&r->n_peak, v, memory_order_relaxed);
             start_one(r, q);
+            /* Wake in time to hedge it (hedge_scan). */
+            if (r->hedge_after_ns && hedgeable(q) && now + r->hedge_after_ns < next_due)
+                next_due = now + r->hedge_after_ns;
         }
 
         int running = 0;
@@ -659,6 +881,12 @@ static void *io_main(void *arg)
             int v = judge(r, q, res);
             if (q->status == 503 || q->status == 429)
                 gov_cut(r);
+            if (v == STK_OK && hedgeable(q))
+                hedge_record(r, (uint64_t)total_us);
+            if (q->hedge_of_) {
+                hedge_done(r, q, v);
+                continue;
+            }
             if (v == 2 && !(v = cred_retry(r, q)))
                 continue; /* queued again with fresh credentials */
             if (v == 1 && q->attempts <= r->cfg.retries) {
@@ -836,6 +1064,8 @@ void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c)
     c->first_byte_ns = atomic_load_explicit(&m->n_first_byte_ns, memory_order_relaxed);
     c->throttled = atomic_load_explicit(&m->n_throttled, memory_order_relaxed);
     c->rate = atomic_load_explicit(&m->n_rate, memory_order_relaxed);
+    c->hedges = atomic_load_explicit(&m->n_hedges, memory_order_relaxed);
+    c->hedge_wins = atomic_load_explicit(&m->n_hedge_wins, memory_order_relaxed);
 }
 
 /* ---- open / close ---------------------------------------------------------- */
@@ -899,6 +1129,7 @@ int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *
     r->tokens = GOV_BURST;
     r->tok_ns = stk__now_ns();
     r->n_rate = (uint64_t)r->rate_cfg;
+    r->hedge_mult = r->cfg.hedge == UINT32_MAX ? 0 : r->cfg.hedge ? r->cfg.hedge : 3;
     r->rng = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)r;
     if (!(r->display = stk__url_display_of(url))) {
         rc = STK_ENOMEM;

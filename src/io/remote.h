@@ -9,6 +9,10 @@
  * requests in flight over reused connections (HTTP/2 multiplexed where the
  * server offers it), each retried with exponential backoff and jitter on
  * 5xx, 429/SlowDown, resets, stalls and short bodies, honouring Retry-After.
+ * Requests start within a rate budget (the governor: a token bucket, halved
+ * on 503/429), and a request into memory that runs far past the recent p95
+ * latency is sent a second time, the first answer winning (hedging; a caller
+ * sees one request either way).
  *
  * Objects are named relative to the dataset root: "" is the root URL itself
  * (a single shard), "train-000000.stk" an object beside it.
@@ -38,6 +42,9 @@ typedef struct stk__remote_cfg {
     unsigned backoff_ms;  /* first backoff (default 200; doubles, capped at 10 s) */
     unsigned rate;        /* requests a second at most (default 5500, S3's per-prefix GET
                              rate; UINT32_MAX: no budget); halved on throttling answers */
+    unsigned hedge;       /* a request into memory still running after this multiple of the
+                             recent p95 latency is sent again, the first answer wins
+                             (default 3; UINT32_MAX: never) */
 } stk__remote_cfg;
 
 typedef struct stk__remote stk__remote;
@@ -123,6 +130,9 @@ struct stk__req {
     char ebody_[512]; /* start of an error response's body (S3's XML error) */
     uint64_t cred_gen_; /* generation of the credentials that signed it */
     bool cred_retried_; /* already retried once after an expired token */
+    bool hedged_;       /* a hedge was sent for it (one a request at most) */
+    stk__req *hedge_;   /* its hedge in flight, or NULL */
+    stk__req *hedge_of_; /* for a hedge (engine-allocated): the request it races */
     char cerr_[256];  /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
     uint64_t t0_;     /* the current attempt's start (stk__now_ns) */
     unsigned timeout_s_;
@@ -157,8 +167,12 @@ typedef struct stk__remote_counters {
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
     uint64_t throttled; /* answers 503 / 429 (SlowDown): each cut the rate budget */
     uint64_t rate;      /* the rate budget now, requests a second (0: none) */
+    uint64_t hedges, hedge_wins; /* hedged requests sent; those that answered first */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
+/* The most hedges in flight at once (0: hedging off); each holds a copy of
+ * its request's buffer until it ends (for the memory bound). */
+unsigned stk__remote_hedge_slots(const stk__remote *r);
 
 /* ---- Pieces shared with tests -------------------------------------------- */
 /* Percent-encodes s (RFC 3986: unreserved kept; '/' kept when keep_slash). */

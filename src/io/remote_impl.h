@@ -17,6 +17,7 @@
 
 enum { SCHEME_HTTP = 1, SCHEME_S3 = 2 };
 enum { Q_QUEUED, Q_ACTIVE, Q_WAITING_RETRY, Q_DONE };
+enum { HEDGE_RING = 128 }; /* recent latencies the hedging delay is taken from */
 
 struct stk__remote {
     int scheme;
@@ -56,6 +57,16 @@ struct stk__remote {
     double rate_cfg, rate_now, tokens;
     uint64_t tok_ns, last_cut_ns;
     _Atomic uint64_t n_throttled, n_rate;
+    /* Hedged requests (I/O thread only, but the counters): the latencies of
+     * the last HEDGE_RING successful requests into memory, in microseconds,
+     * and the delay after which a request still running is sent again
+     * (hedge_mult x their p95; 0 until enough have completed). */
+    unsigned hedge_mult; /* 0: never */
+    uint32_t lat_us[HEDGE_RING];
+    unsigned lat_n, lat_pos, lat_new;
+    uint64_t hedge_after_ns;
+    unsigned hedges_active;
+    _Atomic uint64_t n_hedges, n_hedge_wins;
 };
 
 /* ---- url.c ---- */

@@ -51,8 +51,12 @@ enum {
     F_500_WHOLE_STALL, /* whole-object GETs fail (500), payload ranges hang */
     F_RATE,            /* over g_rate_limit requests a second (1 s windows): 503 */
     F_SLOW_WHOLE,      /* whole-object GETs of a .stk trickle (~1.3 MB/s) */
-    F_CUT_WHOLE        /* ... trickle their first half, then reset the connection */
+    F_CUT_WHOLE,       /* ... trickle their first half, then reset the connection */
+    F_STALL_SOME       /* every 50th payload range waits g_stall_ms, then is answered */
 };
+
+/* F_STALL_SOME's stall, milliseconds. */
+static unsigned g_stall_ms;
 
 /* F_RATE's limit, requests a second (set before server_start). */
 static unsigned g_rate_limit;
@@ -77,6 +81,7 @@ static struct {
     char *seen[MAX_KEYS];
     int nseen;
     atomic_int requests, whole_gets;
+    atomic_int payloads, stalls; /* F_STALL_SOME: payload ranges seen, stalled */
     atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
     /* F_RATE: the current window, and every request's time and answer. */
     uint64_t win_start, win_count;
@@ -229,6 +234,12 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
             usleep(10000);
         close(f);
         return false;
+    }
+    if (fault == F_STALL_SOME && is_payload(path, ranged, a) &&
+        atomic_fetch_add(&srv.payloads, 1) % 50 == 49) {
+        atomic_fetch_add(&srv.stalls, 1);
+        for (unsigned t = 0; t < g_stall_ms / 10 && !atomic_load(&srv.stop); t++)
+            usleep(10000);
     }
     uint64_t n = b - a + 1;
     if (ranged && n > (1u << 20))
@@ -1038,6 +1049,67 @@ static void test_governor(void)
     second_half(&rate, &thr);
     CHECK(rate < 30 * 1.15);
     server_stop();
+    g_extra[0] = NULL;
+}
+
+/* Hedged requests (issue 23): against a store that holds one payload range
+ * in fifty for 5 s, a run with hedging (the default) is not held up by the
+ * stalls, as the slow requests are sent again and the first answer wins;
+ * every sample still arrives once, the same bytes as a local read. With
+ * fetch_hedge 0 the same stalls are waited out (so the assertion can fail). */
+static double run_timed(run_out *r, const char *path, int epochs)
+{
+    uint64_t t0 = mono_ns();
+    *r = run(path, 2, NULL, NULL, STK_ON_ERROR_RAISE, epochs);
+    return (double)(mono_ns() - t0) / 1e9;
+}
+
+static void test_hedge(void)
+{
+    run_out local = run(g_ds, 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    g_stall_ms = 5000;
+    g_extra[0] = "fetch_lookahead";
+    g_extra[1] = "8"; /* small requests: about one a sample */
+    g_extra[2] = "fetch_timeout";
+    g_extra[3] = "30"; /* the stall is waited out, not cut by the timeout */
+    g_extra[4] = "fetch_hedge";
+    g_extra[5] = "0";
+    g_extra[6] = NULL;
+    run_out r;
+    server_start(g_www, F_STALL_SOME);
+    double off = run_timed(&r, url("ds"), 1);
+    int stalls_off = atomic_load(&srv.stalls);
+    server_stop();
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash);
+    CHECK_EQ(r.samples, SHARDS * PER_SHARD);
+    CHECK_EQ(r.fs.hedges, 0);
+    CHECK(stalls_off >= 1);
+    /* Each stall holds the reader, which consumes in order. */
+    CHECK(off >= 0.9 * g_stall_ms / 1000.0);
+
+    g_extra[4] = NULL; /* the default: fetch_hedge 3 */
+    server_start(g_www, F_STALL_SOME);
+    double on = run_timed(&r, url("ds"), 1);
+    int stalls_on = atomic_load(&srv.stalls);
+    server_stop();
+    printf("    hedging off: %.2f s (%d stalls); on: %.2f s (%d stalls, %llu hedges, %llu won, "
+           "%llu requests)\n",
+           off, stalls_off, on, stalls_on, (unsigned long long)r.fs.hedges,
+           (unsigned long long)r.fs.hedge_wins, (unsigned long long)r.fs.requests);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash);
+    CHECK_EQ(r.samples, SHARDS * PER_SHARD);
+    CHECK_EQ(r.fs.failures, 0);
+    CHECK(stalls_on >= 1);
+    CHECK(r.fs.hedges >= 1);
+    CHECK(r.fs.hedge_wins >= 1);
+    CHECK(r.fs.hedge_wins <= r.fs.hedges);
+    CHECK(r.fs.hedges * 20 <= r.fs.requests); /* at most 5 % of the requests */
+    /* Well under one stall's length in all: the stalls cost nothing like
+     * what they cost without hedging. */
+    CHECK(on < 0.5 * g_stall_ms / 1000.0 * stalls_on);
+    CHECK(on < 0.5 * off);
     g_extra[0] = NULL;
 }
 
@@ -2089,6 +2161,7 @@ int main(void)
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_block_order);
     RUN_IF(test_governor);
+    RUN_IF(test_hedge);
     RUN_IF(test_slow_admission_blocks_nothing);
     RUN_IF(test_failed_download_then_readmitted);
     RUN_IF(test_huge_lookahead);

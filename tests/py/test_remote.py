@@ -94,6 +94,8 @@ def test_http_directory_gives_the_local_batches(packed):
         assert st["sample_bytes"] > 0
         # The request governor: nothing throttled, the budget at its default.
         assert st["throttled"] == 0 and st["rate_limit"] == 5500
+        # Hedging is counted (a hedge is a request; at most 5 % of them).
+        assert 0 <= st["hedge_wins"] <= st["hedges"] and st["hedges"] * 20 <= st["requests"]
         reqs = srv.requests()
         # Samples came by ranged GETs; nothing else was asked for.
         assert all(r["status"] in (200, 206) for r in reqs)

@@ -135,7 +135,7 @@ FaultServer(root, plan=(), port=None)
         per TCP connection), completed (bool), time.
 
 DelayProxy(target_host, target_port, one_way_ms, port=None, connect_rtt=True,
-           buffer_bytes=64 MiB)
+           buffer_bytes=64 MiB, bandwidth=None)
     A TCP proxy (asyncio, in a thread) that delivers what it reads at time t at
     t + one_way_ms, in each direction, so RTT = 2 x one_way_ms; reading goes on
     while earlier data waits (pipelined, no stop-and-wait), up to buffer_bytes
@@ -143,6 +143,14 @@ DelayProxy(target_host, target_port, one_way_ms, port=None, connect_rtt=True,
     bytes reach the server no earlier than 3 one-way delays after accept, as a
     TCP handshake would cost. Half-close and resets are passed on (after the
     delay). Many connections (backlog 256).
+    bandwidth (bytes a second, or a string for parse_bandwidth such as "1Gbit"):
+    each direction of each connection is a link of that rate: a piece read at t
+    leaves once the link has sent what came before it (at len / bandwidth a
+    piece) and arrives one_way_ms after that, as object stores give one
+    connection about 100 MB/s. None: no cap (the proxy's own ceiling, which
+    bench/bench_remote.py measures).
+    parse_bandwidth("1Gbit") -> 125e6: N[k|M|G](bit|B)[/s], decimal units; a
+    plain number is bytes a second.
     .port, .url ("http://127.0.0.1:PORT"), .stats() -> dict connections, active,
     bytes_up (client to server), bytes_down (server to client).
 
@@ -167,9 +175,10 @@ runs until SIGTERM/SIGINT):
         entries; --stats-file: fault_stats() as JSON, rewritten atomically
         every second and at exit)
     ... proxy TARGET --delay-ms D [--port P] [--no-connect-rtt]
-        [--stats-file FILE] --ready-file F
-        (TARGET: host:port or http://host:port; D: one way; --stats-file: the
-        stats as JSON, written at exit)
+        [--bandwidth RATE] [--stats-file FILE] --ready-file F
+        (TARGET: host:port or http://host:port; D: one way; RATE: per
+        connection and direction, e.g. 1Gbit; --stats-file: the stats as
+        JSON, written at exit)
     The URL written is http://127.0.0.1:PORT for all four (https:// for nginx --tls).
 
 libcurl 7.88's CURLOPT_AWS_SIGV4 against this S3 server (checked with the curl
@@ -1205,6 +1214,19 @@ class FaultServer(_Server):
 # ---------------------------------------------------------------------------
 # DelayProxy
 
+def parse_bandwidth(text):
+    """Bytes a second from "1Gbit", "100Mbit/s", "125MB", "1e8" (decimal units)."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][0-9]+)?)\s*([kKmMgG]?)(bit|b|B)?(?:/s|ps)?\s*", str(text))
+    if not m:
+        raise ValueError(f"bad bandwidth {text!r}: give e.g. 1Gbit, 100Mbit, 125MB (a second)")
+    v = float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2).lower()]
+    if m.group(3) in ("bit", "b"):
+        v /= 8
+    if v <= 0:
+        raise ValueError(f"bad bandwidth {text!r}: must be above zero")
+    return v
+
+
 _EOF = b"<eof>"
 _ABORT = b"<abort>"
 
@@ -1224,15 +1246,23 @@ class _Pipe:
         self.dst = None
         self.timer = None
         self.not_before = 0.0
+        self.link_free = 0.0  # when the capped link has sent what is queued (bandwidth)
         self.paused = False
         self.dst_full = False
         self.done = False
 
     def push(self, item):
+        ready = self.loop.time()
         if item is not _EOF and item is not _ABORT:
             self.proxy._stats[self.counter] += len(item)
             self.queued += len(item)
-        when = max(self.loop.time() + self.proxy.delay, self.not_before)
+            if self.proxy.bandwidth:
+                # The link sends one piece after another at the capped rate.
+                self.link_free = max(self.link_free, ready) + len(item) / self.proxy.bandwidth
+                ready = self.link_free
+        else:
+            ready = max(ready, self.link_free)
+        when = max(ready + self.proxy.delay, self.not_before)
         self.queue.append((when, item))
         self._flow()
         self._arm()
@@ -1358,8 +1388,9 @@ class _Conn:
 
 class DelayProxy(_Server):
     def __init__(self, target_host, target_port, one_way_ms, port=None, connect_rtt=True,
-                 buffer_bytes=64 << 20):
+                 buffer_bytes=64 << 20, bandwidth=None):
         self.target = (target_host, int(target_port))
+        self.bandwidth = parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else bandwidth
         self.one_way_ms = one_way_ms
         self.delay = one_way_ms / 1000.0
         self.connect_rtt = connect_rtt
@@ -1519,6 +1550,7 @@ def main(argv=None):
     p.add_argument("target")
     p.add_argument("--delay-ms", type=float, required=True)
     p.add_argument("--no-connect-rtt", action="store_true")
+    p.add_argument("--bandwidth", help="per connection and direction, e.g. 1Gbit")
     p.add_argument("--stats-file")
     for p in sub.choices.values():
         p.add_argument("--port", type=int)
@@ -1544,7 +1576,8 @@ def main(argv=None):
     else:
         target = a.target.split("://", 1)[-1].rstrip("/")
         host, port = target.rsplit(":", 1)
-        server = DelayProxy(host, int(port), a.delay_ms, port=a.port, connect_rtt=not a.no_connect_rtt)
+        server = DelayProxy(host, int(port), a.delay_ms, port=a.port, connect_rtt=not a.no_connect_rtt,
+                            bandwidth=parse_bandwidth(a.bandwidth) if a.bandwidth else None)
 
     with server:
         if a.kind == "s3":
