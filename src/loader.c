@@ -61,6 +61,8 @@ void stk__core_free(core *c)
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
     stk__schedule_free(&c->sched);
+    stk__free(c->src_samples);
+    stk__free(c->src_failed);
     stk__trace_destroy(c->trace);
     stk__dev_close(c->dev);
     pthread_mutex_destroy(&c->lock);
@@ -123,6 +125,15 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
                 }
                 stk__errors_record(c, b);
                 c->skipped += b->failed;
+            }
+            if (c->sched.mix) {
+                for (size_t k = 0; k < b->size; k++) {
+                    size_t src = stk__mix_source_of(c->sched.mix, b->indices[k]);
+                    if (b->ok[k])
+                        c->src_samples[src]++;
+                    else
+                        c->src_failed[src]++;
+                }
             }
             stk__slot_errs_free(b->errs);
             b->errs = NULL;
@@ -716,6 +727,95 @@ static int setup_order(core *c, const stk_options *o, char *err, size_t errlen)
                                   o->shuffle);
 }
 
+static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ ((const uint8_t *)p)[k]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The mixture (docs/mixing.md): the composite source over o's sources, the
+ * schedule's quotas and tree, the fingerprint a resume checks, and the
+ * per-source counters. */
+static int open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,
+                        size_t errlen)
+{
+    int rc = STK_ENOMEM;
+    size_t n = o->nmix;
+    const char **paths = stk__calloc(n, sizeof *paths), **shown = stk__calloc(n, sizeof *shown);
+    double *w = stk__calloc(n, sizeof *w);
+    uint64_t *fixed = stk__calloc(n, sizeof *fixed), *sizes = stk__calloc(n, sizeof *sizes),
+             *quota = stk__calloc(n, sizeof *quota);
+    if (!paths || !shown || !w || !fixed || !sizes || !quota)
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        paths[k] = o->mix[k].path;
+        shown[k] = o->mix[k].shown;
+        w[k] = o->mix[k].weight;
+        fixed[k] = o->mix[k].samples;
+    }
+    if (o->order != STK__ORDER_GLOBAL) {
+        stk__fmt(err, errlen,
+                 "order \"%s\" is not available for a mixture in this version: a mixture reads "
+                 "each source in its own global order (docs/mixing.md)",
+                 o->order == STK__ORDER_SHARDS ? "shards" : "blocks");
+        rc = STK_EUNSUPPORTED;
+        goto out;
+    }
+    if ((rc = stk__source_mix_open(&c->src, paths, shown, n, sp, err, errlen)))
+        goto out;
+    stk__source_mix_sizes(&c->src, sizes, n);
+    uint64_t N = o->samples_per_epoch;
+    if ((rc = stk__mix_quotas(w, fixed, sizes, n, &N, quota, err, errlen)))
+        goto out;
+    rc = STK_ENOMEM;
+    if (!(c->sched.mix = stk__malloc(sizeof *c->sched.mix)) ||
+        !(c->src_samples = stk__calloc(n, sizeof *c->src_samples)) ||
+        !(c->src_failed = stk__calloc(n, sizeof *c->src_failed)))
+        goto out;
+    if ((rc = stk__mix_init(c->sched.mix, quota, sizes, n, o->seed, o->shuffle)))
+        goto out;
+    c->nsrc = n;
+    c->mix_new = o->mix_resume == 1;
+    /* The fingerprint: what decides which sample each position reads. As
+     * text, so it is the same on every build. */
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t k = 0; k < n; k++) {
+        char line[96];
+        stk__fmt(line, sizeof line, "|%.17g|%llu|%llu|%llu|", w[k], (unsigned long long)fixed[k],
+                 (unsigned long long)sizes[k], (unsigned long long)quota[k]);
+        h = fnv1a_bytes(h, paths[k], strlen(paths[k]));
+        h = fnv1a_bytes(h, line, strlen(line));
+    }
+    c->mix_hash = h ? h : 1;
+    rc = STK_OK;
+out:
+    stk__free(paths);
+    stk__free(shown);
+    stk__free(w);
+    stk__free(fixed);
+    stk__free(sizes);
+    stk__free(quota);
+    return rc;
+}
+
+/* Every source of a mixture must give each requested field that is not
+ * optional (an alternative of it). */
+static int check_mixture_fields(core *c, char *err, size_t errlen)
+{
+    if (!c->sched.mix)
+        return STK_OK;
+    for (size_t k = 0; k < c->nfplan; k++) {
+        const stk__fplan *p = &c->fplan[k];
+        if (p->spec->flags & STK_FIELD_OPTIONAL)
+            continue;
+        int rc = stk__source_mix_check_field(&c->src, p->spec->name, p->alt, p->nalt, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return STK_OK;
+}
+
 static int open_core(stk_loader *l, const stk_options *o)
 {
     char *err = l->errmsg;
@@ -765,9 +865,11 @@ static int open_core(stk_loader *l, const stk_options *o)
                              .remote = &rcfg,
                              .cache_dir = o->cache_dir,
                              .cache_limit = o->cache_limit};
-    if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))
+    if ((rc = o->nmix ? open_mixture(c, o, &sp, err, errlen)
+                      : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
-    if ((rc = setup_output(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
+    if ((rc = setup_output(c, o, err, errlen)) || (rc = check_mixture_fields(c, err, errlen)) ||
+        (rc = setup_device(c, o, err, errlen)))
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;
@@ -781,10 +883,11 @@ static int open_core(stk_loader *l, const stk_options *o)
         rc = STK_EINVAL;
         goto fail;
     }
-    if ((rc = stk__partition_init(&c->sched.part, c->src.count, o->rank, o->world, o->batch_size,
+    uint64_t epoch_n = c->sched.mix ? c->sched.mix->N : c->src.count;
+    if ((rc = stk__partition_init(&c->sched.part, epoch_n, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
-                 o->source_shown, (unsigned long long)c->src.count, o->rank, o->world,
+                 o->source_shown, (unsigned long long)epoch_n, o->rank, o->world,
                  o->batch_size, o->drop_last ? " with drop_last" : "");
         goto fail;
     }
@@ -855,16 +958,25 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
         return STK_ENOMEM;
     l->pid = getpid();
     int rc;
-    if (!o || !o->source) {
+    bool any_url = o && o->source && stk__is_url(o->source);
+    for (size_t k = 0; o && k < o->nmix; k++)
+        any_url |= stk__is_url(o->mix[k].path);
+    if (!o || (!o->source && !o->nmix)) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "no source: set one with stk_options_set_source");
         rc = STK_EINVAL;
-    } else if (o->remote_set && !stk__is_url(o->source)) {
+    } else if (o->source && o->nmix) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "both a source (%s) and a mixture of %zu sources are set: a loader reads one "
+                 "or the other",
+                 o->source_shown, o->nmix);
+        rc = STK_EINVAL;
+    } else if (o->remote_set && !any_url) {
         /* An option that would change nothing is refused, so a run never
          * silently differs from what was asked for. */
         stk__fmt(l->errmsg, sizeof l->errmsg,
                  "%s applies to remote datasets (http://, https://, s3://); %s is a local path, "
                  "which is read directly",
-                 o->remote_set, o->source_shown);
+                 o->remote_set, o->source ? o->source_shown : "every mixture source");
         rc = STK_EINVAL;
     } else if (o->cache_limit_set && !o->cache_dir) {
         stk__fmt(l->errmsg, sizeof l->errmsg,

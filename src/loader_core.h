@@ -134,6 +134,13 @@ struct core {
     stk__imgpipe *pipe;
     bool drop_last;
     uint64_t transform_hash; /* resume fingerprint of the transform */
+    /* A mixture (docs/mixing.md): its fingerprint, whether a changed one
+     * resumes (mix_resume "new"), and per source the samples delivered and
+     * failed (lock held). */
+    uint64_t mix_hash;
+    bool mix_new;
+    size_t nsrc;
+    uint64_t *src_samples, *src_failed;
     int on_error;
     int kind, dtype;
     unsigned ndim;

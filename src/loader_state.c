@@ -26,6 +26,9 @@ static stk_state own_state(const core *c)
     st.shuffle = c->sched.shuffle;
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
+    st.mixture = c->mix_hash;
+    if (c->sched.mix)
+        st.num_samples = c->sched.part.n; /* the mixture's epoch */
     const stk__resumed *r = stk__schedule_resumed(&c->sched);
     if (r && r->epoch == epoch) {
         if (st.batch >= c->sched.part.batches) {
@@ -69,7 +72,10 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
         {"shuffle", offsetof(stk_state, shuffle), sizeof(uint32_t)},
         {"drop_last", offsetof(stk_state, drop_last), sizeof(uint32_t)},
         {"transform", offsetof(stk_state, transform), sizeof(uint64_t)},
+        {"mixture", offsetof(stk_state, mixture), sizeof(uint64_t)},
     };
+    /* mix_resume "new": the position carries over to this mixture. */
+    bool mix_new = l->c->mix_new;
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (fields[k].off + fields[k].size > st->struct_size)
             continue; /* a field later than the caller's struct */
@@ -85,7 +91,19 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
         }
         if (a == b)
             continue;
-        if (!strcmp(fields[k].name, "transform"))
+        if (mix_new && (!strcmp(fields[k].name, "mixture") ||
+                        fields[k].off == offsetof(stk_state, num_samples)))
+            continue;
+        if (!strcmp(fields[k].name, "mixture"))
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with %s (fingerprint %016llx) but this loader has %s "
+                     "(%016llx): the sources, their weights or samples, their sizes or "
+                     "samples_per_epoch differ, so resuming would not give the same batches; set "
+                     "the option mix_resume to \"new\" to continue from the saved position with "
+                     "this mixture (docs/mixing.md)",
+                     a ? "another mixture" : "no mixture", (unsigned long long)a,
+                     b ? "a mixture" : "no mixture", (unsigned long long)b);
+        else if (!strcmp(fields[k].name, "transform"))
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "state was saved with another transform (fingerprint %016llx; this loader's "
                      "transform and image options give %016llx): resuming would not give the "

@@ -146,8 +146,9 @@ void *stk__worker_main(void *arg)
         size_t nfailed = 0;
         for (size_t s = slot0; s < slot0 + count; s++) {
             uint64_t pos = stk__schedule_pos(&c->sched, g, s);
-            uint64_t i = stk__schedule_sample_at(&c->sched, &ord, epoch, pos);
-            if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
+            uint64_t draw;
+            uint64_t i = stk__schedule_sample_draw(&c->sched, &ord, epoch, pos, &draw);
+            if (make_sample(w, b, s, i, draw, &errs) != STK_OK)
                 nfailed++;
         }
 
