@@ -27,8 +27,6 @@ static stk_state own_state(const core *c)
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
     st.mixture = c->mix_hash;
-    if (c->sched.mix)
-        st.num_samples = c->sched.part.n; /* the mixture's epoch */
     const stk__resumed *r = stk__schedule_resumed(&c->sched);
     if (r && r->epoch == epoch) {
         if (st.batch >= c->sched.part.batches) {
@@ -101,8 +99,9 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
                      "samples_per_epoch differ, so resuming would not give the same batches; set "
                      "the option mix_resume to \"new\" to continue from the saved position with "
                      "this mixture (docs/mixing.md)",
-                     a ? "another mixture" : "no mixture", (unsigned long long)a,
-                     b ? "a mixture" : "no mixture", (unsigned long long)b);
+                     a ? "a mixture" : "no mixture", (unsigned long long)a,
+                     b ? (a ? "another mixture" : "a mixture") : "no mixture",
+                     (unsigned long long)b);
         else if (!strcmp(fields[k].name, "transform"))
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "state was saved with another transform (fingerprint %016llx; this loader's "

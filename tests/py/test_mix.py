@@ -1,0 +1,145 @@
+"""Mixing datasets (docs/mixing.md): stoker.Loader([stoker.Source(...), ...])
+over a folder of red JPEGs, a folder of green ones and a WebDataset tar of
+blue ones. Each batch holds each source's share within the bound (2
+samples), batch["source"] says where each sample came from (and the pixels
+agree), every pass of a source is exactly once, stats() counts per source,
+state_dict() resumes exactly, a changed mixture is refused unless
+mix_resume="new", and a loader pickles."""
+
+import io
+import pickle
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import stoker
+
+RED, GREEN, BLUE = (220, 20, 20), (20, 220, 20), (20, 20, 220)
+
+
+def jpeg(col, k):
+    img = np.zeros((20 + k, 30, 3), np.uint8) + np.array(col, np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mix")
+    paths = []
+    for name, col, n in (("red", RED, 10), ("green", GREEN, 30)):
+        d = root / name / "c0"
+        d.mkdir(parents=True)
+        for k in range(n):
+            (d / f"{k:03d}.jpg").write_bytes(jpeg(col, k))
+        paths.append(root / name)
+    tar = root / "blue.tar"
+    with tarfile.open(tar, "w") as t:
+        for k in range(7):
+            data = jpeg(BLUE, k)
+            info = tarfile.TarInfo(f"s{k:03d}.jpg")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    paths.append(tar)
+    return paths
+
+
+def loader(sets, weights=(0.5, 0.3, 0.2), n=200, batch=20, **kw):
+    return stoker.Loader([stoker.Source(p, weight=w) for p, w in zip(sets, weights)], batch,
+                         fields={"image": "image;jpg"}, transform="Resize(16)|CenterCrop(16)",
+                         samples_per_epoch=n, seed=3, **kw)
+
+
+def colour(img):
+    """Which of red/green/blue an image (C, H, W uint8) is."""
+    return int(img.reshape(3, -1).float().mean(1).argmax())
+
+
+def test_proportions_source_and_passes(sets):
+    with loader(sets, threads=2, return_indices=True) as ld:
+        assert len(ld) == 10
+        seen = {0: [], 1: [], 2: []}
+        for b in ld:
+            src = b["source"]
+            assert src.dtype == torch.int64
+            counts = torch.bincount(src, minlength=3).tolist()
+            for s, share in enumerate((10, 6, 4)):
+                assert abs(counts[s] - share) < 2
+            for k in range(len(src)):
+                assert colour(b["image"][k]) == int(src[k])   # red, green, blue sources
+            for s, i in zip(src.tolist(), b["__index__"].tolist()):
+                seen[s].append(i)
+        sizes = (10, 30, 7)
+        for s, quota in enumerate((100, 60, 40)):
+            assert len(seen[s]) == quota
+            counts = np.bincount(np.array(seen[s]) - min(seen[s]), minlength=sizes[s])
+            assert len(counts) == sizes[s]
+            assert counts.min() >= quota // sizes[s] and counts.max() <= quota // sizes[s] + 1
+        st = ld.stats()["sources"]
+        assert [x["samples"] for x in st] == [100, 60, 40]
+        assert [x["failed"] for x in st] == [0, 0, 0]
+        assert st[2]["path"].endswith("blue.tar")
+
+
+def batches(it, n=None):
+    """(source, image) of the next n batches of iterator it (None: to the end)."""
+    out = []
+    for b in it:
+        out.append((b["source"].clone(), b["image"].clone()))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def test_resume_and_refusals(sets):
+    with loader(sets) as a:
+        it = iter(a)
+        batches(it, 3)
+        state = a.state_dict()
+        assert state.get("mixture_hash")
+        rest = batches(it)
+    with loader(sets) as b:
+        b.load_state_dict(state)
+        again = batches(b)
+    assert len(again) == len(rest) == 7
+    for (s1, i1), (s2, i2) in zip(rest, again):
+        assert torch.equal(s1, s2) and torch.equal(i1, i2)
+    with loader(sets, weights=(0.4, 0.4, 0.2)) as c:
+        with pytest.raises(ValueError, match="another mixture.*mix_resume"):
+            c.load_state_dict(state)
+    with loader(sets, weights=(0.4, 0.4, 0.2), mix_resume="new") as d:
+        d.load_state_dict(state)
+        assert len(batches(d)) == 7
+
+
+def test_threads_identical_and_pickle(sets):
+    with loader(sets, threads=1) as a, loader(sets, threads=4) as b:
+        for (s1, i1), (s2, i2) in zip(batches(a), batches(b)):
+            assert torch.equal(s1, s2) and torch.equal(i1, i2)
+    with loader(sets) as a:
+        it = iter(a)
+        batches(it, 2)
+        copy = pickle.loads(pickle.dumps(a))
+        try:
+            mine, theirs = batches(it), batches(copy)
+            assert len(mine) == len(theirs) == 8
+            for (s1, i1), (s2, i2) in zip(mine, theirs):
+                assert torch.equal(s1, s2) and torch.equal(i1, i2)
+        finally:
+            copy.close()
+
+
+def test_errors(sets):
+    with pytest.raises(TypeError, match="stoker.Source"):
+        stoker.Loader([str(sets[0])], 4)
+    with pytest.raises(ValueError, match="weight"):
+        stoker.Source(sets[0], weight=-1)
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        stoker.Loader(sets[0], 4, samples_per_epoch=10)
+    # The tar has no "image" field: the open names it.
+    with pytest.raises(ValueError, match="mixture source 2 .*blue.tar.* has no such field"):
+        stoker.Loader([stoker.Source(p) for p in sets], 4, fields={"image": "image"})
