@@ -970,6 +970,12 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
                  "or the other",
                  o->source_shown, o->nmix);
         rc = STK_EINVAL;
+    } else if (!o->nmix && (o->samples_per_epoch || o->mix_resume)) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "%s applies to a mixture of sources (stk_options_add_source, docs/mixing.md); "
+                 "this loader reads one source, %s",
+                 o->samples_per_epoch ? "samples_per_epoch" : "mix_resume", o->source_shown);
+        rc = STK_EINVAL;
     } else if (o->remote_set && !any_url) {
         /* An option that would change nothing is refused, so a run never
          * silently differs from what was asked for. */

@@ -449,6 +449,14 @@ static void test_open_errors(void)
     CHECK(strstr(stk_loader_errmsg(l), "one or the other") != NULL);
     stk_loader_close(l);
     stk_options_destroy(o);
+    /* samples_per_epoch without a mixture would change nothing: refused. */
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set_source(o, g_folder) == STK_OK);
+    REQUIRE(stk_options_set(o, "samples_per_epoch", "30") == STK_OK);
+    CHECK_EQ(stk_loader_open(&l, o), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "applies to a mixture") != NULL);
+    stk_loader_close(l);
+    stk_options_destroy(o);
     /* Fixed samples past samples_per_epoch. */
     REQUIRE(stk_options_create(&o) == STK_OK);
     REQUIRE(stk_options_add_source(o, g_folder, 0, 50) == STK_OK);
