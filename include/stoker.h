@@ -249,6 +249,17 @@ STK_API int stk_options_set_source(stk_options *o, const char *path);
  * 256 sources), STK_ENOMEM. */
 STK_API int stk_options_add_source(stk_options *o, const char *path, double weight,
                                    uint64_t samples);
+/* Source `source`'s own image transform (a spec, docs/transforms.md):
+ * samples of that source go through it instead of the loader's transform.
+ * field must be NULL (the first image field, the batch's data) in this
+ * version. The loader must have a transform too, and the source's must give
+ * batches of the same kind: the same output shape and dtype when the
+ * loader's is dense (checked at open). "" or "none" removes it. The spec is
+ * copied and checked at open. Returns STK_OK, STK_EINVAL (no such source,
+ * NULL transform), STK_EUNSUPPORTED (a field other than the first image;
+ * stk_options_errmsg says why), STK_ENOMEM. */
+STK_API int stk_options_source_transform(stk_options *o, size_t source, const char *field,
+                                         const char *transform);
 
 /* Declares the source file as fixed-size records: each record is
  * record_bytes long, the file starts with header_bytes to skip, and the first

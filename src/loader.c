@@ -63,6 +63,9 @@ void stk__core_free(core *c)
     stk__schedule_free(&c->sched);
     stk__free(c->src_samples);
     stk__free(c->src_failed);
+    for (size_t k = 0; c->src_pipes && k < c->nsrc; k++)
+        stk__imgpipe_destroy(c->src_pipes[k]);
+    stk__free(c->src_pipes);
     stk__trace_destroy(c->trace);
     stk__dev_close(c->dev);
     pthread_mutex_destroy(&c->lock);
@@ -786,6 +789,8 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
                  (unsigned long long)sizes[k], (unsigned long long)quota[k]);
         h = fnv1a_bytes(h, paths[k], strlen(paths[k]));
         h = fnv1a_bytes(h, line, strlen(line));
+        if (o->mix[k].transform) /* with the image options, as the loader's */
+            h = fnv1a_bytes(h ^ stk__transform_hash_spec(o, o->mix[k].transform), "|t", 2);
     }
     c->mix_hash = h ? h : 1;
     rc = STK_OK;
@@ -797,6 +802,67 @@ out:
     stk__free(sizes);
     stk__free(quota);
     return rc;
+}
+
+/* Per-source transforms: a pipeline each, giving batches of the loader's
+ * kind (the same dense shape and dtype), so one batch holds them all. */
+static int setup_source_pipes(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    size_t first = o->nmix;
+    for (size_t k = o->nmix; k-- > 0;)
+        if (o->mix[k].transform)
+            first = k;
+    if (first == o->nmix)
+        return STK_OK;
+    if (!c->pipe) {
+        stk__fmt(err, errlen,
+                 "mixture source %zu (%s) has its own transform, but the loader has none: set "
+                 "the loader's transform too (the sources without their own use it), so every "
+                 "sample of a batch is an image",
+                 first, o->mix[first].shown);
+        return STK_EINVAL;
+    }
+    if (o->device != STK_DEVICE_CPU) {
+        stk__fmt(err, errlen, "per-source transforms are delivered in host memory in this "
+                              "version; drop the device option (docs/mixing.md)");
+        return STK_EUNSUPPORTED;
+    }
+    if (!(c->src_pipes = stk__calloc(o->nmix, sizeof *c->src_pipes)))
+        return STK_ENOMEM;
+    for (size_t k = 0; k < o->nmix; k++) {
+        if (!o->mix[k].transform)
+            continue;
+        char why[STK_ERRMSG_MAX];
+        int rc = stk__imgpipe_from_options(&c->src_pipes[k], o->mix[k].transform, o, why,
+                                           sizeof why);
+        if (rc) {
+            stk__fmt(err, errlen, "mixture source %zu (%s): transform: %s", k, o->mix[k].shown,
+                     why);
+            return rc;
+        }
+        stk__imgpipe *p = c->src_pipes[k];
+        if (c->src.raw_c)
+            stk__imgpipe_set_raw(p, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
+        unsigned ndim = 0;
+        int64_t shape[4] = {0, 0, 0, 0};
+        int dtype = 0;
+        size_t sb = 0;
+        bool dense = stk__imgpipe_dense(p, &ndim, shape, &dtype, &sb);
+        bool same = c->kind == STK_BATCH_DENSE
+                        ? dense && ndim == c->ndim && dtype == c->dtype && sb == c->sample_bytes &&
+                              !memcmp(shape, c->shape, ndim * sizeof *shape)
+                        : !dense;
+        if (!same) {
+            stk__fmt(err, errlen,
+                     "mixture source %zu (%s): its transform gives %s than the loader's: a "
+                     "batch holds one kind of sample, so give it the same output size and "
+                     "dtype (or both variable sizes)",
+                     k, o->mix[k].shown,
+                     dense ? "samples of another shape or dtype" : "samples of varying size");
+            return STK_EINVAL;
+        }
+    }
+    return STK_OK;
 }
 
 /* Every source of a mixture must give each requested field that is not
@@ -869,6 +935,7 @@ static int open_core(stk_loader *l, const stk_options *o)
                       : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
     if ((rc = setup_output(c, o, err, errlen)) || (rc = check_mixture_fields(c, err, errlen)) ||
+        (rc = setup_source_pipes(c, o, err, errlen)) ||
         (rc = setup_device(c, o, err, errlen)))
         goto fail;
     c->batch_memory = o->batch_memory;

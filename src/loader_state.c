@@ -237,6 +237,11 @@ static uint64_t spec_hash(const stk_options *o, uint64_t h, const char *spec)
     return fnv1a(fnv1a(h, spec), opts);
 }
 
+uint64_t stk__transform_hash_spec(const stk_options *o, const char *spec)
+{
+    return spec_hash(o, 0xcbf29ce484222325ULL, spec);
+}
+
 /* With fields, each field's name, sources, kind, flags and transform too:
  * a resume under other fields would deliver other batches. Without fields
  * the value is what it always was, so saved states stay valid. */

@@ -65,7 +65,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         /* Into the dense slot, or exactly the bytes the image needs from
          * the variable batch's arena. */
         stk__sink slot_sink = {slot, c->sample_bytes, NULL, NULL, NULL, ""};
-        rc = stk__imgpipe_run_sink(c->pipe, bytes, len, &rng, &w->dec,
+        rc = stk__imgpipe_run_sink(stk__pipe_for(c, i), bytes, len, &rng, &w->dec,
                                    variable ? &arena : &slot_sink, &out, &out_len, dims, err,
                                    sizeof err);
         len = out_len;

@@ -52,6 +52,7 @@ void stk_options_destroy(stk_options *o)
     for (size_t k = 0; k < o->nmix; k++) {
         stk__free(o->mix[k].path);
         stk__free(o->mix[k].shown);
+        stk__free(o->mix[k].transform);
     }
     stk__free(o->mix);
     stk__free(o);
@@ -108,7 +109,7 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
     o->mix = grown;
     if (stk__url_display(path, shown, n) != shown)
         stk__fmt(shown, n, "%s", path);
-    o->mix[o->nmix++] = (stk__mix_spec){copy, shown, weight, samples};
+    o->mix[o->nmix++] = (stk__mix_spec){copy, shown, NULL, weight, samples};
     if (!o->source) {
         /* Messages of the open name the loader's source by this. */
         char what[64];
@@ -119,6 +120,29 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
             o->source_shown = d;
         }
     }
+    return STK_OK;
+}
+
+int stk_options_source_transform(stk_options *o, size_t source, const char *field,
+                                 const char *transform)
+{
+    if (!o || source >= o->nmix || !transform)
+        return STK_EINVAL;
+    o->errmsg[0] = '\0';
+    if (field && *field) {
+        /* Only the first image field (the batch's data) in this version: the
+         * other fields' pipelines are the loader's. */
+        stk__fmt(o->errmsg, sizeof o->errmsg,
+                 "a source's transform applies to the first image field (field NULL) in this "
+                 "version; '%s' cannot have one per source",
+                 field);
+        return STK_EUNSUPPORTED;
+    }
+    char *copy = NULL;
+    if (*transform && strcmp(transform, "none") && !(copy = stk__strdup(transform)))
+        return STK_ENOMEM;
+    stk__free(o->mix[source].transform);
+    o->mix[source].transform = copy;
     return STK_OK;
 }
 

@@ -73,6 +73,7 @@ struct stk_options {
 /* One source of a mixture. */
 typedef struct stk__mix_spec {
     char *path, *shown;
+    char *transform; /* the source's own image transform, or NULL */
     double weight;
     uint64_t samples;
 } stk__mix_spec;

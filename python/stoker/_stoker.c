@@ -1414,7 +1414,8 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         goto out;
     }
     if (sources != Py_None) {
-        /* A mixture (docs/mixing.md): a list of (path, weight, samples). */
+        /* A mixture (docs/mixing.md): a list of (path, weight, samples[,
+         * transform spec]). */
         PyObject *seq = PySequence_Fast(sources, "sources must be a list");
         if (!seq)
             goto out;
@@ -1422,14 +1423,17 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
             PyObject *path_obj = NULL;
             double weight;
             unsigned long long samples;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "O&dK:sources",
-                                  PyUnicode_FSConverter, &path_obj, &weight, &samples)) {
+            const char *tf = NULL;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "O&dK|z:sources",
+                                  PyUnicode_FSConverter, &path_obj, &weight, &samples, &tf)) {
                 Py_DECREF(seq);
                 goto out;
             }
             rc = stk_options_add_source(o, PyBytes_AS_STRING(path_obj), weight, samples);
             Py_DECREF(path_obj);
-            if (set_or_raise(rc, "sources (a path, a weight >= 0; at most 256)")) {
+            if (set_or_raise(rc, "sources (a path, a weight >= 0; at most 256)") ||
+                (tf && set_or_raise(stk_options_source_transform(o, (size_t)k, NULL, tf),
+                                    "a source's transform"))) {
                 Py_DECREF(seq);
                 goto out;
             }

@@ -121,8 +121,12 @@ class Source:
     A share above the source's size repeats it (a fresh permutation per
     pass); below, each epoch takes a prefix of a fresh permutation."""
 
-    def __init__(self, path, weight=None, samples=None):
+    def __init__(self, path, weight=None, samples=None, transform=None):
         self.path = os.fspath(path)
+        # Its own transform of the (first) image: a spec or a
+        # stoker.transforms pipeline, as Loader's transform=; the loader's
+        # applies to the sources without one.
+        self.transform = transform
         if weight is not None and samples is not None:
             raise ValueError("Source: give a weight or a number of samples, not both")
         if weight is not None:
@@ -140,8 +144,8 @@ class Source:
 
     def __eq__(self, other):
         return (isinstance(other, Source) and
-                (self.path, self.weight, self.samples) == (other.path, other.weight,
-                                                           other.samples))
+                (self.path, self.weight, self.samples, self.transform) ==
+                (other.path, other.weight, other.samples, other.transform))
 
 
 class Records:
@@ -610,7 +614,9 @@ class Loader:
             opts["local_world_size"] = str(local_world_size)
         engine_sources = None
         if mixture is not None:
-            engine_sources = [(m.path, m.weight or 0.0, m.samples or 0) for m in mixture]
+            engine_sources = [(m.path, m.weight or 0.0, m.samples or 0,
+                               None if m.transform is None else to_spec(m.transform))
+                              for m in mixture]
             if samples_per_epoch is not None:
                 opts["samples_per_epoch"] = str(_int(samples_per_epoch, "samples_per_epoch", 1,
                                                      2 ** 62))

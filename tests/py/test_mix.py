@@ -143,3 +143,29 @@ def test_errors(sets):
     # The tar has no "image" field: the open names it.
     with pytest.raises(ValueError, match="mixture source 2 .*blue.tar.* has no such field"):
         stoker.Loader([stoker.Source(p) for p in sets], 4, fields={"image": "image"})
+
+
+def test_per_source_transform(sets):
+    """The green source's own transform pads with black and resizes back:
+    exactly its samples have black corners."""
+    srcs = [stoker.Source(sets[0], weight=0.4),
+            stoker.Source(sets[1], weight=0.4,
+                          transform="Resize((16, 16))|Pad(4)|Resize((16, 16))"),
+            stoker.Source(sets[2], weight=0.2)]
+    with stoker.Loader(srcs, 10, fields={"image": "image;jpg"},
+                       transform="Resize((16, 16))|CenterCrop(16)", samples_per_epoch=50,
+                       seed=1) as ld:
+        n = 0
+        for b in ld:
+            for k, s in enumerate(b["source"].tolist()):
+                corner = int(b["image"][k][:, 0, 0].max())
+                assert (corner < 8) == (s == 1), (s, corner)
+                n += 1
+        assert n == 50
+    # Another output size than the loader's: refused at open, naming it.
+    srcs[1] = stoker.Source(sets[1], weight=0.4, transform="Resize((8, 8))")
+    with pytest.raises(ValueError, match="mixture source 1 .*green.*another shape"):
+        stoker.Loader(srcs, 10, fields={"image": "image;jpg"},
+                      transform="Resize((16, 16))|CenterCrop(16)")
+    with pytest.raises(ValueError, match="loader has none"):
+        stoker.Loader(srcs, 10, fields={"image": "image;jpg"})
