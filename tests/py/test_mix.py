@@ -169,3 +169,47 @@ def test_per_source_transform(sets):
                       transform="Resize((16, 16))|CenterCrop(16)")
     with pytest.raises(ValueError, match="loader has none"):
         stoker.Loader(srcs, 10, fields={"image": "image;jpg"})
+
+
+def test_remote_children_match_local(sets, tmp_path, monkeypatch):
+    """A mixture of a local folder, a .stk over HTTP (nginx) and a tar on S3
+    (through the cache) gives the batches of the same mixture read locally."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "servers"))
+    import stk_servers
+    www = tmp_path / "www"
+    www.mkdir()
+    r = stoker.pack(sets[1], www / "green", threads=2)
+    assert r["samples"] == 30
+
+    def run(paths, **kw):
+        with stoker.Loader([stoker.Source(p, weight=w) for p, w in zip(paths, (0.5, 0.3, 0.2))],
+                           10, fields={"image": "image;jpg"},
+                           transform="Resize((16, 16))|CenterCrop(16)", samples_per_epoch=60,
+                           seed=9, threads=2, **kw) as ld:
+            out = [(b["source"].clone(), b["image"].clone()) for e in range(2)
+                   for b in (ld.set_epoch(e) or ld)]
+            return out, ld.stats()["sources"]
+
+    want, _ = run([sets[0], www / "green", sets[2]])
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "stokerkey")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "stokersecret")
+    with stk_servers.Nginx(www) as http, stk_servers.S3Server("stokerkey", "stokersecret") as s3:
+        s3.create_bucket("bkt")
+        s3.put_file("bkt", "mix/blue.tar", str(sets[2]))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+        got, stats = run([sets[0], f"{http.url}/green", "s3://bkt/mix/blue.tar"],
+                         cache_dir=tmp_path / "cache")
+        assert any(q["path"].endswith(".stk") for q in http.requests())
+        assert any(q["path"].endswith("blue.tar") for q in s3.requests())
+    assert len(got) == len(want) == 12
+    for (s1, i1), (s2, i2) in zip(got, want):
+        assert torch.equal(s1, s2) and torch.equal(i1, i2)
+    assert [x["samples"] for x in stats] == [60, 36, 24]
