@@ -648,6 +648,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
         /* a sample's fields are read into the thread's input scratch */
         per_thread += o->max_input_bytes;
     return c->nbufs * per_batch + c->nthreads * per_thread + c->src.index_bytes + sizeof(core) +
+           (c->sched.mix ? sizeof(stk__mix) + c->nsrc * 2 * sizeof(uint64_t) : 0) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* raised failures the user has not reached (their records are in core) */

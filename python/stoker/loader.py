@@ -996,6 +996,18 @@ class Loader:
             self.close()
             raise
 
+    def sources_of(self, indices):
+        """A mixture's source index (0, 1, ...) of each dataset index in
+        `indices` (a batch's "__index__" with return_indices=True): an int64
+        array of the same length (a tensor with output="torch")."""
+        if not isinstance(self.source, list):
+            raise TypeError("sources_of needs a mixture (a list of stoker.Source)")
+        self._check_open()
+        firsts = np.array([f for _, _, f in self._engine.source_stats()], dtype=np.int64)
+        idx = np.asarray(indices.cpu() if hasattr(indices, "cpu") else indices, dtype=np.int64)
+        out = np.searchsorted(firsts, idx, side="right").astype(np.int64) - 1
+        return self._torch.from_numpy(out) if self._torch is not None else out
+
     # ---- observation -----------------------------------------------------------
     def stats(self):
         """Counters: per-stage items and busy seconds (summed and per thread),

@@ -71,6 +71,7 @@ def test_proportions_source_and_passes(sets):
                 assert abs(counts[s] - share) < 2
             for k in range(len(src)):
                 assert colour(b["image"][k]) == int(src[k])   # red, green, blue sources
+            assert torch.equal(ld.sources_of(b["__index__"]), src)
             for s, i in zip(src.tolist(), b["__index__"].tolist()):
                 seen[s].append(i)
         sizes = (10, 30, 7)
