@@ -770,6 +770,29 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
         goto out;
     stk__source_mix_sizes(&c->src, sizes, n);
     uint64_t N = o->samples_per_epoch;
+    /* per_source: the schedule's unit is a batch: quotas in batches. */
+    uint64_t B = o->mix_batching == 1 ? o->batch_size : 1;
+    if (B > 1) {
+        if (!N) {
+            for (size_t k = 0; k < n; k++)
+                N += fixed[k] ? fixed[k] : sizes[k];
+        }
+        bool ok = N % B == 0;
+        for (size_t k = 0; k < n; k++) {
+            ok &= fixed[k] % B == 0;
+            fixed[k] /= B;
+        }
+        if (!ok) {
+            stk__fmt(err, errlen,
+                     "mix_batching \"per_source\" takes whole batches from each source: "
+                     "samples_per_epoch (%llu) and every source's fixed samples must be "
+                     "multiples of the batch size %llu",
+                     (unsigned long long)N, (unsigned long long)B);
+            rc = STK_EINVAL;
+            goto out;
+        }
+        N /= B;
+    }
     if ((rc = stk__mix_quotas(w, fixed, sizes, n, &N, quota, err, errlen)))
         goto out;
     rc = STK_ENOMEM;
@@ -779,6 +802,8 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
         goto out;
     if ((rc = stk__mix_init(c->sched.mix, quota, sizes, n, o->seed, o->shuffle)))
         goto out;
+    c->sched.mix->block = B;
+    c->sched.mix->N *= B;
     c->nsrc = n;
     c->mix_new = o->mix_resume == 1;
     /* The fingerprint: what decides which sample each position reads. As
@@ -786,8 +811,9 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
     uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t k = 0; k < n; k++) {
         char line[96];
-        stk__fmt(line, sizeof line, "|%.17g|%llu|%llu|%llu|", w[k], (unsigned long long)fixed[k],
-                 (unsigned long long)sizes[k], (unsigned long long)quota[k]);
+        stk__fmt(line, sizeof line, "|%.17g|%llu|%llu|%llu|%llu|", w[k],
+                 (unsigned long long)fixed[k], (unsigned long long)sizes[k],
+                 (unsigned long long)quota[k], (unsigned long long)B);
         h = fnv1a_bytes(h, paths[k], strlen(paths[k]));
         h = fnv1a_bytes(h, line, strlen(line));
         if (o->mix[k].transform) /* with the image options, as the loader's */
@@ -961,6 +987,16 @@ static int open_core(stk_loader *l, const stk_options *o)
     }
     if (o->local_world)
         c->sched.part.local = o->local_world;
+    if (c->sched.mix && c->sched.mix->block > 1 && c->sched.part.per_rank % c->batch_size) {
+        stk__fmt(err, errlen,
+                 "mix_batching \"per_source\" takes whole batches from each source, but %llu "
+                 "samples an epoch over %u ranks give each rank %llu, not whole batches of %zu: "
+                 "make samples_per_epoch a multiple of world_size x batch_size, or set drop_last",
+                 (unsigned long long)c->sched.part.n, o->world,
+                 (unsigned long long)c->sched.part.per_rank, c->batch_size);
+        rc = STK_EINVAL;
+        goto fail;
+    }
     if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
         goto fail;
     /* Runs of slots amortise the claim lock; small enough that the threads
@@ -1038,11 +1074,14 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
                  "or the other",
                  o->source_shown, o->nmix);
         rc = STK_EINVAL;
-    } else if (!o->nmix && (o->samples_per_epoch || o->mix_resume)) {
+    } else if (!o->nmix && (o->samples_per_epoch || o->mix_resume || o->mix_batching)) {
         stk__fmt(l->errmsg, sizeof l->errmsg,
                  "%s applies to a mixture of sources (stk_options_add_source, docs/mixing.md); "
                  "this loader reads one source, %s",
-                 o->samples_per_epoch ? "samples_per_epoch" : "mix_resume", o->source_shown);
+                 o->samples_per_epoch ? "samples_per_epoch"
+                 : o->mix_resume      ? "mix_resume"
+                                      : "mix_batching",
+                 o->source_shown);
         rc = STK_EINVAL;
     } else if (o->remote_set && !any_url) {
         /* An option that would change nothing is refused, so a run never

@@ -493,6 +493,10 @@ static const opt_entry table[] = {
         "a mixture's epoch (stk_options_add_source): each source supplies its share of it "
         "(docs/mixing.md)",
         ENGINE, OFF(samples_per_epoch), ST_U64, NULL, NULL),
+    OPT("mix_batching", ENUM, 0, 0, "mixed|per_source", NULL, "mixed",
+        "a mixture's batches: samples of every source in proportion (mixed), or each batch "
+        "from one source, the batch sequence in proportion (per_source; docs/mixing.md)",
+        ENGINE, OFF(mix_batching), ST_INT, NULL, NULL),
     OPT("mix_resume", ENUM, 0, 0, "strict|new", NULL, "strict",
         "a saved state of another mixture (sources, weights, samples_per_epoch) is refused "
         "(strict), or resumed at its position with this loader's mixture from there on (new)",

@@ -493,7 +493,7 @@ class Loader:
                  cache_limit=None, order="global", shard_window=None, strict=False,
                  trace=None, memory_budget=None, local_world_size=None, device=None,
                  fields=None, bytes_as="bytes", samples_per_epoch=None, mix_resume="strict",
-                 **kwargs):
+                 mix_batching="mixed", **kwargs):
         self._engine = None
         _refuse_dataloader_args(kwargs)
         # The arguments as given, for pickling (__getstate__): a copy re-opens
@@ -517,6 +517,11 @@ class Loader:
         elif samples_per_epoch is not None:
             raise ValueError("samples_per_epoch sets a mixture's epoch: pass a list of "
                              "stoker.Source")
+        if mix_batching not in ("mixed", "per_source"):
+            raise ValueError(f'mix_batching must be "mixed" or "per_source", got '
+                             f'{mix_batching!r}')
+        if mixture is None and mix_batching != "mixed":
+            raise ValueError("mix_batching applies to a mixture: pass a list of stoker.Source")
         if mix_resume not in ("strict", "new"):
             raise ValueError(f'mix_resume must be "strict" or "new", got {mix_resume!r}')
         if fields is not None:
@@ -621,6 +626,8 @@ class Loader:
                 opts["samples_per_epoch"] = str(_int(samples_per_epoch, "samples_per_epoch", 1,
                                                      2 ** 62))
             opts["mix_resume"] = mix_resume
+            if mix_batching != "mixed":
+                opts["mix_batching"] = mix_batching
         records = None
         if mixture is not None:
             path = mixture[0].path

@@ -109,6 +109,7 @@ int stk__mix_init(stk__mix *m, const uint64_t *quota, const uint64_t *sizes, siz
     m->nsrc = nsrc;
     m->seed = seed;
     m->shuffle = shuffle;
+    m->block = 1;
     /* The live subtrees: a leaf or a node each, with its quota. Sources of
      * quota 0 never appear. */
     int32_t live[STK__MIX_MAX_SOURCES];
@@ -218,8 +219,9 @@ uint64_t stk__mix_sample(const stk__mix *m, const stk__mix_geom *g, uint64_t epo
                          uint64_t *draw_epoch)
 {
     size_t s;
-    uint64_t k, pass;
-    stk__mix_at(m, epoch, stk__mix_t(g, pos), &s, &k);
+    uint64_t k, pass, t = stk__mix_t(g, pos);
+    stk__mix_at(m, epoch, t / m->block, &s, &k);
+    k = k * m->block + t % m->block; /* per-source batches: whole units */
     uint64_t local = stk__mix_kth(m, epoch, s, k, &pass);
     /* Pass 0 keeps the epoch's draws; a repeat of a sample in the same
      * epoch draws its augmentations afresh. */

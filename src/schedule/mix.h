@@ -61,6 +61,10 @@ typedef struct stk__mix {
     int32_t root;                               /* node index, or a leaf -(s + 1) */
     uint64_t seed;
     bool shuffle;
+    /* Mixture positions per schedule unit: 1, or with mix_batching
+     * "per_source" the batch size (quota and N then count batches, and a
+     * whole batch of consecutive positions comes from one source). */
+    uint64_t block;
 } stk__mix;
 
 /* Per-source quotas of an epoch of N positions (N 0: the default, see
@@ -73,8 +77,9 @@ typedef struct stk__mix {
 int stk__mix_quotas(const double *weights, const uint64_t *samples, const uint64_t *sizes,
                     size_t nsrc, uint64_t *N, uint64_t *quota, char *err, size_t errlen);
 
-/* Builds the tree over the quotas (sum = N > 0). sizes[s] >= 1. STK_EINVAL
- * past STK__MIX_MAX_SOURCES sources. */
+/* Builds the tree over the quotas (sum = N > 0), block 1. sizes[s] >= 1.
+ * STK_EINVAL past STK__MIX_MAX_SOURCES sources. For per-source batches, call
+ * it with quotas in batches and set block to the batch size after. */
 int stk__mix_init(stk__mix *m, const uint64_t *quota, const uint64_t *sizes, size_t nsrc,
                   uint64_t seed, bool shuffle);
 

@@ -73,7 +73,7 @@ typedef struct mcfg {
     size_t bs;
     unsigned threads, rank, world;
     int drop_last, on_error;
-    const char *fields, *mix_resume;
+    const char *fields, *mix_resume, *batching;
 } mcfg;
 
 static int open_mix(stk_loader **l, const mcfg *c)
@@ -98,6 +98,8 @@ static int open_mix(stk_loader **l, const mcfg *c)
         REQUIRE(stk_options_set_fields(o, c->fields) == STK_OK);
     if (c->mix_resume)
         REQUIRE(stk_options_set(o, "mix_resume", c->mix_resume) == STK_OK);
+    if (c->batching)
+        REQUIRE(stk_options_set(o, "mix_batching", c->batching) == STK_OK);
     int rc = stk_loader_open(l, o);
     stk_options_destroy(o);
     return rc;
@@ -430,6 +432,85 @@ static void test_errors_name_source(void)
     }
 }
 
+/* mix_batching "per_source": each batch from one source, the sequence of
+ * batches in proportion (10/6/4 of 20 batches, every window of batches
+ * within 2), each source's passes exactly once; resume exact. */
+static void test_per_source_batches(void)
+{
+    mcfg c = {.w = {0.5, 0.3, 0.2}, .n = 200, .bs = 10, .batching = "per_source"};
+    stk_loader *l = NULL;
+    REQUIRE(open_mix(&l, &c) == STK_OK);
+    const uint64_t quota[3] = {100, 60, 40}, size[3] = {NF, NS, NT};
+    int counts[3][64] = {{0}}, seq[20], nb = 0;
+    uint64_t total[3] = {0};
+    stk_batch *b;
+    while (stk_loader_next(l, &b) == STK_OK) {
+        REQUIRE(nb < 20);
+        int first = -1, mixed = 0;
+        for (size_t k = 0; k < b->size; k++) {
+            char letter;
+            int num;
+            parse(b, k, &letter, &num);
+            int s = letter_source(letter);
+            REQUIRE(s >= 0 && num >= 0 && num < 64);
+            if (first < 0)
+                first = s;
+            mixed |= s != first;
+            counts[s][num]++;
+            total[s]++;
+        }
+        CHECK(!mixed);
+        seq[nb++] = first;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(nb, 20);
+    for (int s = 0; s < 3; s++) {
+        CHECK_EQ(total[s], quota[s]);
+        uint64_t lo = quota[s] / size[s];
+        for (uint64_t i = 0; i < size[s]; i++)
+            CHECK(counts[s][i] == (int)lo || counts[s][i] == (int)lo + 1);
+        /* every window of L batches: within 2 of L x its share */
+        for (int L = 1; L <= 20; L++)
+            for (int a = 0; a + L <= 20; a++) {
+                int in = 0;
+                for (int j = a; j < a + L; j++)
+                    in += seq[j] == s;
+                double share = (double)L * (double)quota[s] / 200.0;
+                CHECK((double)in > share - 2 && (double)in < share + 2);
+            }
+    }
+    stk_loader_close(l);
+    /* Resume mid-epoch: the same batches. */
+    stk_loader *a = NULL, *r = NULL;
+    REQUIRE(open_mix(&a, &c) == STK_OK);
+    (void)hash_batches(a, 7);
+    stk_state st = {.struct_size = sizeof st};
+    REQUIRE(stk_loader_get_state(a, &st) == STK_OK);
+    uint64_t rest = hash_batches(a, 0);
+    REQUIRE(open_mix(&r, &c) == STK_OK);
+    REQUIRE(stk_loader_set_state(r, &st) == STK_OK);
+    CHECK_EQ(hash_batches(r, 0), rest);
+    stk_loader_close(r);
+    stk_loader_close(a);
+    /* Per-source mixed state is another mixture. */
+    mcfg d = c;
+    d.batching = NULL;
+    REQUIRE(open_mix(&r, &d) == STK_OK);
+    CHECK_EQ(stk_loader_set_state(r, &st), STK_EINVAL);
+    stk_loader_close(r);
+    /* Not whole batches: refused, saying why. */
+    d = c;
+    d.n = 205;
+    CHECK_EQ(open_mix(&r, &d), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(r), "multiples of the batch size") != NULL);
+    stk_loader_close(r);
+    d = c;
+    d.world = 3;
+    CHECK_EQ(open_mix(&r, &d), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(r), "world_size x batch_size") != NULL);
+    stk_loader_close(r);
+}
+
 static void test_open_errors(void)
 {
     stk_options *o = NULL;
@@ -478,6 +559,7 @@ int main(void)
     RUN(test_elastic);
     RUN(test_source_field_and_missing_field);
     RUN(test_errors_name_source);
+    RUN(test_per_source_batches);
     RUN(test_open_errors);
     return tu_end();
 }

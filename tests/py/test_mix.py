@@ -214,3 +214,17 @@ def test_remote_children_match_local(sets, tmp_path, monkeypatch):
     for (s1, i1), (s2, i2) in zip(got, want):
         assert torch.equal(s1, s2) and torch.equal(i1, i2)
     assert [x["samples"] for x in stats] == [60, 36, 24]
+
+
+def test_per_source_batches(sets):
+    """mix_batching="per_source": every batch from one source, 10/6/4 of the
+    epoch's 20 batches."""
+    with loader(sets, batch=10, mix_batching="per_source") as ld:
+        per = [0, 0, 0]
+        for b in ld:
+            src = b["source"]
+            assert bool((src == src[0]).all())
+            per[int(src[0])] += 1
+        assert per == [10, 6, 4]
+    with pytest.raises(ValueError, match="mix_batching"):
+        stoker.Loader(sets[0], 4, mix_batching="per_source")
