@@ -1052,7 +1052,7 @@ class Loader:
             raise _stoker.Error("the loader is closed")
 
     def __repr__(self):
-        src = (self.source if isinstance(self.source, Records)
+        src = (self.source if isinstance(self.source, (Records, list))
                else repr(_display(os.fspath(self.source))))
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
@@ -1082,6 +1082,8 @@ class LoaderDataset:
     @property
     def root(self):
         s = self._loader.source
+        if isinstance(s, list):   # a mixture: its sources' paths
+            return [m.path for m in s]
         return s.path if isinstance(s, Records) else os.fspath(s)
 
     @property

@@ -80,6 +80,9 @@ def test_proportions_source_and_passes(sets):
             counts = np.bincount(np.array(seen[s]) - min(seen[s]), minlength=sizes[s])
             assert len(counts) == sizes[s]
             assert counts.min() >= quota // sizes[s] and counts.max() <= quota // sizes[s] + 1
+        assert "stoker.Source(" in repr(ld)
+        assert ld.dataset.kind == "mixture" and len(ld.dataset.root) == 3
+        assert len(ld.dataset) == 10 + 30 + 7
         st = ld.stats()["sources"]
         assert [x["samples"] for x in st] == [100, 60, 40]
         assert [x["failed"] for x in st] == [0, 0, 0]
