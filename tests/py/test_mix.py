@@ -231,3 +231,46 @@ def test_per_source_batches(sets):
         assert per == [10, 6, 4]
     with pytest.raises(ValueError, match="mix_batching"):
         stoker.Loader(sets[0], 4, mix_batching="per_source")
+
+
+def _mix_run(sets, world, steps, state, batch):
+    """Every rank of `world` for `steps` batches (None: to the end) after
+    restoring `state`: (Counter of (source, dataset index), rank 0's state,
+    batches per rank)."""
+    import collections
+    seen, counts, sd0 = collections.Counter(), [], None
+    for r in range(world):
+        with stoker.Loader([stoker.Source(p, weight=w) for p, w in zip(sets, (0.5, 0.3, 0.2))],
+                           batch, fields={"image": "image;jpg"}, return_indices=True,
+                           transform="Resize((8, 8))", samples_per_epoch=240, seed=4,
+                           rank=r, world_size=world, threads=1) as ld:
+            if state is not None:
+                ld.load_state_dict(state)
+            it, n = iter(ld), 0
+            while steps is None or n < steps:
+                try:
+                    b = next(it)
+                except StopIteration:
+                    break
+                seen.update(zip(b["source"].tolist(), b["__index__"].tolist()))
+                n += 1
+            counts.append(n)
+            if r == 0:
+                sd0 = ld.state_dict()
+    return seen, sd0, counts
+
+
+@pytest.mark.parametrize("plan", [[(2, 4, 6), (3, None, 5)], [(3, 3, 4), (2, None, 8)]])
+def test_elastic_world_changes_keep_the_multiset(sets, plan):
+    """2 -> 3 and 3 -> 2 ranks (batch sizes changing too): the (source,
+    sample) multiset of the epoch is the uninterrupted one's."""
+    want, _, _ = _mix_run(sets, 1, None, None, 8)
+    assert sum(want.values()) == 240
+    got, state = None, None
+    import collections
+    got = collections.Counter()
+    for world, steps, batch in plan:
+        seen, state, counts = _mix_run(sets, world, steps, state, batch)
+        assert len(set(counts)) == 1, counts
+        got += seen
+    assert got == want
