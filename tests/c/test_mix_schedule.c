@@ -87,15 +87,15 @@ static void test_quotas(void)
     for (int it = 0; it < 200; it++) {
         size_t ns = 2 + (size_t)(rnd() % 4);
         double ww[5], sum = 0;
-        uint64_t sz[5], z[5] = {0};
+        uint64_t sz[5], z[5] = {0}, q5[5];
         for (size_t s = 0; s < ns; s++)
             ww[s] = 0.001 + rnd_unit() * 0.899, sum += ww[s], sz[s] = 1 + rnd() % 100;
         N = 1 + rnd() % 100000;
-        REQUIRE(stk__mix_quotas(ww, z, sz, ns, &N, q, err, sizeof err) == STK_OK);
+        REQUIRE(stk__mix_quotas(ww, z, sz, ns, &N, q5, err, sizeof err) == STK_OK);
         uint64_t tot = 0;
         for (size_t s = 0; s < ns; s++) {
-            tot += q[s];
-            CHECK(fabs((double)q[s] - (double)N * ww[s] / sum) < 1.0 + 1e-9);
+            tot += q5[s];
+            CHECK(fabs((double)q5[s] - (double)N * ww[s] / sum) < 1.0 + 1e-9);
         }
         CHECK_EQ(tot, N);
     }
