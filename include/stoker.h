@@ -235,7 +235,8 @@ STK_API int stk_options_set_source(stk_options *o, const char *path);
  * "samples_per_epoch", N); default: the fixed counts plus the sizes of the
  * weighted sources); source s supplies exactly `samples` of them when
  * samples > 0, else its share by `weight` of what the fixed counts leave
- * (weight 0: in proportion to its size), rounded by largest remainder. A
+ * (weight 0: in proportion to its size; then every source without
+ * samples must have weight 0, checked at open), rounded by largest remainder. A
  * share above the source's size repeats it, each pass a fresh permutation.
  * Which source supplies each position is deterministic and stratified:
  * every window of L consecutive samples of a rank (every batch) holds

@@ -131,8 +131,9 @@ class Source:
             raise ValueError("Source: give a weight or a number of samples, not both")
         if weight is not None:
             weight = float(weight)
-            if not (weight >= 0 and weight < float("inf")):
-                raise ValueError(f"Source: weight must be a finite number >= 0, got {weight!r}")
+            if not (weight > 0 and weight < float("inf")):
+                raise ValueError(f"Source: weight must be a finite number > 0 (leave a source "
+                                 f"out to give it none), got {weight!r}")
         self.weight = weight
         self.samples = None if samples is None else _int(samples, "Source: samples", 1,
                                                             _U64_MAX)

@@ -16,6 +16,23 @@ int stk__mix_quotas(const double *weights, const uint64_t *samples, const uint64
     }
     uint64_t fixed = 0, weighted_size = 0;
     double wsum = 0;
+    size_t by_weight = 0, by_size = 0;
+    for (size_t s = 0; s < nsrc; s++) {
+        if (!samples[s] && weights[s] > 0)
+            by_weight++;
+        else if (!samples[s])
+            by_size++;
+    }
+    if (by_weight && by_size) {
+        /* A weight and a size are not in one unit: 0.5 beside 1000 samples
+         * would silently give the sized source nearly everything. */
+        stk__fmt(err, errlen,
+                 "%zu mixture sources have a weight and %zu have neither a weight nor a number "
+                 "of samples: give every source without a number of samples a weight, or none "
+                 "of them (then each is weighted by its size)",
+                 by_weight, by_size);
+        return STK_EINVAL;
+    }
     for (size_t s = 0; s < nsrc; s++) {
         if (!sizes[s]) {
             stk__fmt(err, errlen, "mixture source %zu has no samples", s);

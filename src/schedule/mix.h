@@ -73,7 +73,8 @@ typedef struct stk__mix {
  * "in proportion to its size": weight = size) by largest remainder, so the
  * quotas sum to N exactly. Default N: the samples fixed plus the sizes of
  * the weighted sources. STK_EINVAL with the reason in err (fixed samples
- * above N, an epoch of 0 positions, a source with no samples). */
+ * above N, an epoch of 0 positions, a source with no samples, weights given
+ * to some sources without fixed samples and not to others). */
 int stk__mix_quotas(const double *weights, const uint64_t *samples, const uint64_t *sizes,
                     size_t nsrc, uint64_t *N, uint64_t *quota, char *err, size_t errlen);
 

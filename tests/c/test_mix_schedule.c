@@ -83,6 +83,11 @@ static void test_quotas(void)
     N = 100;
     CHECK_EQ(stk__mix_quotas(w, samples, empty, 3, &N, q, err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "source 1 has no samples") != NULL);
+    /* Some weighted, some by size: refused (no common unit). */
+    double half[3] = {0.5, 0, 0.5};
+    N = 100;
+    CHECK_EQ(stk__mix_quotas(half, samples, sizes, 3, &N, q, err, sizeof err), STK_EINVAL);
+    CHECK(strstr(err, "2 mixture sources have a weight and 1 have neither") != NULL);
     /* Random weight vectors: sum exact, each within one of its share. */
     for (int it = 0; it < 200; it++) {
         size_t ns = 2 + (size_t)(rnd() % 4);
