@@ -7,6 +7,7 @@ state_dict() resumes exactly, a changed mixture is refused unless
 mix_resume="new", and a loader pickles."""
 
 import io
+import os
 import pickle
 import tarfile
 
@@ -274,3 +275,23 @@ def test_elastic_world_changes_keep_the_multiset(sets, plan):
         assert len(set(counts)) == 1, counts
         got += seen
     assert got == want
+
+
+_STOKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__)))), "build", "release", "stoker")
+
+
+@pytest.mark.skipif(not os.path.exists(_STOKER), reason="needs build/release/stoker (make)")
+def test_cli_bench_mix(sets):
+    """stoker bench --mix [WEIGHT:]PATH ...: the mixture through the tool."""
+    import json
+    import subprocess
+    out = subprocess.run([_STOKER, "bench", "--mix", f"0.5:{sets[0]}", "--mix", f"0.3:{sets[1]}",
+                          "--mix", f"0.2:{sets[2]}", "--samples-per-epoch", "100",
+                          "--batch-size", "10", "--transform", "Resize((8, 8))", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out)
+    assert r["source"] == "mixture" and r["samples"] == 100 and r["batches"] == 10
+    bad = subprocess.run([_STOKER, "bench", str(sets[0]), "--mix", str(sets[1])],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "not both" in bad.stderr
