@@ -229,6 +229,39 @@ STK_API void stk_options_destroy(stk_options *o);
  * STK_ENOMEM. */
 STK_API int stk_options_set_source(stk_options *o, const char *path);
 
+/* Mixing datasets (docs/mixing.md): adds a source to the loader's mixture
+ * instead of one source (stk_options_set_source must then not be set). An
+ * epoch is samples_per_epoch positions (stk_options_set(o,
+ * "samples_per_epoch", N); default: the fixed counts plus the sizes of the
+ * weighted sources); source s supplies exactly `samples` of them when
+ * samples > 0, else its share by `weight` of what the fixed counts leave
+ * (weight 0: in proportion to its size; then every source without
+ * samples must have weight 0, checked at open), rounded by largest remainder. A
+ * share above the source's size repeats it, each pass a fresh permutation.
+ * Which source supplies each position is deterministic and stratified:
+ * every window of L consecutive samples of a rank (every batch) holds
+ * within 2 of L x its share of each source. The mixture's sample ids are
+ * source 0's samples, then source 1's, ... (stk_loader_sample_source maps
+ * back); its fields are the union of the sources' plus "source" (int: the
+ * source index). Each source may be of any kind stk_options_set_source
+ * takes; remote ones are read sample by sample, without the fetch stage's
+ * read-ahead, in this version. The path is copied. Returns STK_OK,
+ * STK_EINVAL (NULL or empty path, negative or non-finite weight, more than
+ * 256 sources), STK_ENOMEM. */
+STK_API int stk_options_add_source(stk_options *o, const char *path, double weight,
+                                   uint64_t samples);
+/* Source `source`'s own image transform (a spec, docs/transforms.md):
+ * samples of that source go through it instead of the loader's transform.
+ * field must be NULL (the first image field, the batch's data) in this
+ * version. The loader must have a transform too, and the source's must give
+ * batches of the same kind: the same output shape and dtype when the
+ * loader's is dense (checked at open). "" or "none" removes it. The spec is
+ * copied and checked at open. Returns STK_OK, STK_EINVAL (no such source,
+ * NULL transform), STK_EUNSUPPORTED (a field other than the first image;
+ * stk_options_errmsg says why), STK_ENOMEM. */
+STK_API int stk_options_source_transform(stk_options *o, size_t source, const char *field,
+                                         const char *transform);
+
 /* Declares the source file as fixed-size records: each record is
  * record_bytes long, the file starts with header_bytes to skip, and the first
  * label_bytes (0, 1, 2, 4 or 8; little-endian unsigned) of each record are its
@@ -534,6 +567,10 @@ typedef struct stk_state {
                                   "local_world_size"); world_size: one node */
     uint32_t history_len;
     stk_state_generation history[STK_STATE_HISTORY];
+    /* Added with mixtures (docs/mixing.md): 64-bit FNV-1a of the mixture's
+     * sources (paths, weights, samples, sizes) and samples_per_epoch; 0
+     * without a mixture. */
+    uint64_t mixture;
 } stk_state;
 
 /* One stage's counters (extensible: set struct_size). */
@@ -664,7 +701,10 @@ STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
  * the new ranks (docs/engine.md); rank is not checked, since in lockstep
  * training every rank's state is the same (save it from rank 0 alone). At
  * most STK_STATE_HISTORY changes of world in one epoch. Fields appended in
- * later versions are read only when st->struct_size covers them.
+ * later versions are read only when st->struct_size covers them. A mixture's
+ * fingerprint (sources, weights, samples_per_epoch) must match too, unless
+ * the option mix_resume is "new": then the position (epoch, batch) is kept
+ * and the new mixture applies from it (docs/mixing.md).
  * STK_OK, STK_EINVAL, STK_EMISUSE. */
 STK_API int stk_loader_set_state(stk_loader *l, const stk_state *st);
 
@@ -685,6 +725,19 @@ STK_API int stk_loader_stats(stk_loader *l, stk_stats *st);
  * not in 0..stk_stage_count()-1, out is NULL or out->struct_size is too small;
  * STK_EMISUSE for a closed or failed handle. */
 STK_API int stk_loader_stage_stats(stk_loader *l, int stage, stk_stage_stats *out);
+
+/* Mixtures (docs/mixing.md): the number of sources (0 without a mixture). */
+STK_API size_t stk_loader_num_sources(stk_loader *l);
+/* Source `source`'s counters: samples delivered from it and samples that
+ * failed (skipped or raised) since open. STK_OK; STK_EINVAL (source past the
+ * last, NULL pointers); STK_EMISUSE. A consumer function. */
+STK_API int stk_loader_source_stats(stk_loader *l, size_t source, uint64_t *samples,
+                                    uint64_t *failed);
+/* Which source a batch's sample id (stk_batch indices) comes from, and its
+ * index within that source. STK_OK; STK_EINVAL (index past the samples, or
+ * no mixture); STK_EMISUSE. Any thread; does not block. */
+STK_API int stk_loader_sample_source(stk_loader *l, uint64_t index, size_t *source,
+                                     uint64_t *local);
 
 /* One worker thread's counters of one stage. STK_EINVAL if thread >=
  * info.threads or as stk_loader_stage_stats. */

@@ -62,6 +62,11 @@ void stk__core_free(core *c)
     stk__source_close(&c->src);
     stk__fetch_destroy(c->fetch);
     stk__schedule_free(&c->sched);
+    stk__free(c->src_samples);
+    stk__free(c->src_failed);
+    for (size_t k = 0; c->src_pipes && k < c->nsrc; k++)
+        stk__imgpipe_destroy(c->src_pipes[k]);
+    stk__free(c->src_pipes);
     stk__trace_destroy(c->trace);
     stk__dev_close(c->dev);
     pthread_mutex_destroy(&c->lock);
@@ -124,6 +129,15 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
                 }
                 stk__errors_record(c, b);
                 c->skipped += b->failed;
+            }
+            if (c->sched.mix) {
+                for (size_t k = 0; k < b->size; k++) {
+                    size_t src = stk__mix_source_of(c->sched.mix, b->indices[k]);
+                    if (b->ok[k])
+                        c->src_samples[src]++;
+                    else
+                        c->src_failed[src]++;
+                }
             }
             stk__slot_errs_free(b->errs);
             b->errs = NULL;
@@ -658,6 +672,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     uint64_t stage_host = c->dev ? stk__devstage_host_bytes(&scfg) : 0;
     return c->nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
            sizeof(core) +
+           (c->sched.mix ? sizeof(stk__mix) + c->nsrc * 2 * sizeof(uint64_t) : 0) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* raised failures the user has not reached (their records are in core) */
@@ -740,6 +755,184 @@ static int setup_order(core *c, const stk_options *o, char *err, size_t errlen)
                                   o->shuffle);
 }
 
+static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        h = (h ^ ((const uint8_t *)p)[k]) * 0x100000001b3ULL;
+    return h;
+}
+
+/* The mixture (docs/mixing.md): the composite source over o's sources, the
+ * schedule's quotas and tree, the fingerprint a resume checks, and the
+ * per-source counters. */
+static int open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,
+                        size_t errlen)
+{
+    int rc = STK_ENOMEM;
+    size_t n = o->nmix;
+    const char **paths = stk__calloc(n, sizeof *paths), **shown = stk__calloc(n, sizeof *shown);
+    double *w = stk__calloc(n, sizeof *w);
+    uint64_t *fixed = stk__calloc(n, sizeof *fixed), *sizes = stk__calloc(n, sizeof *sizes),
+             *quota = stk__calloc(n, sizeof *quota);
+    if (!paths || !shown || !w || !fixed || !sizes || !quota)
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        paths[k] = o->mix[k].path;
+        shown[k] = o->mix[k].shown;
+        w[k] = o->mix[k].weight;
+        fixed[k] = o->mix[k].samples;
+    }
+    if (o->order != STK__ORDER_GLOBAL) {
+        stk__fmt(err, errlen,
+                 "order \"%s\" is not available for a mixture in this version: a mixture reads "
+                 "each source in its own global order (docs/mixing.md)",
+                 o->order == STK__ORDER_SHARDS ? "shards" : "blocks");
+        rc = STK_EUNSUPPORTED;
+        goto out;
+    }
+    if ((rc = stk__source_mix_open(&c->src, paths, shown, n, sp, err, errlen)))
+        goto out;
+    stk__source_mix_sizes(&c->src, sizes, n);
+    uint64_t N = o->samples_per_epoch;
+    /* per_source: the schedule's unit is a batch: quotas in batches. */
+    uint64_t B = o->mix_batching == 1 ? o->batch_size : 1;
+    if (B > 1) {
+        if (!N) {
+            for (size_t k = 0; k < n; k++)
+                N += fixed[k] ? fixed[k] : sizes[k];
+        }
+        bool ok = N % B == 0;
+        for (size_t k = 0; k < n; k++) {
+            ok &= fixed[k] % B == 0;
+            fixed[k] /= B;
+        }
+        if (!ok) {
+            stk__fmt(err, errlen,
+                     "mix_batching \"per_source\" takes whole batches from each source: "
+                     "samples_per_epoch (%llu) and every source's fixed samples must be "
+                     "multiples of the batch size %llu",
+                     (unsigned long long)N, (unsigned long long)B);
+            rc = STK_EINVAL;
+            goto out;
+        }
+        N /= B;
+    }
+    if ((rc = stk__mix_quotas(w, fixed, sizes, n, &N, quota, err, errlen)))
+        goto out;
+    rc = STK_ENOMEM;
+    if (!(c->sched.mix = stk__malloc(sizeof *c->sched.mix)) ||
+        !(c->src_samples = stk__calloc(n, sizeof *c->src_samples)) ||
+        !(c->src_failed = stk__calloc(n, sizeof *c->src_failed)))
+        goto out;
+    if ((rc = stk__mix_init(c->sched.mix, quota, sizes, n, o->seed, o->shuffle)))
+        goto out;
+    c->sched.mix->block = B;
+    c->sched.mix->N *= B;
+    c->nsrc = n;
+    c->mix_new = o->mix_resume == 1;
+    /* The fingerprint: what decides which sample each position reads. As
+     * text, so it is the same on every build. */
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t k = 0; k < n; k++) {
+        char line[96];
+        stk__fmt(line, sizeof line, "|%.17g|%llu|%llu|%llu|%llu|", w[k],
+                 (unsigned long long)fixed[k], (unsigned long long)sizes[k],
+                 (unsigned long long)quota[k], (unsigned long long)B);
+        h = fnv1a_bytes(h, paths[k], strlen(paths[k]));
+        h = fnv1a_bytes(h, line, strlen(line));
+        if (o->mix[k].transform) /* with the image options, as the loader's */
+            h = fnv1a_bytes(h ^ stk__transform_hash_spec(o, o->mix[k].transform), "|t", 2);
+    }
+    c->mix_hash = h ? h : 1;
+    rc = STK_OK;
+out:
+    stk__free(paths);
+    stk__free(shown);
+    stk__free(w);
+    stk__free(fixed);
+    stk__free(sizes);
+    stk__free(quota);
+    return rc;
+}
+
+/* Per-source transforms: a pipeline each, giving batches of the loader's
+ * kind (the same dense shape and dtype), so one batch holds them all. */
+static int setup_source_pipes(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    size_t first = o->nmix;
+    for (size_t k = o->nmix; k-- > 0;)
+        if (o->mix[k].transform)
+            first = k;
+    if (first == o->nmix)
+        return STK_OK;
+    if (!c->pipe) {
+        stk__fmt(err, errlen,
+                 "mixture source %zu (%s) has its own transform, but the loader has none: set "
+                 "the loader's transform too (the sources without their own use it), so every "
+                 "sample of a batch is an image",
+                 first, o->mix[first].shown);
+        return STK_EINVAL;
+    }
+    if (o->device != STK_DEVICE_CPU) {
+        stk__fmt(err, errlen, "per-source transforms are delivered in host memory in this "
+                              "version; drop the device option (docs/mixing.md)");
+        return STK_EUNSUPPORTED;
+    }
+    if (!(c->src_pipes = stk__calloc(o->nmix, sizeof *c->src_pipes)))
+        return STK_ENOMEM;
+    for (size_t k = 0; k < o->nmix; k++) {
+        if (!o->mix[k].transform)
+            continue;
+        char why[STK_ERRMSG_MAX];
+        int rc = stk__imgpipe_from_options(&c->src_pipes[k], o->mix[k].transform, o, why,
+                                           sizeof why);
+        if (rc) {
+            stk__fmt(err, errlen, "mixture source %zu (%s): transform: %s", k, o->mix[k].shown,
+                     why);
+            return rc;
+        }
+        stk__imgpipe *p = c->src_pipes[k];
+        if (c->src.raw_c)
+            stk__imgpipe_set_raw(p, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
+        unsigned ndim = 0;
+        int64_t shape[4] = {0, 0, 0, 0};
+        int dtype = 0;
+        size_t sb = 0;
+        bool dense = stk__imgpipe_dense(p, &ndim, shape, &dtype, &sb);
+        bool same = c->kind == STK_BATCH_DENSE
+                        ? dense && ndim == c->ndim && dtype == c->dtype && sb == c->sample_bytes &&
+                              !memcmp(shape, c->shape, ndim * sizeof *shape)
+                        : !dense;
+        if (!same) {
+            stk__fmt(err, errlen,
+                     "mixture source %zu (%s): its transform gives %s than the loader's: a "
+                     "batch holds one kind of sample, so give it the same output size and "
+                     "dtype (or both variable sizes)",
+                     k, o->mix[k].shown,
+                     dense ? "samples of another shape or dtype" : "samples of varying size");
+            return STK_EINVAL;
+        }
+    }
+    return STK_OK;
+}
+
+/* Every source of a mixture must give each requested field that is not
+ * optional (an alternative of it). */
+static int check_mixture_fields(core *c, char *err, size_t errlen)
+{
+    if (!c->sched.mix)
+        return STK_OK;
+    for (size_t k = 0; k < c->nfplan; k++) {
+        const stk__fplan *p = &c->fplan[k];
+        if (p->spec->flags & STK_FIELD_OPTIONAL)
+            continue;
+        int rc = stk__source_mix_check_field(&c->src, p->spec->name, p->alt, p->nalt, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return STK_OK;
+}
+
 static int open_core(stk_loader *l, const stk_options *o)
 {
     char *err = l->errmsg;
@@ -790,9 +983,12 @@ static int open_core(stk_loader *l, const stk_options *o)
                              .remote = &rcfg,
                              .cache_dir = o->cache_dir,
                              .cache_limit = o->cache_limit};
-    if ((rc = stk__source_open(&c->src, o->source, &sp, err, errlen)))
+    if ((rc = o->nmix ? open_mixture(c, o, &sp, err, errlen)
+                      : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
-    if ((rc = setup_output(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
+    if ((rc = setup_output(c, o, err, errlen)) || (rc = check_mixture_fields(c, err, errlen)) ||
+        (rc = setup_source_pipes(c, o, err, errlen)) ||
+        (rc = setup_device(c, o, err, errlen)))
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;
@@ -806,15 +1002,26 @@ static int open_core(stk_loader *l, const stk_options *o)
         rc = STK_EINVAL;
         goto fail;
     }
-    if ((rc = stk__partition_init(&c->sched.part, c->src.count, o->rank, o->world, o->batch_size,
+    uint64_t epoch_n = c->sched.mix ? c->sched.mix->N : c->src.count;
+    if ((rc = stk__partition_init(&c->sched.part, epoch_n, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
-                 o->source_shown, (unsigned long long)c->src.count, o->rank, o->world,
+                 o->source_shown, (unsigned long long)epoch_n, o->rank, o->world,
                  o->batch_size, o->drop_last ? " with drop_last" : "");
         goto fail;
     }
     if (o->local_world)
         c->sched.part.local = o->local_world;
+    if (c->sched.mix && c->sched.mix->block > 1 && c->sched.part.per_rank % c->batch_size) {
+        stk__fmt(err, errlen,
+                 "mix_batching \"per_source\" takes whole batches from each source, but %llu "
+                 "samples an epoch over %u ranks give each rank %llu, not whole batches of %zu: "
+                 "make samples_per_epoch a multiple of world_size x batch_size, or set drop_last",
+                 (unsigned long long)c->sched.part.n, o->world,
+                 (unsigned long long)c->sched.part.per_rank, c->batch_size);
+        rc = STK_EINVAL;
+        goto fail;
+    }
     if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
         goto fail;
     /* Runs of slots amortise the claim lock; small enough that the threads
@@ -880,16 +1087,34 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
         return STK_ENOMEM;
     l->pid = getpid();
     int rc;
-    if (!o || !o->source) {
+    bool any_url = o && o->source && stk__is_url(o->source);
+    for (size_t k = 0; o && k < o->nmix; k++)
+        any_url |= stk__is_url(o->mix[k].path);
+    if (!o || (!o->source && !o->nmix)) {
         stk__fmt(l->errmsg, sizeof l->errmsg, "no source: set one with stk_options_set_source");
         rc = STK_EINVAL;
-    } else if (o->remote_set && !stk__is_url(o->source)) {
+    } else if (o->source && o->nmix) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "both a source (%s) and a mixture of %zu sources are set: a loader reads one "
+                 "or the other",
+                 o->source_shown, o->nmix);
+        rc = STK_EINVAL;
+    } else if (!o->nmix && (o->samples_per_epoch || o->mix_resume || o->mix_batching)) {
+        stk__fmt(l->errmsg, sizeof l->errmsg,
+                 "%s applies to a mixture of sources (stk_options_add_source, docs/mixing.md); "
+                 "this loader reads one source, %s",
+                 o->samples_per_epoch ? "samples_per_epoch"
+                 : o->mix_resume      ? "mix_resume"
+                                      : "mix_batching",
+                 o->source_shown);
+        rc = STK_EINVAL;
+    } else if (o->remote_set && !any_url) {
         /* An option that would change nothing is refused, so a run never
          * silently differs from what was asked for. */
         stk__fmt(l->errmsg, sizeof l->errmsg,
                  "%s applies to remote datasets (http://, https://, s3://); %s is a local path, "
                  "which is read directly",
-                 o->remote_set, o->source_shown);
+                 o->remote_set, o->source ? o->source_shown : "every mixture source");
         rc = STK_EINVAL;
     } else if (o->cache_limit_set && !o->cache_dir) {
         stk__fmt(l->errmsg, sizeof l->errmsg,

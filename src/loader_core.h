@@ -134,6 +134,14 @@ struct core {
     stk__imgpipe *pipe;
     bool drop_last;
     uint64_t transform_hash; /* resume fingerprint of the transform */
+    /* A mixture (docs/mixing.md): its fingerprint, whether a changed one
+     * resumes (mix_resume "new"), and per source the samples delivered and
+     * failed (lock held). */
+    uint64_t mix_hash;
+    bool mix_new;
+    size_t nsrc;
+    uint64_t *src_samples, *src_failed;
+    stk__imgpipe **src_pipes; /* per source: its own transform, or NULL */
     int on_error;
     int kind, dtype;
     unsigned ndim;
@@ -222,6 +230,18 @@ int stk__check_handle(stk_loader *l);
  * the resumed layout lay, NULL for none, from there on). */
 void stk__seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bool set_lay);
 
+/* The pipeline of the first image of sample i: its source's own in a
+ * mixture with per-source transforms, else the loader's. */
+static inline stk__imgpipe *stk__pipe_for(const core *c, uint64_t i)
+{
+    if (c->src_pipes) {
+        stk__imgpipe *p = c->src_pipes[stk__mix_source_of(c->sched.mix, i)];
+        if (p)
+            return p;
+    }
+    return c->pipe;
+}
+
 /* ---- loader_fields.c ---- */
 /* Resolves o's fields against the source, chooses each one's column and
  * selects the source's fields to read; sets the primary's transform spec in
@@ -265,5 +285,7 @@ bool stk__held_find(const stk_batch *v, bool take);
 int stk__put_sized(stk_loader *l, const char *type, void *out, const void *full, size_t size,
                    size_t min);
 uint64_t stk__transform_hash(const stk_options *o);
+/* The same fingerprint of one spec with o's image options. */
+uint64_t stk__transform_hash_spec(const stk_options *o, const char *spec);
 
 #endif

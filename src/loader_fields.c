@@ -409,7 +409,7 @@ static int make_primary(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epo
     if (c->pipe) {
         stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
         stk__imgpipe_decoded_at = 0;
-        rc = stk__imgpipe_run_sink(c->pipe, r->data, r->len, &rng, &w->dec,
+        rc = stk__imgpipe_run_sink(stk__pipe_for(c, i), r->data, r->len, &rng, &w->dec,
                                    variable ? &arena : &slot_sink, &out, &len, dims, err, errlen);
     } else if (!variable) {
         if (r->len != c->sample_bytes) {

@@ -26,6 +26,7 @@ static stk_state own_state(const core *c)
     st.shuffle = c->sched.shuffle;
     st.drop_last = c->drop_last;
     st.transform = c->transform_hash;
+    st.mixture = c->mix_hash;
     const stk__resumed *r = stk__schedule_resumed(&c->sched);
     if (r && r->epoch == epoch) {
         if (st.batch >= c->sched.part.batches) {
@@ -69,7 +70,10 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
         {"shuffle", offsetof(stk_state, shuffle), sizeof(uint32_t)},
         {"drop_last", offsetof(stk_state, drop_last), sizeof(uint32_t)},
         {"transform", offsetof(stk_state, transform), sizeof(uint64_t)},
+        {"mixture", offsetof(stk_state, mixture), sizeof(uint64_t)},
     };
+    /* mix_resume "new": the position carries over to this mixture. */
+    bool mix_new = l->c->mix_new;
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (fields[k].off + fields[k].size > st->struct_size)
             continue; /* a field later than the caller's struct */
@@ -85,7 +89,20 @@ static int check_fingerprint(stk_loader *l, const stk_state *st, const stk_state
         }
         if (a == b)
             continue;
-        if (!strcmp(fields[k].name, "transform"))
+        if (mix_new && (!strcmp(fields[k].name, "mixture") ||
+                        fields[k].off == offsetof(stk_state, num_samples)))
+            continue;
+        if (!strcmp(fields[k].name, "mixture"))
+            stk__fmt(l->errmsg, sizeof l->errmsg,
+                     "state was saved with %s (fingerprint %016llx) but this loader has %s "
+                     "(%016llx): the sources, their weights or samples, their sizes or "
+                     "samples_per_epoch differ, so resuming would not give the same batches; set "
+                     "the option mix_resume to \"new\" to continue from the saved position with "
+                     "this mixture (docs/mixing.md)",
+                     a ? "a mixture" : "no mixture", (unsigned long long)a,
+                     b ? (a ? "another mixture" : "a mixture") : "no mixture",
+                     (unsigned long long)b);
+        else if (!strcmp(fields[k].name, "transform"))
             stk__fmt(l->errmsg, sizeof l->errmsg,
                      "state was saved with another transform (fingerprint %016llx; this loader's "
                      "transform and image options give %016llx): resuming would not give the "
@@ -218,6 +235,11 @@ static uint64_t spec_hash(const stk_options *o, uint64_t h, const char *spec)
     stk__fmt(opts, sizeof opts, "|size=%d|layout=%s|dtype=%d|exif=%d|strict=%d", o->size,
              o->nchw ? "nchw" : "nhwc", o->dtype, o->exif, o->strict);
     return fnv1a(fnv1a(h, spec), opts);
+}
+
+uint64_t stk__transform_hash_spec(const stk_options *o, const char *spec)
+{
+    return spec_hash(o, 0xcbf29ce484222325ULL, spec);
 }
 
 /* With fields, each field's name, sources, kind, flags and transform too:

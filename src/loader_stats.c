@@ -249,3 +249,40 @@ const char *stk_stage_name(int stage)
     default: return "?";
     }
 }
+
+size_t stk_loader_num_sources(stk_loader *l)
+{
+    return stk__check_handle(l) ? 0 : l->c->nsrc;
+}
+
+int stk_loader_source_stats(stk_loader *l, size_t source, uint64_t *samples, uint64_t *failed)
+{
+    int rc = stk__check_handle(l);
+    if (rc)
+        return rc;
+    core *c = l->c;
+    if (source >= c->nsrc || !samples || !failed) {
+        stk__fmt(l->errmsg, sizeof l->errmsg, "source %zu: this loader has %zu mixture sources",
+                 source, c->nsrc);
+        return STK_EINVAL;
+    }
+    pthread_mutex_lock(&c->lock);
+    *samples = c->src_samples[source];
+    *failed = c->src_failed[source];
+    pthread_mutex_unlock(&c->lock);
+    return STK_OK;
+}
+
+int stk_loader_sample_source(stk_loader *l, uint64_t index, size_t *source, uint64_t *local)
+{
+    int rc = stk__check_handle(l);
+    if (rc)
+        return rc;
+    const stk__mix *m = l->c->sched.mix;
+    if (!m || !source || !local || index >= m->offset[m->nsrc])
+        return STK_EINVAL;
+    /* The mixture is read-only after open: no lock. */
+    *source = stk__mix_source_of(m, index);
+    *local = index - m->offset[*source];
+    return STK_OK;
+}

@@ -65,7 +65,7 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
         /* Into the dense slot, or exactly the bytes the image needs from
          * the variable batch's arena. */
         stk__sink slot_sink = {slot, c->sample_bytes, NULL, NULL, NULL, ""};
-        rc = stk__imgpipe_run_sink(c->pipe, bytes, len, &rng, &w->dec,
+        rc = stk__imgpipe_run_sink(stk__pipe_for(c, i), bytes, len, &rng, &w->dec,
                                    variable ? &arena : &slot_sink, &out, &out_len, dims, err,
                                    sizeof err);
         len = out_len;
@@ -146,8 +146,9 @@ void *stk__worker_main(void *arg)
         size_t nfailed = 0;
         for (size_t s = slot0; s < slot0 + count; s++) {
             uint64_t pos = stk__schedule_pos(&c->sched, g, s);
-            uint64_t i = stk__schedule_sample_at(&c->sched, &ord, epoch, pos);
-            if (make_sample(w, b, s, i, epoch, &errs) != STK_OK)
+            uint64_t draw;
+            uint64_t i = stk__schedule_sample_draw(&c->sched, &ord, epoch, pos, &draw);
+            if (make_sample(w, b, s, i, draw, &errs) != STK_OK)
                 nfailed++;
         }
 

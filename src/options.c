@@ -5,6 +5,7 @@
 #include "fields.h"
 #include "image.h"
 #include "io/remote.h"
+#include "schedule/mix.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -49,6 +50,12 @@ void stk_options_destroy(stk_options *o)
     stk__free(o->cache_dir);
     stk__free(o->trace);
     stk__fspecs_free(o->fields, o->nfields);
+    for (size_t k = 0; k < o->nmix; k++) {
+        stk__free(o->mix[k].path);
+        stk__free(o->mix[k].shown);
+        stk__free(o->mix[k].transform);
+    }
+    stk__free(o->mix);
     stk__free(o);
 }
 
@@ -83,6 +90,60 @@ int stk_options_set_source(stk_options *o, const char *path)
     }
     stk__free(o->source_shown);
     o->source_shown = shown;
+    return STK_OK;
+}
+
+int stk_options_add_source(stk_options *o, const char *path, double weight, uint64_t samples)
+{
+    if (!o || !path || !*path || !(weight >= 0) || weight > 1e300 ||
+        o->nmix >= STK__MIX_MAX_SOURCES)
+        return STK_EINVAL;
+    size_t n = strlen(path) + 8;
+    char *shown = stk__malloc(n), *copy = stk__strdup(path);
+    stk__mix_spec *grown = shown && copy ? stk__realloc(o->mix, (o->nmix + 1) * sizeof *grown)
+                                         : NULL;
+    if (!grown) {
+        stk__free(shown);
+        stk__free(copy);
+        return STK_ENOMEM;
+    }
+    o->mix = grown;
+    if (stk__url_display(path, shown, n) != shown)
+        stk__fmt(shown, n, "%s", path);
+    o->mix[o->nmix++] = (stk__mix_spec){copy, shown, NULL, weight, samples};
+    if (!o->source) {
+        /* Messages of the open name the loader's source by this. */
+        char what[64];
+        stk__fmt(what, sizeof what, "a mixture of %zu sources", o->nmix);
+        char *d = stk__strdup(what);
+        if (d) {
+            stk__free(o->source_shown);
+            o->source_shown = d;
+        }
+    }
+    return STK_OK;
+}
+
+int stk_options_source_transform(stk_options *o, size_t source, const char *field,
+                                 const char *transform)
+{
+    if (!o || source >= o->nmix || !transform)
+        return STK_EINVAL;
+    o->errmsg[0] = '\0';
+    if (field && *field) {
+        /* Only the first image field (the batch's data) in this version: the
+         * other fields' pipelines are the loader's. */
+        stk__fmt(o->errmsg, sizeof o->errmsg,
+                 "a source's transform applies to the first image field (field NULL) in this "
+                 "version; '%s' cannot have one per source",
+                 field);
+        return STK_EUNSUPPORTED;
+    }
+    char *copy = NULL;
+    if (*transform && strcmp(transform, "none") && !(copy = stk__strdup(transform)))
+        return STK_ENOMEM;
+    stk__free(o->mix[source].transform);
+    o->mix[source].transform = copy;
     return STK_OK;
 }
 
@@ -428,6 +489,19 @@ static const opt_entry table[] = {
         "samples with several fields, e.g. image=jpg;png,caption=txt,label=cls "
         "(docs/multimodal.md)",
         ENGINE, 0, ST_NONE, NULL, set_fields_entry),
+    OPT("samples_per_epoch", UINT, 1, (uint64_t)1 << 62, NULL, "samples",
+        "the fixed counts plus the sizes of the weighted sources",
+        "a mixture's epoch (stk_options_add_source): each source supplies its share of it "
+        "(docs/mixing.md)",
+        ENGINE, OFF(samples_per_epoch), ST_U64, NULL, NULL),
+    OPT("mix_batching", ENUM, 0, 0, "mixed|per_source", NULL, "mixed",
+        "a mixture's batches: samples of every source in proportion (mixed), or each batch "
+        "from one source, the batch sequence in proportion (per_source; docs/mixing.md)",
+        ENGINE, OFF(mix_batching), ST_INT, NULL, NULL),
+    OPT("mix_resume", ENUM, 0, 0, "strict|new", NULL, "strict",
+        "a saved state of another mixture (sources, weights, samples_per_epoch) is refused "
+        "(strict), or resumed at its position with this loader's mixture from there on (new)",
+        ENGINE, OFF(mix_resume), ST_INT, NULL, NULL),
     OPT("field_memory", SIZE, 4096, TB, NULL, NULL, "64M",
         "the most one batch's variable fields (text, JSON, bytes, arrays, images of their own "
         "size) may take besides its first image",

@@ -61,10 +61,24 @@ struct stk_options {
     struct stk__fspec *fields;
     size_t nfields;
     size_t field_memory; /* one batch's variable fields' cap */
+    /* A mixture of sources (stk_options_add_source; docs/mixing.md). */
+    struct stk__mix_spec *mix;
+    size_t nmix;
+    uint64_t samples_per_epoch; /* 0: the default (mix.h) */
+    int mix_resume;             /* 0 strict, 1 new: a changed mixture resumes */
+    int mix_batching;           /* 0 mixed, 1 per_source */
     int device;             /* enum stk_device of the batches (docs/gpu.md) */
     int device_id;
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };
+
+/* One source of a mixture. */
+typedef struct stk__mix_spec {
+    char *path, *shown;
+    char *transform; /* the source's own image transform, or NULL */
+    double weight;
+    uint64_t samples;
+} stk__mix_spec;
 
 enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };
 

@@ -263,8 +263,12 @@ typedef struct bench_seen {
  * message printed; then the partition, the path and the records. */
 static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
 {
-    if (!a->path) {
-        fprintf(stderr, "stoker: bench needs a dataset PATH\n");
+    if (!a->path && !a->nmix) {
+        fprintf(stderr, "stoker: bench needs a dataset PATH (or --mix sources)\n");
+        return 2;
+    }
+    if (a->path && a->nmix) {
+        fprintf(stderr, "stoker: give a dataset PATH or --mix sources, not both\n");
         return 2;
     }
     if (w->rank >= w->world) {
@@ -284,7 +288,7 @@ static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
                 sized_presets(presets, sizeof presets), a->transform ? a->transform : "none");
         return 2;
     }
-    if (w->remote_flag && !is_remote(a->path)) {
+    if (w->remote_flag && a->path && !is_remote(a->path)) {
         fprintf(stderr,
                 "stoker: %s applies to remote datasets (http://, https://, s3://); %s is a "
                 "local path, which is read directly\n",
@@ -301,7 +305,7 @@ static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
         return 2;
     }
     if (stk_options_set_partition(o, (unsigned)w->rank, (unsigned)w->world) ||
-        stk_options_set_source(o, a->path)) {
+        (a->path && stk_options_set_source(o, a->path))) {
         fprintf(stderr, "stoker: invalid partition or path\n");
         return 2;
     }
@@ -475,6 +479,30 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             rc = stk_options_set_transform(o, val);
             a->transform = val;
             i++;
+        } else if (!strcmp(k, "--mix") && val && !strcmp(argv[1], "bench")) {
+            /* [WEIGHT:]PATH: a source of a mixture (docs/mixing.md). */
+            const char *path = val;
+            double wgt = 0;
+            char *end = NULL;
+            errno = 0;
+            double x = strtod(val, &end);
+            if (end != val && *end == ':' && (val[0] == '.' || (val[0] >= '0' && val[0] <= '9'))) {
+                if (errno || !(x > 0 && x < 1e300)) {
+                    fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH with a weight > 0, got "
+                                    "'%s'\n",
+                            val);
+                    return 2;
+                }
+                wgt = x;
+                path = end + 1;
+            }
+            if (!*path) {
+                fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH, got '%s'\n", val);
+                return 2;
+            }
+            rc = stk_options_add_source(o, path, wgt, 0);
+            a->nmix++;
+            i++;
         } else if (!strcmp(k, "--on-error") && val) {
             if (strcmp(val, "raise") && strcmp(val, "skip")) {
                 fprintf(stderr, "stoker: --on-error takes raise or skip, got '%s'\n", val);
@@ -595,7 +623,10 @@ static void report_json(stk_loader *l, const bench_args *a, const bench_run *r,
 {
     char shown[4096];
     printf("{\"path\":");
-    stoker_json_str(stdout, stoker_display_path(a->path, shown, sizeof shown));
+    if (a->path)
+        stoker_json_str(stdout, stoker_display_path(a->path, shown, sizeof shown));
+    else
+        printf("\"a mixture of %u sources\"", a->nmix);
     printf(",\"transform\":");
     stoker_json_str(stdout, a->transform ? a->transform : "none");
     printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"

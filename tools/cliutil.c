@@ -133,7 +133,12 @@ void stoker_json_str(FILE *f, const char *str)
 
 const char *stoker_display_path(const char *path, char *buf, size_t n)
 {
-    /* One rule for the library's messages and the tool's. */
+    /* One rule for the library's messages and the tool's. No path: bench's
+     * --mix sources. */
+    if (!path) {
+        snprintf(buf, n, "the --mix sources");
+        return buf;
+    }
     return stk_path_display(path, buf, n);
 }
 
@@ -153,6 +158,7 @@ const stk_option_info *stoker_flag_option(const char *flag, char *key, size_t n)
 void stoker_usage(FILE *f)
 {
     fprintf(f, "usage: stoker bench PATH [options]\n"
+               "       stoker bench --mix [WEIGHT:]PATH --mix [WEIGHT:]PATH ... [options]\n"
                "       stoker pack SRC OUT [--shard-size 256MiB] [--max-side N] [--quality Q]\n"
                "                   [--raw HxWxC] [--threads N] [--align BYTES] [--skip-bad]\n"
                "                   [--restart]\n"
@@ -206,6 +212,8 @@ void stoker_usage(FILE *f)
                "  --record-size N     read PATH as records of N bytes\n"
                "  --header-bytes N    bytes to skip at the start of a record file (0)\n"
                "  --label-bytes N     leading label bytes of each record: 0,1,2,4,8 (0)\n"
+               "  --mix [WEIGHT:]PATH a source of a mixture instead of PATH (repeat it);\n"
+               "                      with --samples-per-epoch, --mix-batching (docs/mixing.md)\n"
                "  --json              print one JSON object instead of the report\n"
                "  --progress, --no-progress  live line on stderr (default: on a terminal)\n"
                "  --fields SPEC       samples with fields: NAME[?][=SOURCES][:KIND],... e.g.\n"

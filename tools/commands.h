@@ -69,6 +69,7 @@ typedef struct bench_args {
     double seconds; /* doctor: seconds per level (0 = default) */
     bool device;    /* --device other than cpu: batches are device memory */
     uint64_t max_sample_bytes; /* --max-sample-bytes (0: not given) */
+    unsigned nmix;             /* --mix sources given (bench: a mixture) */
 } bench_args;
 
 typedef struct stk_options stk_options;

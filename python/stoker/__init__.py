@@ -12,12 +12,12 @@ API reference.
 
 from . import _stoker, transforms
 from ._stoker import Error, SampleError
-from .loader import Loader, Records
+from .loader import Loader, Records, Source
 from .fields import Field, Ragged
 from .diagnose import diagnose, Diagnosis
 from .packing import Writer, pack
 
 __version__ = _stoker.version()
 
-__all__ = ["Loader", "Records", "Field", "Ragged", "pack", "Writer", "diagnose", "Diagnosis", "Error", "SampleError",
+__all__ = ["Loader", "Records", "Source", "Field", "Ragged", "pack", "Writer", "diagnose", "Diagnosis", "Error", "SampleError",
            "transforms", "__version__"]

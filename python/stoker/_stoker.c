@@ -1382,18 +1382,20 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
                              "options",
                              "max_sample_bytes",
                              "fields",
+                             "sources",
                              NULL};
-    PyObject *source_obj;
+    PyObject *source_obj, *sources = Py_None;
     Py_ssize_t batch_size;
     int shuffle = 1, drop_last = 0, skip = 0;
     unsigned long long seed = 0, max_sample_bytes = 0;
     const char *transform = NULL;
     unsigned int threads = 0, depth = 2, rank = 0, world = 1;
     PyObject *records = Py_None, *options = Py_None, *fields = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOKO:Engine", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOKOO:Engine", kwlist,
                                      PyUnicode_FSConverter, &source_obj, &batch_size, &shuffle,
                                      &seed, &drop_last, &transform, &threads, &depth, &skip, &rank,
-                                     &world, &records, &options, &max_sample_bytes, &fields))
+                                     &world, &records, &options, &max_sample_bytes, &fields,
+                                     &sources))
         return -1;
     if (self->l) {
         Py_DECREF(source_obj);
@@ -1411,8 +1413,35 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         PyErr_NoMemory();
         goto out;
     }
-    if (set_or_raise(stk_options_set_source(o, source), "source (empty path)") ||
-        set_or_raise(stk_options_set_batch_size(o, (size_t)batch_size),
+    if (sources != Py_None) {
+        /* A mixture (docs/mixing.md): a list of (path, weight, samples[,
+         * transform spec]). */
+        PyObject *seq = PySequence_Fast(sources, "sources must be a list");
+        if (!seq)
+            goto out;
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+            PyObject *path_obj = NULL;
+            double weight;
+            unsigned long long samples;
+            const char *tf = NULL;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "O&dK|z:sources",
+                                  PyUnicode_FSConverter, &path_obj, &weight, &samples, &tf)) {
+                Py_DECREF(seq);
+                goto out;
+            }
+            rc = stk_options_add_source(o, PyBytes_AS_STRING(path_obj), weight, samples);
+            Py_DECREF(path_obj);
+            if (set_or_raise(rc, "sources (a path, a weight >= 0; at most 256)") ||
+                (tf && set_or_raise(stk_options_source_transform(o, (size_t)k, NULL, tf),
+                                    "a source's transform"))) {
+                Py_DECREF(seq);
+                goto out;
+            }
+        }
+        Py_DECREF(seq);
+    } else if (set_or_raise(stk_options_set_source(o, source), "source (empty path)"))
+        goto out;
+    if (set_or_raise(stk_options_set_batch_size(o, (size_t)batch_size),
                      "batch_size (1 .. 16777216)") ||
         set_or_raise(stk_options_set_shuffle(o, shuffle), "shuffle") ||
         set_or_raise(stk_options_set_seed(o, seed), "seed") ||
@@ -1676,6 +1705,7 @@ static const struct {
     {"drop_last", offsetof(stk_state, drop_last), 0},
     {"transform_hash", offsetof(stk_state, transform), 1},
     {"local_world_size", offsetof(stk_state, local_world_size), 0},
+    {"mixture_hash", offsetof(stk_state, mixture), 1},
 };
 #define N_FP_FIELDS (sizeof fp_fields / sizeof fp_fields[0])
 
@@ -1934,6 +1964,43 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         (unsigned long long)f.cache_cold_ranged);
 }
 
+/* A mixture's sources (docs/mixing.md): [(samples, failed, first_id)], one
+ * per source; [] without a mixture. */
+static PyObject *Engine_source_stats(EngineObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (engine_enter(self))
+        return NULL;
+    PyObject *res = PyList_New(0);
+    size_t n = stk_loader_num_sources(self->l);
+    uint64_t first = 0;
+    for (size_t k = 0; res && k < n; k++) {
+        uint64_t got = 0, failed = 0;
+        (void)stk_loader_source_stats(self->l, k, &got, &failed);
+        PyObject *t = Py_BuildValue("(KKK)", (unsigned long long)got, (unsigned long long)failed,
+                                    (unsigned long long)first);
+        if (!t || PyList_Append(res, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(res);
+            break;
+        }
+        Py_DECREF(t);
+        /* The next source's first id: the first id past this one's. */
+        size_t src;
+        uint64_t local, lo = first, hi = UINT64_MAX;
+        while (lo < hi) { /* the smallest id of a later source */
+            uint64_t mid = lo + (hi - lo) / 2;
+            if (stk_loader_sample_source(self->l, mid, &src, &local) == STK_OK && src <= k)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        first = lo;
+    }
+    engine_leave(self);
+    return res;
+}
+
 static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
 {
     (void)unused;
@@ -2081,6 +2148,8 @@ static PyMethodDef Engine_methods[] = {
      "-> dict: num_samples, batch_size, world_size, rank, shuffle, drop_last, transform_hash"},
     {"info", (PyCFunction)Engine_info, METH_NOARGS, "-> dict of static facts"},
     {"stats", (PyCFunction)Engine_stats, METH_NOARGS, "-> dict of counters"},
+    {"source_stats", (PyCFunction)Engine_source_stats, METH_NOARGS,
+     "-> [(samples, failed, first_id)] per mixture source"},
     {"fetch_stats", (PyCFunction)Engine_fetch_stats, METH_NOARGS, "fetch-stage counters or None"},
     {"close", (PyCFunction)Engine_close, METH_NOARGS,
      "Stops the threads; held batches stay valid."},

@@ -82,7 +82,7 @@ def _int(value, name, lo, hi):
         raise ValueError(f"{name} must be in {lo} .. {hi}, got {_describe(value)}")
     return v
 _FINGERPRINT_KEYS = ("num_samples", "batch_size", "world_size", "rank", "shuffle", "drop_last",
-                     "transform_hash", "local_world_size")
+                     "transform_hash", "local_world_size", "mixture_hash")
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -109,6 +109,44 @@ def _display(path):
         rest = rest[at + 1:]
     cut = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=-1)
     return head + (rest if cut < 0 else rest[:cut] + "?...")
+
+
+class Source:
+    """One source of a mixture (docs/mixing.md): Loader([Source(...), ...]).
+
+    path: any dataset a Loader reads (a folder, .stk, tar, MDS, LitData,
+    TFRecord, a URL). weight: its share of each epoch's samples_per_epoch
+    (shares are normalised over the weighted sources); samples: instead, a
+    fixed number of samples per epoch. Neither: in proportion to its size.
+    A share above the source's size repeats it (a fresh permutation per
+    pass); below, each epoch takes a prefix of a fresh permutation."""
+
+    def __init__(self, path, weight=None, samples=None, transform=None):
+        self.path = os.fspath(path)
+        # Its own transform of the (first) image: a spec or a
+        # stoker.transforms pipeline, as Loader's transform=; the loader's
+        # applies to the sources without one.
+        self.transform = transform
+        if weight is not None and samples is not None:
+            raise ValueError("Source: give a weight or a number of samples, not both")
+        if weight is not None:
+            weight = float(weight)
+            if not (weight > 0 and weight < float("inf")):
+                raise ValueError(f"Source: weight must be a finite number > 0 (leave a source "
+                                 f"out to give it none), got {weight!r}")
+        self.weight = weight
+        self.samples = None if samples is None else _int(samples, "Source: samples", 1,
+                                                            _U64_MAX)
+
+    def __repr__(self):
+        extra = (f", weight={self.weight!r}" if self.weight is not None else "") + \
+                (f", samples={self.samples!r}" if self.samples is not None else "")
+        return f"stoker.Source({_display(self.path)!r}{extra})"
+
+    def __eq__(self, other):
+        return (isinstance(other, Source) and
+                (self.path, self.weight, self.samples, self.transform) ==
+                (other.path, other.weight, other.samples, other.transform))
 
 
 class Records:
@@ -455,7 +493,8 @@ class Loader:
                  max_sample_bytes=None, options=None, return_indices=False, cache_dir=None,
                  cache_limit=None, order="global", shard_window=None, strict=False,
                  trace=None, memory_budget=None, local_world_size=None, device=None,
-                 fields=None, bytes_as="bytes", **kwargs):
+                 fields=None, bytes_as="bytes", samples_per_epoch=None, mix_resume="strict",
+                 mix_batching="mixed", **kwargs):
         self._engine = None
         _refuse_dataloader_args(kwargs)
         # The arguments as given, for pickling (__getstate__): a copy re-opens
@@ -470,8 +509,27 @@ class Loader:
             raise ValueError(f'bytes_as must be "bytes" (a list of bytes per batch) or "tensor" '
                              f'(one uint8 tensor viewing the batch, plus offsets and lengths), '
                              f'got {bytes_as!r}')
+        mixture = None
+        if isinstance(source, (list, tuple)):
+            if not source or not all(isinstance(x, Source) for x in source):
+                raise TypeError("a mixture is a non-empty list of stoker.Source "
+                                "(docs/mixing.md)")
+            mixture = list(source)
+        elif samples_per_epoch is not None:
+            raise ValueError("samples_per_epoch sets a mixture's epoch: pass a list of "
+                             "stoker.Source")
+        if mix_batching not in ("mixed", "per_source"):
+            raise ValueError(f'mix_batching must be "mixed" or "per_source", got '
+                             f'{mix_batching!r}')
+        if mixture is None and mix_batching != "mixed":
+            raise ValueError("mix_batching applies to a mixture: pass a list of stoker.Source")
+        if mix_resume not in ("strict", "new"):
+            raise ValueError(f'mix_resume must be "strict" or "new", got {mix_resume!r}')
         if fields is not None:
             fields = _fields.normalize(fields)
+            if mixture is not None and "source" not in fields:
+                # Each sample's source index: batch["source"].
+                fields["source"] = _fields.normalize({"source": ("source", "int")})["source"]
         elif isinstance(transform, dict):
             raise TypeError("transform: a dict of transforms names image fields: pass fields= "
                             "too (docs/multimodal.md), or a single transform")
@@ -560,8 +618,21 @@ class Loader:
                 raise ValueError(f"local_world_size={local_world_size} does not divide "
                                  f"world_size={world_size}: a world is a whole number of nodes")
             opts["local_world_size"] = str(local_world_size)
+        engine_sources = None
+        if mixture is not None:
+            engine_sources = [(m.path, m.weight or 0.0, m.samples or 0,
+                               None if m.transform is None else to_spec(m.transform))
+                              for m in mixture]
+            if samples_per_epoch is not None:
+                opts["samples_per_epoch"] = str(_int(samples_per_epoch, "samples_per_epoch", 1,
+                                                     2 ** 62))
+            opts["mix_resume"] = mix_resume
+            if mix_batching != "mixed":
+                opts["mix_batching"] = mix_batching
         records = None
-        if isinstance(source, Records):
+        if mixture is not None:
+            path = mixture[0].path
+        elif isinstance(source, Records):
             records = (source.record_bytes, source.header_bytes, source.label_bytes)
             path = source.path
         else:
@@ -581,13 +652,14 @@ class Loader:
                              f"it would be ignored. Give the size in the transforms themselves "
                              f"(e.g. RandomResizedCrop({size})), or drop size=")
 
-        self._args.update(source=source if records else path,
+        self._args.update(source=mixture if mixture is not None else
+                          source if records else path,
                           transform=field_specs if field_specs else spec, fields=fields,
                           device=device,
                           dtype=dtype, options={k: _option_value(k, v)
                                                 for k, v in (options or {}).items()} or None,
                           cache_dir=opts.get("cache_dir"), trace=opts.get("trace"))
-        self.source = source
+        self.source = mixture if mixture is not None else source
         self.batch_size = batch_size
         self.shuffle, self.seed, self.drop_last = bool(shuffle), seed, bool(drop_last)
         self.transform = field_specs if field_specs else spec
@@ -615,7 +687,7 @@ class Loader:
                 transform=spec, threads=threads or 0, depth=depth,
                 on_error_skip=on_error == "skip", rank=rank, world_size=world_size,
                 records=records, options=opts, max_sample_bytes=max_sample_bytes or 0,
-                fields=engine_fields)
+                fields=engine_fields, sources=engine_sources)
         except Exception as e:
             if group is not None:   # the other ranks wait in the check: tell them
                 _check_ranks_agree(group, rank, {"error": f"{type(e).__name__}: {e}"})
@@ -736,7 +808,8 @@ class Loader:
                 "num_samples": self.num_samples, "rank": self.rank,
                 "world_size": self.world_size, "local_world_size": fp["local_world_size"],
                 "drop_last": self.drop_last, "shuffle": self.shuffle,
-                "transform_hash": fp["transform_hash"], "history": fp["history"]}
+                "transform_hash": fp["transform_hash"], "history": fp["history"],
+                **({"mixture_hash": fp["mixture_hash"]} if fp.get("mixture_hash") else {})}
 
     def load_state_dict(self, state):
         """Restores a position from state_dict() (possibly saved by another
@@ -755,7 +828,10 @@ class Loader:
         for k in _STATE_KEYS:
             if k not in state:
                 raise ValueError(f"state dict lacks {k!r}")
+        mix_new = isinstance(self.source, list) and self._args.get("mix_resume") == "new"
         for k in ("num_samples", "drop_last", "shuffle"):
+            if k == "num_samples" and mix_new:
+                continue   # a new mixture continues from the position (docs/mixing.md)
             if k in state and state[k] != getattr(self, k):
                 raise ValueError(f"state was saved with {k}={state[k]!r} but this loader has "
                                  f"{k}={getattr(self, k)!r}: resuming would not be exact")
@@ -934,6 +1010,18 @@ class Loader:
             self.close()
             raise
 
+    def sources_of(self, indices):
+        """A mixture's source index (0, 1, ...) of each dataset index in
+        `indices` (a batch's "__index__" with return_indices=True): an int64
+        array of the same length (a tensor with output="torch")."""
+        if not isinstance(self.source, list):
+            raise TypeError("sources_of needs a mixture (a list of stoker.Source)")
+        self._check_open()
+        firsts = np.array([f for _, _, f in self._engine.source_stats()], dtype=np.int64)
+        idx = np.asarray(indices.cpu() if hasattr(indices, "cpu") else indices, dtype=np.int64)
+        out = np.searchsorted(firsts, idx, side="right").astype(np.int64) - 1
+        return self._torch.from_numpy(out) if self._torch is not None else out
+
     # ---- observation -----------------------------------------------------------
     def stats(self):
         """Counters: per-stage items and busy seconds (summed and per thread),
@@ -945,6 +1033,11 @@ class Loader:
         # Remote datasets: the fetch stage's requests, bytes, retries, cache
         # hits/misses/evictions and waits (None for a local dataset).
         st["fetch"] = self._engine.fetch_stats()
+        if isinstance(self.source, list):
+            # A mixture: samples delivered and failed per source, in order.
+            st["sources"] = [{"path": m.path, "samples": got, "failed": failed}
+                             for m, (got, failed, _) in zip(self.source,
+                                                             self._engine.source_stats())]
         return st
 
     # ---- lifetime ----------------------------------------------------------------
@@ -966,7 +1059,7 @@ class Loader:
             raise _stoker.Error("the loader is closed")
 
     def __repr__(self):
-        src = (self.source if isinstance(self.source, Records)
+        src = (self.source if isinstance(self.source, (Records, list))
                else repr(_display(os.fspath(self.source))))
         return (f"stoker.Loader({src}, batch_size={self.batch_size}, transform="
                 f"{self.transform!r}, threads={getattr(self, 'threads', None)}, "
@@ -996,6 +1089,8 @@ class LoaderDataset:
     @property
     def root(self):
         s = self._loader.source
+        if isinstance(s, list):   # a mixture: its sources' paths
+            return [m.path for m in s]
         return s.path if isinstance(s, Records) else os.fspath(s)
 
     @property

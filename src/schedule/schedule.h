@@ -21,6 +21,7 @@
 #include "fetch/fetch.h"
 #include "internal.h"
 #include "order.h"
+#include "schedule/mix.h"
 
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -52,6 +53,9 @@ typedef struct stk__schedule {
      * every one made. */
     _Atomic(stk__resumed *) resumed;
     stk__resumed *resumed_all;
+    /* A mixture of sources (mix.h; owned), or NULL: part.n is then its
+     * epoch, and positions map to the composite source's ids. */
+    stk__mix *mix;
 } stk__schedule;
 
 /* The resumed epoch's layout now (NULL: none). */
@@ -67,9 +71,37 @@ static inline const stk__resumed *stk__schedule_resumed(const stk__schedule *s)
  * Shard-aware lookups never fail (their tables are allocated at open,
  * order.h), so no position of an epoch can take the global order. */
 static inline uint64_t stk__schedule_sample_at(const stk__schedule *s, const stk__order *ord,
+                                               uint64_t epoch, uint64_t pos);
+
+/* The same, and the epoch that keys the sample's random draws (*draw): the
+ * epoch itself, except for a mixture's repeated passes over a source, which
+ * draw afresh (mix.h). A mixture maps positions by the layout the epoch
+ * started in (its first generation when resumed under another world), so a
+ * position keeps its sample whatever world reads it. */
+static inline uint64_t stk__schedule_sample_draw(const stk__schedule *s, const stk__order *ord,
+                                                 uint64_t epoch, uint64_t pos, uint64_t *draw)
+{
+    if (s->mix) {
+        stk__mix_geom g = {s->part.n, s->part.per_rank, s->part.world, s->part.local};
+        const stk__resumed *r = stk__schedule_resumed(s);
+        if (r && r->epoch == epoch) {
+            const stk__gen *g0 = &r->lay.gens[0];
+            g.per_rank = g0->per_rank;
+            g.world = g0->spec.world;
+            g.local = g0->spec.local;
+        }
+        return stk__mix_sample(s->mix, &g, epoch, pos, draw);
+    }
+    *draw = epoch;
+    return stk__schedule_sample_at(s, ord, epoch, pos);
+}
+
+static inline uint64_t stk__schedule_sample_at(const stk__schedule *s, const stk__order *ord,
                                                uint64_t epoch, uint64_t pos)
 {
     uint64_t i;
+    if (s->mix)
+        return stk__schedule_sample_draw(s, ord, epoch, pos, &i);
     if (s->sorder && stk__shard_orders_at(s->sorder, epoch, pos, &i) == STK_OK)
         return i;
     return stk__order_at(ord, pos);

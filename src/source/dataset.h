@@ -24,4 +24,20 @@ void stk__source_describe(const stk__source *s, stk__dataset_info *di);
  * removed (a folder's path relative to its root). */
 void stk__source_key(const stk__source *s, const char *root, uint64_t i, char *buf, size_t n);
 
+/* ---- Mixtures (mix.c; docs/mixing.md) ------------------------------------
+ * n sources as one: child k's sample j is sample offset_k + j (offset_k the
+ * children before it's counts). paths are opened with stk__source_open (any
+ * kind); shown[k] names child k in messages. The fields are the union of the
+ * children's by name, plus "source" (INT: the child's index) when no child
+ * has a field of that name. A child failing to open fails the open, naming
+ * it. */
+int stk__source_mix_open(stk__source *s, const char *const *paths, const char *const *shown,
+                         size_t n, const stk__source_params *prm, char *err, size_t errlen);
+/* STK_OK when every child has one of the mixture field ids (a requested
+ * field's alternatives); else STK_EINVAL naming the field and the child. */
+int stk__source_mix_check_field(const stk__source *s, const char *name, const uint32_t *ids,
+                                size_t nids, char *err, size_t errlen);
+/* Children's sample counts into sizes (up to max); returns the children. */
+size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max);
+
 #endif

@@ -1,0 +1,260 @@
+/*
+ * mix.c -- the mixture's schedule: see mix.h.
+ */
+#include "schedule/mix.h"
+
+#include <math.h>
+#include <string.h>
+
+int stk__mix_quotas(const double *weights, const uint64_t *samples, const uint64_t *sizes,
+                    size_t nsrc, uint64_t *N, uint64_t *quota, char *err, size_t errlen)
+{
+    if (!nsrc || nsrc > STK__MIX_MAX_SOURCES) {
+        stk__fmt(err, errlen, "a mixture needs 1 to %d sources (has %zu)", STK__MIX_MAX_SOURCES,
+                 nsrc);
+        return STK_EINVAL;
+    }
+    uint64_t fixed = 0, weighted_size = 0;
+    double wsum = 0;
+    size_t by_weight = 0, by_size = 0;
+    for (size_t s = 0; s < nsrc; s++) {
+        if (!samples[s] && weights[s] > 0)
+            by_weight++;
+        else if (!samples[s])
+            by_size++;
+    }
+    if (by_weight && by_size) {
+        /* A weight and a size are not in one unit: 0.5 beside 1000 samples
+         * would silently give the sized source nearly everything. */
+        stk__fmt(err, errlen,
+                 "%zu mixture sources have a weight and %zu have neither a weight nor a number "
+                 "of samples: give every source without a number of samples a weight, or none "
+                 "of them (then each is weighted by its size)",
+                 by_weight, by_size);
+        return STK_EINVAL;
+    }
+    for (size_t s = 0; s < nsrc; s++) {
+        if (!sizes[s]) {
+            stk__fmt(err, errlen, "mixture source %zu has no samples", s);
+            return STK_EINVAL;
+        }
+        if (samples[s]) {
+            if (fixed > UINT64_MAX - samples[s])
+                goto too_many;
+            fixed += samples[s];
+        } else {
+            if (weighted_size > UINT64_MAX - sizes[s])
+                goto too_many;
+            weighted_size += sizes[s];
+            wsum += weights[s] > 0 ? weights[s] : (double)sizes[s];
+        }
+    }
+    if (!*N) {
+        if (fixed > UINT64_MAX - weighted_size)
+            goto too_many;
+        *N = fixed + weighted_size;
+    }
+    if (fixed > *N) {
+        stk__fmt(err, errlen,
+                 "the mixture's sources ask for %llu samples an epoch in all, more than "
+                 "samples_per_epoch %llu",
+                 (unsigned long long)fixed, (unsigned long long)*N);
+        return STK_EINVAL;
+    }
+    uint64_t rest = *N - fixed;
+    if (rest && wsum <= 0) {
+        stk__fmt(err, errlen,
+                 "every mixture source has a fixed number of samples (%llu in all), which must "
+                 "then equal samples_per_epoch %llu",
+                 (unsigned long long)fixed, (unsigned long long)*N);
+        return STK_EINVAL;
+    }
+    /* Largest remainder (Hamilton): floors, then one more to the sources
+     * with the largest fractional parts (ties to the lower index), so the
+     * quotas sum to N exactly and none is off its share by a whole sample. */
+    long double frac[STK__MIX_MAX_SOURCES];
+    uint64_t given = 0;
+    for (size_t s = 0; s < nsrc; s++) {
+        frac[s] = -1;
+        if (samples[s]) {
+            quota[s] = samples[s];
+            continue;
+        }
+        double w = weights[s] > 0 ? weights[s] : (double)sizes[s];
+        long double x = (long double)rest * (long double)w / (long double)wsum;
+        long double f = floorl(x);
+        quota[s] = f >= (long double)rest ? rest : (uint64_t)f;
+        frac[s] = x - f;
+        given += quota[s];
+    }
+    while (given > rest) { /* rounding of long double near 2^64 */
+        for (size_t s = 0; s < nsrc && given > rest; s++)
+            if (!samples[s] && quota[s])
+                quota[s]--, given--;
+    }
+    while (given < rest) {
+        size_t best = SIZE_MAX;
+        for (size_t s = 0; s < nsrc; s++)
+            if (!samples[s] && (best == SIZE_MAX || frac[s] > frac[best]))
+                best = s;
+        quota[best]++;
+        frac[best] = -1;
+        given++;
+        bool any = false;
+        for (size_t s = 0; s < nsrc; s++)
+            any |= !samples[s] && frac[s] >= 0;
+        if (!any) /* more to give than sources (cannot happen: < nsrc left) */
+            for (size_t s = 0; s < nsrc; s++)
+                frac[s] = samples[s] ? -1 : 0;
+    }
+    if (!*N) {
+        stk__fmt(err, errlen, "the mixture's epoch has no samples");
+        return STK_EINVAL;
+    }
+    return STK_OK;
+too_many:
+    stk__fmt(err, errlen, "the mixture's sources have more than 2^64 samples in all");
+    return STK_EINVAL;
+}
+
+int stk__mix_init(stk__mix *m, const uint64_t *quota, const uint64_t *sizes, size_t nsrc,
+                  uint64_t seed, bool shuffle)
+{
+    if (!nsrc || nsrc > STK__MIX_MAX_SOURCES)
+        return STK_EINVAL;
+    memset(m, 0, sizeof *m);
+    m->nsrc = nsrc;
+    m->seed = seed;
+    m->shuffle = shuffle;
+    m->block = 1;
+    /* The live subtrees: a leaf or a node each, with its quota. Sources of
+     * quota 0 never appear. */
+    int32_t live[STK__MIX_MAX_SOURCES];
+    uint64_t lq[STK__MIX_MAX_SOURCES];
+    size_t nlive = 0, nnodes = 0;
+    for (size_t s = 0; s < nsrc; s++) {
+        m->quota[s] = quota[s];
+        m->size[s] = sizes[s];
+        m->offset[s + 1] = m->offset[s] + sizes[s];
+        m->N += quota[s];
+        if (quota[s]) {
+            live[nlive] = -(int32_t)s - 1;
+            lq[nlive++] = quota[s];
+        }
+    }
+    if (!nlive)
+        return STK_EINVAL;
+    /* Huffman-like: merge the two smallest (ties: the earlier). Small shares
+     * sit deep, where the window error a level adds is scaled by their small
+     * share of the node above (mix.h). */
+    while (nlive > 1) {
+        size_t i1 = 0, i2 = 1;
+        if (lq[i2] < lq[i1])
+            i1 = 1, i2 = 0;
+        for (size_t k = 2; k < nlive; k++) {
+            if (lq[k] < lq[i1])
+                i2 = i1, i1 = k;
+            else if (lq[k] < lq[i2])
+                i2 = k;
+        }
+        stk__mix_node *nd = &m->nodes[nnodes];
+        nd->a = live[i1];
+        nd->b = live[i2];
+        nd->na = lq[i1];
+        nd->n = lq[i1] + lq[i2];
+        size_t lo = i1 < i2 ? i1 : i2, hi = i1 < i2 ? i2 : i1;
+        live[lo] = (int32_t)nnodes++;
+        lq[lo] = nd->n;
+        live[hi] = live[nlive - 1];
+        lq[hi] = lq[nlive - 1];
+        nlive--;
+    }
+    m->root = live[0];
+    return STK_OK;
+}
+
+void stk__mix_at(const stk__mix *m, uint64_t epoch, uint64_t t, size_t *src, uint64_t *rank)
+{
+    uint64_t key = stk__mix64(stk__mix64(m->seed ^ 0x4d49585048ULL) ^ epoch);
+    int32_t v = m->root;
+    uint64_t p = t;
+    while (v >= 0) {
+        const stk__mix_node *nd = &m->nodes[v];
+        uint64_t phi = stk__mix64(key ^ ((uint64_t)v + 1) * 0x9e3779b97f4a7c15ULL) % nd->n;
+        unsigned __int128 x = (unsigned __int128)p * nd->na + phi;
+        uint64_t lo = (uint64_t)(x / nd->n);
+        uint64_t hi = (uint64_t)((x + nd->na) / nd->n);
+        if (hi > lo) {
+            p = lo;
+            v = nd->a;
+        } else {
+            p -= lo;
+            v = nd->b;
+        }
+    }
+    *src = (size_t)(-(v + 1));
+    *rank = p;
+}
+
+uint64_t stk__mix_kth(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k, uint64_t *pass)
+{
+    uint64_t n = m->size[s];
+    *pass = k / n;
+    stk__order o;
+    /* A permutation per (seed, source, pass) of each epoch. */
+    uint64_t seed = stk__mix64(m->seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL) ^
+                    stk__mix64(*pass + 0x50415353ULL);
+    stk__order_init(&o, n, seed, epoch, m->shuffle);
+    return stk__order_at(&o, k % n);
+}
+
+uint64_t stk__mix_t(const stk__mix_geom *g, uint64_t pos)
+{
+    uint64_t P = g->per_rank * g->world, C = g->per_rank * g->local;
+    if (P <= g->n) {
+        /* drop_last (or an exact split): positions past the ranks' are never
+         * read by this world (a later one reads them in their order). */
+        if (pos >= P)
+            return pos;
+        uint64_t m = pos / C, o = pos % C;
+        return m * C + (o % g->local) * g->per_rank + o / g->local;
+    }
+    /* Padding: the last node's chunk is partly past n; count only the real
+     * positions of its ranks (those below n). */
+    uint64_t nf = g->n / C;
+    if (pos < nf * C) {
+        uint64_t m = pos / C, o = pos % C;
+        return m * C + (o % g->local) * g->per_rank + o / g->local;
+    }
+    uint64_t real = g->n - nf * C, o = pos - nf * C;
+    uint64_t j = o % g->local, k = o / g->local;
+    uint64_t kfull = real / g->local, j0 = real % g->local;
+    return nf * C + j * kfull + (j < j0 ? j : j0) + k;
+}
+
+uint64_t stk__mix_sample(const stk__mix *m, const stk__mix_geom *g, uint64_t epoch, uint64_t pos,
+                         uint64_t *draw_epoch)
+{
+    size_t s;
+    uint64_t k, pass, t = stk__mix_t(g, pos);
+    stk__mix_at(m, epoch, t / m->block, &s, &k);
+    k = k * m->block + t % m->block; /* per-source batches: whole units */
+    uint64_t local = stk__mix_kth(m, epoch, s, k, &pass);
+    /* Pass 0 keeps the epoch's draws; a repeat of a sample in the same
+     * epoch draws its augmentations afresh. */
+    *draw_epoch = pass ? stk__mix64(epoch ^ pass * 0x9e3779b97f4a7c15ULL) : epoch;
+    return m->offset[s] + local;
+}
+
+size_t stk__mix_source_of(const stk__mix *m, uint64_t i)
+{
+    size_t lo = 0, hi = m->nsrc; /* the last s with offset[s] <= i */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (m->offset[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
