@@ -229,6 +229,11 @@ int stk__check_handle(stk_loader *l);
 /* Moves the production cursor to batch `batch` of `epoch` (set_lay: with
  * the resumed layout lay, NULL for none, from there on). */
 void stk__seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, bool set_lay);
+/* loader_next.c: the device stage's source of host batches (its copy
+ * thread's next and release; ctx is the core). */
+int stk__loader_stage_host_next(void *ctx, stk_batch **out, uint64_t timeout_ns, char *err,
+                                size_t errlen);
+void stk__loader_stage_host_release(void *ctx, stk_batch *b);
 
 /* The pipeline of the first image of sample i: its source's own in a
  * mixture with per-source transforms, else the loader's. */
