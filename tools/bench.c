@@ -411,6 +411,32 @@ static int parse_count_flag(int *ip, const char *k, const char *val, stk_options
     return 0;
 }
 
+/* --mix [WEIGHT:]PATH: a source of a mixture (docs/mixing.md). 0, or 2
+ * after a message for a malformed value; *rc: stk_options_add_source's. */
+static int parse_mix(const char *val, stk_options *o, int *rc)
+{
+    const char *path = val;
+    double wgt = 0;
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(val, &end);
+    if (end != val && *end == ':' && (val[0] == '.' || (val[0] >= '0' && val[0] <= '9'))) {
+        if (errno || !(x > 0 && x < 1e300)) {
+            fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH with a weight > 0, got '%s'\n",
+                    val);
+            return 2;
+        }
+        wgt = x;
+        path = end + 1;
+    }
+    if (!*path) {
+        fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH, got '%s'\n", val);
+        return 2;
+    }
+    *rc = stk_options_add_source(o, path, wgt, 0);
+    return 0;
+}
+
 int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
 {
     uint64_t v = 0;
@@ -480,27 +506,8 @@ int stoker_parse_bench(int argc, char **argv, stk_options *o, bench_args *a)
             a->transform = val;
             i++;
         } else if (!strcmp(k, "--mix") && val && !strcmp(argv[1], "bench")) {
-            /* [WEIGHT:]PATH: a source of a mixture (docs/mixing.md). */
-            const char *path = val;
-            double wgt = 0;
-            char *end = NULL;
-            errno = 0;
-            double x = strtod(val, &end);
-            if (end != val && *end == ':' && (val[0] == '.' || (val[0] >= '0' && val[0] <= '9'))) {
-                if (errno || !(x > 0 && x < 1e300)) {
-                    fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH with a weight > 0, got "
-                                    "'%s'\n",
-                            val);
-                    return 2;
-                }
-                wgt = x;
-                path = end + 1;
-            }
-            if (!*path) {
-                fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH, got '%s'\n", val);
+            if (parse_mix(val, o, &rc))
                 return 2;
-            }
-            rc = stk_options_add_source(o, path, wgt, 0);
             a->nmix++;
             i++;
         } else if (!strcmp(k, "--on-error") && val) {

@@ -792,13 +792,139 @@ static void hedge_done(stk__remote *r, stk__req *h, int v)
     complete(r, p);
 }
 
+/* Takes queued requests and due retries, up to the concurrency and the
+ * governor's budget (io_main). Their list; next_due is lowered to when a
+ * retry or a token is due. */
+static stk__req *take_due(stk__remote *r, uint64_t now, uint64_t *next_due)
+{
+    stk__req *take = NULL, **tail = &take;
+    for (stk__req **pp = &r->retry; *pp;) {
+        stk__req *q = *pp;
+        if (q->not_before_ <= now && r->active < r->cfg.concurrency &&
+            gov_take(r, now, next_due)) {
+            *pp = q->next_;
+            q->next_ = NULL;
+            *tail = q;
+            tail = &q->next_;
+            q->state_ = Q_ACTIVE;
+            r->active++;
+        } else {
+            if (q->not_before_ < *next_due)
+                *next_due = q->not_before_;
+            pp = &q->next_;
+        }
+    }
+    while (r->queue_head && r->active < r->cfg.concurrency && gov_take(r, now, next_due)) {
+        stk__req *q = r->queue_head;
+        r->queue_head = q->next_;
+        if (!r->queue_head)
+            r->queue_tail = NULL;
+        q->next_ = NULL;
+        *tail = q;
+        tail = &q->next_;
+        q->state_ = Q_ACTIVE;
+        r->active++;
+    }
+    return take;
+}
+
+/* One attempt of q has ended with res (io_main): counted, judged, and then
+ * retried (backoff with equal jitter), resent with fresh credentials, or
+ * completed. */
+static void attempt_done(stk__remote *r, CURL *e, CURLcode res)
+{
+    stk__req *q = NULL;
+    curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&q);
+    curl_multi_remove_handle(r->multi, e);
+    act_remove(r, q);
+    atomic_fetch_add_explicit(&r->n_bytes, q->got, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
+    curl_off_t total_us = 0, first_us = 0;
+    curl_easy_getinfo(e, CURLINFO_TOTAL_TIME_T, &total_us);
+    curl_easy_getinfo(e, CURLINFO_STARTTRANSFER_TIME_T, &first_us);
+    atomic_fetch_add_explicit(&r->n_completed, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->n_request_ns, (uint64_t)total_us * 1000u, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->n_first_byte_ns, (uint64_t)first_us * 1000u,
+                              memory_order_relaxed);
+    int v = judge(r, q, res);
+    if (q->status == 503 || q->status == 429)
+        gov_cut(r);
+    if (v == STK_OK && hedgeable(q))
+        hedge_record(r, (uint64_t)total_us);
+    if (q->hedge_of_) {
+        hedge_done(r, q, v);
+        return;
+    }
+    if (v == 2 && !(v = cred_retry(r, q)))
+        return; /* queued again with fresh credentials */
+    if (v == 1 && q->attempts <= r->cfg.retries) {
+        uint64_t cap = 10000ULL, base = r->cfg.backoff_ms;
+        unsigned sh = q->attempts - 1 < 16 ? q->attempts - 1 : 16;
+        uint64_t ms = base << sh;
+        if (ms > cap)
+            ms = cap;
+        /* "Equal jitter": half fixed, half random, so retries of many
+         * requests that failed together spread out. */
+        ms = ms / 2 + rng_next(r) % (ms / 2 + 1);
+        if (q->retry_after_s_ > 0 && (uint64_t)q->retry_after_s_ * 1000 > ms)
+            ms = (uint64_t)q->retry_after_s_ * 1000;
+        atomic_fetch_add_explicit(&r->n_retries, 1, memory_order_relaxed);
+        pthread_mutex_lock(&r->lock);
+        r->active--;
+        q->not_before_ = stk__now_ns() + ms * 1000000ULL;
+        q->state_ = Q_WAITING_RETRY;
+        q->next_ = r->retry;
+        r->retry = q;
+        pthread_mutex_unlock(&r->lock);
+        return;
+    }
+    if (v == 1) {
+        char last[sizeof q->err];
+        stk__fmt(last, sizeof last, "%s", q->err);
+        stk__fmt(q->err, sizeof q->err, "failed after %u attempts; last: %s", q->attempts, last);
+        q->rc = STK_EIO;
+    }
+    pthread_mutex_lock(&r->lock);
+    r->active--;
+    pthread_mutex_unlock(&r->lock);
+    complete(r, q);
+}
+
+/* Stopping (io_main): everything not done fails as cancelled. */
+static void cancel_all(stk__remote *r)
+{
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        stk__req *q = r->queue_head;
+        if (q) {
+            r->queue_head = q->next_;
+            if (!r->queue_head)
+                r->queue_tail = NULL;
+        } else if ((q = r->retry)) {
+            r->retry = q->next_;
+        }
+        pthread_mutex_unlock(&r->lock);
+        if (!q)
+            break;
+        q->rc = STK_EIO;
+        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
+        complete(r, q);
+    }
+    while (r->act) {
+        stk__req *q = r->act;
+        r->act = q->anext_;
+        curl_multi_remove_handle(r->multi, q->easy_);
+        q->rc = STK_EIO;
+        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
+        complete(r, q);
+    }
+}
+
 static void *io_main(void *arg)
 {
     stk__remote *r = arg;
     pthread_setname_np(pthread_self(), "stk-io-0");
     for (;;) {
-        /* Take queued requests and due retries, up to the concurrency. */
-        stk__req *take = NULL, **tail = &take;
         uint64_t now = stk__now_ns(), next_due = UINT64_MAX;
         hedge_scan(r, now, &next_due);
         pthread_mutex_lock(&r->lock);
@@ -806,33 +932,7 @@ static void *io_main(void *arg)
             pthread_mutex_unlock(&r->lock);
             break;
         }
-        for (stk__req **pp = &r->retry; *pp;) {
-            stk__req *q = *pp;
-            if (q->not_before_ <= now && r->active < r->cfg.concurrency &&
-                gov_take(r, now, &next_due)) {
-                *pp = q->next_;
-                q->next_ = NULL;
-                *tail = q;
-                tail = &q->next_;
-                q->state_ = Q_ACTIVE;
-                r->active++;
-            } else {
-                if (q->not_before_ < next_due)
-                    next_due = q->not_before_;
-                pp = &q->next_;
-            }
-        }
-        while (r->queue_head && r->active < r->cfg.concurrency && gov_take(r, now, &next_due)) {
-            stk__req *q = r->queue_head;
-            r->queue_head = q->next_;
-            if (!r->queue_head)
-                r->queue_tail = NULL;
-            q->next_ = NULL;
-            *tail = q;
-            tail = &q->next_;
-            q->state_ = Q_ACTIVE;
-            r->active++;
-        }
+        stk__req *take = take_due(r, now, &next_due);
         pthread_mutex_unlock(&r->lock);
         /* Credentials about to expire are renewed before they sign more. */
         if (take && r->sigv4 && stk__creds_due(r->creds)) {
@@ -859,69 +959,9 @@ static void *io_main(void *arg)
         curl_multi_perform(r->multi, &running);
         CURLMsg *m;
         int left;
-        while ((m = curl_multi_info_read(r->multi, &left))) {
-            if (m->msg != CURLMSG_DONE)
-                continue;
-            CURL *e = m->easy_handle;
-            CURLcode res = m->data.result;
-            stk__req *q = NULL;
-            curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&q);
-            curl_multi_remove_handle(r->multi, e);
-            act_remove(r, q);
-            atomic_fetch_add_explicit(&r->n_bytes, q->got, memory_order_relaxed);
-            atomic_fetch_sub_explicit(&r->n_inflight, 1, memory_order_relaxed);
-            curl_off_t total_us = 0, first_us = 0;
-            curl_easy_getinfo(e, CURLINFO_TOTAL_TIME_T, &total_us);
-            curl_easy_getinfo(e, CURLINFO_STARTTRANSFER_TIME_T, &first_us);
-            atomic_fetch_add_explicit(&r->n_completed, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&r->n_request_ns, (uint64_t)total_us * 1000u,
-                                      memory_order_relaxed);
-            atomic_fetch_add_explicit(&r->n_first_byte_ns, (uint64_t)first_us * 1000u,
-                                      memory_order_relaxed);
-            int v = judge(r, q, res);
-            if (q->status == 503 || q->status == 429)
-                gov_cut(r);
-            if (v == STK_OK && hedgeable(q))
-                hedge_record(r, (uint64_t)total_us);
-            if (q->hedge_of_) {
-                hedge_done(r, q, v);
-                continue;
-            }
-            if (v == 2 && !(v = cred_retry(r, q)))
-                continue; /* queued again with fresh credentials */
-            if (v == 1 && q->attempts <= r->cfg.retries) {
-                uint64_t cap = 10000ULL, base = r->cfg.backoff_ms;
-                unsigned sh = q->attempts - 1 < 16 ? q->attempts - 1 : 16;
-                uint64_t ms = base << sh;
-                if (ms > cap)
-                    ms = cap;
-                /* "Equal jitter": half fixed, half random, so retries of
-                 * many requests that failed together spread out. */
-                ms = ms / 2 + rng_next(r) % (ms / 2 + 1);
-                if (q->retry_after_s_ > 0 && (uint64_t)q->retry_after_s_ * 1000 > ms)
-                    ms = (uint64_t)q->retry_after_s_ * 1000;
-                atomic_fetch_add_explicit(&r->n_retries, 1, memory_order_relaxed);
-                pthread_mutex_lock(&r->lock);
-                r->active--;
-                q->not_before_ = stk__now_ns() + ms * 1000000ULL;
-                q->state_ = Q_WAITING_RETRY;
-                q->next_ = r->retry;
-                r->retry = q;
-                pthread_mutex_unlock(&r->lock);
-                continue;
-            }
-            if (v == 1) {
-                char last[sizeof q->err];
-                stk__fmt(last, sizeof last, "%s", q->err);
-                stk__fmt(q->err, sizeof q->err, "failed after %u attempts; last: %s", q->attempts,
-                         last);
-                q->rc = STK_EIO;
-            }
-            pthread_mutex_lock(&r->lock);
-            r->active--;
-            pthread_mutex_unlock(&r->lock);
-            complete(r, q);
-        }
+        while ((m = curl_multi_info_read(r->multi, &left)))
+            if (m->msg == CURLMSG_DONE)
+                attempt_done(r, m->easy_handle, m->data.result);
         atomic_fetch_add_explicit(&r->n_busy_ns, stk__now_ns() - t0, memory_order_relaxed);
         int wait_ms = 100;
         if (next_due != UINT64_MAX) {
@@ -932,32 +972,7 @@ static void *io_main(void *arg)
         }
         curl_multi_poll(r->multi, NULL, 0, wait_ms, NULL);
     }
-    /* Stopping: everything not done fails as cancelled. */
-    for (;;) {
-        pthread_mutex_lock(&r->lock);
-        stk__req *q = r->queue_head;
-        if (q) {
-            r->queue_head = q->next_;
-            if (!r->queue_head)
-                r->queue_tail = NULL;
-        } else if ((q = r->retry)) {
-            r->retry = q->next_;
-        }
-        pthread_mutex_unlock(&r->lock);
-        if (!q)
-            break;
-        q->rc = STK_EIO;
-        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
-        complete(r, q);
-    }
-    while (r->act) {
-        stk__req *q = r->act;
-        r->act = q->anext_;
-        curl_multi_remove_handle(r->multi, q->easy_);
-        q->rc = STK_EIO;
-        stk__fmt(q->err, sizeof q->err, "cancelled: the loader is closing");
-        complete(r, q);
-    }
+    cancel_all(r);
     return NULL;
 }
 
