@@ -231,8 +231,19 @@ static void on_chunk_done(stk__req *q, void *ctx)
     chunk *c = ctx;
     stk__fetch *f = c->f;
     pthread_mutex_lock(&f->lock);
+    /* A shard opened from the consolidated index (stk.c) has its size
+     * first seen here: a shard replaced since the pack fails by name. */
+    uint64_t want = f->src->shard_bytes ? f->src->shard_bytes[c->shard] : 0;
+    bool ok = q->rc == STK_OK;
+    if (ok && q->total && want && q->total != want) {
+        stk__fmt(q->err, sizeof q->err,
+                 "the shard is now %llu bytes, not the %llu it had when the dataset was opened "
+                 "(replaced since the pack?)",
+                 (unsigned long long)q->total, (unsigned long long)want);
+        ok = false;
+    }
     c->inflight = false;
-    c->state = q->rc == STK_OK ? C_READY : C_FAILED;
+    c->state = ok ? C_READY : C_FAILED;
     pthread_cond_broadcast(&f->cond);
     if (c->refs == 0)
         chunk_free(f, c);

@@ -249,10 +249,12 @@ int stk__source_tar_open_remote(stk__source *s, struct stk__remote *r, const cha
 /* .stk shards in an object store: r is taken over by the source (closed with
  * it, also on failure). names are object names relative to the dataset URL;
  * sizes (may be NULL) their sizes when known (a listing or the manifest);
- * man: the dataset's manifest when it has one (taken over), else NULL. */
+ * man: the dataset's manifest when it has one (taken over), else NULL;
+ * when it names a consolidated index (stoker.index) the shards are opened
+ * from it, kept in prm->cache_dir when given (prm may be NULL). */
 int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
                                 const uint64_t *sizes, size_t n, struct stk__manifest *man,
-                                char *err, size_t errlen);
+                                const stk__source_params *prm, char *err, size_t errlen);
 /* CIFAR-10 (3073-byte records: label, 3072 bytes CHW) or CIFAR-100 (3074:
  * coarse label, fine label, 3072 bytes CHW) batch files; samples are the
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */
