@@ -872,11 +872,9 @@ out:
  * it once: the first takes a lock while it fetches, the others wait for it
  * and read the file. */
 
-/* Internal statuses (positive, never returned to a caller): the index is
- * not usable and each shard is opened instead; the index object is not the
- * size the manifest gives. */
-#define INDEX_FALLBACK   2
-#define INDEX_OTHER_SIZE 3
+/* An internal status (positive, never returned to a caller): the index is
+ * not usable, and each shard is opened instead. */
+#define INDEX_FALLBACK 2
 
 /* Ranged GETs of the index are at most this large, all in flight at once. */
 #define INDEX_PART (8u << 20)
@@ -899,9 +897,10 @@ static void index_cache_file(const char *cache_dir, const char *id, uint64_t sum
              (unsigned long long)stk__xxh3(id, strlen(id)), (unsigned long long)sum);
 }
 
-/* Reads the cached index at path (bytes long) into a new buffer; NULL when
- * there is none or it is not whole. */
-static uint8_t *index_cache_read(const char *path, uint64_t bytes)
+/* Reads the cached index at path (bytes long, XXH3 sum before its trailer)
+ * into a new buffer; NULL when there is none, or it is not whole (a file
+ * damaged on disk is fetched again, and replaced). */
+static uint8_t *index_cache_read(const char *path, uint64_t bytes, uint64_t sum)
 {
     int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -916,6 +915,10 @@ static uint8_t *index_cache_read(const char *path, uint64_t bytes)
         buf = NULL;
     }
     stk__close(fd);
+    if (buf && stk__xxh3(buf, (size_t)bytes - STK_INDEX_TRAILER) != sum) {
+        stk__free(buf);
+        buf = NULL;
+    }
     return buf;
 }
 
@@ -935,56 +938,57 @@ static void index_cache_write(const char *path, const uint8_t *buf, size_t n)
         stk__unlink(tmp);
 }
 
-/* Fetches the whole index object (its size unknown or not the manifest's)
- * into *out. */
-static int index_fetch_whole(stk__remote *r, uint8_t **out, size_t *len, char *err, size_t errlen)
-{
-    char *text = NULL;
-    int rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)INDEX_MAX, &text, len, err, errlen);
-    *out = (uint8_t *)text;
-    return rc;
-}
-
-/* Fetches the index of `bytes` bytes by parallel ranges. INDEX_OTHER_SIZE: the
- * object is not that size (*total: its size). */
-static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, uint64_t *total, char *err,
+/* Fetches the index object, which the manifest says is `bytes` long, into
+ * *out (*len its real length). An index of up to INDEX_PART bytes is one
+ * whole-object GET; a larger one is fetched by ranges in parallel, and
+ * whole when the ranges fail (an object shorter than the manifest says
+ * answers its last range short). The whole-object GET takes at most twice
+ * the manifest's size: STK_ETOOBIG beyond. */
+static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *len, char *err,
                        size_t errlen)
 {
     int rc = STK_OK;
     size_t np = (size_t)((bytes + INDEX_PART - 1) / INDEX_PART);
-    uint8_t *buf = stk__malloc((size_t)bytes);
-    stk__req *q = stk__calloc(np, sizeof *q);
-    stk__req **qp = stk__calloc(np, sizeof *qp);
-    *total = 0;
-    if (!buf || !q || !qp) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (size_t k = 0; k < np; k++) {
-        uint64_t off = (uint64_t)k * INDEX_PART;
-        q[k] = (stk__req){.name = STK_INDEX_NAME,
-                          .off = off,
-                          .len = bytes - off < INDEX_PART ? bytes - off : INDEX_PART,
-                          .buf = buf + off,
-                          .fd = -1};
-        qp[k] = &q[k];
-    }
-    stk__remote_run(r, qp, np);
-    for (size_t k = 0; k < np && !rc; k++) {
-        if (q[k].total && q[k].total != bytes) {
-            *total = q[k].total;
-            rc = INDEX_OTHER_SIZE;
-        } else if (q[k].rc) {
-            /* A range past a shorter object's end answers 416: its size
-             * is then what a first range said, if any did. */
-            rc = q[k].rc;
-            stk__fmt(err, errlen, "%s", q[k].err);
+    uint8_t *buf = NULL;
+    stk__req *q = NULL, **qp = NULL;
+    *out = NULL;
+    if (np > 1) {
+        buf = stk__malloc((size_t)bytes);
+        q = stk__calloc(np, sizeof *q);
+        qp = stk__calloc(np, sizeof *qp);
+        if (!buf || !q || !qp) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        for (size_t k = 0; k < np; k++) {
+            uint64_t off = (uint64_t)k * INDEX_PART;
+            q[k] = (stk__req){.name = STK_INDEX_NAME,
+                              .off = off,
+                              .len = bytes - off < INDEX_PART ? bytes - off : INDEX_PART,
+                              .buf = buf + off,
+                              .fd = -1};
+            qp[k] = &q[k];
+        }
+        stk__remote_run(r, qp, np);
+        bool whole = true;
+        for (size_t k = 0; k < np; k++) {
+            if (q[k].rc == STK_ENOENT) {
+                rc = STK_ENOENT;
+                goto out;
+            }
+            whole = whole && !q[k].rc && q[k].total == bytes;
+        }
+        if (whole) {
+            *out = buf;
+            *len = (size_t)bytes;
+            buf = NULL;
+            goto out;
         }
     }
-    if (rc == STK_OK) {
-        *out = buf;
-        buf = NULL;
-    }
+    char *text = NULL;
+    rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), &text, len,
+                               err, errlen);
+    *out = (uint8_t *)text;
 out:
     stk__free(buf);
     stk__free(q);
@@ -1017,7 +1021,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         stk__remote_object_id(d->remote, STK_INDEX_NAME, id, sizeof id);
         index_cache_file(prm->cache_dir, id, m->index_sum, cpath, sizeof cpath);
         stk__mkdirs_for(cpath);
-        buf = index_cache_read(cpath, m->index_bytes);
+        buf = index_cache_read(cpath, m->index_bytes, m->index_sum);
         if (!buf) {
             /* One rank of the node fetches; the others wait for its file.
              * A lock that does not come within a minute (a process stuck
@@ -1036,16 +1040,22 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
                 }
                 usleep(10000);
             }
-            buf = index_cache_read(cpath, m->index_bytes); /* written while we waited */
+            buf = index_cache_read(cpath, m->index_bytes, m->index_sum); /* written while we waited */
         }
     }
     if (!buf) {
-        uint64_t total = 0;
-        rc = index_fetch(d->remote, m->index_bytes, &buf, &total, why, sizeof why);
-        if (rc == INDEX_OTHER_SIZE) {
-            /* Another object than the manifest names: parse it whole to tell
-             * an index of another pack (refused) from a broken one. */
-            rc = index_fetch_whole(d->remote, &buf, &len, why, sizeof why);
+        /* An object of another size than the manifest's is parsed all the
+         * same: that tells an index of another pack (refused) from a broken
+         * one (ignored). */
+        rc = index_fetch(d->remote, m->index_bytes, &buf, &len, why, sizeof why);
+        if (rc == STK_ETOOBIG) {
+            stk__fmt(msg, sizeof msg,
+                     "%s: is more than twice the %llu bytes the manifest gives it; opening each "
+                     "shard instead",
+                     where, (unsigned long long)m->index_bytes);
+            open_warning(msg);
+            rc = INDEX_FALLBACK;
+            goto out;
         }
         if (rc == STK_ENOENT) {
             stk__fmt(msg, sizeof msg,
