@@ -2186,6 +2186,41 @@ static void test_index_not_named_is_not_used(void)
     server_stop();
 }
 
+/* The indexed open (with the index cache) under every allocation failure:
+ * each ends STK_OK or STK_ENOMEM (never a fallback's other error) and
+ * leaks nothing. */
+static void test_index_oom_sweep(void)
+{
+    index_case("ix-oom", 9);
+    server_start(g_www, F_NONE);
+    stk_options *o;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    REQUIRE(stk_options_set(o, "cache_dir", tu_path("ix-oom-cache")) == STK_OK);
+    long live = stk__alloc_live();
+    int failed = 0, ok = 0;
+    for (long n = 0; n < 100000; n++) {
+        stk_dataset *d = NULL;
+        char err[1024];
+        stk__alloc_fail_after(n);
+        int rc = stk_dataset_open(&d, url("ix-oom"), o, err, sizeof err);
+        stk__alloc_fail_after(-1);
+        stk_dataset_close(d);
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "fail %ld: %s\n", n, err);
+        CHECK_EQ(stk__alloc_live(), live);
+        if (rc == STK_OK && ++ok == 2)
+            break; /* past the last allocation, cold and then cached */
+        if (rc == STK_ENOMEM)
+            failed++;
+    }
+    printf("    indexed open: %d allocation points failed with ENOMEM\n", failed);
+    CHECK(failed > 10);
+    stk_options_destroy(o);
+    server_stop();
+}
+
 /* An index of another pack beside this pack's manifest and shards: refused,
  * saying so. */
 static void test_index_of_another_pack_is_refused(void)
@@ -2322,6 +2357,7 @@ int main(void)
     RUN_IF(test_index_many_shards);
     RUN_IF(test_index_broken_falls_back);
     RUN_IF(test_index_not_named_is_not_used);
+    RUN_IF(test_index_oom_sweep);
     RUN_IF(test_index_of_another_pack_is_refused);
     RUN_IF(test_index_shard_replaced_since_the_pack);
     if (getenv("STK_INDEX_BENCH"))
