@@ -275,7 +275,7 @@ def test_second_writer_is_told_another_writer_is_using_the_directory(tmp_path, e
         # told it is a packed dataset.
         with stoker.Loader(out, 1, output="numpy") as L:
             assert [int(y[0]) for _, y in L] == [0] and L.classes == ["only"]
-        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.manifest"]
+        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.index", "stoker.manifest"]
         with pytest.raises(ValueError, match="already holds a packed dataset"):
             stoker.Writer(out)
     elif end == "close":
