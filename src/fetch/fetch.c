@@ -782,8 +782,10 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         for (size_t k = 0; k < src->nshards; k++) {
             char where[4096];
             stk__remote_object_id(f->remote, src->shard_objs[k], where, sizeof where);
-            stk__cache_key(where, src->shard_bytes[k], src->shard_tags ? src->shard_tags[k] : NULL,
-                           f->sh[k].key, sizeof f->sh[k].key);
+            const char *tag = src->shard_tags ? src->shard_tags[k] : NULL;
+            if (!tag && src->shard_ids)
+                tag = src->shard_ids[k]; /* no ETag known: the shard's content */
+            stk__cache_key(where, src->shard_bytes[k], tag, f->sh[k].key, sizeof f->sh[k].key);
             f->by_key[k] = k;
         }
         qsort_r(f->by_key, src->nshards, sizeof *f->by_key, cmp_key_ix_ctx, f->sh);

@@ -183,6 +183,12 @@ struct stk__source {
     char **shard_objs; /* nshards_objs_ entries (allocated before nshards is known) */
     uint64_t *shard_bytes;
     char **shard_tags; /* NULL, or per shard its ETag/Last-Modified (NULL: none) */
+    /* NULL, or per shard what identifies its content when no ETag is known
+     * (a .stk opened from its consolidated index: its footer's checksums):
+     * the disk cache keys the shard with it, so a republished shard of the
+     * same size is not read from the old entry. Never compared with a
+     * response's validator. */
+    char **shard_ids;
     size_t nshards_objs_;
     /* Cache entries pinned for the source's life (open descriptors holding
      * shared locks), and the cache they belong to. */

@@ -1164,7 +1164,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
     if (!(d->shards = stk__calloc(n, sizeof *d->shards)) ||
         !(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
         !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes)) ||
-        !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags))) {
+        !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags)) ||
+        !(src->shard_ids = stk__calloc(n, sizeof *src->shard_ids))) {
         rc = STK_ENOMEM;
         goto out;
     }
@@ -1204,6 +1205,17 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         src->shard_bytes[k] = d->shards[k].bytes;
         src->shard_tags[k] = d->shards[k].tag;
         d->shards[k].tag = NULL;
+        if (!src->shard_tags[k]) {
+            /* Opened from the index, no ETag was seen: the index region's
+             * checksum identifies the shard's content (its entries hold
+             * every payload's XXH3-64). */
+            char id[32];
+            stk__fmt(id, sizeof id, "stk-%016llx", (unsigned long long)d->shards[k].f.index_sum);
+            if (!(src->shard_ids[k] = stk__strdup(id))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+        }
     }
     rc = finish_set(src, d, d->man.shards != NULL, stk__remote_display(r), err, errlen);
     d = NULL;

@@ -2221,6 +2221,40 @@ static void test_index_oom_sweep(void)
     server_stop();
 }
 
+/* The republished-dataset case of test_republished_and_corrupt_entries for
+ * a dataset opened from its index (no ETag is seen at open): the cache keys
+ * its shards by their index checksum, so a new pack with same-size shards
+ * downloads the new versions instead of failing on the old entries. */
+static void test_index_republished_is_not_read_from_old_entries(void)
+{
+    char dir[1100], p[1400];
+    snprintf(dir, sizeof dir, "%s/ix-repub", g_www);
+    make_indexed(dir, 6, 3, 10);
+    const char *cache = tu_path("cache-ix-repub");
+    server_start(g_www, F_NONE);
+    run_out cold = run(url("ix-repub"), 2, cache, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(cold.fs.cache_misses, 6);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%.255s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    REQUIRE(rmdir(dir) == 0);
+    make_indexed(dir, 6, 3, 11); /* same sizes, other bytes */
+    uint64_t want = local_hash("ix-repub");
+    run_out again = run(url("ix-repub"), 2, cache, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(again.samples, 18);
+    CHECK(again.hash == want && again.hash != cold.hash);
+    CHECK_EQ(again.fs.cache_misses, 6);
+    CHECK_EQ(again.fs.cache_dropped, 0);
+    server_stop();
+}
+
 /* An index of another pack beside this pack's manifest and shards: refused,
  * saying so. */
 static void test_index_of_another_pack_is_refused(void)
@@ -2358,6 +2392,7 @@ int main(void)
     RUN_IF(test_index_broken_falls_back);
     RUN_IF(test_index_not_named_is_not_used);
     RUN_IF(test_index_oom_sweep);
+    RUN_IF(test_index_republished_is_not_read_from_old_entries);
     RUN_IF(test_index_of_another_pack_is_refused);
     RUN_IF(test_index_shard_replaced_since_the_pack);
     if (getenv("STK_INDEX_BENCH"))
