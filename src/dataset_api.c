@@ -581,6 +581,7 @@ int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
     *res = (stk_verify_result){.struct_size = sizeof *res, .whole = 1};
     vctx v = {res, fn, user, o ? o->max_input_bytes : (uint64_t)32 << 20};
     source_params(o, &prm, &rcfg);
+    prm.no_index = true; /* every shard's own header, footer and index */
     if (!stk__is_url(path) && stk__stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         int mrc = stk__manifest_read(path, &man, why, sizeof why);
         if (mrc == STK_OK) {

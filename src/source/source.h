@@ -230,6 +230,9 @@ typedef struct stk__source_params {
     /* NULL, or a flag set (by another thread) when the open should stop:
      * waits on other processes re-check it. */
     const _Atomic bool *cancel;
+    /* .stk over a URL: open each shard, never from the consolidated index
+     * (stoker verify checks the shards' own bytes). */
+    bool no_index;
 } stk__source_params;
 
 void stk__source_close(stk__source *s);

@@ -1187,7 +1187,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         s->dev = (dev_t)-1;
         s->ino = (ino_t)stk__xxh3(name, strlen(name));
     }
-    rc = d->man.has_index ? open_from_index(d, prm, err, errlen) : INDEX_FALLBACK;
+    rc = d->man.has_index && !(prm && prm->no_index) ? open_from_index(d, prm, err, errlen)
+                                                     : INDEX_FALLBACK;
     if (rc != STK_OK && rc != INDEX_FALLBACK)
         goto out;
     for (size_t a = 0; rc == INDEX_FALLBACK && a < n; a += REMOTE_OPEN_CHUNK) {

@@ -58,7 +58,7 @@ def test_pack_equals_cli_byte_for_byte(tmp_path, opts, cli):
     py, ref = _tree_bytes(tmp_path / "py"), _tree_bytes(tmp_path / "cli")
     assert py == ref
     assert r["samples"] == 24 and r["skipped"] == 0 and r["skipped_samples"] == []
-    assert r["shards"] == len(py) - 1
+    assert r["shards"] == len(py) - 2  # the shards, the manifest, stoker.index
     assert r["bytes"] == sum(len(v) for k, v in py.items() if k.endswith(".stk"))
     assert r["payload"] == ("raw" if "raw" in opts else "resized" if "max_side" in opts
                             else "encoded")
