@@ -231,16 +231,12 @@ out:
     return rc;
 }
 
-int stk__stkindex_write(const char *dir, const stk__manifest *m, uint64_t *bytes, uint64_t *sum,
-                        char *err, size_t errlen)
+int stk__stkindex_build(const char *dir, const stk__manifest *m, uint8_t **out, size_t *out_len,
+                        uint64_t *sum, char *err, size_t errlen)
 {
     int rc = STK_OK;
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
-    int fd = -1;
-    char path[4096], tmp[4200];
-    stk__fmt(path, sizeof path, "%s/%s", dir, STK_INDEX_NAME);
-    stk__fmt(tmp, sizeof tmp, "%s.tmp", path);
     uint64_t names_bytes = 0, samples = 0;
     for (size_t k = 0; k < m->nshards; k++) {
         names_bytes += strlen(m->shards[k].name);
@@ -290,6 +286,26 @@ int stk__stkindex_write(const char *dir, const stk__manifest *m, uint64_t *bytes
     stk__put64(buf + len, *sum);
     memcpy(buf + len + 8, STK_INDEX_END, 8);
     len += STK_INDEX_TRAILER;
+    *out = buf;
+    *out_len = len;
+    buf = NULL;
+out:
+    stk__free(buf);
+    return rc;
+}
+
+int stk__stkindex_write(const char *dir, const stk__manifest *m, uint64_t *bytes, uint64_t *sum,
+                        char *err, size_t errlen)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int fd = -1;
+    char path[4096], tmp[4200];
+    stk__fmt(path, sizeof path, "%s/%s", dir, STK_INDEX_NAME);
+    stk__fmt(tmp, sizeof tmp, "%s.tmp", path);
+    int rc = stk__stkindex_build(dir, m, &buf, &len, sum, err, errlen);
+    if (rc)
+        return rc;
     *bytes = len;
     fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 || stk__write_full(fd, buf, len) != STK_OK || stk__fsync(fd) != 0) {
@@ -304,6 +320,8 @@ int stk__stkindex_write(const char *dir, const stk__manifest *m, uint64_t *bytes
         rc = STK_EIO;
         goto out;
     }
+    /* Durable before the manifest that names it is. */
+    stk__fsync_parent(path);
 out:
     if (fd >= 0)
         stk__close(fd);

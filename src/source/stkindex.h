@@ -60,6 +60,11 @@ void stk__stkindex_free(stk__stkindex *ix);
 int stk__stkindex_check_shard(const stk__stkindex_shard *s, stk__stk_header *h,
                               stk__stk_footer *f, int64_t *max_label, char *err, size_t errlen);
 
+/* Builds in memory the index of the shards the manifest m lists in DIR
+ * (what stk__stkindex_write writes): *out (stk__free) of *len bytes, *sum
+ * its checksum. Errors as stk__stkindex_write's. */
+int stk__stkindex_build(const char *dir, const stk__manifest *m, uint8_t **out, size_t *len,
+                        uint64_t *sum, char *err, size_t errlen);
 /* Writes DIR/stoker.index from the finished shards the manifest m lists
  * (read back from DIR: the bytes a reader will see), to a .tmp file that is
  * fsynced and renamed. *bytes and *sum get the file's size and checksum, for

@@ -2255,6 +2255,61 @@ static void test_index_republished_is_not_read_from_old_entries(void)
     server_stop();
 }
 
+/* stoker verify of a packed directory checks stoker.index: the one the
+ * manifest names, and the index its shards make now. */
+static char g_vmsg[2048];
+static void on_problem(const stk_verify_problem *p, void *user)
+{
+    (void)user;
+    if (p->kind == STK_VERIFY_MANIFEST && strstr(p->name, "stoker.index"))
+        snprintf(g_vmsg, sizeof g_vmsg, "%s", p->reason);
+}
+
+static uint64_t verify_dir(const char *dir)
+{
+    stk_verify_result res = {.struct_size = sizeof res};
+    char err[512];
+    g_vmsg[0] = '\0';
+    CHECK_EQ(stk_dataset_verify(dir, NULL, on_problem, NULL, &res, err, sizeof err), STK_OK);
+    return res.manifest;
+}
+
+static void test_index_verify(void)
+{
+    char dir[1100], p[1300], q[1300];
+    index_case("ix-verify", 12);
+    index_case("ix-verify-other", 13);
+    snprintf(dir, sizeof dir, "%s/ix-verify", g_www);
+    CHECK_EQ(verify_dir(dir), 0);
+    CHECK(!g_vmsg[0]);
+    /* A damaged index. */
+    file_of("ix-verify", "stoker.index", p, sizeof p);
+    size_t n = 0;
+    uint8_t *b = tu_read_file(p, &n);
+    b[n / 3] ^= 4;
+    tu_write_file(p, b, n);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "not the index the manifest names"));
+    b[n / 3] ^= 4;
+    tu_write_file(p, b, n);
+    free(b);
+    CHECK_EQ(verify_dir(dir), 0);
+    /* A shard replaced by another pack's of the same size: every sample
+     * still matches its own shard's index, but not stoker.index. */
+    file_of("ix-verify", "part-000002.stk", p, sizeof p);
+    file_of("ix-verify-other", "part-000002.stk", q, sizeof q);
+    b = tu_read_file(q, &n);
+    tu_write_file(p, b, n);
+    free(b);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "does not describe the shards"));
+    /* Missing. */
+    file_of("ix-verify", "stoker.index", p, sizeof p);
+    REQUIRE(unlink(p) == 0);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "named by the manifest"));
+}
+
 /* An index of another pack beside this pack's manifest and shards: refused,
  * saying so. */
 static void test_index_of_another_pack_is_refused(void)
@@ -2392,6 +2447,7 @@ int main(void)
     RUN_IF(test_index_broken_falls_back);
     RUN_IF(test_index_not_named_is_not_used);
     RUN_IF(test_index_oom_sweep);
+    RUN_IF(test_index_verify);
     RUN_IF(test_index_republished_is_not_read_from_old_entries);
     RUN_IF(test_index_of_another_pack_is_refused);
     RUN_IF(test_index_shard_replaced_since_the_pack);
