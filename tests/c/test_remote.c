@@ -2054,6 +2054,7 @@ static void test_index_many_shards(void)
     CHECK_EQ(local.open_rc, STK_OK);
     CHECK_EQ(local.samples, MANY * MANY_PER);
     server_start(g_www, F_NONE);
+    g_delay_us = 25000; /* every answer 25 ms late: a round trip of some 50 ms */
     int n = open_requests(url("many"), NULL, &rc);
     CHECK_EQ(rc, STK_OK);
     printf("    indexed open of %d shards: %d requests\n", MANY, n);
@@ -2097,6 +2098,7 @@ static void test_index_many_shards(void)
     CHECK_EQ(open_requests(url("many"), cache, &rc), 2); /* fetched again */
     CHECK_EQ(rc, STK_OK);
     CHECK_EQ(open_requests(url("many"), cache, &rc), 1); /* and replaced */
+    g_delay_us = 0;
     server_stop();
 }
 
