@@ -1,7 +1,9 @@
 /*
  * stk.c -- the .stk shard reader (docs/format.md). Each shard's index is read
- * once at open, checked, and kept in memory as the raw index region; a sample
- * read is one pread of its payload followed by an XXH3-64 check, so a corrupt
+ * once at open, checked, and kept in memory as the raw index region (a
+ * remote dataset whose manifest names a consolidated index reads them all
+ * from that one object: "The consolidated index" below); a sample read is
+ * one pread of its payload followed by an XXH3-64 check, so a corrupt
  * payload is reported, never delivered. pread (not mmap) keeps a shard that
  * shrinks under us an I/O error instead of a SIGBUS.
  *

@@ -55,8 +55,8 @@ int stk__stkindex_parse(const uint8_t *p, size_t n, stk__stkindex *ix, char *err
         return STK_EFORMAT;
     }
     if (stk__get16(p + 8) != STK_INDEX_VERSION) {
-        stk__fmt(err, errlen, "index version %u; this stoker reads version %d",
-                 stk__get16(p + 8), STK_INDEX_VERSION);
+        stk__fmt(err, errlen, "index version %u; this stoker reads version %d", stk__get16(p + 8),
+                 STK_INDEX_VERSION);
         return STK_EFORMAT;
     }
     uint64_t ns = stk__get64(p + 16), samples = stk__get64(p + 24);
@@ -82,8 +82,10 @@ int stk__stkindex_parse(const uint8_t *p, size_t n, stk__stkindex *ix, char *err
     uint64_t body = n - STK_INDEX_HEAD - STK_INDEX_TRAILER;
     if (!ns || ns > body / (STK_INDEX_REC + 1 + STK_HEADER_SIZE + STK_FOOTER_SIZE) ||
         names_bytes > body) {
-        stk__fmt(err, errlen, "index says %llu shards and %llu bytes of names: more than its %zu "
-                 "bytes hold", (unsigned long long)ns, (unsigned long long)names_bytes, n);
+        stk__fmt(err, errlen,
+                 "index says %llu shards and %llu bytes of names: more than its %zu "
+                 "bytes hold",
+                 (unsigned long long)ns, (unsigned long long)names_bytes, n);
         return STK_EFORMAT;
     }
     uint64_t at = STK_INDEX_HEAD + ns * STK_INDEX_REC;
@@ -161,8 +163,8 @@ out:
     return rc;
 }
 
-int stk__stkindex_check_shard(const stk__stkindex_shard *s, stk__stk_header *h,
-                              stk__stk_footer *f, int64_t *max_label, char *err, size_t errlen)
+int stk__stkindex_check_shard(const stk__stkindex_shard *s, stk__stk_header *h, stk__stk_footer *f,
+                              int64_t *max_label, char *err, size_t errlen)
 {
     int rc;
     if ((rc = stk__stk_header_decode(s->hdr, h, err, errlen)) ||

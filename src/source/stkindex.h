@@ -57,8 +57,8 @@ void stk__stkindex_free(stk__stkindex *ix);
  * footer against the recorded size, the region's length and checksum, every
  * entry, and the count. Fills *h, *f and *max_label. STK_EFORMAT with the
  * reason. */
-int stk__stkindex_check_shard(const stk__stkindex_shard *s, stk__stk_header *h,
-                              stk__stk_footer *f, int64_t *max_label, char *err, size_t errlen);
+int stk__stkindex_check_shard(const stk__stkindex_shard *s, stk__stk_header *h, stk__stk_footer *f,
+                              int64_t *max_label, char *err, size_t errlen);
 
 /* Builds in memory the index of the shards the manifest m lists in DIR
  * (what stk__stkindex_write writes): *out (stk__free) of *len bytes, *sum
