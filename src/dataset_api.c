@@ -14,6 +14,7 @@
 #include "pack/pack.h"
 #include "source/dataset.h"
 #include "source/manifest.h"
+#include "source/stkindex.h"
 #include "source/stkformat.h"
 
 #include <dirent.h>
@@ -394,6 +395,71 @@ static void check_manifest(const char *dir, const stk__manifest *m, vctx *v)
     }
 }
 
+/* Do the shards' parts of an index built from them pass their own checks?
+ * A shard whose bytes are broken is reported by the shard checks; the index
+ * is compared only with intact shards. */
+static bool shards_intact(const uint8_t *p, size_t n)
+{
+    stk__stkindex ix;
+    char why[STK_ERRMSG_MAX];
+    bool ok = stk__stkindex_parse(p, n, &ix, why, sizeof why) == STK_OK;
+    for (size_t k = 0; ok && k < ix.n; k++) {
+        stk__stk_header h;
+        stk__stk_footer f;
+        int64_t maxl;
+        ok = stk__stkindex_check_shard(&ix.sh[k], &h, &f, &maxl, why, sizeof why) == STK_OK;
+    }
+    if (ix.sh)
+        stk__stkindex_free(&ix);
+    return ok;
+}
+
+/* Checks the consolidated index the manifest of dir names (stoker.index):
+ * there, the size and checksum the manifest gives, and equal to the index
+ * the shards make now (so a shard rewritten since the pack, or an index of
+ * another pack, is reported). A remote open would ignore a missing or
+ * damaged index with a warning, and refuse another pack's. */
+static void check_index(const char *dir, const stk__manifest *m, vctx *v)
+{
+    char path[4096], why[STK_ERRMSG_MAX + 256], berr[STK_ERRMSG_MAX];
+    uint8_t *built = NULL, *have = NULL;
+    size_t blen = 0, hlen = 0;
+    uint64_t bsum = 0;
+    if (!m->has_index)
+        return;
+    stk__fmt(path, sizeof path, "%s/%s", dir, STK_INDEX_NAME);
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) {
+        stk__fmt(why, sizeof why, "named by the manifest, but %s (a remote open reads each shard "
+                 "instead)", strerror(errno));
+        report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
+        return;
+    }
+    if (stk__fstat(fd, &st) == 0 && (uint64_t)st.st_size == m->index_bytes &&
+        (have = stk__malloc((size_t)m->index_bytes ? (size_t)m->index_bytes : 1)) &&
+        stk__pread_full(fd, have, (size_t)m->index_bytes, 0, berr, sizeof berr) == STK_OK)
+        hlen = (size_t)m->index_bytes;
+    stk__close(fd);
+    if (hlen < STK_INDEX_TRAILER ||
+        stk__xxh3(have, hlen - STK_INDEX_TRAILER) != m->index_sum) {
+        stk__fmt(why, sizeof why,
+                 "is not the index the manifest names (%" PRIu64 " bytes, XXH3 %016" PRIx64
+                 "): damaged, or another pack's",
+                 m->index_bytes, m->index_sum);
+        report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
+    } else if (stk__stkindex_build(dir, m, &built, &blen, &bsum, berr, sizeof berr) == STK_OK &&
+               (blen != hlen || memcmp(built, have, hlen)) && shards_intact(built, blen)) {
+        stk__fmt(why, sizeof why,
+                 "does not describe the shards as they are now (their index is XXH3 %016" PRIx64
+                 "): an intact shard was replaced since the pack",
+                 bsum);
+        report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
+    }
+    stk__free(have);
+    stk__free(built);
+}
+
 /* A list of shard names and their sample counts (UINT64_MAX: unknown). */
 typedef struct shard_list {
     char **names;
@@ -582,11 +648,13 @@ int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
     *res = (stk_verify_result){.struct_size = sizeof *res, .whole = 1};
     vctx v = {res, fn, user, o ? o->max_input_bytes : (uint64_t)32 << 20};
     source_params(o, &prm, &rcfg);
+    prm.no_index = true; /* every shard's own header, footer and index */
     if (!stk__is_url(path) && stk__stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         int mrc = stk__manifest_read(path, &man, why, sizeof why);
         if (mrc == STK_OK) {
             have_man = true;
             check_manifest(path, &man, &v);
+            check_index(path, &man, &v);
         } else if (mrc != STK_ENOENT) {
             report(&v, STK_VERIFY_MANIFEST, NULL, UINT64_MAX, 0, why);
         }

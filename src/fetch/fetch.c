@@ -242,8 +242,19 @@ static void on_chunk_done(stk__req *q, void *ctx)
     chunk *c = ctx;
     stk__fetch *f = c->f;
     pthread_mutex_lock(&f->lock);
+    /* A shard opened from the consolidated index (stk.c) has its size
+     * first seen here: a shard replaced since the pack fails by name. */
+    uint64_t want = f->src->shard_bytes ? f->src->shard_bytes[c->shard] : 0;
+    bool ok = q->rc == STK_OK;
+    if (ok && q->total && want && q->total != want) {
+        stk__fmt(q->err, sizeof q->err,
+                 "the shard is now %llu bytes, not the %llu it had when the dataset was opened "
+                 "(replaced since the pack?)",
+                 (unsigned long long)q->total, (unsigned long long)want);
+        ok = false;
+    }
     c->inflight = false;
-    c->state = q->rc == STK_OK ? C_READY : C_FAILED;
+    c->state = ok ? C_READY : C_FAILED;
     pthread_cond_broadcast(&f->cond);
     if (c->refs == 0)
         chunk_free(f, c);
@@ -847,8 +858,10 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         for (size_t k = 0; k < src->nshards; k++) {
             char where[4096];
             stk__remote_object_id(f->remote, src->shard_objs[k], where, sizeof where);
-            stk__cache_key(where, src->shard_bytes[k], src->shard_tags ? src->shard_tags[k] : NULL,
-                           f->sh[k].key, sizeof f->sh[k].key);
+            const char *tag = src->shard_tags ? src->shard_tags[k] : NULL;
+            if (!tag && src->shard_ids)
+                tag = src->shard_ids[k]; /* no ETag known: the shard's content */
+            stk__cache_key(where, src->shard_bytes[k], tag, f->sh[k].key, sizeof f->sh[k].key);
             f->by_key[k] = k;
         }
         qsort_r(f->by_key, src->nshards, sizeof *f->by_key, cmp_key_ix_ctx, f->sh);

@@ -6,7 +6,8 @@
  * Shards: part-NNNNNN.stk, one at a time, each ended when the next payload
  * would take it past shard_size, each recorded in the manifest with its
  * count and size. Each is written to NAME.tmp, fsynced and renamed
- * (stkformat.c); the manifest comes last.
+ * (stkformat.c); then the consolidated index of them all (stoker.index,
+ * stkindex.c), and the manifest comes last.
  *
  * Crash safety: the empty marker OUT/.stoker-pack-incomplete exists from
  * before the first shard until after the manifest, and a reader refuses a
@@ -19,6 +20,7 @@
  */
 #include "io/file.h"
 #include "pack/pack.h"
+#include "source/stkindex.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -404,6 +406,13 @@ int stk__pack_fields_payload(stk__pack_buf *b, const stk__field_ref *refs, size_
 int stk__writer_end(stk_writer *w)
 {
     int rc = shard_end(w, w->err, sizeof w->err);
+    /* The consolidated index is read back from the finished shards (the
+     * bytes a reader will see) and written before the manifest, which names
+     * it by size and checksum: a manifest never names an index that is not
+     * there. */
+    if (!rc && (rc = stk__stkindex_write(w->dir, &w->man, &w->man.index_bytes,
+                                         &w->man.index_sum, w->err, sizeof w->err)) == STK_OK)
+        w->man.has_index = true;
     if (!rc && (rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err)) && !w->err[0])
         stk__fmt(w->err, sizeof w->err, "%s: cannot write the manifest: %s", w->dir,
                  stk_strerror(rc));
@@ -795,6 +804,13 @@ void stk_writer_close(stk_writer *w)
             if (stk__unlink(path) != 0 && errno != ENOENT)
                 gone = false;
         }
+        /* The index is written after the last shard: it goes with them. */
+        stk__fmt(path, sizeof path, "%s/%s", w->dir, STK_INDEX_NAME);
+        if (stk__unlink(path) != 0 && errno != ENOENT)
+            gone = false;
+        stk__fmt(path, sizeof path, "%s/%s.tmp", w->dir, STK_INDEX_NAME);
+        if (stk__unlink(path) != 0 && errno != ENOENT)
+            gone = false;
         if (gone)
             marker_off(w->dir);
     }

@@ -32,6 +32,10 @@ void stk__source_free_common(stk__source *s)
         for (size_t k = 0; k < s->nshards_objs_; k++)
             stk__free(s->shard_tags[k]);
     stk__free(s->shard_tags);
+    if (s->shard_ids)
+        for (size_t k = 0; k < s->nshards_objs_; k++)
+            stk__free(s->shard_ids[k]);
+    stk__free(s->shard_ids);
     stk__free(s->shard_bytes);
     stk__free(s->shard_first);
     for (size_t k = 0; k < s->npins; k++)
@@ -44,6 +48,7 @@ void stk__source_free_common(stk__source *s)
     s->shard_objs = NULL;
     s->shard_bytes = NULL;
     s->shard_tags = NULL;
+    s->shard_ids = NULL;
     s->shard_first = NULL;
     s->remote = NULL;
     s->nshards = s->nshards_objs_ = 0;

@@ -377,7 +377,7 @@ static int open_url_shards(stk__source *s, stk__remote *r, int kind, pathlist *n
 {
     const char *const *v = (const char *const *)names->v;
     if (kind == K_STK)
-        return stk__source_stk_open_remote(s, r, v, sizes, names->n, NULL, err, errlen);
+        return stk__source_stk_open_remote(s, r, v, sizes, names->n, NULL, prm, err, errlen);
     if (kind == K_TAR)
         return stk__source_tar_open_remote(s, r, v, sizes, names->n, prm, err, errlen);
     stk__fmt(err, errlen,
@@ -455,7 +455,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         stk__free(text);
         if (rc)
             goto out;
-        rc = stk__source_stk_open_remote(s, r, NULL, NULL, 0, &man, err, errlen);
+        rc = stk__source_stk_open_remote(s, r, NULL, NULL, 0, &man, prm, err, errlen);
         stk__manifest_free(&man);
         r = NULL;
         goto out;

@@ -37,6 +37,9 @@ int stk__manifest_write(const char *dir, const stk__manifest *m, char *err, size
             fprintf(f, "class %llu %s\n", (unsigned long long)c, m->class_names[c]);
     if (m->has_restart)
         fprintf(f, "restart-indexed %llu\n", (unsigned long long)m->restart_indexed);
+    if (m->has_index)
+        fprintf(f, "index stoker.index %llu %016llx\n", (unsigned long long)m->index_bytes,
+                (unsigned long long)m->index_sum);
     if (fflush(f) != 0 || fsync(fileno(f)) != 0)
         rc = STK_EIO;
     if (fclose(f) != 0)
@@ -218,6 +221,20 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
                 goto bad;
             m->has_restart = true;
             m->restart_indexed = a;
+        } else if (!strncmp(line, "index stoker.index ", 19)) {
+            /* Size, then exactly 16 lowercase hex digits. */
+            if (!parse_dec(line + 19, &e, &a) || *e != ' ' || strlen(e + 1) != 16)
+                goto bad;
+            uint64_t sum = 0;
+            for (const char *h = e + 1; *h; h++) {
+                int v = *h >= '0' && *h <= '9' ? *h - '0' : *h >= 'a' && *h <= 'f' ? *h - 'a' + 10 : -1;
+                if (v < 0)
+                    goto bad;
+                sum = sum << 4 | (uint64_t)v;
+            }
+            m->has_index = true;
+            m->index_bytes = a;
+            m->index_sum = sum;
         } else if (!strncmp(line, "class ", 6)) {
             if (!parse_dec(line + 6, &e, &a) || *e != ' ')
                 goto bad;

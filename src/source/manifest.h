@@ -26,6 +26,11 @@ typedef struct stk__manifest {
      * index (src/codec/jpeg_restart.h); has_restart false: no such line. */
     bool has_restart;
     uint64_t restart_indexed;
+    /* "index stoker.index BYTES SUM": the consolidated index written with
+     * the shards (stkindex.h), its size and XXH3-64 (16 hex digits);
+     * has_index false: no such line (a pack from before it, or none). */
+    bool has_index;
+    uint64_t index_bytes, index_sum;
 } stk__manifest;
 
 /* Writes DIR/stoker.manifest atomically (tmp, fsync, rename, fsync dir). */

@@ -183,6 +183,12 @@ struct stk__source {
     char **shard_objs; /* nshards_objs_ entries (allocated before nshards is known) */
     uint64_t *shard_bytes;
     char **shard_tags; /* NULL, or per shard its ETag/Last-Modified (NULL: none) */
+    /* NULL, or per shard what identifies its content when no ETag is known
+     * (a .stk opened from its consolidated index: its footer's checksums):
+     * the disk cache keys the shard with it, so a republished shard of the
+     * same size is not read from the old entry. Never compared with a
+     * response's validator. */
+    char **shard_ids;
     size_t nshards_objs_;
     /* Cache entries pinned for the source's life (open descriptors holding
      * shared locks), and the cache they belong to. */
@@ -224,6 +230,9 @@ typedef struct stk__source_params {
     /* NULL, or a flag set (by another thread) when the open should stop:
      * waits on other processes re-check it. */
     const _Atomic bool *cancel;
+    /* .stk over a URL: open each shard, never from the consolidated index
+     * (stoker verify checks the shards' own bytes). */
+    bool no_index;
 } stk__source_params;
 
 void stk__source_close(stk__source *s);
@@ -249,10 +258,12 @@ int stk__source_tar_open_remote(stk__source *s, struct stk__remote *r, const cha
 /* .stk shards in an object store: r is taken over by the source (closed with
  * it, also on failure). names are object names relative to the dataset URL;
  * sizes (may be NULL) their sizes when known (a listing or the manifest);
- * man: the dataset's manifest when it has one (taken over), else NULL. */
+ * man: the dataset's manifest when it has one (taken over), else NULL;
+ * when it names a consolidated index (stoker.index) the shards are opened
+ * from it, kept in prm->cache_dir when given (prm may be NULL). */
 int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
                                 const uint64_t *sizes, size_t n, struct stk__manifest *man,
-                                char *err, size_t errlen);
+                                const stk__source_params *prm, char *err, size_t errlen);
 /* CIFAR-10 (3073-byte records: label, 3072 bytes CHW) or CIFAR-100 (3074:
  * coarse label, fine label, 3072 bytes CHW) batch files; samples are the
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */

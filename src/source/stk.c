@@ -1,7 +1,9 @@
 /*
  * stk.c -- the .stk shard reader (docs/format.md). Each shard's index is read
- * once at open, checked, and kept in memory as the raw index region; a sample
- * read is one pread of its payload followed by an XXH3-64 check, so a corrupt
+ * once at open, checked, and kept in memory as the raw index region (a
+ * remote dataset whose manifest names a consolidated index reads them all
+ * from that one object: "The consolidated index" below); a sample read is
+ * one pread of its payload followed by an XXH3-64 check, so a corrupt
  * payload is reported, never delivered. pread (not mmap) keeps a shard that
  * shrinks under us an I/O error instead of a SIGBUS.
  *
@@ -21,14 +23,17 @@
  */
 #include "source/manifest.h"
 #include "source/stkformat.h"
+#include "source/stkindex.h"
 #include "io/remote.h"
 #include "io/file.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -174,6 +179,15 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
         if (rc) {
             stk__fmt(err, errlen, "%s", q.err);
             return rc == STK_ENOENT ? STK_EIO : rc;
+        }
+        if (q.total && q.total != s->bytes) {
+            /* Opened from the consolidated index, a shard's size is first
+             * seen here: a shard replaced after the pack fails by name. */
+            stk__fmt(err, errlen,
+                     "the shard is now %llu bytes, not the %llu it had when the dataset was "
+                     "opened (replaced since the pack?)",
+                     (unsigned long long)q.total, (unsigned long long)s->bytes);
+            return STK_EIO;
         }
         goto check;
     }
@@ -841,9 +855,294 @@ out:
     return rc;
 }
 
+/* ---- The consolidated index (stoker.index, stkindex.h) ---------------------
+ * A manifest that names an index (by size and XXH3) lets a remote open read
+ * every shard's header, footer and index region from that one object: a few
+ * ranged GETs in parallel instead of three round trips per shard. What can
+ * go wrong, and what the open does:
+ *   - the index is missing, truncated or corrupt (it does not parse, or a
+ *     shard's part fails the checks a shard's own bytes get): a warning, and
+ *     the open reads each shard as without an index;
+ *   - it parses but is not the one the manifest names (another checksum), or
+ *     its shards are not the manifest's: the index and the manifest (and so
+ *     the shards) come from different packs, and the open is refused;
+ *   - a shard was replaced after the pack: its reads see another object size
+ *     (Content-Range) and fail naming it, and every sample is checked against
+ *     its XXH3 in any case, so no byte of another shard is ever delivered.
+ * With a cache directory the index is kept on disk in DIR/stoker-index/,
+ * named by the object's URL and its checksum, so the ranks of a node fetch
+ * it once: the first takes a lock while it fetches, the others wait for it
+ * and read the file. */
+
+/* An internal status (positive, never returned to a caller): the index is
+ * not usable, and each shard is opened instead. */
+#define INDEX_FALLBACK 2
+
+/* Ranged GETs of the index are at most this large, all in flight at once. */
+#define INDEX_PART (8u << 20)
+/* An index is refused above this size (it holds 40 bytes and a key per
+ * sample: 16 GiB is some 200 million samples). */
+#define INDEX_MAX (16ull << 30)
+
+/* A warning the open goes on after: the library's only output of its own,
+ * on stderr, since the open succeeds and no caller would see a message. */
+static void open_warning(const char *msg)
+{
+    fprintf(stderr, "stoker: warning: %s\n", msg);
+}
+
+/* The cache file of the index named by id and sum, in DIR/stoker-index/. */
+static void index_cache_file(const char *cache_dir, const char *id, uint64_t sum, char *out,
+                             size_t n)
+{
+    stk__fmt(out, n, "%s/stoker-index/%016llx-%016llx.stkindex", cache_dir,
+             (unsigned long long)stk__xxh3(id, strlen(id)), (unsigned long long)sum);
+}
+
+/* Reads the cached index at path (bytes long, XXH3 sum before its trailer)
+ * into a new buffer; NULL when there is none, or it is not whole (a file
+ * damaged on disk is fetched again, and replaced). */
+static uint8_t *index_cache_read(const char *path, uint64_t bytes, uint64_t sum)
+{
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    uint8_t *buf = NULL;
+    char why[STK_ERRMSG_MAX];
+    if (stk__fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == bytes &&
+        (buf = stk__malloc((size_t)bytes)) &&
+        stk__pread_full(fd, buf, (size_t)bytes, 0, why, sizeof why) != STK_OK) {
+        stk__free(buf);
+        buf = NULL;
+    }
+    stk__close(fd);
+    if (buf && stk__xxh3(buf, (size_t)bytes - STK_INDEX_TRAILER) != sum) {
+        stk__free(buf);
+        buf = NULL;
+    }
+    return buf;
+}
+
+/* Writes the fetched index into the cache (tmp file, rename): best effort,
+ * a cache that cannot be written costs the next rank a fetch, no more. */
+static void index_cache_write(const char *path, const uint8_t *buf, size_t n)
+{
+    char tmp[4200];
+    stk__fmt(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
+    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    bool ok = stk__write_full(fd, buf, n) == STK_OK;
+    if (stk__close(fd) != 0)
+        ok = false;
+    if (!ok || rename(tmp, path) != 0)
+        stk__unlink(tmp);
+}
+
+/* Fetches the index object, which the manifest says is `bytes` long, into
+ * *out (*len its real length). An index of up to INDEX_PART bytes is one
+ * whole-object GET; a larger one is fetched by ranges in parallel, and
+ * whole when the ranges fail (an object shorter than the manifest says
+ * answers its last range short). The whole-object GET takes at most twice
+ * the manifest's size: STK_ETOOBIG beyond. */
+static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *len, char *err,
+                       size_t errlen)
+{
+    int rc = STK_OK;
+    size_t np = (size_t)((bytes + INDEX_PART - 1) / INDEX_PART);
+    uint8_t *buf = NULL;
+    stk__req *q = NULL, **qp = NULL;
+    *out = NULL;
+    if (np > 1) {
+        buf = stk__malloc((size_t)bytes);
+        q = stk__calloc(np, sizeof *q);
+        qp = stk__calloc(np, sizeof *qp);
+        if (!buf || !q || !qp) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        for (size_t k = 0; k < np; k++) {
+            uint64_t off = (uint64_t)k * INDEX_PART;
+            q[k] = (stk__req){.name = STK_INDEX_NAME,
+                              .off = off,
+                              .len = bytes - off < INDEX_PART ? bytes - off : INDEX_PART,
+                              .buf = buf + off,
+                              .fd = -1};
+            qp[k] = &q[k];
+        }
+        stk__remote_run(r, qp, np);
+        bool whole = true;
+        for (size_t k = 0; k < np; k++) {
+            if (q[k].rc == STK_ENOENT) {
+                rc = STK_ENOENT;
+                goto out;
+            }
+            whole = whole && !q[k].rc && q[k].total == bytes;
+        }
+        if (whole) {
+            *out = buf;
+            *len = (size_t)bytes;
+            buf = NULL;
+            goto out;
+        }
+    }
+    char *text = NULL;
+    rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), &text, len,
+                               err, errlen);
+    *out = (uint8_t *)text;
+out:
+    stk__free(buf);
+    stk__free(q);
+    stk__free(qp);
+    return rc;
+}
+
+/* Opens the shards of d (their names, sizes and paths filled from the
+ * manifest) from the dataset's consolidated index. STK_OK: opened;
+ * INDEX_FALLBACK: the index is not usable (the warning is written), open each
+ * shard instead; else the error, with its message. */
+static int open_from_index(stkset *d, const stk__source_params *prm, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    const stk__manifest *m = &d->man;
+    uint8_t *buf = NULL;
+    size_t len = (size_t)m->index_bytes;
+    stk__stkindex ix = {0};
+    int lock_fd = -1;
+    bool fetched = false;
+    char where[4096], id[4096], cpath[4400] = "", why[STK_ERRMSG_MAX], msg[STK_ERRMSG_MAX + 4400];
+    stk__remote_object_display(d->remote, STK_INDEX_NAME, where, sizeof where);
+    if (m->index_bytes < STK_INDEX_HEAD + STK_INDEX_TRAILER || m->index_bytes > INDEX_MAX) {
+        stk__fmt(msg, sizeof msg, "%s: the manifest gives it %llu bytes; opening each shard instead",
+                 where, (unsigned long long)m->index_bytes);
+        open_warning(msg);
+        return INDEX_FALLBACK;
+    }
+    if (prm && prm->cache_dir) {
+        stk__remote_object_id(d->remote, STK_INDEX_NAME, id, sizeof id);
+        index_cache_file(prm->cache_dir, id, m->index_sum, cpath, sizeof cpath);
+        stk__mkdirs_for(cpath);
+        buf = index_cache_read(cpath, m->index_bytes, m->index_sum);
+        if (!buf) {
+            /* One rank of the node fetches; the others wait for its file.
+             * A lock that does not come within a minute (a process stuck
+             * holding it) is given up: this rank then fetches for itself. */
+            char lpath[4500];
+            stk__fmt(lpath, sizeof lpath, "%s.lock", cpath);
+            lock_fd = stk__open(lpath, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            for (int t = 0; lock_fd >= 0 && t < 6000; t++) {
+                if (stk__flock(lock_fd, LOCK_EX | LOCK_NB) == 0)
+                    break;
+                if (errno != EWOULDBLOCK ||
+                    (prm->cancel && atomic_load_explicit(prm->cancel, memory_order_relaxed))) {
+                    stk__close(lock_fd);
+                    lock_fd = -1;
+                    break;
+                }
+                usleep(10000);
+            }
+            buf = index_cache_read(cpath, m->index_bytes, m->index_sum); /* written while we waited */
+        }
+    }
+    if (!buf) {
+        /* An object of another size than the manifest's is parsed all the
+         * same: that tells an index of another pack (refused) from a broken
+         * one (ignored). */
+        rc = index_fetch(d->remote, m->index_bytes, &buf, &len, why, sizeof why);
+        if (rc == STK_ETOOBIG) {
+            stk__fmt(msg, sizeof msg,
+                     "%s: is more than twice the %llu bytes the manifest gives it; opening each "
+                     "shard instead",
+                     where, (unsigned long long)m->index_bytes);
+            open_warning(msg);
+            rc = INDEX_FALLBACK;
+            goto out;
+        }
+        if (rc == STK_ENOENT) {
+            stk__fmt(msg, sizeof msg,
+                     "%s: the manifest names it but it is not there; opening each shard instead",
+                     where);
+            open_warning(msg);
+            rc = INDEX_FALLBACK;
+            goto out;
+        }
+        if (rc) {
+            stk__fmt(err, errlen, "%s: %s", where, why);
+            goto out;
+        }
+        fetched = true;
+    }
+    if ((rc = stk__stkindex_parse(buf, len, &ix, why, sizeof why))) {
+        if (rc == STK_ENOMEM)
+            goto out;
+        stk__fmt(msg, sizeof msg, "%s: %s; opening each shard instead", where, why);
+        open_warning(msg);
+        rc = INDEX_FALLBACK;
+        goto out;
+    }
+    if (ix.sum != m->index_sum || len != m->index_bytes) {
+        stk__fmt(err, errlen,
+                 "%s: is the index of another pack (%zu bytes, checksum %016llx; stoker.manifest "
+                 "names %llu bytes, %016llx): the dataset's objects come from different packs. "
+                 "Copy the whole packed directory again, or delete stoker.index to open the "
+                 "shards without it",
+                 where, len, (unsigned long long)ix.sum, (unsigned long long)m->index_bytes,
+                 (unsigned long long)m->index_sum);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    bool same = ix.n == d->n;
+    for (size_t k = 0; same && k < ix.n; k++)
+        same = ix.sh[k].name_len == strlen(d->shards[k].obj) &&
+               !memcmp(ix.sh[k].name, d->shards[k].obj, ix.sh[k].name_len) &&
+               ix.sh[k].bytes == d->shards[k].bytes && ix.sh[k].count == m->shards[k].count;
+    if (!same) {
+        stk__fmt(err, errlen,
+                 "%s: lists other shards than stoker.manifest (though the manifest names this "
+                 "index): the manifest was edited, or its objects come from different packs",
+                 where);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    for (size_t k = 0; k < ix.n; k++) {
+        shard *s = &d->shards[k];
+        if ((rc = stk__stkindex_check_shard(&ix.sh[k], &s->h, &s->f, &s->maxl, why,
+                                            sizeof why))) {
+            stk__fmt(msg, sizeof msg, "%s: shard %s: %s; opening each shard instead", where,
+                     d->shards[k].obj, why);
+            open_warning(msg);
+            rc = INDEX_FALLBACK;
+            goto out;
+        }
+    }
+    for (size_t k = 0; k < ix.n; k++) {
+        shard *s = &d->shards[k];
+        if (!(s->region = stk__malloc(ix.sh[k].region_len ? ix.sh[k].region_len : 1))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        memcpy(s->region, ix.sh[k].region, ix.sh[k].region_len);
+    }
+    if (fetched && cpath[0])
+        index_cache_write(cpath, buf, len);
+out:
+    if (rc == INDEX_FALLBACK)
+        for (size_t k = 0; k < d->n; k++) {
+            stk__free(d->shards[k].region);
+            d->shards[k].region = NULL;
+            d->shards[k].maxl = -1;
+        }
+    if (lock_fd >= 0)
+        stk__close(lock_fd); /* releases the lock: the file is in place */
+    stk__stkindex_free(&ix);
+    stk__free(buf);
+    return rc;
+}
+
 int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *const *names,
-                                const uint64_t *sizes, size_t n, stk__manifest *man, char *err,
-                                size_t errlen)
+                                const uint64_t *sizes, size_t n, stk__manifest *man,
+                                const stk__source_params *prm, char *err, size_t errlen)
 {
     int rc = STK_OK;
     memset(src, 0, sizeof *src);
@@ -867,7 +1166,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
     if (!(d->shards = stk__calloc(n, sizeof *d->shards)) ||
         !(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
         !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes)) ||
-        !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags))) {
+        !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags)) ||
+        !(src->shard_ids = stk__calloc(n, sizeof *src->shard_ids))) {
         rc = STK_ENOMEM;
         goto out;
     }
@@ -889,11 +1189,17 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         s->dev = (dev_t)-1;
         s->ino = (ino_t)stk__xxh3(name, strlen(name));
     }
-    for (size_t a = 0; a < n; a += REMOTE_OPEN_CHUNK) {
+    rc = d->man.has_index && !(prm && prm->no_index) ? open_from_index(d, prm, err, errlen)
+                                                     : INDEX_FALLBACK;
+    if (rc != STK_OK && rc != INDEX_FALLBACK)
+        goto out;
+    for (size_t a = 0; rc == INDEX_FALLBACK && a < n; a += REMOTE_OPEN_CHUNK) {
         size_t b = a + REMOTE_OPEN_CHUNK < n ? a + REMOTE_OPEN_CHUNK : n;
         if ((rc = open_remote_chunk(d, a, b, err, errlen)))
             goto out;
+        rc = INDEX_FALLBACK;
     }
+    rc = STK_OK;
     for (size_t k = 0; k < n; k++) {
         if (!(src->shard_objs[k] = stk__strdup(d->shards[k].obj))) {
             rc = STK_ENOMEM;
@@ -902,6 +1208,17 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         src->shard_bytes[k] = d->shards[k].bytes;
         src->shard_tags[k] = d->shards[k].tag;
         d->shards[k].tag = NULL;
+        if (!src->shard_tags[k]) {
+            /* Opened from the index, no ETag was seen: the index region's
+             * checksum identifies the shard's content (its entries hold
+             * every payload's XXH3-64). */
+            char id[32];
+            stk__fmt(id, sizeof id, "stk-%016llx", (unsigned long long)d->shards[k].f.index_sum);
+            if (!(src->shard_ids[k] = stk__strdup(id))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+        }
     }
     rc = finish_set(src, d, d->man.shards != NULL, stk__remote_display(r), err, errlen);
     d = NULL;

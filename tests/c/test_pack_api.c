@@ -122,8 +122,9 @@ static void test_pack_threads_roundtrip(void)
         CHECK_EQ(s.finals, 1);
         CHECK_EQ(s.last_done, 30);
         CHECK_EQ(s.total, 30);
-        /* The listed shards plus the manifest, nothing else (no marker). */
-        CHECK_EQ(count_entries(outs[k]), (int)r.shards + 1);
+        /* The listed shards plus the manifest and the consolidated index,
+         * nothing else (no marker). */
+        CHECK_EQ(count_entries(outs[k]), (int)r.shards + 2);
     }
     for (int k = 1; k < 3; k++) {
         char a[700], b[700];
@@ -335,10 +336,13 @@ static void test_writer_matches_pack(void)
     CHECK_EQ(stk_writer_finish(w, NULL), STK_EMISUSE);
     stk_writer_close(w);
     CHECK_EQ(count_entries(a), count_entries(b));
-    CHECK_EQ(count_entries(b), (int)r.shards + 1);
+    CHECK_EQ(count_entries(b), (int)r.shards + 2); /* + manifest, stoker.index */
     char x[700], y[700];
     snprintf(x, sizeof x, "%s/stoker.manifest", a);
     snprintf(y, sizeof y, "%s/stoker.manifest", b);
+    CHECK(same_file(x, y));
+    snprintf(x, sizeof x, "%s/stoker.index", a);
+    snprintf(y, sizeof y, "%s/stoker.index", b);
     CHECK(same_file(x, y));
     for (uint64_t sh = 0; sh < r.shards; sh++) {
         snprintf(x, sizeof x, "%s/part-%06llu.stk", a, (unsigned long long)sh);

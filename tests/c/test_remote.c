@@ -161,9 +161,14 @@ static bool is_payload(const char *path, bool ranged, uint64_t a)
 }
 
 /* Serves one request; returns false to close the connection. */
+/* Added before every answer (a round trip's latency), in microseconds. */
+static unsigned g_delay_us;
+
 static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
 {
     atomic_fetch_add(&srv.requests, 1);
+    if (g_delay_us)
+        usleep(g_delay_us);
     if (srv.fault == F_RATE && over_rate()) {
         reply_status(fd, 503, "");
         return true;
@@ -2134,6 +2139,439 @@ static void test_open_against_a_hung_server_is_parallel(void)
     CHECK(msg[0]);
     server_stop();
 }
+
+/* ---- the consolidated index (stoker.index) ----------------------------------- */
+
+/* Packs `shards` shards of `per` samples each with stk_writer (which writes
+ * stoker.index and names it in the manifest) into dir; salt changes the
+ * bytes (another pack of the same shape). */
+static void make_indexed(const char *dir, int shards, int per, int salt)
+{
+    stk_writer *w = NULL;
+    stk_writer_options o = {.struct_size = sizeof o, .shard_size = (uint64_t)per * 64,
+                            .num_classes = 5};
+    char err[512];
+    REQUIRE(stk_writer_open(&w, dir, &o, err, sizeof err) == STK_OK);
+    for (int i = 0; i < shards * per; i++) {
+        uint8_t data[64];
+        for (size_t j = 0; j < sizeof data; j++)
+            data[j] = (uint8_t)(i * 29 + (int)j * 3 + salt);
+        char key[32];
+        snprintf(key, sizeof key, "k%d", i);
+        REQUIRE(stk_writer_add(w, data, sizeof data, i % 5, key) == STK_OK);
+    }
+    stk_pack_result r = {.struct_size = sizeof r};
+    REQUIRE(stk_writer_finish(w, &r) == STK_OK);
+    REQUIRE(r.shards == (uint64_t)shards);
+    stk_writer_close(w);
+}
+
+/* run() for one epoch with stderr going to a file; what it wrote is left
+ * in g_stderr. */
+static char g_stderr[4096];
+static run_out run_capturing(const char *path, const char *cache_dir)
+{
+    fflush(stderr);
+    int saved = dup(2);
+    char f[1024];
+    snprintf(f, sizeof f, "%s", tu_path("stderr.txt"));
+    int fd = open(f, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    REQUIRE(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    run_out r = run(path, 2, cache_dir, NULL, STK_ON_ERROR_RAISE, 1);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n = 0;
+    char *t = tu_read_file(f, &n);
+    snprintf(g_stderr, sizeof g_stderr, "%.*s", (int)n, t ? t : "");
+    free(t);
+    return r;
+}
+
+#define MANY     500
+#define MANY_PER 1
+
+/* Requests the open of path alone makes (stk_dataset_open: no fetch stage
+ * reading ahead), with cache_dir when not NULL. */
+static int open_requests(const char *path, const char *cache_dir, int *rc)
+{
+    stk_options *o;
+    stk_dataset *d = NULL;
+    char err[1024];
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    if (cache_dir)
+        REQUIRE(stk_options_set(o, "cache_dir", cache_dir) == STK_OK);
+    int before = atomic_load(&srv.requests);
+    *rc = stk_dataset_open(&d, path, o, err, sizeof err);
+    int n = atomic_load(&srv.requests) - before;
+    if (*rc)
+        fprintf(stderr, "open: %s\n", err);
+    stk_dataset_close(d);
+    stk_options_destroy(o);
+    return n;
+}
+
+/* A dataset of many tiny shards opens from its index with one request after
+ * the manifest's, not three a shard, and gives the batches a local read
+ * gives; with a cache directory, a second open (another rank of the node)
+ * reads the index from disk, and a cached copy damaged on disk is fetched
+ * again. */
+static void test_index_many_shards(void)
+{
+    char dir[1100];
+    int rc;
+    snprintf(dir, sizeof dir, "%s/many", g_www);
+    make_indexed(dir, MANY, MANY_PER, 0);
+    run_out local = run(dir, 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, MANY * MANY_PER);
+    server_start(g_www, F_NONE);
+    g_delay_us = 25000; /* every answer 25 ms late: a round trip of some 50 ms */
+    int n = open_requests(url("many"), NULL, &rc);
+    CHECK_EQ(rc, STK_OK);
+    printf("    indexed open of %d shards: %d requests\n", MANY, n);
+    CHECK_EQ(n, 2); /* the manifest, the index */
+    /* Every batch as a local read's (by ranges, many in flight). */
+    g_extra[0] = "fetch_concurrency";
+    g_extra[1] = "32";
+    g_extra[2] = "fetch_lookahead";
+    g_extra[3] = "256";
+    run_out r = run(url("many"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    g_extra[0] = NULL;
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash && r.samples == local.samples);
+    /* The index kept on disk: a second open reads it there. */
+    const char *cache = tu_path("icache");
+    CHECK_EQ(open_requests(url("many"), cache, &rc), 2);
+    CHECK_EQ(rc, STK_OK);
+    CHECK_EQ(open_requests(url("many"), cache, &rc), 1); /* the manifest alone */
+    CHECK_EQ(rc, STK_OK);
+    char cdir[1200];
+    snprintf(cdir, sizeof cdir, "%s/stoker-index", cache);
+    DIR *d = opendir(cdir);
+    struct dirent *e;
+    int cached = 0;
+    while (d && (e = readdir(d))) {
+        size_t nl = strlen(e->d_name);
+        if (nl > 9 && !strcmp(e->d_name + nl - 9, ".stkindex")) {
+            char p[2400];
+            snprintf(p, sizeof p, "%s/%s", cdir, e->d_name);
+            size_t len = 0;
+            uint8_t *b = tu_read_file(p, &len);
+            b[len / 2] ^= 1;
+            tu_write_file(p, b, len);
+            free(b);
+            cached++;
+        }
+    }
+    if (d)
+        closedir(d);
+    CHECK_EQ(cached, 1);
+    CHECK_EQ(open_requests(url("many"), cache, &rc), 2); /* fetched again */
+    CHECK_EQ(rc, STK_OK);
+    CHECK_EQ(open_requests(url("many"), cache, &rc), 1); /* and replaced */
+    g_delay_us = 0;
+    server_stop();
+}
+
+/* Small packs for the failure cases: a fresh copy each. */
+static void index_case(const char *name, int salt)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/%s", g_www, name);
+    make_indexed(dir, 12, 3, salt);
+}
+
+static uint64_t local_hash(const char *name)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/%s", g_www, name);
+    run_out l = run(dir, 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(l.open_rc, STK_OK);
+    return l.hash;
+}
+
+static void file_of(const char *name, const char *file, char *out, size_t n)
+{
+    snprintf(out, n, "%s/%s/%s", g_www, name, file);
+}
+
+/* A missing, truncated or corrupt index: a warning, and the shards are
+ * opened one by one (the same batches). */
+static void test_index_broken_falls_back(void)
+{
+    char p[1300];
+    index_case("ix-corrupt", 1);
+    index_case("ix-trunc", 2);
+    index_case("ix-gone", 3);
+    uint64_t h1 = local_hash("ix-corrupt"), h2 = local_hash("ix-trunc"),
+             h3 = local_hash("ix-gone");
+    file_of("ix-corrupt", "stoker.index", p, sizeof p);
+    size_t n = 0;
+    uint8_t *b = tu_read_file(p, &n);
+    b[n - 40] ^= 0x10; /* inside the last shard's region */
+    tu_write_file(p, b, n);
+    free(b);
+    file_of("ix-trunc", "stoker.index", p, sizeof p);
+    b = tu_read_file(p, &n);
+    tu_write_file(p, b, n / 2);
+    free(b);
+    file_of("ix-gone", "stoker.index", p, sizeof p);
+    REQUIRE(unlink(p) == 0);
+    server_start(g_www, F_NONE);
+    run_out r = run_capturing(url("ix-corrupt"), NULL);
+    CHECK(r.open_rc == STK_OK && r.hash == h1);
+    CHECK(strstr(g_stderr, "warning") && strstr(g_stderr, "stoker.index") &&
+          strstr(g_stderr, "checksum mismatch") && strstr(g_stderr, "opening each shard"));
+    r = run_capturing(url("ix-trunc"), NULL);
+    CHECK(r.open_rc == STK_OK && r.hash == h2);
+    if (r.open_rc)
+        fprintf(stderr, "%s\n", r.msg);
+    CHECK(strstr(g_stderr, "warning") && strstr(g_stderr, "opening each shard"));
+    r = run_capturing(url("ix-gone"), NULL);
+    CHECK(r.open_rc == STK_OK && r.hash == h3);
+    CHECK(strstr(g_stderr, "warning") && strstr(g_stderr, "not there"));
+    server_stop();
+}
+
+/* A pack from before the index (its manifest names none; a stoker.index
+ * beside it is not read): shard by shard, three requests a shard, the same
+ * batches, nothing to warn about. */
+static void test_index_not_named_is_not_used(void)
+{
+    index_case("ix-old", 8);
+    uint64_t h = local_hash("ix-old");
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/ix-old", g_www);
+    stk__manifest m;
+    char err[512];
+    REQUIRE(stk__manifest_read(dir, &m, err, sizeof err) == STK_OK);
+    CHECK(m.has_index && m.index_bytes > 0);
+    m.has_index = false;
+    REQUIRE(stk__manifest_write(dir, &m, err, sizeof err) == STK_OK);
+    stk__manifest_free(&m);
+    server_start(g_www, F_NONE);
+    int rc, n = open_requests(url("ix-old"), NULL, &rc);
+    CHECK_EQ(rc, STK_OK);
+    CHECK_EQ(n, 1 + 3 * 12);
+    run_out r = run_capturing(url("ix-old"), NULL);
+    CHECK(r.open_rc == STK_OK && r.hash == h);
+    CHECK(!strstr(g_stderr, "warning"));
+    server_stop();
+}
+
+/* The indexed open (with the index cache) under every allocation failure:
+ * each ends STK_OK or STK_ENOMEM (never a fallback's other error) and
+ * leaks nothing. */
+static void test_index_oom_sweep(void)
+{
+    index_case("ix-oom", 9);
+    server_start(g_www, F_NONE);
+    stk_options *o;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
+    REQUIRE(stk_options_set(o, "cache_dir", tu_path("ix-oom-cache")) == STK_OK);
+    long live = stk__alloc_live();
+    int failed = 0, ok = 0;
+    for (long n = 0; n < 100000; n++) {
+        stk_dataset *d = NULL;
+        char err[1024];
+        stk__alloc_fail_after(n);
+        int rc = stk_dataset_open(&d, url("ix-oom"), o, err, sizeof err);
+        stk__alloc_fail_after(-1);
+        stk_dataset_close(d);
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "fail %ld: %s\n", n, err);
+        CHECK_EQ(stk__alloc_live(), live);
+        if (rc == STK_OK && ++ok == 2)
+            break; /* past the last allocation, cold and then cached */
+        if (rc == STK_ENOMEM)
+            failed++;
+    }
+    printf("    indexed open: %d allocation points failed with ENOMEM\n", failed);
+    CHECK(failed > 10);
+    stk_options_destroy(o);
+    server_stop();
+}
+
+/* The republished-dataset case of test_republished_and_corrupt_entries for
+ * a dataset opened from its index (no ETag is seen at open): the cache keys
+ * its shards by their index checksum, so a new pack with same-size shards
+ * downloads the new versions instead of failing on the old entries. */
+static void test_index_republished_is_not_read_from_old_entries(void)
+{
+    char dir[1100], p[1400];
+    snprintf(dir, sizeof dir, "%s/ix-repub", g_www);
+    make_indexed(dir, 6, 3, 10);
+    const char *cache = tu_path("cache-ix-repub");
+    server_start(g_www, F_NONE);
+    run_out cold = run(url("ix-repub"), 2, cache, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(cold.fs.cache_misses, 6);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%.255s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d)
+        closedir(d);
+    REQUIRE(rmdir(dir) == 0);
+    make_indexed(dir, 6, 3, 11); /* same sizes, other bytes */
+    uint64_t want = local_hash("ix-repub");
+    run_out again = run(url("ix-repub"), 2, cache, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(again.samples, 18);
+    CHECK(again.hash == want && again.hash != cold.hash);
+    CHECK_EQ(again.fs.cache_misses, 6);
+    CHECK_EQ(again.fs.cache_dropped, 0);
+    server_stop();
+}
+
+/* stoker verify of a packed directory checks stoker.index: the one the
+ * manifest names, and the index its shards make now. */
+static char g_vmsg[2048];
+static void on_problem(const stk_verify_problem *p, void *user)
+{
+    (void)user;
+    if (p->kind == STK_VERIFY_MANIFEST && strstr(p->name, "stoker.index"))
+        snprintf(g_vmsg, sizeof g_vmsg, "%s", p->reason);
+}
+
+static uint64_t verify_dir(const char *dir)
+{
+    stk_verify_result res = {.struct_size = sizeof res};
+    char err[512];
+    g_vmsg[0] = '\0';
+    CHECK_EQ(stk_dataset_verify(dir, NULL, on_problem, NULL, &res, err, sizeof err), STK_OK);
+    return res.manifest;
+}
+
+static void test_index_verify(void)
+{
+    char dir[1100], p[1300], q[1300];
+    index_case("ix-verify", 12);
+    index_case("ix-verify-other", 13);
+    snprintf(dir, sizeof dir, "%s/ix-verify", g_www);
+    CHECK_EQ(verify_dir(dir), 0);
+    CHECK(!g_vmsg[0]);
+    /* A damaged index. */
+    file_of("ix-verify", "stoker.index", p, sizeof p);
+    size_t n = 0;
+    uint8_t *b = tu_read_file(p, &n);
+    b[n / 3] ^= 4;
+    tu_write_file(p, b, n);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "not the index the manifest names"));
+    b[n / 3] ^= 4;
+    tu_write_file(p, b, n);
+    free(b);
+    CHECK_EQ(verify_dir(dir), 0);
+    /* A shard replaced by another pack's of the same size: every sample
+     * still matches its own shard's index, but not stoker.index. */
+    file_of("ix-verify", "part-000002.stk", p, sizeof p);
+    file_of("ix-verify-other", "part-000002.stk", q, sizeof q);
+    b = tu_read_file(q, &n);
+    tu_write_file(p, b, n);
+    free(b);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "does not describe the shards"));
+    /* Missing. */
+    file_of("ix-verify", "stoker.index", p, sizeof p);
+    REQUIRE(unlink(p) == 0);
+    CHECK_EQ(verify_dir(dir), 1);
+    CHECK(strstr(g_vmsg, "named by the manifest"));
+}
+
+/* An index of another pack beside this pack's manifest and shards: refused,
+ * saying so. */
+static void test_index_of_another_pack_is_refused(void)
+{
+    char a[1300], b[1300];
+    index_case("ix-mine", 4);
+    index_case("ix-theirs", 5);
+    file_of("ix-mine", "stoker.index", a, sizeof a);
+    file_of("ix-theirs", "stoker.index", b, sizeof b);
+    size_t n = 0;
+    uint8_t *t = tu_read_file(b, &n);
+    tu_write_file(a, t, n); /* same size: same shape of pack, other bytes */
+    free(t);
+    server_start(g_www, F_NONE);
+    run_out r = run_capturing(url("ix-mine"), NULL);
+    CHECK_EQ(r.open_rc, STK_EFORMAT);
+    CHECK(strstr(r.msg, "stoker.index") && strstr(r.msg, "another pack") &&
+          strstr(r.msg, "different packs"));
+    server_stop();
+}
+
+/* A shard replaced after the pack (another size): the index still opens the
+ * dataset, and that shard's reads fail naming it, the others' samples are
+ * delivered (skip policy), none of the replaced bytes. */
+static void test_index_shard_replaced_since_the_pack(void)
+{
+    index_case("ix-stale", 6);
+    char p[1300];
+    file_of("ix-stale", "part-000003.stk", p, sizeof p);
+    size_t n = 0;
+    uint8_t *t = tu_read_file(p, &n);
+    uint8_t *u = malloc(n + 8);
+    memcpy(u, t, n);
+    memset(u + n, 0, 8);
+    tu_write_file(p, u, n + 8);
+    free(t);
+    free(u);
+    server_start(g_www, F_NONE);
+    run_out r = run(url("ix-stale"), 2, NULL, NULL, STK_ON_ERROR_SKIP, 1);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK_EQ(r.samples, 12 * 3 - 3);
+    run_out e = run(url("ix-stale"), 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK(strstr(e.msg, "part-000003.stk") && strstr(e.msg, "replaced since the pack"));
+    server_stop();
+}
+
+/* Open time of many shards at a round trip of g_delay_us, with and without
+ * the index (STK_INDEX_BENCH=1: a measurement, not a test; prints figures). */
+static void bench_index_open(void)
+{
+    char dir[1100];
+    int shards = getenv("STK_INDEX_BENCH_SHARDS") ? atoi(getenv("STK_INDEX_BENCH_SHARDS")) : 2000;
+    snprintf(dir, sizeof dir, "%s/bench", g_www);
+    make_indexed(dir, shards, 4, 7);
+    g_delay_us = 25000; /* each answer waits 25 ms: with the request, ~50 ms RTT */
+    server_start(g_www, F_NONE);
+    for (int with = 1; with >= 0; with--) {
+        if (!with) {
+            stk__manifest m;
+            char err[512];
+            REQUIRE(stk__manifest_read(dir, &m, err, sizeof err) == STK_OK);
+            m.has_index = false;
+            REQUIRE(stk__manifest_write(dir, &m, err, sizeof err) == STK_OK);
+            stk__manifest_free(&m);
+        }
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int before = atomic_load(&srv.requests), rc;
+        g_extra[0] = "fetch_concurrency";
+        g_extra[1] = "64";
+        stk_loader *l = open_url(url("bench"), 2, NULL, NULL, STK_ON_ERROR_RAISE, &rc);
+        g_extra[0] = NULL;
+        double open_s = secs_since(&t0);
+        int reqs = atomic_load(&srv.requests) - before;
+        stk_batch *b;
+        CHECK(rc == STK_OK && stk_loader_next(l, &b) == STK_OK);
+        stk_batch_release(b);
+        double first_s = secs_since(&t0);
+        printf("    %d shards, %s index: open %.3f s (%d requests), first batch %.3f s\n", shards,
+               with ? "with" : "without", open_s, reqs, first_s);
+        stk_loader_close(l);
+    }
+    server_stop();
+    g_delay_us = 0;
+}
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -2190,6 +2628,16 @@ int main(void)
     RUN_IF(test_deterministic_errors_are_final);
     RUN_IF(test_auth_message_fits_the_scheme);
     RUN_IF(test_open_against_a_hung_server_is_parallel);
+    RUN_IF(test_index_many_shards);
+    RUN_IF(test_index_broken_falls_back);
+    RUN_IF(test_index_not_named_is_not_used);
+    RUN_IF(test_index_oom_sweep);
+    RUN_IF(test_index_verify);
+    RUN_IF(test_index_republished_is_not_read_from_old_entries);
+    RUN_IF(test_index_of_another_pack_is_refused);
+    RUN_IF(test_index_shard_replaced_since_the_pack);
+    if (getenv("STK_INDEX_BENCH"))
+        RUN(bench_index_open);
     {
         char lnk[300], tgt[512];
         DIR *d = opendir("/proc/self/fd");

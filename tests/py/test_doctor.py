@@ -76,8 +76,10 @@ def test_decode_bound_pipeline_is_named_decode(large):
 
 
 def test_storage_bound_remote_pipeline_is_named_storage(packed):
-    # Every shard request waits 0.4 s and one request is in flight at a time.
-    plan = [{"kind": "stall", "seconds": 0.4, "path": "/ds/*.stk"}]
+    # Every request waits 0.4 s (the shards', and the manifest's and the
+    # consolidated index's that the open makes) and one request is in flight
+    # at a time.
+    plan = [{"kind": "stall", "seconds": 0.4, "path": "/ds/*"}]
     with stk_servers.FaultServer(packed["www"], plan) as srv:
         rep = _doctor(f"{srv.url}/ds", "--transform", "imagenet-train", "--size", "32",
                       "--batch-size", "8", "--fetch-concurrency", "1")
@@ -85,7 +87,7 @@ def test_storage_bound_remote_pipeline_is_named_storage(packed):
     assert rep["verdict"]["storage_overlaps"] is True
     st = rep["levels"]["storage"]
     assert st["requests"] > 0 and st["fetched_bytes"] > 0
-    # Every shard request stalled 0.4 s before its first byte.
+    # Every request stalled 0.4 s before its first byte.
     assert st["first_byte_mean_s"] >= 0.35 and st["request_mean_s"] >= st["first_byte_mean_s"]
     assert any(a["stage"] == "storage" for a in rep["advice"]), rep["advice"]
 

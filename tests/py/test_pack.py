@@ -58,7 +58,7 @@ def test_pack_equals_cli_byte_for_byte(tmp_path, opts, cli):
     py, ref = _tree_bytes(tmp_path / "py"), _tree_bytes(tmp_path / "cli")
     assert py == ref
     assert r["samples"] == 24 and r["skipped"] == 0 and r["skipped_samples"] == []
-    assert r["shards"] == len(py) - 1
+    assert r["shards"] == len(py) - 2  # the shards, the manifest, stoker.index
     assert r["bytes"] == sum(len(v) for k, v in py.items() if k.endswith(".stk"))
     assert r["payload"] == ("raw" if "raw" in opts else "resized" if "max_side" in opts
                             else "encoded")
@@ -275,7 +275,7 @@ def test_second_writer_is_told_another_writer_is_using_the_directory(tmp_path, e
         # told it is a packed dataset.
         with stoker.Loader(out, 1, output="numpy") as L:
             assert [int(y[0]) for _, y in L] == [0] and L.classes == ["only"]
-        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.manifest"]
+        assert sorted(os.listdir(out)) == ["part-000000.stk", "stoker.index", "stoker.manifest"]
         with pytest.raises(ValueError, match="already holds a packed dataset"):
             stoker.Writer(out)
     elif end == "close":

@@ -452,14 +452,30 @@ def test_retries_deliver_every_sample_exactly_once(packed):
             assert st["failures"] == 0, plan
 
 
-def test_past_the_retry_budget_the_sample_fails_cleanly(packed):
+def test_past_the_retry_budget_the_sample_fails_cleanly(packed, tmp_path):
+    import shutil
     bad = packed["shards"][2]
-    plan = [{"kind": "status", "status": 500, "path": f"/ds/{bad}"}]
-    with stk_servers.FaultServer(packed["www"], plan) as srv:
+    www = tmp_path / "www"
+    shutil.copytree(packed["local"], www / "ds")
+    shutil.copytree(packed["local"], www / "ds-old")
+    man = www / "ds-old" / "stoker.manifest"
+    man.write_text("".join(ln for ln in man.read_text().splitlines(True)
+                           if not ln.startswith("index ")))
+    plan = [{"kind": "status", "status": 500, "path": f"/ds*/{bad}"}]
+    with stk_servers.FaultServer(www, plan) as srv:
         url = f"{srv.url}/ds"
-        # The index of the bad shard is read at open: that fails, naming it.
+        # The dataset opens from its consolidated index (stoker.index),
+        # without a request to the shards; the bad shard's samples fail,
+        # naming it.
         with pytest.raises(Exception) as e:
-            _loader(url, options={"fetch_retries": 1})
+            with _loader(url, options={"fetch_retries": 1}) as L:
+                for _ in L:
+                    pass
+        assert bad in str(e.value) and "500" in str(e.value)
+        # Opened shard by shard (a pack from before the index), the open
+        # reads the bad shard's index: that fails, naming it.
+        with pytest.raises(Exception) as e:
+            _loader(url.replace("/ds", "/ds-old"), options={"fetch_retries": 1})
         assert bad in str(e.value) and "500" in str(e.value)
 
 
