@@ -75,6 +75,7 @@ static struct {
     char *seen[MAX_KEYS];
     int nseen;
     atomic_int requests, whole_gets;
+    atomic_int plain_gets; /* GETs without a Range, of any object */
     atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
     /* F_RATE: the current window, and every request's time and answer. */
     uint64_t win_start, win_count;
@@ -185,6 +186,7 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
     }
     uint64_t size = (uint64_t)st.st_size;
     if (!ranged) {
+        atomic_fetch_add(&srv.plain_gets, 1);
         a = 0;
         b = size - 1;
         if (strstr(path, ".stk"))
@@ -1959,6 +1961,248 @@ static void test_open_against_a_hung_server_is_parallel(void)
     CHECK(msg[0]);
     server_stop();
 }
+
+/* ---- MDS, LitData and TFRecord over HTTP (remote_files.c) ------------------ */
+
+static const char *fixtures(void)
+{
+    static char dir[4096];
+    const char *env = getenv("STOKER_FIXTURES");
+    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
+                           "/work/shared/fixtures"};
+    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
+        struct stat st;
+        char p[4096];
+        if (!cands[k])
+            continue;
+        snprintf(p, sizeof p, "%s/mds/plain/index.json", cands[k]);
+        if (stat(p, &st) == 0 && realpath(cands[k], dir))
+            return dir;
+    }
+    return NULL;
+}
+
+/* Every field of every sample over one epoch, as stored (kind bytes, all
+ * optional, so presence is compared too), with indices and labels. The
+ * field names come from the local dataset `names_from`. */
+static uint64_t fx_hash(const char *path, const char *names_from, const char *cache,
+                        int on_error, uint64_t *n, char *msg, size_t msgn, int *open_rc)
+{
+    stk_options *o;
+    stk_loader *l = NULL;
+    char err[1024];
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    stk_options_set_source(o, path);
+    stk_options_set_batch_size(o, 8);
+    stk_options_set_threads(o, 2);
+    stk_options_set_seed(o, 11);
+    stk_options_set_on_error(o, on_error);
+    if (strstr(path, "://"))
+        REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    if (cache)
+        REQUIRE(stk_options_set(o, "cache_dir", cache) == STK_OK);
+    stk_dataset *d = NULL;
+    if (stk_dataset_open(&d, names_from, NULL, err, sizeof err) != STK_OK)
+        fprintf(stderr, "open %s: %s\n", names_from, err);
+    REQUIRE(d != NULL);
+    size_t nf = stk_dataset_field_count(d);
+    REQUIRE(nf > 2);
+    for (size_t k = 0; k < nf; k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        char name[32];
+        snprintf(name, sizeof name, "f%zu", k);
+        REQUIRE(stk_options_add_field(o, name, fi.name, STK_FIELD_BYTES, NULL,
+                                      STK_FIELD_OPTIONAL) == STK_OK);
+    }
+    stk_dataset_close(d);
+    *open_rc = stk_loader_open(&l, o);
+    stk_options_destroy(o);
+    *n = 0;
+    if (msg)
+        msg[0] = '\0';
+    if (*open_rc) {
+        if (msg)
+            snprintf(msg, msgn, "%s", stk_loader_errmsg(l));
+        stk_loader_close(l);
+        return 0;
+    }
+    uint64_t h = 1469598103934665603ULL;
+    stk_batch *b;
+    int rc;
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        if (rc == STK_ESAMPLE) {
+            if (msg && !msg[0])
+                snprintf(msg, msgn, "%s", stk_loader_errmsg(l));
+            continue;
+        }
+        REQUIRE(rc == STK_OK);
+        REQUIRE(b->nfields == nf);
+        h = tu_hash(h, b->indices, b->size * sizeof *b->indices);
+        h = tu_hash(h, b->labels, b->size * sizeof *b->labels);
+        for (size_t f = 0; f < b->nfields; f++) {
+            const stk_field *fl = &b->fields[f];
+            REQUIRE(fl->layout == STK_BATCH_VARIABLE);
+            if (fl->present)
+                h = tu_hash(h, fl->present, b->size);
+            for (size_t k = 0; k < b->size; k++)
+                h = tu_hash(h, (uint8_t *)fl->data + fl->offsets[k], fl->lengths[k]);
+        }
+        *n += b->size;
+        stk_batch_release(b);
+    }
+    stk_loader_close(l);
+    return h;
+}
+
+static void copy_tree(const char *from, const char *to)
+{
+    char cmd[8192];
+    tu_mkdirs(to);
+    snprintf(cmd, sizeof cmd, "cp -R '%s'/. '%s'/ && chmod -R u+w '%s'", from, to, to);
+    REQUIRE(system(cmd) == 0);
+}
+
+static void test_formats_remote_as_local(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    static const char *const sets[][2] = {
+        {"mds/plain", ""},          {"mds/zstd", ""},     {"mds/jpeg", ""},
+        {"litdata/plain", ""},      {"litdata/zstd", ""}, {"litdata/jpeg", ""},
+        {"tfrecord/plain", "/train-{00000..00001}-of-00002.tfrecord"},
+        {"tfrecord/gzip", "/train-{00000..00001}-of-00002.tfrecord.gz"},
+    };
+    server_start(g_www, F_NONE);
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        char local[4096], www[2048], rel[512], cache[2048], msg[1024];
+        snprintf(local, sizeof local, "%s/%s", fx, sets[k][0]);
+        snprintf(www, sizeof www, "%s/fx/%s", g_www, sets[k][0]);
+        snprintf(cache, sizeof cache, "%s", tu_path("cache-fx"));
+        copy_tree(local, www);
+        snprintf(rel, sizeof rel, "fx/%s%s", sets[k][0], sets[k][1]);
+        uint64_t nl, nr, nw;
+        int orc;
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK_EQ(nl, 60);
+        int before = atomic_load(&srv.plain_gets);
+        uint64_t hr = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        if (orc)
+            fprintf(stderr, "    %s: %s\n", rel, msg);
+        CHECK_EQ(orc, STK_OK);
+        CHECK_EQ(nr, 60);
+        CHECK(hr == hl);
+        int cold = atomic_load(&srv.plain_gets) - before;
+        CHECK(cold >= 2); /* index.json or the files, downloaded whole */
+        /* A second open reads the cache: nothing downloaded again, only
+         * the probes (and the sniff of index.json). */
+        before = atomic_load(&srv.plain_gets);
+        int reqs = atomic_load(&srv.requests);
+        uint64_t hw = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nw, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK(hw == hl && nw == 60);
+        int warm_plain = atomic_load(&srv.plain_gets) - before;
+        int warm_reqs = atomic_load(&srv.requests) - reqs;
+        /* Warm: stoker.manifest (404) and index.json for a directory, and
+         * one 1-byte probe per file. */
+        CHECK(warm_plain <= (sets[k][1][0] ? 0 : 2));
+        CHECK(warm_reqs <= (sets[k][1][0] ? 2 : 2 + 1 + 4));
+        if (warm_plain > 2 || warm_reqs > 7)
+            fprintf(stderr, "    %s warm: %d plain GETs, %d requests\n", rel, warm_plain,
+                    warm_reqs);
+    }
+    /* URL/index.json names the dataset too. */
+    {
+        char local[4096], msg[1024];
+        uint64_t nl, nr;
+        int orc;
+        snprintf(local, sizeof local, "%s/mds/plain", fx);
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        uint64_t hr = fx_hash(url("fx/mds/plain/index.json"), local, tu_path("cache-fx"),
+                              STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK(hl == hr && nr == 60);
+    }
+    /* Without a cache directory: refused, saying why. */
+    {
+        char local[4096], msg[1024];
+        uint64_t nr;
+        int orc;
+        snprintf(local, sizeof local, "%s/litdata/plain", fx);
+        fx_hash(url("fx/litdata/plain"), local, NULL, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg,
+                &orc);
+        CHECK_EQ(orc, STK_EINVAL);
+        CHECK(strstr(msg, "cache_dir") && strstr(msg, "LitData chunks") &&
+              strstr(msg, "fx/litdata/plain"));
+    }
+    server_stop();
+}
+
+/* A shard index.json names that the server does not have (404), and a
+ * truncated one: clear errors naming the shard's URL; under skip the rest
+ * of the truncated dataset is delivered, as locally. */
+static void test_formats_remote_bad_shards(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    char src[4096], miss[2048], cut[2048], p[4096], msg[1024];
+    snprintf(src, sizeof src, "%s/mds/plain", fx);
+    snprintf(miss, sizeof miss, "%s/bad/mds-missing", g_www);
+    snprintf(cut, sizeof cut, "%s/bad/mds-cut", g_www);
+    copy_tree(src, miss);
+    copy_tree(src, cut);
+    snprintf(p, sizeof p, "%s/shard.00002.mds", miss);
+    REQUIRE(unlink(p) == 0);
+    snprintf(p, sizeof p, "%s/shard.00001.mds", cut);
+    struct stat st;
+    REQUIRE(stat(p, &st) == 0 && truncate(p, st.st_size / 2) == 0);
+    server_start(g_www, F_NONE);
+    uint64_t n, nl;
+    int orc;
+    fx_hash(url("bad/mds-missing"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
+            sizeof msg, &orc);
+    CHECK_EQ(orc, STK_ENOENT);
+    CHECK(strstr(msg, "http://127.0.0.1:") && strstr(msg, "bad/mds-missing/shard.00002.mds") &&
+          strstr(msg, "404"));
+    /* Truncated: raise stops at the first damaged record, naming it. */
+    fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_RAISE, &n, msg,
+            sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    CHECK(strstr(msg, "bad/mds-cut/shard.00001.mds") != NULL);
+    if (!strstr(msg, "bad/mds-cut/shard.00001.mds"))
+        fprintf(stderr, "    message: %s\n", msg);
+    /* Skip: the rest, exactly as the local copy delivers it. */
+    uint64_t hl = fx_hash(cut, src, NULL, STK_ON_ERROR_SKIP, &nl, msg, sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    uint64_t hr = fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n,
+                          msg, sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    CHECK(n == nl && hr == hl);
+    CHECK(n > 40 && n < 60);
+    /* A truncated zstd shard fails the open (it cannot be decompressed),
+     * naming its URL. */
+    char zsrc[4096], zcut[2048];
+    snprintf(zsrc, sizeof zsrc, "%s/litdata/zstd", fx);
+    snprintf(zcut, sizeof zcut, "%s/bad/lit-zcut", g_www);
+    copy_tree(zsrc, zcut);
+    snprintf(p, sizeof p, "%s/chunk-0-2.zstd.bin", zcut);
+    REQUIRE(stat(p, &st) == 0 && truncate(p, st.st_size / 2) == 0);
+    fx_hash(url("bad/lit-zcut"), zsrc, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
+            sizeof msg, &orc);
+    CHECK(orc != STK_OK);
+    CHECK(strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin") != NULL);
+    if (!strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin"))
+        fprintf(stderr, "    message: %s\n", msg);
+    server_stop();
+}
+
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -1998,6 +2242,8 @@ int main(void)
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
     RUN_IF(test_tar_fields_remote_as_local);
+    RUN_IF(test_formats_remote_as_local);
+    RUN_IF(test_formats_remote_bad_shards);
     RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);
