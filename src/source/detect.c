@@ -287,23 +287,12 @@ static int local_index_kind(const char *dir, char *err, size_t errlen)
     }
     if (!S_ISREG(st.st_mode))
         return IX_NONE;
-    stk__scratch sc = {.limit = INDEX_JSON_MAX};
-    stk__sink sink = {.grow = &sc};
-    uint8_t *data = NULL;
+    char *text = NULL;
     size_t len = 0;
-    char why[STK_ERRMSG_MAX], *text = NULL;
-    int rc = stk__read_file(ipath, &sink, &data, &len, why, sizeof why);
-    if (rc)
-        stk__fmt(err, errlen, "%s: %s", ipath, why);
-    else if (!(text = stk__malloc(len + 1)))
-        rc = STK_ENOMEM;
-    else {
-        memcpy(text, data, len);
-        text[len] = '\0'; /* the sniffs read it as a string */
+    int rc = stk__read_text(ipath, ipath, INDEX_JSON_MAX, &text, &len, err, errlen);
+    if (!rc)
         rc = index_kind(text, len);
-    }
     stk__free(text);
-    stk__scratch_free(&sc);
     return rc;
 }
 

@@ -804,31 +804,6 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
     return STK_OK;
 }
 
-/* Reads path (at most LD_INDEX_MAX bytes) into a NUL-terminated string;
- * errors name shown. */
-static int read_index(const char *path, const char *shown, char **text, size_t *len, char *err,
-                      size_t errlen)
-{
-    stk__scratch sc = {.limit = LD_INDEX_MAX};
-    stk__sink sink = {.grow = &sc};
-    uint8_t *data = NULL;
-    char why[STK_ERRMSG_MAX];
-    int rc = stk__read_file(path, &sink, &data, len, why, sizeof why);
-    if (rc) {
-        stk__fmt(err, errlen, "%s: %s", shown, why);
-        stk__scratch_free(&sc);
-        return rc == STK_EIO && errno == ENOENT ? STK_ENOENT : rc;
-    }
-    if (!(*text = stk__malloc(*len + 1))) {
-        stk__scratch_free(&sc);
-        return STK_ENOMEM;
-    }
-    memcpy(*text, data, *len);
-    (*text)[*len] = '\0';
-    stk__scratch_free(&sc);
-    return STK_OK;
-}
-
 /* Gets every chunk through fs (all at once: remote ones download in
  * parallel) and opens it; fills s's shard tables (a chunk is a shard). */
 static int open_chunks(stk__source *s, ld *d, stk__files *fs, const lchunk_info *ci, size_t nc,
@@ -897,7 +872,7 @@ int stk__source_litdata_open(stk__source *s, stk__files *fs, char *err, size_t e
     d->tmp =
         (stk__unpack_area){.tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
     if ((rc = stk__files_get(fs, &iname, NULL, 1, NULL, &ipath, &ishown, err, errlen)) ||
-        (rc = read_index(ipath, ishown, &text, &tlen, err, errlen)))
+        (rc = stk__read_text(ipath, ishown, LD_INDEX_MAX, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, d, &ci, &nc, why, sizeof why))) {
         stk__fmt(err, errlen, "%s: %s", ishown, why);

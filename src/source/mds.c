@@ -789,31 +789,6 @@ static int describe_fields(stk__source *s, const mds *d)
     return STK_OK;
 }
 
-/* Reads index.json from path (at most MDS_INDEX_MAX bytes); errors name
- * shown. */
-static int read_index(const char *path, const char *shown, char **text, size_t *len, char *err,
-                      size_t errlen)
-{
-    stk__scratch sc = {.limit = MDS_INDEX_MAX};
-    stk__sink sink = {.grow = &sc};
-    uint8_t *data = NULL;
-    char why[STK_ERRMSG_MAX];
-    int rc = stk__read_file(path, &sink, &data, len, why, sizeof why);
-    if (rc) {
-        stk__fmt(err, errlen, "%s: %s", shown, why);
-        stk__scratch_free(&sc);
-        return rc == STK_EIO && errno == ENOENT ? STK_ENOENT : rc;
-    }
-    if (!(*text = stk__malloc(*len + 1))) {
-        stk__scratch_free(&sc);
-        return STK_ENOMEM;
-    }
-    memcpy(*text, data, *len);
-    (*text)[*len] = '\0';
-    stk__scratch_free(&sc);
-    return STK_OK;
-}
-
 /* Gets every shard through fs (all at once: remote ones download in
  * parallel) and opens it; fills s's shard tables. Remote: the file as
  * stored (the zip when compressed); local: the raw file first. */
@@ -877,7 +852,7 @@ int stk__source_mds_open(stk__source *s, stk__files *fs, char *err, size_t errle
                                 .hint = ", or decompress the shards beside index.json (zstd -d, "
                                         "under their raw_data names)"};
     if ((rc = stk__files_get(fs, &iname, NULL, 1, NULL, &ipath, &ishown, err, errlen)) ||
-        (rc = read_index(ipath, ishown, &text, &tlen, err, errlen)))
+        (rc = stk__read_text(ipath, ishown, MDS_INDEX_MAX, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, &d->cols, &d->ncols, &d->nvar, &si, &ns, why,
                           sizeof why))) {

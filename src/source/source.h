@@ -386,6 +386,11 @@ int stk__index_cache_path(const char *file, const char *kind, bool beside, char 
  * reports them). */
 void stk__mkdirs_for(const char *file);
 
+/* Reads a whole file of at most limit bytes (an index.json) into *text,
+ * NUL-terminated (the caller frees it), *len its length. Errors name shown:
+ * STK_ENOENT, STK_EIO, STK_ETOOBIG, STK_ENOMEM. */
+int stk__read_text(const char *path, const char *shown, size_t limit, char **text, size_t *len,
+                   char *err, size_t errlen);
 /* Reads a whole file into a sink (open, fstat, read, close): the shared helper
  * for sources whose samples are files. */
 int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,

@@ -1964,22 +1964,15 @@ static void test_open_against_a_hung_server_is_parallel(void)
 
 /* ---- MDS, LitData and TFRecord over HTTP (remote_files.c) ------------------ */
 
+/* The fixtures' root (tu_fixtures gives FIXTURES/mds). */
 static const char *fixtures(void)
 {
-    static char dir[4096];
-    const char *env = getenv("STOKER_FIXTURES");
-    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
-                           "/work/shared/fixtures"};
-    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
-        struct stat st;
-        char p[4096];
-        if (!cands[k])
-            continue;
-        snprintf(p, sizeof p, "%s/mds/plain/index.json", cands[k]);
-        if (stat(p, &st) == 0 && realpath(cands[k], dir))
-            return dir;
-    }
-    return NULL;
+    static char root[4096];
+    const char *mds = tu_fixtures("mds");
+    if (!mds)
+        return NULL;
+    snprintf(root, sizeof root, "%.*s", (int)(strlen(mds) - 4), mds);
+    return root;
 }
 
 /* Every field of every sample over one epoch, as stored (kind bytes, all
