@@ -506,8 +506,9 @@ out:
 }
 
 /* A directory in a store without a stoker.manifest: an MDS or LitData
- * index.json, when it has one (1, the source opened or rc the failure), else
- * 0 (r is then still the caller's). */
+ * index.json, when it has one. Returns 1 when it took r over (the source
+ * opened, or *rc the failure), 0 when there is no such index (r is still
+ * the caller's). */
 static int open_url_index(stk__source *s, stk__remote *r, const stk__source_params *prm,
                           int *rc, char *err, size_t errlen)
 {
@@ -520,10 +521,13 @@ static int open_url_index(stk__source *s, stk__remote *r, const stk__source_para
     }
     int ix = *rc ? IX_NONE : index_kind(text, tlen);
     stk__free(text);
-    if (*rc)
-        return 1; /* unreachable, or an answer other than 404: the message says */
-    if (ix == IX_NONE)
+    if (!*rc && ix == IX_NONE)
         return 0;
+    if (*rc) {
+        /* Unreachable, or an answer other than 404: the message says. */
+        stk__remote_close(r);
+        return 1;
+    }
     stk__files *fs;
     if (!(*rc = stk__files_open_remote(&fs, r, prm, "")))
         *rc = open_indexed(s, fs, ix, err, errlen);

@@ -160,7 +160,7 @@ static int probe(stk__files *f, dl *d, size_t n, const uint64_t *sizes, const ch
                      d[k].q.rc == STK_ENOENT ? "not found (HTTP 404)"
                      : d[k].q.rc             ? d[k].q.err
                                              : "the server did not say its size");
-            rc = d[k].q.rc == STK_ENOENT ? STK_ENOENT : STK_EIO;
+            rc = d[k].q.rc == STK_ENOENT || d[k].q.rc == STK_ENOMEM ? d[k].q.rc : STK_EIO;
         } else if (sizes && sizes[k] != d[k].q.total) {
             stk__fmt(err, errlen, "%s: is %llu bytes, %s says %llu (did it change?)", where,
                      (unsigned long long)d[k].q.total, sizes_from ? sizes_from : "the listing",

@@ -1967,7 +1967,7 @@ static void test_open_against_a_hung_server_is_parallel(void)
 /* The fixtures' root (tu_fixtures gives FIXTURES/mds). */
 static const char *fixtures(void)
 {
-    static char root[4096];
+    static char root[2048];
     const char *mds = tu_fixtures("mds");
     if (!mds)
         return NULL;
@@ -2196,6 +2196,82 @@ static void test_formats_remote_bad_shards(void)
     server_stop();
 }
 
+
+/* Every allocation of a remote MDS (zstd) open, cold (downloads into a
+ * fresh cache) and warm (pins), and of a cold TFRecord (gzip) open, failed
+ * in turn: the open fails with ENOMEM or succeeds, and nothing leaks
+ * (allocations, fds). */
+static void test_formats_remote_oom_sweep(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    static const char *const rels[] = {"fx/mds/zstd",
+                                       "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
+    char www[2048], local[4096];
+    snprintf(www, sizeof www, "%s/fx/mds/zstd", g_www);
+    snprintf(local, sizeof local, "%s/mds/zstd", fx);
+    copy_tree(local, www);
+    snprintf(www, sizeof www, "%s/fx/tfrecord/gzip", g_www);
+    snprintf(local, sizeof local, "%s/tfrecord/gzip", fx);
+    copy_tree(local, www);
+    server_start(g_www, F_NONE);
+    for (size_t r = 0; r < 2; r++) {
+        for (int warm = 0; warm < 2 - (int)r; warm++) { /* TFRecord: cold only */
+            /* A fresh server, its last connections closed, before the
+             * baseline. */
+            server_stop();
+            server_start(g_www, F_NONE);
+            usleep(200000);
+            long live0 = stk__alloc_live();
+            int fds0 = tu_count_fds();
+            long n;
+            int nomem = 0;
+            /* TFRecord's own allocations are swept in test_tfrecord: here
+             * every third point, for the time. */
+            for (n = 0; n < 20000; n += r ? 3 : 1) {
+                char cache[64], err[1024];
+                snprintf(cache, sizeof cache, "oomfx-%zu-%ld", r, warm ? -1L : n);
+                if (n % 16 == 15 || (r && n % 16 >= 13)) {
+                    server_stop();
+                    server_start(g_www, F_NONE);
+                }
+                stk_options *o = NULL;
+                stk_dataset *d = NULL;
+                REQUIRE(stk_options_create(&o) == STK_OK);
+                REQUIRE(stk_options_set(o, "cache_dir", tu_path(cache)) == STK_OK);
+                long c0 = stk__alloc_count();
+                stk__alloc_fail_after(n);
+                int rc = stk_dataset_open(&d, url(rels[r]), o, err, sizeof err);
+                stk__alloc_fail_after(-1);
+                bool reached = stk__alloc_count() - c0 > n;
+                if (rc != STK_OK && rc != STK_ENOMEM)
+                    fprintf(stderr, "    %s n=%ld: %s\n", rels[r], n, err);
+                CHECK(rc == STK_OK || rc == STK_ENOMEM);
+                nomem += rc == STK_ENOMEM;
+                stk_dataset_close(d);
+                stk_options_destroy(o);
+                for (int k = 0; k < 200 && tu_count_fds() != fds0; k++)
+                    usleep(10000);
+                if (stk__alloc_live() != live0 || tu_count_fds() != fds0) {
+                    fprintf(stderr, "    %s n=%ld leaked %ld allocations, %d fds\n", rels[r], n,
+                            stk__alloc_live() - live0, tu_count_fds() - fds0);
+                    CHECK(0);
+                    break;
+                }
+                if (!reached)
+                    break;
+            }
+            printf("    %s %s: %ld allocation points, %d failed with ENOMEM\n", rels[r],
+                   warm ? "warm" : "cold", n, nomem);
+            CHECK(n > 20 && nomem > 20 / (r ? 3 : 1));
+        }
+    }
+    server_stop();
+}
+
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -2237,6 +2313,7 @@ int main(void)
     RUN_IF(test_tar_fields_remote_as_local);
     RUN_IF(test_formats_remote_as_local);
     RUN_IF(test_formats_remote_bad_shards);
+    RUN_IF(test_formats_remote_oom_sweep);
     RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);
