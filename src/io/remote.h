@@ -137,6 +137,10 @@ int stk__remote_get_small(stk__remote *r, const char *name, size_t limit, char *
  * to free with stk__remote_list_free. */
 int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                      size_t errlen);
+/* The same for every object below the prefix, in subfolders too (names
+ * "class/x.jpg"). */
+int stk__remote_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                          size_t errlen);
 void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
 
 /* Transfer counters (relaxed; for stats). */

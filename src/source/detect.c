@@ -646,9 +646,22 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         goto out;
     }
     if (!kinds) {
+        /* Unpacked objects in class folders (prefix/CLASS/NAME.jpg): every
+         * object below the prefix, each a sample. */
+        stk__remote_list_free(lnames, lsizes, ln);
+        lnames = NULL;
+        lsizes = NULL;
+        ln = 0;
+        if ((rc = stk__remote_list_tree(r, &lnames, &lsizes, &ln, err, errlen)))
+            goto out;
+        if (stk__bucket_samples(lnames, ln)) {
+            rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
+            r = NULL;
+            goto out;
+        }
         stk__fmt(err, errlen,
-                 "%s: holds no stoker.manifest, no index.json and no .stk, .tar or TFRecord "
-                 "files (%zu other objects)",
+                 "%s: holds no stoker.manifest, no index.json, no .stk, .tar or TFRecord files "
+                 "and no CLASS/NAME images (%zu other objects)",
                  stk__remote_display(r), ln);
         rc = STK_ENOENT;
         goto out;

@@ -324,6 +324,15 @@ int stk__litdata_sniff_text(const char *text, size_t len);
  * field. A stk__files_open_fn. */
 int stk__source_tfrecord_open(stk__source *s, const char *const *paths, const char *const *shown,
                               size_t n, char *err, size_t errlen);
+/* Unpacked objects in a bucket (bucket.c, docs/remote.md): the listing of
+ * every object below an S3 prefix (names relative to it, sizes); objects
+ * CLASS/NAME with an image extension are the samples, each a one-sample
+ * shard the fetch stage reads with one GET. r is taken over (closed with
+ * the source, also on failure). STK_EEMPTY when no object is a sample. */
+int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *names,
+                            const uint64_t *sizes, size_t n, char *err, size_t errlen);
+/* Whether a listing is mostly CLASS/NAME image objects (an ImageFolder). */
+int stk__bucket_samples(char *const *names, size_t n);
 /* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
 uint32_t stk__crc32c(const void *data, size_t n);
 /* The same by the table alone, never the CPU's instruction (tests compare). */
