@@ -178,6 +178,13 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
              (unsigned long long)b);
     int f = open(file, O_RDONLY);
     struct stat st;
+    if (f >= 0 && fstat(f, &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* A directory: its .listing.xml (an S3 bucket's listing, path-style
+         * GET /BUCKET?list-type=2..., whatever the query). */
+        close(f);
+        strncat(file, "/.listing.xml", sizeof file - strlen(file) - 1);
+        f = open(file, O_RDONLY);
+    }
     if (f < 0 || fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (f >= 0)
             close(f);
@@ -2272,6 +2279,79 @@ static void test_formats_remote_oom_sweep(void)
     server_stop();
 }
 
+
+/* Unpacked objects in a bucket: s3://bkt/imgs holding CLASS/NAME.jpg
+ * objects (the listing served as S3 would give it) reads as the local
+ * ImageFolder it mirrors, each sample by one GET of its object, through
+ * the fetch stage, with and without fields. */
+static void test_bucket_of_class_folders(void)
+{
+    const char *classes[] = {"ant", "bee", "cow"};
+    char dir[2048], xml[65536];
+    size_t xl = (size_t)snprintf(xml, sizeof xml,
+                                 "<?xml version=\"1.0\"?><ListBucketResult><Name>bkt</Name>");
+    int n = 0;
+    for (int c = 0; c < 3; c++) {
+        snprintf(dir, sizeof dir, "%s/bkt/imgs/%s", g_www, classes[c]);
+        tu_mkdirs(dir);
+        for (int k = 0; k < 4 + c; k++, n++) {
+            uint8_t rgb[24 * 20 * 3];
+            for (size_t j = 0; j < sizeof rgb; j++)
+                rgb[j] = (uint8_t)(j * 7 + (size_t)n * 31);
+            size_t jn = 0;
+            uint8_t *jpg = tu_jpeg(rgb, 24, 20, 90, &jn);
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%03d.jpg", dir, k);
+            tu_write_file(p, jpg, jn);
+            free(jpg);
+            xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                                   "<Contents><Key>imgs/%s/%03d.jpg</Key><Size>%zu</Size>"
+                                   "</Contents>",
+                                   classes[c], k, jn);
+        }
+    }
+    /* Not samples: a file beside the classes, an object two levels deep. */
+    xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                           "<Contents><Key>imgs/README.txt</Key><Size>3</Size></Contents>"
+                           "<IsTruncated>false</IsTruncated></ListBucketResult>");
+    snprintf(dir, sizeof dir, "%s/bkt/.listing.xml", g_www);
+    tu_write_file(dir, xml, xl);
+    snprintf(dir, sizeof dir, "%s/bkt/imgs", g_www);
+    run_out local = run(dir, 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, 2 * (uint64_t)n);
+    server_start(g_www, F_NONE);
+    char ep[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secretkey", 1);
+    g_extra[0] = "endpoint";
+    g_extra[1] = ep;
+    g_extra[2] = NULL;
+    int before = atomic_load(&srv.requests);
+    run_out r = run("s3://bkt/imgs", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    if (r.open_rc)
+        fprintf(stderr, "    %s\n", r.msg);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash && r.samples == local.samples);
+    CHECK(r.fs.requests >= (uint64_t)n);
+    /* The manifest, index.json, two listings, and the samples' GETs. */
+    CHECK(atomic_load(&srv.requests) - before >= n + 4);
+    /* The same objects with fields: the image and its class. */
+    g_extra[2] = "fields";
+    g_extra[3] = "image,label";
+    g_extra[4] = NULL;
+    run_out f = run("s3://bkt/imgs", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(f.open_rc, STK_OK);
+    CHECK_EQ(f.samples, (uint64_t)n);
+    memset(g_extra, 0, sizeof g_extra);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    server_stop();
+    snprintf(dir, sizeof dir, "%s/bkt/.listing.xml", g_www);
+    unlink(dir);
+}
+
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -2314,6 +2394,7 @@ int main(void)
     RUN_IF(test_formats_remote_as_local);
     RUN_IF(test_formats_remote_bad_shards);
     RUN_IF(test_formats_remote_oom_sweep);
+    RUN_IF(test_bucket_of_class_folders);
     RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);
