@@ -31,6 +31,8 @@
  *   stk.c tar.c cifar.c     manifest and reads remote shards by ranges; tar.c,
  *   mds.c litdata.c         mds.c, litdata.c and tfrecord.c read remote
  *   tfrecord.c              datasets through remote_files.c
+ *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
+ *                           each a one-sample shard of the fetch stage
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it

@@ -144,6 +144,11 @@ def test_s3_bucket_of_class_folders(aws_env, tmp_path):
         srv.clear_requests()
         remote = batches("s3://bkt/imgs")
         reqs = srv.requests()
+        # Packed once to .stk (what the docs advise), it reads the same.
+        r = stoker.pack("s3://bkt/imgs", tmp_path / "packed", threads=2)
+        assert r["samples"] == n and r["skipped"] == 0
+    assert [y.tolist() for _, y, _ in batches(str(tmp_path / "packed"))] == \
+        [y.tolist() for _, y, _ in local]
     assert len(remote) == len(local)
     for (xr, yr, ir), (xl, yl, il) in zip(remote, local):
         assert (ir == il).all() and (yr == yl).all() and (xr == xl).all()
