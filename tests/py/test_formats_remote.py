@@ -42,17 +42,6 @@ def _fixtures():
     pytest.fail("the fixtures (../shared/fixtures or $STOKER_FIXTURES) are missing")
 
 
-@pytest.fixture
-def aws_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of the machine's
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    return monkeypatch
-
 
 def epoch(path, fields, **kw):
     out = []
