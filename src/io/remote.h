@@ -138,7 +138,8 @@ int stk__remote_get_small(stk__remote *r, const char *name, size_t limit, char *
 int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                      size_t errlen);
 /* The same for every object below the prefix, in subfolders too (names
- * "class/x.jpg"). */
+ * "class/x.jpg"); for plain HTTP, every file below the URL as nginx's
+ * autoindex pages (HTML with exact sizes, or JSON) list them. */
 int stk__remote_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                           size_t errlen);
 void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);

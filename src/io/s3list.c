@@ -322,5 +322,7 @@ int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n,
 int stk__remote_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                           size_t errlen)
 {
+    if (r->scheme != SCHEME_S3)
+        return stk__http_list_tree(r, names, sizes, n, err, errlen);
     return list(r, true, names, sizes, n, err, errlen);
 }

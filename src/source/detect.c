@@ -623,8 +623,18 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         r = NULL;
         goto out;
     }
-    if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen)))
+    if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen))) {
+        /* A plain HTTP server: no listing of shards, but maybe index pages
+         * of class folders (nginx autoindex). */
+        char why[STK_ERRMSG_MAX];
+        if (rc != STK_EUNSUPPORTED ||
+            stk__remote_list_tree(r, &lnames, &lsizes, &ln, why, sizeof why) ||
+            !stk__bucket_samples(lnames, ln))
+            goto out; /* the first message says what a plain HTTP URL may name */
+        rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
+        r = NULL;
         goto out;
+    }
     size_t counts[K_COUNT] = {0};
     for (size_t k = 0; k < ln; k++)
         counts[url_kind(lnames[k])]++;

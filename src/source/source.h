@@ -327,7 +327,8 @@ int stk__litdata_sniff_text(const char *text, size_t len);
 int stk__source_tfrecord_open(stk__source *s, const char *const *paths, const char *const *shown,
                               size_t n, char *err, size_t errlen);
 /* Unpacked objects in a bucket (bucket.c, docs/remote.md): the listing of
- * every object below an S3 prefix (names relative to it, sizes); objects
+ * every object below an S3 prefix or an HTTP URL with nginx autoindex pages
+ * (names relative to it, sizes); objects
  * CLASS/NAME with an image extension are the samples, each a one-sample
  * shard the fetch stage reads with one GET. r is taken over (closed with
  * the source, also on failure). STK_EEMPTY when no object is a sample. */

@@ -126,6 +126,16 @@ def test_s3_bucket_of_class_folders(aws_env, tmp_path):
             return [(x.copy(), y.copy(), i.copy()) for x, y, i in L]
 
     local = batches(str(src))
+    # A plain HTTP server's index pages (nginx autoindex, HTML and JSON).
+    for fmt in ("html", "json"):
+        with stk_servers.Nginx(tmp_path, autoindex=fmt) as web:
+            got = batches(f"{web.url}/folder")
+            reqs = web.requests()
+        assert len(got) == len(local), fmt
+        for (xr, yr, ir), (xl, yl, il) in zip(got, local):
+            assert (ir == il).all() and (yr == yl).all() and (xr == xl).all(), fmt
+        pages = [r for r in reqs if r["path"].endswith("/") or r["path"].endswith("folder")]
+        assert 4 <= len(pages) <= 6, (fmt, pages)  # the root (and its redirect), 3 classes
     with stk_servers.S3Server(KEY_ID, SECRET) as srv:
         srv.create_bucket("bkt")
         put_files(srv, "imgs", src)
