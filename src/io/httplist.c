@@ -37,9 +37,10 @@ static int hexval(char c)
                                   : -1;
 }
 
-/* Percent-decodes [p, p + n) into out (NUL-terminated); false when it is
- * not a name this walk follows. */
-static bool link_name(const char *p, size_t n, char *out, size_t cap, bool *dir)
+/* [p, p + n) into out (NUL-terminated), percent-decoded when decode (an
+ * HTML link; a JSON page gives names as they are); false when it is not a
+ * name this walk follows. */
+static bool link_name(const char *p, size_t n, bool decode, char *out, size_t cap, bool *dir)
 {
     size_t k = 0;
     *dir = n && p[n - 1] == '/';
@@ -49,7 +50,9 @@ static bool link_name(const char *p, size_t n, char *out, size_t cap, bool *dir)
         return false;
     for (size_t j = 0; j < n; j++) {
         char c = p[j];
-        if (c == '%' && j + 2 < n && hexval(p[j + 1]) >= 0 && hexval(p[j + 2]) >= 0) {
+        if (!decode) {
+            /* a JSON page's name as it is */
+        } else if (c == '%' && j + 2 < n && hexval(p[j + 1]) >= 0 && hexval(p[j + 2]) >= 0) {
             c = (char)(hexval(p[j + 1]) * 16 + hexval(p[j + 2]));
             j += 2;
         } else if (c == '?' || c == '#' || c == ':') {
@@ -112,7 +115,7 @@ static int parse_json(lst *l, const char *dir, unsigned depth, const char *body,
         const json_t *size = json_object_get(e, "size");
         char nm[1024];
         bool d;
-        if (!name || !type || !link_name(name, strlen(name), nm, sizeof nm, &d) || d)
+        if (!name || !type || !link_name(name, strlen(name), false, nm, sizeof nm, &d) || d)
             continue;
         if (!strcmp(type, "directory"))
             rc = add_entry(l, dir, nm, true, 0, depth);
@@ -138,7 +141,7 @@ static int parse_html(lst *l, const char *dir, unsigned depth, const char *body,
             break;
         char nm[1024];
         bool d;
-        bool ok = link_name(p, (size_t)(q - p), nm, sizeof nm, &d);
+        bool ok = link_name(p, (size_t)(q - p), true, nm, sizeof nm, &d);
         const char *end = strstr(q, "</a>");
         if (!ok || !end)
             continue;
@@ -175,6 +178,51 @@ static int parse_html(lst *l, const char *dir, unsigned depth, const char *body,
     return STK_OK;
 }
 
+/* One index page of directory dir (depth: its entries' depth). */
+static int parse_page(lst *l, const char *dir, unsigned depth, const char *body, size_t len,
+                      char *why, size_t wn)
+{
+    const char *t = body;
+    while (*t == ' ' || *t == '\n' || *t == '\r' || *t == '\t')
+        t++;
+    if (*t == '[')
+        return parse_json(l, dir, depth, body, len, why, wn);
+    if (strstr(body, "<a href="))
+        return parse_html(l, dir, depth, body, why, wn);
+    stk__fmt(why, wn, "not a directory index page (nginx autoindex on)");
+    return STK_EUNSUPPORTED;
+}
+
+static void lst_free(lst *l)
+{
+    for (size_t k = 0; k < l->ndirs; k++)
+        stk__free(l->dirs[k]);
+    stk__free(l->dirs);
+    stk__remote_list_free(l->names, l->sizes, l->n);
+    memset(l, 0, sizeof *l);
+}
+
+int stk__autoindex_page(const char *body, size_t len, char ***names, uint64_t **sizes, size_t *n,
+                        size_t *ndirs, char *why, size_t wn)
+{
+    lst l = {0};
+    int rc = parse_page(&l, "", 1, body, len, why, wn);
+    *names = NULL;
+    *sizes = NULL;
+    *n = *ndirs = 0;
+    if (!rc) {
+        *names = l.names;
+        *sizes = l.sizes;
+        *n = l.n;
+        *ndirs = l.ndirs;
+        l.names = NULL;
+        l.sizes = NULL;
+        l.n = 0;
+    }
+    lst_free(&l);
+    return rc;
+}
+
 int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                         size_t errlen)
 {
@@ -207,28 +255,19 @@ int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t 
             stk__fmt(err, errlen, "%s: not found (HTTP 404)", where);
         if (rc)
             break;
-        const char *t = body;
-        while (*t == ' ' || *t == '\n' || *t == '\r' || *t == '\t')
-            t++;
-        rc = *t == '[' ? parse_json(&l, dir, depth + 1, body, len, why, sizeof why)
-             : strstr(body, "<a href=") ? parse_html(&l, dir, depth + 1, body, why, sizeof why)
-                                         : (stk__fmt(why, sizeof why,
-                                                     "not a directory index page (nginx "
-                                                     "autoindex on)"),
-                                            STK_EUNSUPPORTED);
+        rc = parse_page(&l, dir, depth + 1, body, len, why, sizeof why);
         if (rc && rc != STK_ENOMEM)
             stk__fmt(err, errlen, "%s: %s", where, why);
         stk__free(body);
     }
-    for (size_t k = 0; k < l.ndirs; k++)
-        stk__free(l.dirs[k]);
-    stk__free(l.dirs);
-    if (rc) {
-        stk__remote_list_free(l.names, l.sizes, l.n);
-        return rc;
+    if (!rc) {
+        *names = l.names;
+        *sizes = l.sizes;
+        *n = l.n;
+        l.names = NULL;
+        l.sizes = NULL;
+        l.n = 0;
     }
-    *names = l.names;
-    *sizes = l.sizes;
-    *n = l.n;
-    return STK_OK;
+    lst_free(&l);
+    return rc;
 }

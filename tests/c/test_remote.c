@@ -2352,6 +2352,54 @@ static void test_bucket_of_class_folders(void)
     unlink(dir);
 }
 
+
+/* nginx's index pages (src/io/httplist.c): names percent-decoded from HTML
+ * links and taken as they are from JSON, sizes in bytes; links that leave
+ * the directory (absolute, "..", a scheme, an encoded '/') or carry a query
+ * are no entries; a size that is not in bytes fails, naming the setting. */
+static void test_autoindex_pages(void)
+{
+    const char *html =
+        "<html>\r\n<head><title>Index of /f/cat/</title></head>\r\n<body>\r\n<h1>Index of "
+        "/f/cat/</h1><hr><pre><a href=\"../\">../</a>\r\n<a href=\"sub/\">sub/</a>          "
+        "27-Nov-2026 21:29      -\r\n<a href=\"a%2520b.jpg\">a%20b.jpg</a>          "
+        "27-Nov-2026 21:29                 100\r\n<a href=\"/etc/passwd\">p</a>  01-Jan-2026 "
+        "00:00  5\r\n<a href=\"http://evil/x.jpg\">y</a>  01-Jan-2026 00:00  5\r\n<a "
+        "href=\"%2e%2e\">z</a>  01-Jan-2026 00:00  1\r\n<a href=\"a%2Fb.jpg\">w</a>  "
+        "01-Jan-2026 00:00  7\r\n<a href=\"q.jpg?x=1\">q</a>  01-Jan-2026 00:00  3\r\n"
+        "<a href=\"z.png\">z.png</a>  01-Jan-2026 00:00  0\r\n</pre><hr></body>\r\n</html>\r\n";
+    const char *json = "[\r\n{ \"name\":\"sub\", \"type\":\"directory\", \"mtime\":\"x\" },\r\n"
+                       "{ \"name\":\"a%20b.jpg\", \"type\":\"file\", \"mtime\":\"x\", "
+                       "\"size\":100 },\r\n{ \"name\":\"..\", \"type\":\"file\", \"size\":1 },\r\n"
+                       "{ \"name\":\"z.png\", \"type\":\"file\", \"size\":0 }\r\n]";
+    const char *pages[] = {html, json};
+    for (int k = 0; k < 2; k++) {
+        char **names = NULL, why[256] = "";
+        uint64_t *sizes = NULL;
+        size_t n = 0, nd = 0;
+        CHECK_EQ(stk__autoindex_page(pages[k], strlen(pages[k]), &names, &sizes, &n, &nd, why,
+                                     sizeof why),
+                 STK_OK);
+        CHECK_EQ(n, 2);
+        CHECK_EQ(nd, 1);
+        if (n == 2) {
+            CHECK(!strcmp(names[0], "a%20b.jpg") && sizes[0] == 100);
+            CHECK(!strcmp(names[1], "z.png") && sizes[1] == 0);
+        }
+        stk__remote_list_free(names, sizes, n);
+    }
+    const char *bad = "<pre><a href=\"big.jpg\">big.jpg</a>  01-Jan-2026 00:00  1K\r\n</pre>";
+    char **names = NULL, why[256] = "";
+    uint64_t *sizes = NULL;
+    size_t n = 0, nd = 0;
+    CHECK_EQ(stk__autoindex_page(bad, strlen(bad), &names, &sizes, &n, &nd, why, sizeof why),
+             STK_EFORMAT);
+    CHECK(strstr(why, "big.jpg") && strstr(why, "autoindex_exact_size on"));
+    CHECK(!names && !n);
+    CHECK_EQ(stk__autoindex_page("<h1>hello</h1>", 14, &names, &sizes, &n, &nd, why, sizeof why),
+             STK_EUNSUPPORTED);
+}
+
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -2367,6 +2415,7 @@ int main(void)
     RUN_IF(test_s3_list_pages_grow);
     RUN_IF(test_xml_unescape);
     RUN_IF(test_s3_error_text);
+    RUN_IF(test_autoindex_pages);
     make_dataset();
     RUN_IF(test_same_batches_as_local);
     RUN_IF(test_fields_remote);
