@@ -202,25 +202,29 @@ static void lst_free(lst *l)
     memset(l, 0, sizeof *l);
 }
 
+/* Hands the files listed to the caller when rc is STK_OK (else NULL, 0)
+ * and frees the rest; returns rc. */
+static int lst_give(lst *l, int rc, char ***names, uint64_t **sizes, size_t *n)
+{
+    *names = rc ? NULL : l->names;
+    *sizes = rc ? NULL : l->sizes;
+    *n = rc ? 0 : l->n;
+    if (!rc) {
+        l->names = NULL;
+        l->sizes = NULL;
+        l->n = 0;
+    }
+    lst_free(l);
+    return rc;
+}
+
 int stk__autoindex_page(const char *body, size_t len, char ***names, uint64_t **sizes, size_t *n,
                         size_t *ndirs, char *why, size_t wn)
 {
     lst l = {0};
     int rc = parse_page(&l, "", 1, body, len, why, wn);
-    *names = NULL;
-    *sizes = NULL;
-    *n = *ndirs = 0;
-    if (!rc) {
-        *names = l.names;
-        *sizes = l.sizes;
-        *n = l.n;
-        *ndirs = l.ndirs;
-        l.names = NULL;
-        l.sizes = NULL;
-        l.n = 0;
-    }
-    lst_free(&l);
-    return rc;
+    *ndirs = rc ? 0 : l.ndirs;
+    return lst_give(&l, rc, names, sizes, n);
 }
 
 int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
@@ -260,14 +264,5 @@ int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t 
             stk__fmt(err, errlen, "%s: %s", where, why);
         stk__free(body);
     }
-    if (!rc) {
-        *names = l.names;
-        *sizes = l.sizes;
-        *n = l.n;
-        l.names = NULL;
-        l.sizes = NULL;
-        l.n = 0;
-    }
-    lst_free(&l);
-    return rc;
+    return lst_give(&l, rc, names, sizes, n);
 }
