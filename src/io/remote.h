@@ -159,6 +159,11 @@ int stk__remote_get_small(stk__remote *r, const char *name, size_t limit, char *
  * to free with stk__remote_list_free. */
 int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
                      size_t errlen);
+/* The same for every object below the prefix, in subfolders too (names
+ * "class/x.jpg"); for plain HTTP, every file below the URL as nginx's
+ * autoindex pages (HTML with exact sizes, or JSON) list them. */
+int stk__remote_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                          size_t errlen);
 void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
 
 /* Transfer counters (relaxed; for stats). */
@@ -191,6 +196,14 @@ void stk__xml_unescape(char *s);
 int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***names,
                       uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token,
                       char *err, size_t errlen);
+/* Parses one nginx autoindex page (HTML, or JSON from autoindex_format
+ * json; body NUL-terminated, len bytes) of the dataset's root: its files
+ * (names, sizes: the caller frees them with stk__remote_list_free) and how
+ * many subdirectories it links. STK_EFORMAT (a file without a size in
+ * bytes, a JSON page that is no array), STK_EUNSUPPORTED (not an index
+ * page), STK_ENOMEM; the reason in why. */
+int stk__autoindex_page(const char *body, size_t len, char ***names, uint64_t **sizes, size_t *n,
+                        size_t *ndirs, char *why, size_t wn);
 /* Writes " Code: Message" from an S3 XML error body (NUL-terminated) into
  * out, or "" when it has no <Code>. */
 void stk__s3_error_text(const char *body, char *out, size_t n);

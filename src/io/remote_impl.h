@@ -84,4 +84,9 @@ int stk__url_parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
 /* The request URL of object name (malloc'd). */
 char *stk__object_url(const stk__remote *r, const char *name);
 
+/* Every file below the dataset URL of a plain HTTP server, from nginx's
+ * autoindex pages (httplist.c): as stk__remote_list_tree. */
+int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                        size_t errlen);
+
 #endif

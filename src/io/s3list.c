@@ -206,8 +206,10 @@ void stk__remote_list_free(char **names, uint64_t *sizes, size_t n)
     stk__free(sizes);
 }
 
-int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, size_t *n_out,
-                     char *err, size_t errlen)
+/* Lists the prefix's objects: those directly under it, or (tree) every
+ * object below it, in any subfolder (no delimiter). */
+static int list(stk__remote *r, bool tree, char ***names_out, uint64_t **sizes_out, size_t *n_out,
+                char *err, size_t errlen)
 {
     if (r->scheme != SCHEME_S3) {
         stk__fmt(err, errlen,
@@ -245,11 +247,11 @@ int stk__remote_list(stk__remote *r, char ***names_out, uint64_t **sizes_out, si
         }
         if (token) {
             stk__pct_encode(token, false, enc_token, tcap);
-            stk__fmt(url, ucap, "%s?continuation-token=%s&delimiter=%%2F&list-type=2&prefix=%s",
-                     r->list_url, enc_token, enc_prefix);
+            stk__fmt(url, ucap, "%s?continuation-token=%s%s&list-type=2&prefix=%s",
+                     r->list_url, enc_token, tree ? "" : "&delimiter=%2F", enc_prefix);
         } else {
-            stk__fmt(url, ucap, "%s?delimiter=%%2F&list-type=2&prefix=%s", r->list_url,
-                     enc_prefix);
+            stk__fmt(url, ucap, "%s?%slist-type=2&prefix=%s", r->list_url,
+                     tree ? "" : "delimiter=%2F&", enc_prefix);
         }
         stk__free(enc_token);
         memset(&q, 0, sizeof q);
@@ -309,4 +311,18 @@ out:
     *sizes_out = sizes;
     *n_out = n;
     return rc;
+}
+
+int stk__remote_list(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                     size_t errlen)
+{
+    return list(r, false, names, sizes, n, err, errlen);
+}
+
+int stk__remote_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t *n, char *err,
+                          size_t errlen)
+{
+    if (r->scheme != SCHEME_S3)
+        return stk__http_list_tree(r, names, sizes, n, err, errlen);
+    return list(r, true, names, sizes, n, err, errlen);
 }

@@ -314,3 +314,28 @@ void stk__fsync_parent(const char *path)
         stk__close(fd);
     }
 }
+
+int stk__read_text(const char *path, const char *shown, size_t limit, char **text, size_t *len,
+                   char *err, size_t errlen)
+{
+    stk__scratch sc = {.limit = limit};
+    stk__sink sink = {.grow = &sc};
+    uint8_t *data = NULL;
+    char why[STK_ERRMSG_MAX];
+    *text = NULL;
+    int rc = stk__read_file(path, &sink, &data, len, why, sizeof why);
+    if (rc) {
+        int e = errno;
+        stk__fmt(err, errlen, "%s: %s", shown, why);
+        stk__scratch_free(&sc);
+        return rc == STK_EIO && e == ENOENT ? STK_ENOENT : rc;
+    }
+    if (!(*text = stk__malloc(*len + 1))) {
+        stk__scratch_free(&sc);
+        return STK_ENOMEM;
+    }
+    memcpy(*text, data, *len);
+    (*text)[*len] = '\0';
+    stk__scratch_free(&sc);
+    return STK_OK;
+}

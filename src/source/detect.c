@@ -28,19 +28,54 @@
  * from the contents (magic bytes, tar header checksums, CIFAR names and
  * sizes); a directory or list mixing kinds is an error that says so. */
 
-enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_TFREC, K_COUNT };
-static const char *const k_kind_names[K_COUNT] = {"unknown",       ".stk shards",      ".tar shards",
-                                                  "CIFAR batches", "class subfolders", "TFRecord files"};
-
-/* TFRecord files go by name (their framing has no magic). */
-static bool tfrecord_name(const char *name)
+/* Readers of whole files, local or remote alike: a remote dataset's files
+ * are downloaded whole into the disk cache and read by the same reader
+ * (remote_files.c). A new reader of whole files is one row here: the names
+ * of its files, what they are called in messages, and its open. */
+static int tar_open_files(stk__source *s, const char *const *paths, const char *const *shown,
+                          size_t n, char *err, size_t errlen)
 {
-    static const char *const sufs[] = {".tfrecord", ".tfrecord.gz", ".tfrecords", ".tfrecords.gz"};
+    (void)shown; /* the tar reader names the files it reads */
+    return stk__source_tar_open(s, paths, n, err, errlen);
+}
+
+typedef struct file_kind {
+    const char *suffixes[4];
+    const char *what;
+    stk__files_open_fn open;
+} file_kind;
+
+static const file_kind k_file_kinds[] = {
+    {{".tar"}, ".tar shards", tar_open_files},
+    {{".tfrecord", ".tfrecord.gz", ".tfrecords", ".tfrecords.gz"},
+     "TFRecord files",
+     stk__source_tfrecord_open},
+};
+
+enum { K_NONE, K_STK, K_CIFAR, K_FOLDER, K_FILES /* + a row of k_file_kinds */ };
+#define K_TAR   (K_FILES + 0)
+#define K_TFREC (K_FILES + 1)
+#define K_COUNT (K_FILES + (int)(sizeof k_file_kinds / sizeof k_file_kinds[0]))
+
+static const char *kind_name(int k)
+{
+    static const char *const names[K_FILES] = {"unknown", ".stk shards", "CIFAR batches",
+                                               "class subfolders"};
+    return k >= K_FILES ? k_file_kinds[k - K_FILES].what : names[k];
+}
+
+/* The k_file_kinds row a file name belongs to (K_FILES + row), else K_NONE:
+ * these files go by name (TFRecord's framing has no magic). */
+static int file_kind_of(const char *name)
+{
     size_t n = strlen(name);
-    for (size_t k = 0; k < sizeof sufs / sizeof sufs[0]; k++)
-        if (n > strlen(sufs[k]) && !strcmp(name + n - strlen(sufs[k]), sufs[k]))
-            return true;
-    return false;
+    for (int k = 0; k < K_COUNT - K_FILES; k++)
+        for (size_t j = 0; j < 4 && k_file_kinds[k].suffixes[j]; j++) {
+            const char *suf = k_file_kinds[k].suffixes[j];
+            if (n > strlen(suf) && !strcmp(name + n - strlen(suf), suf))
+                return K_FILES + k;
+        }
+    return K_NONE;
 }
 
 typedef struct pathlist {
@@ -148,8 +183,8 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
     else if (got > 0 && cifar_name(base_name(path), &train) &&
              ((uint64_t)st.st_size % 3073 == 0 || (uint64_t)st.st_size % 3074 == 0))
         *kind = K_CIFAR;
-    else if (tfrecord_name(base_name(path)))
-        *kind = K_TFREC;
+    else if (file_kind_of(base_name(path)) > K_TAR)
+        *kind = file_kind_of(base_name(path)); /* by name; a tar by its header */
     return STK_OK;
 }
 
@@ -200,13 +235,65 @@ static int open_kind(stk__source *s, int kind, pathlist *l, const char *dir, cha
                      size_t errlen)
 {
     const char *const *v = (const char *const *)l->v;
+    if (kind >= K_FILES && kind < K_COUNT)
+        return k_file_kinds[kind - K_FILES].open(s, v, NULL, l->n, err, errlen);
     switch (kind) {
     case K_STK: return stk__source_stk_open(s, v, l->n, dir, err, errlen);
-    case K_TAR: return stk__source_tar_open(s, v, l->n, err, errlen);
     case K_CIFAR: return stk__source_cifar_open(s, v, l->n, err, errlen);
-    case K_TFREC: return stk__source_tfrecord_open(s, v, l->n, err, errlen);
     default: return STK_EINVAL;
     }
+}
+
+/* ---- Datasets an index.json describes (MDS, LitData) ---------------------- */
+
+enum { IX_NONE, IX_MDS, IX_LITDATA };
+#define INDEX_JSON_MAX (256u << 20) /* bytes of an index.json read, as the readers do */
+
+static int index_kind(const char *text, size_t len)
+{
+    return stk__mds_sniff_text(text, len) ? IX_MDS : stk__litdata_sniff_text(text, len) ? IX_LITDATA
+                                                                                       : IX_NONE;
+}
+
+/* Opens the dataset fs gives (taken over) as kind ix; the source keeps what
+ * fs pinned. */
+static int open_indexed(stk__source *s, stk__files *fs, int ix, char *err, size_t errlen)
+{
+    stk__files_set_what(fs, ix == IX_MDS ? "MDS shards" : "LitData chunks");
+    int rc = ix == IX_MDS ? stk__source_mds_open(s, fs, err, errlen)
+                          : stk__source_litdata_open(s, fs, err, errlen);
+    if (!rc && (rc = stk__files_keep(fs, s))) {
+        stk__fmt(err, errlen, "out of memory while opening the dataset");
+        stk__source_close(s);
+    }
+    stk__files_close(fs);
+    return rc;
+}
+
+/* dir/index.json's kind: IX_NONE when there is none; a negative STK_E*
+ * code when it is there but cannot be read (not a reason to read the
+ * directory as another kind). */
+static int local_index_kind(const char *dir, char *err, size_t errlen)
+{
+    char ipath[4096];
+    stk__fmt(ipath, sizeof ipath, "%s/index.json", dir);
+    struct stat st;
+    if (stk__stat(ipath, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR || e == ELOOP)
+            return IX_NONE;
+        stk__fmt(err, errlen, "%s: %s", ipath, strerror(e));
+        return STK_EIO;
+    }
+    if (!S_ISREG(st.st_mode))
+        return IX_NONE;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = stk__read_text(ipath, ipath, INDEX_JSON_MAX, &text, &len, err, errlen);
+    if (!rc)
+        rc = index_kind(text, len);
+    stk__free(text);
+    return rc;
 }
 
 static int open_pattern(stk__source *s, const char *pat, char *err, size_t errlen)
@@ -221,13 +308,14 @@ static int open_pattern(stk__source *s, const char *pat, char *err, size_t errle
         if ((rc = sniff_file(l.v[k], &kk, err, errlen)))
             goto out;
         if (kk == K_NONE) {
-            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch or TFRecord file", l.v[k]);
+            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch or TFRecord file",
+                     l.v[k]);
             rc = STK_EFORMAT;
             goto out;
         }
         if (k && kk != kind) {
             stk__fmt(err, errlen, "%s: the pattern mixes %s (%s) and %s (%s)", pat,
-                     k_kind_names[kind], l.v[0], k_kind_names[kk], l.v[k]);
+                     kind_name(kind), l.v[0], kind_name(kk), l.v[k]);
             rc = STK_EINVAL;
             goto out;
         }
@@ -244,14 +332,16 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
     int rc = STK_OK;
     pathlist lists[K_COUNT] = {{0}};
     pathlist cifar_all = {0};
-    /* A MosaicML Streaming dataset: index.json names its shards. */
-    int mds = stk__mds_sniff(dir, err, errlen);
-    if (mds)
-        return mds < 0 ? mds : stk__source_mds_open(s, dir, err, errlen);
-    /* A LitData dataset: index.json with "chunks" and "config". */
-    int lit = stk__litdata_sniff(dir, err, errlen);
-    if (lit)
-        return lit < 0 ? lit : stk__source_litdata_open(s, dir, err, errlen);
+    /* A MosaicML Streaming or LitData dataset: index.json names its shards. */
+    int ix = local_index_kind(dir, err, errlen);
+    if (ix) {
+        stk__files *fs;
+        if (ix < 0)
+            return ix;
+        if ((rc = stk__files_open_local(&fs, dir)))
+            return rc;
+        return open_indexed(s, fs, ix, err, errlen);
+    }
     DIR *d = stk__opendir(dir);
     if (!d) {
         int ee = errno;
@@ -293,10 +383,8 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
             continue;
         else if (ends_with(name, ".stk"))
             kind = K_STK;
-        else if (ends_with(name, ".tar"))
-            kind = K_TAR;
-        else if (tfrecord_name(name))
-            kind = K_TFREC;
+        else if ((kind = file_kind_of(name)) != K_NONE)
+            ;
         else if (cifar_name(name, &train)) {
             if ((rc = pl_add(&cifar_all, dir, name)))
                 goto out;
@@ -322,7 +410,7 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
             continue;
         size_t ml = strlen(mix);
         stk__fmt(mix + ml, sizeof mix - ml, "%s%zu %s", kinds ? " and " : "", lists[k].n,
-                 k_kind_names[k]);
+                 kind_name(k));
         kinds++;
         found = k;
     }
@@ -353,8 +441,11 @@ out:
 
 /* ---- Remote datasets ----------------------------------------------------
  * A URL names a directory (prefix) holding a packed dataset (stoker.manifest
- * and .stk shards), a directory of .stk or .tar shards (S3: listed), one
- * shard, or a brace pattern of shards. */
+ * and .stk shards), an MDS or LitData dataset (index.json and the shards it
+ * names; URL/index.json names it too), a directory of .stk, .tar or TFRecord
+ * files (S3: listed), one file, or a brace pattern of files. .stk shards are
+ * read by ranges; the other kinds are downloaded whole into the disk cache
+ * and read by their local readers (remote_files.c). */
 
 typedef struct named {
     const char *name;
@@ -368,9 +459,11 @@ static int cmp_named(const void *a, const void *b)
 
 static int url_kind(const char *name)
 {
-    return ends_with(name, ".stk") ? K_STK : ends_with(name, ".tar") ? K_TAR : K_NONE;
+    return ends_with(name, ".stk") ? K_STK : file_kind_of(name);
 }
 
+/* Opens shards named by names in the store r (taken over): .stk by ranged
+ * reads, a whole-file kind through the disk cache. */
 static int open_url_shards(stk__source *s, stk__remote *r, int kind, pathlist *names,
                            const uint64_t *sizes, const stk__source_params *prm, char *err,
                            size_t errlen)
@@ -378,14 +471,67 @@ static int open_url_shards(stk__source *s, stk__remote *r, int kind, pathlist *n
     const char *const *v = (const char *const *)names->v;
     if (kind == K_STK)
         return stk__source_stk_open_remote(s, r, v, sizes, names->n, NULL, prm, err, errlen);
-    if (kind == K_TAR)
-        return stk__source_tar_open_remote(s, r, v, sizes, names->n, prm, err, errlen);
-    stk__fmt(err, errlen,
-             "%s: remote datasets are .stk shards (with or without a stoker.manifest) or .tar "
-             "shards; other kinds must be read from local disk",
-             stk__remote_display(r));
-    stk__remote_close(r);
-    return STK_EUNSUPPORTED;
+    if (kind < K_FILES) {
+        stk__fmt(err, errlen,
+                 "%s: remote datasets are .stk shards (with or without a stoker.manifest), "
+                 ".tar shards, TFRecord files, or an MDS or LitData index.json with its shards; "
+                 "other kinds must be read from local disk",
+                 stk__remote_display(r));
+        stk__remote_close(r);
+        return STK_EUNSUPPORTED;
+    }
+    const file_kind *fk = &k_file_kinds[kind - K_FILES];
+    stk__files *fs = NULL;
+    const char **paths = NULL;
+    int rc = stk__files_open_remote(&fs, r, prm, fk->what);
+    if (rc)
+        return rc;
+    if (!(paths = stk__calloc(2 * names->n + 1, sizeof *paths))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    const char **shown = paths + names->n;
+    if ((rc = stk__files_get(fs, v, sizes, names->n, "the listing", paths, shown, err, errlen)))
+        goto out;
+    if ((rc = fk->open(s, paths, shown, names->n, err, errlen)))
+        goto out;
+    if ((rc = stk__files_keep(fs, s))) {
+        stk__fmt(err, errlen, "out of memory while opening %s", stk__remote_display(r));
+        stk__source_close(s);
+    }
+out:
+    stk__free(paths);
+    stk__files_close(fs);
+    return rc;
+}
+
+/* A directory in a store without a stoker.manifest: an MDS or LitData
+ * index.json, when it has one. Returns 1 when it took r over (the source
+ * opened, or *rc the failure), 0 when there is no such index (r is still
+ * the caller's). */
+static int open_url_index(stk__source *s, stk__remote *r, const stk__source_params *prm,
+                          int *rc, char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t tlen = 0;
+    *rc = stk__remote_get_small(r, "index.json", INDEX_JSON_MAX, &text, &tlen, err, errlen);
+    if (*rc == STK_ENOENT) {
+        *rc = STK_OK;
+        return 0;
+    }
+    int ix = *rc ? IX_NONE : index_kind(text, tlen);
+    stk__free(text);
+    if (!*rc && ix == IX_NONE)
+        return 0;
+    if (*rc) {
+        /* Unreachable, or an answer other than 404: the message says. */
+        stk__remote_close(r);
+        return 1;
+    }
+    stk__files *fs;
+    if (!(*rc = stk__files_open_remote(&fs, r, prm, "")))
+        *rc = open_indexed(s, fs, ix, err, errlen);
+    return 1;
 }
 
 static int open_url(stk__source *s, const char *url, const stk__source_params *prm, char *err,
@@ -397,7 +543,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
     char **lnames = NULL;
     uint64_t *lsizes = NULL, *sizes = NULL;
     size_t ln = 0;
-    char *dir = NULL;
+    char *dir = NULL, *ixdir = NULL;
     stk__remote_cfg none = {0};
     char shown[4096]; /* url without credentials or query, for messages */
     stk__url_display(url, shown, sizeof shown);
@@ -408,6 +554,16 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
     }
     const char *brace = strchr(url, '{');
     const char *q = strchr(url, '?');
+    if (!q && ends_with(url, "/index.json")) {
+        /* An index.json names its dataset: the directory holding it. */
+        size_t dl = strlen(url) - strlen("/index.json");
+        if (!(ixdir = stk__malloc(dl + 1)))
+            return STK_ENOMEM;
+        memcpy(ixdir, url, dl);
+        ixdir[dl] = '\0';
+        url = ixdir;
+        brace = NULL; /* a directory, never a pattern */
+    }
     if (brace && (!q || brace < q)) {
         /* A pattern: the directory is the store's root, names expand. */
         const char *slash = strrchr(url, '/');
@@ -462,20 +618,60 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
     }
     if (rc != STK_ENOENT)
         goto out;
-    if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen)))
+    /* No manifest: an index.json (MDS, LitData), else a listing. */
+    if (open_url_index(s, r, prm, &rc, err, errlen)) {
+        r = NULL;
         goto out;
+    }
+    if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen))) {
+        /* A plain HTTP server: no listing of shards, but maybe index pages
+         * of class folders (nginx autoindex). */
+        char why[STK_ERRMSG_MAX];
+        if (rc != STK_EUNSUPPORTED ||
+            stk__remote_list_tree(r, &lnames, &lsizes, &ln, why, sizeof why) ||
+            !stk__bucket_samples(lnames, ln))
+            goto out; /* the first message says what a plain HTTP URL may name */
+        rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
+        r = NULL;
+        goto out;
+    }
     size_t counts[K_COUNT] = {0};
     for (size_t k = 0; k < ln; k++)
         counts[url_kind(lnames[k])]++;
-    int kind = counts[K_STK] ? K_STK : K_TAR;
-    if (counts[K_STK] && counts[K_TAR]) {
-        stk__fmt(err, errlen, "%s: the prefix mixes .stk and .tar shards (%zu and %zu); keep one kind per prefix",
-                 stk__remote_display(r), counts[K_STK], counts[K_TAR]);
+    int kind = K_NONE, kinds = 0;
+    char mix[256] = "";
+    for (int k = K_STK; k < K_COUNT; k++) {
+        if (k == K_CIFAR || k == K_FOLDER || !counts[k])
+            continue;
+        size_t ml = strlen(mix);
+        stk__fmt(mix + ml, sizeof mix - ml, "%s%zu %s", kinds ? " and " : "", counts[k],
+                 kind_name(k));
+        kinds++;
+        kind = k;
+    }
+    if (kinds > 1) {
+        stk__fmt(err, errlen, "%s: the prefix mixes kinds of data (%s); keep one kind per prefix",
+                 stk__remote_display(r), mix);
         rc = STK_EINVAL;
         goto out;
     }
-    if (!counts[kind]) {
-        stk__fmt(err, errlen, "%s: holds no stoker.manifest and no .stk or .tar shards (%zu other objects)",
+    if (!kinds) {
+        /* Unpacked objects in class folders (prefix/CLASS/NAME.jpg): every
+         * object below the prefix, each a sample. */
+        stk__remote_list_free(lnames, lsizes, ln);
+        lnames = NULL;
+        lsizes = NULL;
+        ln = 0;
+        if ((rc = stk__remote_list_tree(r, &lnames, &lsizes, &ln, err, errlen)))
+            goto out;
+        if (stk__bucket_samples(lnames, ln)) {
+            rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
+            r = NULL;
+            goto out;
+        }
+        stk__fmt(err, errlen,
+                 "%s: holds no stoker.manifest, no index.json, no .stk, .tar or TFRecord files "
+                 "and no CLASS/NAME images (%zu other objects)",
                  stk__remote_display(r), ln);
         rc = STK_ENOENT;
         goto out;
@@ -506,6 +702,7 @@ out:
     stk__remote_list_free(lnames, lsizes, ln);
     stk__free(sizes);
     stk__free(dir);
+    stk__free(ixdir);
     pl_free(&names);
     return rc;
 }

@@ -704,12 +704,14 @@ static const stk__source_ops k_ld_bytes_ops = {.kind = "litdata",
  * A .zstd.bin chunk is decompressed once, at open, into the private area
  * $TMPDIR/stoker-litdata-XXXXXX (unpack.h), removed at close. */
 
-/* Decompresses chunk t (file t->shown) into the temporary area. */
-static int decompress_chunk(ld *d, lchunk *t, const lchunk_info *ci, uint64_t need, char *err,
-                            size_t errlen)
+/* Decompresses chunk t (file t->shown, read from zpath) into the temporary
+ * area. */
+static int decompress_chunk(ld *d, lchunk *t, const char *zpath, const lchunk_info *ci,
+                            uint64_t need, char *err, size_t errlen)
 {
     stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
                          .src = t->shown,
+                         .local = zpath,
                          .name = ci->file,
                          .want = ci->bytes,
                          .want_from = "chunk_bytes",
@@ -719,18 +721,18 @@ static int decompress_chunk(ld *d, lchunk *t, const lchunk_info *ci, uint64_t ne
 
 /* ---- Open ------------------------------------------------------------------------ */
 
-/* Opens chunk t (decompressed first when compressed); reads its offsets
- * table. */
-static int open_chunk(ld *d, lchunk *t, const char *dir, const lchunk_info *ci, uint64_t need,
-                      bool keep, char *err, size_t errlen)
+/* Opens chunk t from the file stk__files got for it (path; shown in
+ * messages), decompressed first when compressed; reads its offsets table. */
+static int open_chunk(ld *d, lchunk *t, const char *path, const char *shown,
+                      const lchunk_info *ci, uint64_t need, bool keep, char *err, size_t errlen)
 {
     int rc;
-    if (!(t->shown = stk__ot_join(dir, ci->file)))
+    if (!(t->shown = stk__strdup(shown)))
         return STK_ENOMEM;
     if (d->zstd) {
-        if ((rc = decompress_chunk(d, t, ci, need, err, errlen)))
+        if ((rc = decompress_chunk(d, t, path, ci, need, err, errlen)))
             return rc;
-    } else if (!(t->path = stk__strdup(t->shown))) {
+    } else if (!(t->path = stk__strdup(path))) {
         return STK_ENOMEM;
     }
     return stk__ot_open(t, ci->samples, keep, &k_ld_words, err, errlen);
@@ -802,52 +804,40 @@ static int scan_labels(ld *d, int64_t *maxl, char *err, size_t errlen)
     return STK_OK;
 }
 
-/* Reads path (at most LD_INDEX_MAX bytes) into a NUL-terminated string. */
-static int read_index(const char *path, char **text, size_t *len, char *err, size_t errlen)
-{
-    stk__scratch sc = {.limit = LD_INDEX_MAX};
-    stk__sink sink = {.grow = &sc};
-    uint8_t *data = NULL;
-    char why[STK_ERRMSG_MAX];
-    int rc = stk__read_file(path, &sink, &data, len, why, sizeof why);
-    if (rc) {
-        stk__fmt(err, errlen, "%s: %s", path, why);
-        stk__scratch_free(&sc);
-        return rc == STK_EIO && errno == ENOENT ? STK_ENOENT : rc;
-    }
-    if (!(*text = stk__malloc(*len + 1))) {
-        stk__scratch_free(&sc);
-        return STK_ENOMEM;
-    }
-    memcpy(*text, data, *len);
-    (*text)[*len] = '\0';
-    stk__scratch_free(&sc);
-    return STK_OK;
-}
-
-/* Opens every chunk; fills s's shard tables (a chunk is a shard). */
-static int open_chunks(stk__source *s, ld *d, const char *dir, const lchunk_info *ci, size_t nc,
+/* Gets every chunk through fs (all at once: remote ones download in
+ * parallel) and opens it; fills s's shard tables (a chunk is a shard). */
+static int open_chunks(stk__source *s, ld *d, stk__files *fs, const lchunk_info *ci, size_t nc,
                        char *err, size_t errlen)
 {
     uint64_t need = 0, total = 0;
     for (size_t k = 0; k < nc && d->zstd; k++)
         need += ci[k].bytes;
-    if (!(d->chunks = stk__calloc(nc, sizeof *d->chunks)) ||
-        !(s->shard_first = stk__calloc(nc + 1, sizeof *s->shard_first)))
+    const char **names = stk__calloc(3 * nc + 1, sizeof *names);
+    if (!names || !(d->chunks = stk__calloc(nc, sizeof *d->chunks)) ||
+        !(s->shard_first = stk__calloc(nc + 1, sizeof *s->shard_first))) {
+        stk__free(names);
         return STK_ENOMEM;
-    for (size_t k = 0; k < nc; k++) {
+    }
+    const char **paths = names + nc, **shown = names + 2 * nc;
+    for (size_t k = 0; k < nc; k++)
+        names[k] = ci[k].file;
+    int rc = stk__files_get(fs, names, NULL, nc, NULL, paths, shown, err, errlen);
+    for (size_t k = 0; k < nc && !rc; k++) {
         lchunk *t = &d->chunks[k];
         t->fd = -1;
         d->n = k + 1;
-        int rc = open_chunk(d, t, dir, &ci[k], need, nc <= LD_KEEP_FDS, err, errlen);
-        if (rc)
-            return rc;
+        if ((rc = open_chunk(d, t, paths[k], shown[k], &ci[k], need, nc <= LD_KEEP_FDS, err,
+                             errlen)))
+            break;
         t->first = total;
         total += t->count;
         s->shard_first[k] = t->first;
         d->total_bytes += t->stored;
         s->index_bytes += (t->count + 1) * sizeof *t->off + strlen(t->shown) + strlen(t->path) + 2;
     }
+    stk__free(names);
+    if (rc)
+        return rc;
     s->shard_first[nc] = total;
     s->nshards = nc;
     s->count = total;
@@ -863,9 +853,10 @@ static int describe_fields(stk__source *s, const ld *d)
     return STK_OK;
 }
 
-int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t errlen)
+int stk__source_litdata_open(stk__source *s, stk__files *fs, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
+    char *text = NULL;
+    const char *ipath = NULL, *ishown = NULL, *iname = "index.json";
     size_t tlen = 0, nc = 0;
     json_t *root = NULL;
     lchunk_info *ci = NULL;
@@ -873,23 +864,24 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
     char why[STK_ERRMSG_MAX];
     int rc = STK_OK;
     memset(s, 0, sizeof *s);
-    if (!ipath || !(d = stk__calloc(1, sizeof *d))) {
+    if (!(d = stk__calloc(1, sizeof *d))) {
         rc = STK_ENOMEM;
         goto out;
     }
     d->label = -1;
     d->tmp =
         (stk__unpack_area){.tag = "litdata", .what = "the dataset's .zstd.bin chunks", .hint = ""};
-    if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
+    if ((rc = stk__files_get(fs, &iname, NULL, 1, NULL, &ipath, &ishown, err, errlen)) ||
+        (rc = stk__read_text(ipath, ishown, LD_INDEX_MAX, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, d, &ci, &nc, why, sizeof why))) {
-        stk__fmt(err, errlen, "%s: %s", ipath, why);
+        stk__fmt(err, errlen, "%s: %s", ishown, why);
         goto out;
     }
-    if ((rc = open_chunks(s, d, dir, ci, nc, err, errlen)))
+    if ((rc = open_chunks(s, d, fs, ci, nc, err, errlen)))
         goto out;
     if (!s->count) {
-        stk__fmt(err, errlen, "%s: its %zu chunks hold no samples", ipath, nc);
+        stk__fmt(err, errlen, "%s: its %zu chunks hold no samples", ishown, nc);
         rc = STK_EEMPTY;
         goto out;
     }
@@ -908,7 +900,7 @@ int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t 
                       (nc + 1) * sizeof *s->shard_first;
     d = NULL; /* the source's now: stk__source_close frees it */
     if ((rc = describe_fields(s, s->impl))) {
-        stk__fmt(err, errlen, "out of memory while opening %s", dir);
+        stk__fmt(err, errlen, "out of memory while opening %s", ishown);
         stk__source_close(s);
         goto out;
     }
@@ -922,43 +914,21 @@ out:
         json_decref(root);
     stk__free(ci);
     stk__free(text);
-    stk__free(ipath);
     return rc;
 }
 
-int stk__litdata_sniff(const char *dir, char *err, size_t errlen)
+int stk__litdata_sniff_text(const char *text, size_t len)
 {
-    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
-    size_t len = 0;
-    int rc = 0;
-    struct stat st;
-    if (!ipath)
-        return STK_ENOMEM;
-    if (stk__stat(ipath, &st) != 0) {
-        /* No index.json: another kind. One that cannot be looked at is an
-         * error to report, not a reason to read the directory as another
-         * kind. */
-        int e = errno;
-        if (e != ENOENT && e != ENOTDIR && e != ELOOP) {
-            stk__fmt(err, errlen, "%s: %s", ipath, strerror(e));
-            rc = STK_EIO;
-        }
-    } else if (S_ISREG(st.st_mode) && (rc = read_index(ipath, &text, &len, err, errlen)) == 0) {
-        json_t *root = json_loadb(text, len, 0, NULL);
-        /* An index that does not parse but looks like LitData's is still
-         * LitData: the reader then says what is wrong with it. */
-        rc = root ? json_is_array(json_object_get(root, "chunks")) &&
+    json_t *root = json_loadb(text, len, 0, NULL);
+    /* An index that does not parse but looks like LitData's is still
+     * LitData: the reader then says what is wrong with it. */
+    int rc = root ? json_is_array(json_object_get(root, "chunks")) &&
                         json_is_object(json_object_get(root, "config"))
                   : strstr(text, "\"chunks\"") && strstr(text, "\"data_format\"");
-        if (root)
-            json_decref(root);
-    }
-    stk__free(text);
-    stk__free(ipath);
+    if (root)
+        json_decref(root);
     return rc;
 }
-
-/* ---- Fuzz entry point ------------------------------------------------------------ */
 
 int stk__litdata_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                               size_t errlen)

@@ -671,12 +671,14 @@ static const stk__source_ops k_mds_bytes_ops = {.kind = "mds",
  * $TMPDIR/stoker-mds-XXXXXX (unpack.h), removed at close; a shard with an
  * xxh64 hash is checked. */
 
-/* Decompresses shard t (zip file t->shown) into the temporary area. */
-static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t need, char *err,
-                            size_t errlen)
+/* Decompresses shard t (zip file t->shown, read from zpath) into the
+ * temporary area. */
+static int decompress_shard(mds *d, mshard *t, const char *zpath, const mshard_info *si,
+                            uint64_t need, char *err, size_t errlen)
 {
     stk__unpack_job j = {.codec = STK__CODEC_ZSTD,
                          .src = t->shown,
+                         .local = zpath,
                          .name = si->raw,
                          .want = si->raw_bytes,
                          .want_from = "raw_data.bytes",
@@ -687,26 +689,27 @@ static int decompress_shard(mds *d, mshard *t, const mshard_info *si, uint64_t n
 
 /* ---- Open ---------------------------------------------------------------------- */
 
-/* Opens shard k: the raw file when it is there (Streaming's own cache keeps
- * it beside the zip), else its zip decompressed; reads its offsets table. */
-static int open_shard(mds *d, mshard *t, const char *dir, const mshard_info *si, uint64_t need,
-                      bool keep, char *err, size_t errlen)
+/* Opens shard k from the file fs got for it (path, shown): its zip when
+ * compressed and the raw file is not there (locally Streaming's own cache
+ * keeps the raw one beside the zip; a remote dataset has the zip only),
+ * else the raw file; reads its offsets table. */
+static int open_shard(mds *d, mshard *t, stk__files *fs, const mshard_info *si, const char *path,
+                      const char *shown, uint64_t need, bool keep, char *err, size_t errlen)
 {
     struct stat st;
     int rc;
-    char *raw = stk__ot_join(dir, si->raw);
-    if (!raw)
-        return STK_ENOMEM;
-    if (si->zip && (stk__stat(raw, &st) != 0 || (uint64_t)st.st_size != si->raw_bytes)) {
-        stk__free(raw);
-        if (!(t->shown = stk__ot_join(dir, si->zip)))
-            return STK_ENOMEM;
-        if ((rc = decompress_shard(d, t, si, need, err, errlen)))
+    bool remote = stk__files_is_remote(fs);
+    if (si->zip && (remote || stk__stat(path, &st) != 0 || (uint64_t)st.st_size != si->raw_bytes)) {
+        const char *zpath = path, *zshown = shown;
+        if (!remote && (rc = stk__files_get(fs, &si->zip, NULL, 1, NULL, &zpath, &zshown, err,
+                                            errlen)))
             return rc;
-    } else {
-        t->shown = raw;
-        if (!(t->path = stk__strdup(raw)))
+        if (!(t->shown = stk__strdup(zshown)))
             return STK_ENOMEM;
+        if ((rc = decompress_shard(d, t, zpath, si, need, err, errlen)))
+            return rc;
+    } else if (!(t->shown = stk__strdup(shown)) || !(t->path = stk__strdup(path))) {
+        return STK_ENOMEM;
     }
     return stk__ot_open(t, si->samples, keep, &k_mds_words, err, errlen);
 }
@@ -786,61 +789,52 @@ static int describe_fields(stk__source *s, const mds *d)
     return STK_OK;
 }
 
-/* Reads dir/index.json (at most MDS_INDEX_MAX bytes). */
-static int read_index(const char *path, char **text, size_t *len, char *err, size_t errlen)
-{
-    stk__scratch sc = {.limit = MDS_INDEX_MAX};
-    stk__sink sink = {.grow = &sc};
-    uint8_t *data = NULL;
-    char why[STK_ERRMSG_MAX];
-    int rc = stk__read_file(path, &sink, &data, len, why, sizeof why);
-    if (rc) {
-        stk__fmt(err, errlen, "%s: %s", path, why);
-        stk__scratch_free(&sc);
-        return rc == STK_EIO && errno == ENOENT ? STK_ENOENT : rc;
-    }
-    if (!(*text = stk__malloc(*len + 1))) {
-        stk__scratch_free(&sc);
-        return STK_ENOMEM;
-    }
-    memcpy(*text, data, *len);
-    (*text)[*len] = '\0';
-    stk__scratch_free(&sc);
-    return STK_OK;
-}
-
-/* Opens every shard; fills s's shard tables. */
-static int open_shards(stk__source *s, mds *d, const char *dir, const mshard_info *si, size_t ns,
+/* Gets every shard through fs (all at once: remote ones download in
+ * parallel) and opens it; fills s's shard tables. Remote: the file as
+ * stored (the zip when compressed); local: the raw file first. */
+static int open_shards(stk__source *s, mds *d, stk__files *fs, const mshard_info *si, size_t ns,
                        char *err, size_t errlen)
 {
     uint64_t need = 0, total = 0;
+    bool remote = stk__files_is_remote(fs);
     for (size_t k = 0; k < ns; k++)
         need += si[k].zip ? si[k].raw_bytes : 0;
-    if (!(d->shards = stk__calloc(ns, sizeof *d->shards)) ||
-        !(s->shard_first = stk__calloc(ns + 1, sizeof *s->shard_first)))
+    const char **names = stk__calloc(3 * ns + 1, sizeof *names);
+    if (!names || !(d->shards = stk__calloc(ns, sizeof *d->shards)) ||
+        !(s->shard_first = stk__calloc(ns + 1, sizeof *s->shard_first))) {
+        stk__free(names);
         return STK_ENOMEM;
-    for (size_t k = 0; k < ns; k++) {
+    }
+    const char **paths = names + ns, **shown = names + 2 * ns;
+    for (size_t k = 0; k < ns; k++)
+        names[k] = remote && si[k].zip ? si[k].zip : si[k].raw;
+    int rc = stk__files_get(fs, names, NULL, ns, NULL, paths, shown, err, errlen);
+    for (size_t k = 0; k < ns && !rc; k++) {
         mshard *t = &d->shards[k];
         t->fd = -1;
         d->n = k + 1;
-        int rc = open_shard(d, t, dir, &si[k], need, ns <= MDS_KEEP_FDS, err, errlen);
-        if (rc)
-            return rc;
+        if ((rc = open_shard(d, t, fs, &si[k], paths[k], shown[k], need, ns <= MDS_KEEP_FDS, err,
+                             errlen)))
+            break;
         t->first = total;
         total += t->count;
         s->shard_first[k] = t->first;
         d->total_bytes += t->stored;
         s->index_bytes += (t->count + 1) * sizeof *t->off + strlen(t->shown) + strlen(t->path) + 2;
     }
+    stk__free(names);
+    if (rc)
+        return rc;
     s->shard_first[ns] = total;
     s->nshards = ns;
     s->count = total;
     return STK_OK;
 }
 
-int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen)
+int stk__source_mds_open(stk__source *s, stk__files *fs, char *err, size_t errlen)
 {
-    char *text = NULL, *ipath = stk__ot_join(dir, "index.json");
+    char *text = NULL;
+    const char *ipath = NULL, *ishown = NULL, *iname = "index.json";
     size_t tlen = 0, ns = 0;
     json_t *root = NULL;
     mshard_info *si = NULL;
@@ -848,7 +842,7 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
     char why[STK_ERRMSG_MAX];
     int rc = STK_OK;
     memset(s, 0, sizeof *s);
-    if (!ipath || !(d = stk__calloc(1, sizeof *d))) {
+    if (!(d = stk__calloc(1, sizeof *d))) {
         rc = STK_ENOMEM;
         goto out;
     }
@@ -857,17 +851,18 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
                                 .what = "the dataset's .mds.zstd shards",
                                 .hint = ", or decompress the shards beside index.json (zstd -d, "
                                         "under their raw_data names)"};
-    if ((rc = read_index(ipath, &text, &tlen, err, errlen)))
+    if ((rc = stk__files_get(fs, &iname, NULL, 1, NULL, &ipath, &ishown, err, errlen)) ||
+        (rc = stk__read_text(ipath, ishown, MDS_INDEX_MAX, &text, &tlen, err, errlen)))
         goto out;
     if ((rc = parse_index(text, tlen, &root, &d->cols, &d->ncols, &d->nvar, &si, &ns, why,
                           sizeof why))) {
-        stk__fmt(err, errlen, "%s: %s", ipath, why);
+        stk__fmt(err, errlen, "%s: %s", ishown, why);
         goto out;
     }
-    if ((rc = open_shards(s, d, dir, si, ns, err, errlen)))
+    if ((rc = open_shards(s, d, fs, si, ns, err, errlen)))
         goto out;
     if (!s->count) {
-        stk__fmt(err, errlen, "%s: its %zu shards hold no samples", ipath, ns);
+        stk__fmt(err, errlen, "%s: its %zu shards hold no samples", ishown, ns);
         rc = STK_EEMPTY;
         goto out;
     }
@@ -892,7 +887,7 @@ int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errl
                       (ns + 1) * sizeof *s->shard_first;
     d = NULL; /* the source's now: stk__source_close frees it */
     if ((rc = describe_fields(s, s->impl))) {
-        stk__fmt(err, errlen, "out of memory while opening %s", dir);
+        stk__fmt(err, errlen, "out of memory while opening %s", ishown);
         stk__source_close(s);
         goto out;
     }
@@ -906,39 +901,19 @@ out:
         json_decref(root);
     stk__free(si);
     stk__free(text);
-    stk__free(ipath);
     return rc;
 }
 
-int stk__mds_sniff(const char *dir, char *err, size_t errlen)
+int stk__mds_sniff_text(const char *text, size_t len)
 {
-    char *ipath = stk__ot_join(dir, "index.json"), *text = NULL;
-    size_t len = 0;
-    int rc = 0;
-    struct stat st;
-    if (!ipath)
-        return STK_ENOMEM;
-    if (stk__stat(ipath, &st) != 0) {
-        /* No index.json: another kind. One that cannot be looked at is an
-         * error to report, not a reason to read the directory as another
-         * kind. */
-        int e = errno;
-        if (e != ENOENT && e != ENOTDIR && e != ELOOP) {
-            stk__fmt(err, errlen, "%s: %s", ipath, strerror(e));
-            rc = STK_EIO;
-        }
-    } else if (S_ISREG(st.st_mode) && (rc = read_index(ipath, &text, &len, err, errlen)) == 0) {
-        json_t *root = json_loadb(text, len, 0, NULL);
-        const json_t *sh = json_array_get(json_object_get(root, "shards"), 0);
-        const char *fmt = jstr(sh, "format");
-        /* An index that does not parse but names MDS shards is still MDS:
-         * the reader then says what is wrong with it. */
-        rc = (root ? fmt && !strcmp(fmt, "mds") : strstr(text, "\"mds\"") != NULL) ? 1 : 0;
-        if (root)
-            json_decref(root);
-    }
-    stk__free(text);
-    stk__free(ipath);
+    json_t *root = json_loadb(text, len, 0, NULL);
+    const json_t *sh = json_array_get(json_object_get(root, "shards"), 0);
+    const char *fmt = jstr(sh, "format");
+    /* An index that does not parse but names MDS shards is still MDS: the
+     * reader then says what is wrong with it. */
+    int rc = (root ? fmt && !strcmp(fmt, "mds") : strstr(text, "\"mds\"") != NULL) ? 1 : 0;
+    if (root)
+        json_decref(root);
     return rc;
 }
 

@@ -25,11 +25,14 @@
  *                           TFRecord .gz, is a decoder and a row in unpack.c)
  *   stkformat.h/.c          .stk bytes: header, footer, index, shard writer
  *   manifest.h/.c           a packed dataset's stoker.manifest
- *   folder.c records.c      the readers, one per kind; tar_remote.c builds on
- *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
- *   tar_remote.c mds.c
- *   litdata.c
- *   tfrecord.c
+ *   remote_files.c          the files a dataset names as local files: DIR/NAME,
+ *                           or objects downloaded whole into the disk cache
+ *   folder.c records.c      the readers, one per kind; stk.c reads the
+ *   stk.c tar.c cifar.c     manifest and reads remote shards by ranges; tar.c,
+ *   mds.c litdata.c         mds.c, litdata.c and tfrecord.c read remote
+ *   tfrecord.c              datasets through remote_files.c
+ *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
+ *                           each a one-sample shard of the fetch stage
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -235,6 +238,49 @@ typedef struct stk__source_params {
     bool no_index;
 } stk__source_params;
 
+/* ---- The files a dataset names (remote_files.c) ------------------------
+ * A reader whose index names its files (MDS, LitData) or that is given a
+ * list of files (tar, TFRecord, and any reader of whole files) finds them
+ * through a stk__files: a local dataset's are "DIR/NAME"; an object store's
+ * are downloaded whole into the disk cache (prm->cache_dir, required),
+ * pinned there, and read by the same local reader. Readers never know which:
+ * they open the local path and name the shown one in messages. */
+typedef struct stk__files stk__files;
+/* Files under dir (NULL: names are paths). STK_ENOMEM. */
+int stk__files_open_local(stk__files **out, const char *dir);
+/* Objects of the store r (taken over: closed with the set, also on
+ * failure). prm is borrowed until the set is closed. what: what is
+ * downloaded, for messages ("MDS shards"). STK_ENOMEM. */
+int stk__files_open_remote(stk__files **out, struct stk__remote *r, const stk__source_params *prm,
+                           const char *what);
+bool stk__files_is_remote(const stk__files *f);
+void stk__files_set_what(stk__files *f, const char *what);
+/* Makes names[0..n) local files (remote: probed, downloaded at once into
+ * the cache or pinned there; a name already got is not fetched again):
+ * paths[k] the file to open, shown[k] (either may be NULL) the name for
+ * messages (DIR/NAME, or the object's URL without secrets), both owned by f
+ * until it closes. sizes (may be NULL): the sizes an index or listing gives,
+ * which the objects must have (sizes_from names it: "index.json"). Remote
+ * errors name the object's URL: STK_ENOENT (404), STK_EIO (unreachable, size
+ * mismatch, changed while read), STK_EINVAL (no cache_dir), STK_ETOOBIG (does
+ * not fit the cache), STK_ENOMEM. Local names are not checked: the reader's
+ * open reports them. */
+int stk__files_get(stk__files *f, const char *const *names, const uint64_t *sizes, size_t n,
+                   const char *sizes_from, const char **paths, const char **shown, char *err,
+                   size_t errlen);
+/* The shown name of name, without getting it; written into buf, returned. */
+const char *stk__files_shown(const stk__files *f, const char *name, char *buf, size_t n);
+/* Hands the pins of what f got (and the cache they belong to) to s, which
+ * keeps them for its life; call after the reader opened s. STK_ENOMEM. */
+int stk__files_keep(stk__files *f, stk__source *s);
+void stk__files_close(stk__files *f);
+
+/* A reader of a list of whole files: paths are the local files to read,
+ * shown (NULL: paths) their names for messages. detect.c opens such a
+ * reader on a local list or a remote one alike (K_* table there). */
+typedef int (*stk__files_open_fn)(stk__source *s, const char *const *paths,
+                                  const char *const *shown, size_t n, char *err, size_t errlen);
+
 void stk__source_close(stk__source *s);
 /* Frees what every source may hold besides its impl (shard tables, the
  * remote store) and zeroes those fields: for failure paths. */
@@ -250,11 +296,6 @@ int stk__source_stk_open(stk__source *s, const char *const *paths, size_t n, con
                          char *err, size_t errlen);
 int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                          size_t errlen);
-/* .tar shards in an object store, downloaded whole into prm->cache_dir
- * (required). r is taken over as for stk. */
-int stk__source_tar_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
-                                const uint64_t *sizes, size_t n, const stk__source_params *prm,
-                                char *err, size_t errlen);
 /* .stk shards in an object store: r is taken over by the source (closed with
  * it, also on failure). names are object names relative to the dataset URL;
  * sizes (may be NULL) their sizes when known (a listing or the manifest);
@@ -269,30 +310,43 @@ int stk__source_stk_open_remote(stk__source *s, struct stk__remote *r, const cha
  * 3072 image bytes as stored (CHW), the label is the (fine) label. */
 int stk__source_cifar_open(stk__source *s, const char *const *paths, size_t n, char *err,
                            size_t errlen);
-/* A MosaicML Streaming (MDS) dataset: dir holds index.json (version 2) and
- * its .mds or .mds.zstd shards (mds.c; docs/formats.md). Each column is a
- * field; the zstd shards are decompressed into a temporary directory that
- * the source removes at close. */
-int stk__source_mds_open(stk__source *s, const char *dir, char *err, size_t errlen);
-/* Whether dir's index.json describes MDS shards (detect.c asks): 1 yes, 0
- * no (or no index.json), or a negative STK_E* code with the message in err
- * when index.json is there but cannot be read. */
-int stk__mds_sniff(const char *dir, char *err, size_t errlen);
+/* A MosaicML Streaming (MDS) dataset: fs gives index.json (version 2) and
+ * its .mds or .mds.zstd shards (mds.c; docs/formats.md), from a local
+ * directory or an object store. Each column is a field; the zstd shards
+ * are decompressed into a temporary directory that the source removes at
+ * close. */
+int stk__source_mds_open(stk__source *s, stk__files *fs, char *err, size_t errlen);
+/* Whether an index.json's text describes MDS shards (detect.c asks): 1
+ * yes, 0 no. An index that does not parse but names MDS shards is MDS (the
+ * reader then says what is wrong with it). */
+int stk__mds_sniff_text(const char *text, size_t len);
 
-/* A LitData dataset (litdata's optimize()): dir holds index.json and its
- * chunk-*.bin or chunk-*.zstd.bin chunks (litdata.c; docs/formats.md). Each
- * pytree leaf is a field; zstd chunks are decompressed into a temporary
- * directory that the source removes at close. Local paths only. */
-int stk__source_litdata_open(stk__source *s, const char *dir, char *err, size_t errlen);
-/* Whether dir's index.json describes LitData chunks ("chunks" and
- * "config"): 1 yes, 0 no (or no index.json), or a negative STK_E* code with
- * the message in err. Asked after stk__mds_sniff. */
-int stk__litdata_sniff(const char *dir, char *err, size_t errlen);
+/* A LitData dataset (litdata's optimize()): fs gives index.json and its
+ * chunk-*.bin or chunk-*.zstd.bin chunks (litdata.c; docs/formats.md), from
+ * a local directory or an object store. Each pytree leaf is a field; zstd
+ * chunks are decompressed into a temporary directory that the source
+ * removes at close. */
+int stk__source_litdata_open(stk__source *s, stk__files *fs, char *err, size_t errlen);
+/* Whether an index.json's text describes LitData chunks ("chunks" and
+ * "config"): 1 yes, 0 no. Asked after stk__mds_sniff_text. */
+int stk__litdata_sniff_text(const char *text, size_t len);
 /* TFRecord files of tf.train.Example records (.tfrecord, or .tfrecord.gz
- * decompressed into a temporary directory removed at close): local paths
- * (tfrecord.c; docs/formats.md). Each feature is a field. */
-int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n, char *err,
-                              size_t errlen);
+ * decompressed into a temporary directory removed at close): paths are the
+ * local files (a remote dataset's cached copies), shown (NULL: paths) their
+ * names for messages (tfrecord.c; docs/formats.md). Each feature is a
+ * field. A stk__files_open_fn. */
+int stk__source_tfrecord_open(stk__source *s, const char *const *paths, const char *const *shown,
+                              size_t n, char *err, size_t errlen);
+/* Unpacked objects in a bucket (bucket.c, docs/remote.md): the listing of
+ * every object below an S3 prefix or an HTTP URL with nginx autoindex pages
+ * (names relative to it, sizes); objects
+ * CLASS/NAME with an image extension are the samples, each a one-sample
+ * shard the fetch stage reads with one GET. r is taken over (closed with
+ * the source, also on failure). STK_EEMPTY when no object is a sample. */
+int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *names,
+                            const uint64_t *sizes, size_t n, char *err, size_t errlen);
+/* Whether a listing is mostly CLASS/NAME image objects (an ImageFolder). */
+int stk__bucket_samples(char *const *names, size_t n);
 /* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
 uint32_t stk__crc32c(const void *data, size_t n);
 /* The same by the table alone, never the CPU's instruction (tests compare). */
@@ -355,6 +409,11 @@ int stk__index_cache_path(const char *file, const char *kind, bool beside, char 
  * reports them). */
 void stk__mkdirs_for(const char *file);
 
+/* Reads a whole file of at most limit bytes (an index.json) into *text,
+ * NUL-terminated (the caller frees it), *len its length. Errors name shown:
+ * STK_ENOENT, STK_EIO, STK_ETOOBIG, STK_ENOMEM. */
+int stk__read_text(const char *path, const char *shown, size_t limit, char **text, size_t *len,
+                   char *err, size_t errlen);
 /* Reads a whole file into a sink (open, fstat, read, close): the shared helper
  * for sources whose samples are files. */
 int stk__read_file(const char *path, stk__sink *sink, uint8_t **data, size_t *len, char *err,

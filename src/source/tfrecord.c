@@ -2,7 +2,8 @@
  * tfrecord.c -- TFRecord files of tf.train.Example records, read in place
  * from local paths: .tfrecord files, or .tfrecord.gz files decompressed once
  * into a private temporary area (docs/formats.md, "Reading TFRecord in
- * place"). Remote TFRecord comes with the transport table.
+ * place"). Remote files are downloaded whole into the disk cache first
+ * (remote_files.c) and read here from there; messages name their URLs.
  *
  * The framing (tensorflow/core/lib/io/record_writer.cc):
  *
@@ -1203,17 +1204,18 @@ static int cache_store(const char *cpath, const struct stat *fst, uint64_t size,
 /* Loads file t's index from a cache, else a DALI index or the walk, then
  * the scan, and caches it. fst: the stat of the file as stored (the .gz
  * for a compressed one). */
-static int index_file(tfile *t, int fd, const struct stat *fst, char *err, size_t errlen)
+static int index_file(tfile *t, const char *src, int fd, const struct stat *fst, char *err,
+                      size_t errlen)
 {
     char cpath[4096];
     int rc;
     for (int beside = 1; beside >= 0; beside--)
-        if (stk__index_cache_path(t->shown, "tfrecord", beside, cpath, sizeof cpath) == STK_OK &&
+        if (stk__index_cache_path(src, "tfrecord", beside, cpath, sizeof cpath) == STK_OK &&
             (rc = cache_load(cpath, fst, t->bytes, t)) != STK_ENOENT && rc != STK_EFORMAT)
             return rc;
     trd rd = {fd, NULL, t->bytes};
     char why[STK_ERRMSG_MAX];
-    if (!(t->stored == t->bytes && find_dali_idx(t->shown, t->bytes, t)) &&
+    if (!(t->stored == t->bytes && find_dali_idx(src, t->bytes, t)) &&
         (rc = walk_frames(&rd, t, why, sizeof why))) {
         stk__fmt(err, errlen, "%s: %s", t->shown, why);
         return rc;
@@ -1223,7 +1225,7 @@ static int index_file(tfile *t, int fd, const struct stat *fst, char *err, size_
         return rc;
     }
     for (int beside = 1; beside >= 0; beside--) {
-        if (stk__index_cache_path(t->shown, "tfrecord", beside, cpath, sizeof cpath) != STK_OK)
+        if (stk__index_cache_path(src, "tfrecord", beside, cpath, sizeof cpath) != STK_OK)
             continue;
         if (!beside)
             stk__mkdirs_for(cpath);
@@ -1300,7 +1302,7 @@ out:
     return rc;
 }
 
-static int decompress(tfr *d, tfile *t, size_t k, char *err, size_t errlen)
+static int decompress(tfr *d, tfile *t, const char *src, size_t k, char *err, size_t errlen)
 {
     if (!d->tmpdir) {
         const char *base = getenv("TMPDIR");
@@ -1322,7 +1324,7 @@ static int decompress(tfr *d, tfile *t, size_t k, char *err, size_t errlen)
     if (!(t->path = stk__malloc(pl)))
         return STK_ENOMEM;
     stk__fmt(t->path, pl, "%s/%zu.tfrecord", d->tmpdir, k);
-    int zfd = stk__open(t->shown, O_RDONLY | O_CLOEXEC);
+    int zfd = stk__open(src, O_RDONLY | O_CLOEXEC);
     if (zfd < 0) {
         int e = errno;
         stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
@@ -1351,20 +1353,22 @@ static bool ends_with(const char *s, const char *suf)
     return a >= b && !strcmp(s + a - b, suf);
 }
 
-static int open_file(tfr *d, tfile *t, size_t k, bool keep, char *err, size_t errlen)
+/* Opens file k: src the local file as stored (t->shown names it). */
+static int open_file(tfr *d, tfile *t, const char *src, size_t k, bool keep, char *err,
+                     size_t errlen)
 {
     struct stat fst, st;
-    if (stk__stat(t->shown, &fst) != 0) {
+    if (stk__stat(src, &fst) != 0) {
         int e = errno;
         stk__fmt(err, errlen, "%s: %s", t->shown, strerror(e));
         return e == ENOENT ? STK_ENOENT : STK_EIO;
     }
     t->stored = (uint64_t)fst.st_size;
     int rc;
-    if (ends_with(t->shown, ".gz")) {
-        if ((rc = decompress(d, t, k, err, errlen)))
+    if (ends_with(t->shown, ".gz") || ends_with(src, ".gz")) {
+        if ((rc = decompress(d, t, src, k, err, errlen)))
             return rc;
-    } else if (!(t->path = stk__strdup(t->shown))) {
+    } else if (!(t->path = stk__strdup(src))) {
         return STK_ENOMEM;
     }
     int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
@@ -1377,7 +1381,7 @@ static int open_file(tfr *d, tfile *t, size_t k, bool keep, char *err, size_t er
         return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
     }
     t->bytes = (uint64_t)st.st_size;
-    rc = index_file(t, fd, &fst, err, errlen);
+    rc = index_file(t, src, fd, &fst, err, errlen);
     if (keep && !rc)
         t->fd = fd;
     else
@@ -1467,8 +1471,8 @@ static int finish(stk__source *s, tfr *d, char *err, size_t errlen)
     return STK_OK;
 }
 
-int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n, char *err,
-                              size_t errlen)
+int stk__source_tfrecord_open(stk__source *s, const char *const *paths, const char *const *shown,
+                              size_t n, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     int rc = STK_OK;
@@ -1484,11 +1488,11 @@ int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n
         tfile *t = &d->files[k];
         t->fd = -1;
         d->n = k + 1;
-        if (!(t->shown = stk__strdup(paths[k]))) {
+        if (!(t->shown = stk__strdup(shown ? shown[k] : paths[k]))) {
             rc = STK_ENOMEM;
             goto out;
         }
-        if ((rc = open_file(d, t, k, n <= TF_KEEP_FDS, err, errlen)) ||
+        if ((rc = open_file(d, t, paths[k], k, n <= TF_KEEP_FDS, err, errlen)) ||
             (rc = merge_feats(d, t, &fcap, err, errlen)))
             goto out;
         feats_free(t->feats, t->nfeat);
@@ -1508,7 +1512,8 @@ int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n
     s->count = total;
     s->max_len = maxlen;
     if (!total) {
-        stk__fmt(err, errlen, "%s: the %zu TFRecord files hold no records", n ? paths[0] : "", n);
+        stk__fmt(err, errlen, "%s: the %zu TFRecord files hold no records",
+                 n ? d->files[0].shown : "", n);
         rc = STK_EEMPTY;
         goto out;
     }

@@ -175,7 +175,7 @@ int stk__unpack(stk__unpack_area *a, const stk__unpack_job *j, char **path, uint
     if (!p)
         return STK_ENOMEM;
     stk__fmt(p, pl, "%s/%s", a->dir, j->name);
-    int zfd = stk__open(j->src, O_RDONLY | O_CLOEXEC), ofd = -1;
+    int zfd = stk__open(j->local ? j->local : j->src, O_RDONLY | O_CLOEXEC), ofd = -1;
     struct stat st;
     if (zfd < 0 || stk__fstat(zfd, &st) != 0) {
         int e = errno;

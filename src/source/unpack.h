@@ -33,6 +33,7 @@ typedef struct stk__unpack_area {
 typedef struct stk__unpack_job {
     int codec;             /* enum stk__codec */
     const char *src;       /* the compressed file, as messages name it */
+    const char *local;     /* the file opened, when not src (a cached download) */
     const char *name;      /* its copy's name in the area (a plain file name) */
     uint64_t want;         /* the exact decompressed size the index gives */
     const char *want_from; /* the index's name for want ("raw_data.bytes") */

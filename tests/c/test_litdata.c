@@ -93,21 +93,7 @@ static void sha256_hex(const void *data, size_t n, char out[65])
 
 static const char *fixtures(void)
 {
-    static char dir[4096];
-    const char *env = getenv("STOKER_FIXTURES");
-    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
-                           "/work/shared/fixtures"};
-    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
-        struct stat st;
-        if (!cands[k])
-            continue;
-        snprintf(dir, sizeof dir, "%s/litdata/plain.manifest.json", cands[k]);
-        if (stat(dir, &st) == 0) {
-            snprintf(dir, sizeof dir, "%s/litdata", cands[k]);
-            return dir;
-        }
-    }
-    return NULL;
+    return tu_fixtures("litdata");
 }
 
 static json_t *manifest(const char *variant)

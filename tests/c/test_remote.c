@@ -82,6 +82,7 @@ static struct {
     int nseen;
     atomic_int requests, whole_gets;
     atomic_int payloads, stalls; /* F_STALL_SOME: payload ranges seen, stalled */
+    atomic_int plain_gets; /* GETs without a Range, of any object */
     atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
     /* F_RATE: the current window, and every request's time and answer. */
     uint64_t win_start, win_count;
@@ -189,6 +190,13 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
              (unsigned long long)b);
     int f = open(file, O_RDONLY);
     struct stat st;
+    if (f >= 0 && fstat(f, &st) == 0 && S_ISDIR(st.st_mode)) {
+        /* A directory: its .listing.xml (an S3 bucket's listing, path-style
+         * GET /BUCKET?list-type=2..., whatever the query). */
+        close(f);
+        strncat(file, "/.listing.xml", sizeof file - strlen(file) - 1);
+        f = open(file, O_RDONLY);
+    }
     if (f < 0 || fstat(f, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (f >= 0)
             close(f);
@@ -197,6 +205,7 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
     }
     uint64_t size = (uint64_t)st.st_size;
     if (!ranged) {
+        atomic_fetch_add(&srv.plain_gets, 1);
         a = 0;
         b = size - 1;
         if (strstr(path, ".stk"))
@@ -2572,6 +2581,437 @@ static void bench_index_open(void)
     server_stop();
     g_delay_us = 0;
 }
+/* ---- MDS, LitData and TFRecord over HTTP (remote_files.c) ------------------ */
+
+/* The fixtures' root (tu_fixtures gives FIXTURES/mds). */
+static const char *fixtures(void)
+{
+    static char root[2048];
+    const char *mds = tu_fixtures("mds");
+    if (!mds)
+        return NULL;
+    snprintf(root, sizeof root, "%.*s", (int)(strlen(mds) - 4), mds);
+    return root;
+}
+
+/* Every field of every sample over one epoch, as stored (kind bytes, all
+ * optional, so presence is compared too), with indices and labels. The
+ * field names come from the local dataset `names_from`. */
+static uint64_t fx_hash(const char *path, const char *names_from, const char *cache,
+                        int on_error, uint64_t *n, char *msg, size_t msgn, int *open_rc)
+{
+    stk_options *o;
+    stk_loader *l = NULL;
+    char err[1024];
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    stk_options_set_source(o, path);
+    stk_options_set_batch_size(o, 8);
+    stk_options_set_threads(o, 2);
+    stk_options_set_seed(o, 11);
+    stk_options_set_on_error(o, on_error);
+    if (strstr(path, "://"))
+        REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    if (cache)
+        REQUIRE(stk_options_set(o, "cache_dir", cache) == STK_OK);
+    stk_dataset *d = NULL;
+    if (stk_dataset_open(&d, names_from, NULL, err, sizeof err) != STK_OK)
+        fprintf(stderr, "open %s: %s\n", names_from, err);
+    REQUIRE(d != NULL);
+    size_t nf = stk_dataset_field_count(d);
+    REQUIRE(nf > 2);
+    for (size_t k = 0; k < nf; k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        char name[32];
+        snprintf(name, sizeof name, "f%zu", k);
+        REQUIRE(stk_options_add_field(o, name, fi.name, STK_FIELD_BYTES, NULL,
+                                      STK_FIELD_OPTIONAL) == STK_OK);
+    }
+    stk_dataset_close(d);
+    *open_rc = stk_loader_open(&l, o);
+    stk_options_destroy(o);
+    *n = 0;
+    if (msg)
+        msg[0] = '\0';
+    if (*open_rc) {
+        if (msg)
+            snprintf(msg, msgn, "%s", stk_loader_errmsg(l));
+        stk_loader_close(l);
+        return 0;
+    }
+    uint64_t h = 1469598103934665603ULL;
+    stk_batch *b;
+    int rc;
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        if (rc == STK_ESAMPLE) {
+            if (msg && !msg[0])
+                snprintf(msg, msgn, "%s", stk_loader_errmsg(l));
+            continue;
+        }
+        REQUIRE(rc == STK_OK);
+        REQUIRE(b->nfields == nf);
+        h = tu_hash(h, b->indices, b->size * sizeof *b->indices);
+        h = tu_hash(h, b->labels, b->size * sizeof *b->labels);
+        for (size_t f = 0; f < b->nfields; f++) {
+            const stk_field *fl = &b->fields[f];
+            REQUIRE(fl->layout == STK_BATCH_VARIABLE);
+            if (fl->present)
+                h = tu_hash(h, fl->present, b->size);
+            for (size_t k = 0; k < b->size; k++)
+                h = tu_hash(h, (uint8_t *)fl->data + fl->offsets[k], fl->lengths[k]);
+        }
+        *n += b->size;
+        stk_batch_release(b);
+    }
+    stk_loader_close(l);
+    return h;
+}
+
+static void copy_tree(const char *from, const char *to)
+{
+    char cmd[8192];
+    tu_mkdirs(to);
+    snprintf(cmd, sizeof cmd, "cp -R '%s'/. '%s'/ && chmod -R u+w '%s'", from, to, to);
+    REQUIRE(system(cmd) == 0);
+}
+
+static void test_formats_remote_as_local(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    static const char *const sets[][2] = {
+        {"mds/plain", ""},          {"mds/zstd", ""},     {"mds/jpeg", ""},
+        {"litdata/plain", ""},      {"litdata/zstd", ""}, {"litdata/jpeg", ""},
+        {"tfrecord/plain", "/train-{00000..00001}-of-00002.tfrecord"},
+        {"tfrecord/gzip", "/train-{00000..00001}-of-00002.tfrecord.gz"},
+    };
+    server_start(g_www, F_NONE);
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {
+        char local[4096], www[2048], rel[512], cache[2048], msg[1024];
+        snprintf(local, sizeof local, "%s/%s", fx, sets[k][0]);
+        snprintf(www, sizeof www, "%s/fx/%s", g_www, sets[k][0]);
+        snprintf(cache, sizeof cache, "%s", tu_path("cache-fx"));
+        copy_tree(local, www);
+        snprintf(rel, sizeof rel, "fx/%s%s", sets[k][0], sets[k][1]);
+        uint64_t nl, nr, nw;
+        int orc;
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK_EQ(nl, 60);
+        int before = atomic_load(&srv.plain_gets);
+        uint64_t hr = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        if (orc)
+            fprintf(stderr, "    %s: %s\n", rel, msg);
+        CHECK_EQ(orc, STK_OK);
+        CHECK_EQ(nr, 60);
+        CHECK(hr == hl);
+        int cold = atomic_load(&srv.plain_gets) - before;
+        CHECK(cold >= 2); /* index.json or the files, downloaded whole */
+        /* A second open reads the cache: nothing downloaded again, only
+         * the probes (and the sniff of index.json). */
+        before = atomic_load(&srv.plain_gets);
+        int reqs = atomic_load(&srv.requests);
+        uint64_t hw = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nw, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK(hw == hl && nw == 60);
+        int warm_plain = atomic_load(&srv.plain_gets) - before;
+        int warm_reqs = atomic_load(&srv.requests) - reqs;
+        /* Warm: stoker.manifest (404) and index.json for a directory, and
+         * one 1-byte probe per file. */
+        CHECK(warm_plain <= (sets[k][1][0] ? 0 : 2));
+        CHECK(warm_reqs <= (sets[k][1][0] ? 2 : 2 + 1 + 4));
+        if (warm_plain > 2 || warm_reqs > 7)
+            fprintf(stderr, "    %s warm: %d plain GETs, %d requests\n", rel, warm_plain,
+                    warm_reqs);
+    }
+    /* URL/index.json names the dataset too. */
+    {
+        char local[4096], msg[1024];
+        uint64_t nl, nr;
+        int orc;
+        snprintf(local, sizeof local, "%s/mds/plain", fx);
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        uint64_t hr = fx_hash(url("fx/mds/plain/index.json"), local, tu_path("cache-fx"),
+                              STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        CHECK(hl == hr && nr == 60);
+    }
+    /* Without a cache directory: refused, saying why. */
+    {
+        char local[4096], msg[1024];
+        uint64_t nr;
+        int orc;
+        snprintf(local, sizeof local, "%s/litdata/plain", fx);
+        fx_hash(url("fx/litdata/plain"), local, NULL, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg,
+                &orc);
+        CHECK_EQ(orc, STK_EINVAL);
+        CHECK(strstr(msg, "cache_dir") && strstr(msg, "LitData chunks") &&
+              strstr(msg, "fx/litdata/plain"));
+    }
+    server_stop();
+}
+
+/* A shard index.json names that the server does not have (404), and a
+ * truncated one: clear errors naming the shard's URL; under skip the rest
+ * of the truncated dataset is delivered, as locally. */
+static void test_formats_remote_bad_shards(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    char src[4096], miss[2048], cut[2048], p[4096], msg[1024];
+    snprintf(src, sizeof src, "%s/mds/plain", fx);
+    snprintf(miss, sizeof miss, "%s/bad/mds-missing", g_www);
+    snprintf(cut, sizeof cut, "%s/bad/mds-cut", g_www);
+    copy_tree(src, miss);
+    copy_tree(src, cut);
+    snprintf(p, sizeof p, "%s/shard.00002.mds", miss);
+    REQUIRE(unlink(p) == 0);
+    snprintf(p, sizeof p, "%s/shard.00001.mds", cut);
+    struct stat st;
+    REQUIRE(stat(p, &st) == 0 && truncate(p, st.st_size / 2) == 0);
+    server_start(g_www, F_NONE);
+    uint64_t n, nl;
+    int orc;
+    fx_hash(url("bad/mds-missing"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
+            sizeof msg, &orc);
+    CHECK_EQ(orc, STK_ENOENT);
+    CHECK(strstr(msg, "http://127.0.0.1:") && strstr(msg, "bad/mds-missing/shard.00002.mds") &&
+          strstr(msg, "404"));
+    /* Truncated: raise stops at the first damaged record, naming it. */
+    fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_RAISE, &n, msg,
+            sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    CHECK(strstr(msg, "bad/mds-cut/shard.00001.mds") != NULL);
+    if (!strstr(msg, "bad/mds-cut/shard.00001.mds"))
+        fprintf(stderr, "    message: %s\n", msg);
+    /* Skip: the rest, exactly as the local copy delivers it. */
+    uint64_t hl = fx_hash(cut, src, NULL, STK_ON_ERROR_SKIP, &nl, msg, sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    uint64_t hr = fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n,
+                          msg, sizeof msg, &orc);
+    CHECK_EQ(orc, STK_OK);
+    CHECK(n == nl && hr == hl);
+    CHECK(n > 40 && n < 60);
+    /* A truncated zstd shard fails the open (it cannot be decompressed),
+     * naming its URL. */
+    char zsrc[4096], zcut[2048];
+    snprintf(zsrc, sizeof zsrc, "%s/litdata/zstd", fx);
+    snprintf(zcut, sizeof zcut, "%s/bad/lit-zcut", g_www);
+    copy_tree(zsrc, zcut);
+    snprintf(p, sizeof p, "%s/chunk-0-2.zstd.bin", zcut);
+    REQUIRE(stat(p, &st) == 0 && truncate(p, st.st_size / 2) == 0);
+    fx_hash(url("bad/lit-zcut"), zsrc, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
+            sizeof msg, &orc);
+    CHECK(orc != STK_OK);
+    CHECK(strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin") != NULL);
+    if (!strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin"))
+        fprintf(stderr, "    message: %s\n", msg);
+    server_stop();
+}
+
+
+/* Every allocation of a remote MDS (zstd) open, cold (downloads into a
+ * fresh cache) and warm (pins), and of a cold TFRecord (gzip) open, failed
+ * in turn: the open fails with ENOMEM or succeeds, and nothing leaks
+ * (allocations, fds). */
+static void test_formats_remote_oom_sweep(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    static const char *const rels[] = {"fx/mds/zstd",
+                                       "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
+    char www[2048], local[4096];
+    snprintf(www, sizeof www, "%s/fx/mds/zstd", g_www);
+    snprintf(local, sizeof local, "%s/mds/zstd", fx);
+    copy_tree(local, www);
+    snprintf(www, sizeof www, "%s/fx/tfrecord/gzip", g_www);
+    snprintf(local, sizeof local, "%s/tfrecord/gzip", fx);
+    copy_tree(local, www);
+    server_start(g_www, F_NONE);
+    for (size_t r = 0; r < 2; r++) {
+        for (int warm = 0; warm < 2 - (int)r; warm++) { /* TFRecord: cold only */
+            /* A fresh server, its last connections closed, before the
+             * baseline. */
+            server_stop();
+            server_start(g_www, F_NONE);
+            usleep(200000);
+            long live0 = stk__alloc_live();
+            int fds0 = tu_count_fds();
+            long n;
+            int nomem = 0;
+            /* TFRecord's own allocations are swept in test_tfrecord: here
+             * every third point, for the time. */
+            for (n = 0; n < 20000; n += r ? 3 : 1) {
+                char cache[64], err[1024];
+                snprintf(cache, sizeof cache, "oomfx-%zu-%ld", r, warm ? -1L : n);
+                if (n % 16 == 15 || (r && n % 16 >= 13)) {
+                    server_stop();
+                    server_start(g_www, F_NONE);
+                }
+                stk_options *o = NULL;
+                stk_dataset *d = NULL;
+                REQUIRE(stk_options_create(&o) == STK_OK);
+                REQUIRE(stk_options_set(o, "cache_dir", tu_path(cache)) == STK_OK);
+                long c0 = stk__alloc_count();
+                stk__alloc_fail_after(n);
+                int rc = stk_dataset_open(&d, url(rels[r]), o, err, sizeof err);
+                stk__alloc_fail_after(-1);
+                bool reached = stk__alloc_count() - c0 > n;
+                if (rc != STK_OK && rc != STK_ENOMEM)
+                    fprintf(stderr, "    %s n=%ld: %s\n", rels[r], n, err);
+                CHECK(rc == STK_OK || rc == STK_ENOMEM);
+                nomem += rc == STK_ENOMEM;
+                stk_dataset_close(d);
+                stk_options_destroy(o);
+                for (int k = 0; k < 200 && tu_count_fds() != fds0; k++)
+                    usleep(10000);
+                if (stk__alloc_live() != live0 || tu_count_fds() != fds0) {
+                    fprintf(stderr, "    %s n=%ld leaked %ld allocations, %d fds\n", rels[r], n,
+                            stk__alloc_live() - live0, tu_count_fds() - fds0);
+                    CHECK(0);
+                    break;
+                }
+                if (!reached)
+                    break;
+            }
+            printf("    %s %s: %ld allocation points, %d failed with ENOMEM\n", rels[r],
+                   warm ? "warm" : "cold", n, nomem);
+            CHECK(n > 20 && nomem > 20 / (r ? 3 : 1));
+        }
+    }
+    server_stop();
+}
+
+
+/* Unpacked objects in a bucket: s3://bkt/imgs holding CLASS/NAME.jpg
+ * objects (the listing served as S3 would give it) reads as the local
+ * ImageFolder it mirrors, each sample by one GET of its object, through
+ * the fetch stage, with and without fields. */
+static void test_bucket_of_class_folders(void)
+{
+    const char *classes[] = {"ant", "bee", "cow"};
+    char dir[2048], xml[65536];
+    size_t xl = (size_t)snprintf(xml, sizeof xml,
+                                 "<?xml version=\"1.0\"?><ListBucketResult><Name>bkt</Name>");
+    int n = 0;
+    for (int c = 0; c < 3; c++) {
+        snprintf(dir, sizeof dir, "%s/bkt/imgs/%s", g_www, classes[c]);
+        tu_mkdirs(dir);
+        for (int k = 0; k < 4 + c; k++, n++) {
+            uint8_t rgb[24 * 20 * 3];
+            for (size_t j = 0; j < sizeof rgb; j++)
+                rgb[j] = (uint8_t)(j * 7 + (size_t)n * 31);
+            size_t jn = 0;
+            uint8_t *jpg = tu_jpeg(rgb, 24, 20, 90, &jn);
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%03d.jpg", dir, k);
+            tu_write_file(p, jpg, jn);
+            free(jpg);
+            xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                                   "<Contents><Key>imgs/%s/%03d.jpg</Key><Size>%zu</Size>"
+                                   "</Contents>",
+                                   classes[c], k, jn);
+        }
+    }
+    /* Not samples: a file beside the classes, an object two levels deep. */
+    xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                           "<Contents><Key>imgs/README.txt</Key><Size>3</Size></Contents>"
+                           "<IsTruncated>false</IsTruncated></ListBucketResult>");
+    snprintf(dir, sizeof dir, "%s/bkt/.listing.xml", g_www);
+    tu_write_file(dir, xml, xl);
+    snprintf(dir, sizeof dir, "%s/bkt/imgs", g_www);
+    run_out local = run(dir, 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, 2 * (uint64_t)n);
+    server_start(g_www, F_NONE);
+    char ep[128];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secretkey", 1);
+    g_extra[0] = "endpoint";
+    g_extra[1] = ep;
+    g_extra[2] = NULL;
+    int before = atomic_load(&srv.requests);
+    run_out r = run("s3://bkt/imgs", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    if (r.open_rc)
+        fprintf(stderr, "    %s\n", r.msg);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash && r.samples == local.samples);
+    CHECK(r.fs.requests >= (uint64_t)n);
+    /* The manifest, index.json, two listings, and the samples' GETs. */
+    CHECK(atomic_load(&srv.requests) - before >= n + 4);
+    /* The same objects with fields: the image and its class. */
+    g_extra[2] = "fields";
+    g_extra[3] = "image,label";
+    g_extra[4] = NULL;
+    run_out f = run("s3://bkt/imgs", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(f.open_rc, STK_OK);
+    CHECK_EQ(f.samples, (uint64_t)n);
+    memset(g_extra, 0, sizeof g_extra);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    server_stop();
+    snprintf(dir, sizeof dir, "%s/bkt/.listing.xml", g_www);
+    unlink(dir);
+}
+
+
+/* nginx's index pages (src/io/httplist.c): names percent-decoded from HTML
+ * links and taken as they are from JSON, sizes in bytes; links that leave
+ * the directory (absolute, "..", a scheme, an encoded '/') or carry a query
+ * are no entries; a size that is not in bytes fails, naming the setting. */
+static void test_autoindex_pages(void)
+{
+    const char *html =
+        "<html>\r\n<head><title>Index of /f/cat/</title></head>\r\n<body>\r\n<h1>Index of "
+        "/f/cat/</h1><hr><pre><a href=\"../\">../</a>\r\n<a href=\"sub/\">sub/</a>          "
+        "27-Nov-2026 21:29      -\r\n<a href=\"a%2520b.jpg\">a%20b.jpg</a>          "
+        "27-Nov-2026 21:29                 100\r\n<a href=\"/etc/passwd\">p</a>  01-Jan-2026 "
+        "00:00  5\r\n<a href=\"http://evil/x.jpg\">y</a>  01-Jan-2026 00:00  5\r\n<a "
+        "href=\"%2e%2e\">z</a>  01-Jan-2026 00:00  1\r\n<a href=\"a%2Fb.jpg\">w</a>  "
+        "01-Jan-2026 00:00  7\r\n<a href=\"q.jpg?x=1\">q</a>  01-Jan-2026 00:00  3\r\n"
+        "<a href=\"z.png\">z.png</a>  01-Jan-2026 00:00  0\r\n</pre><hr></body>\r\n</html>\r\n";
+    const char *json = "[\r\n{ \"name\":\"sub\", \"type\":\"directory\", \"mtime\":\"x\" },\r\n"
+                       "{ \"name\":\"a%20b.jpg\", \"type\":\"file\", \"mtime\":\"x\", "
+                       "\"size\":100 },\r\n{ \"name\":\"..\", \"type\":\"file\", \"size\":1 },\r\n"
+                       "{ \"name\":\"z.png\", \"type\":\"file\", \"size\":0 }\r\n]";
+    const char *pages[] = {html, json};
+    for (int k = 0; k < 2; k++) {
+        char **names = NULL, why[256] = "";
+        uint64_t *sizes = NULL;
+        size_t n = 0, nd = 0;
+        CHECK_EQ(stk__autoindex_page(pages[k], strlen(pages[k]), &names, &sizes, &n, &nd, why,
+                                     sizeof why),
+                 STK_OK);
+        CHECK_EQ(n, 2);
+        CHECK_EQ(nd, 1);
+        if (n == 2) {
+            CHECK(!strcmp(names[0], "a%20b.jpg") && sizes[0] == 100);
+            CHECK(!strcmp(names[1], "z.png") && sizes[1] == 0);
+        }
+        stk__remote_list_free(names, sizes, n);
+    }
+    const char *bad = "<pre><a href=\"big.jpg\">big.jpg</a>  01-Jan-2026 00:00  1K\r\n</pre>";
+    char **names = NULL, why[256] = "";
+    uint64_t *sizes = NULL;
+    size_t n = 0, nd = 0;
+    CHECK_EQ(stk__autoindex_page(bad, strlen(bad), &names, &sizes, &n, &nd, why, sizeof why),
+             STK_EFORMAT);
+    CHECK(strstr(why, "big.jpg") && strstr(why, "autoindex_exact_size on"));
+    CHECK(!names && !n);
+    CHECK_EQ(stk__autoindex_page("<h1>hello</h1>", 14, &names, &sizes, &n, &nd, why, sizeof why),
+             STK_EUNSUPPORTED);
+}
+
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
@@ -2587,6 +3027,7 @@ int main(void)
     RUN_IF(test_s3_list_pages_grow);
     RUN_IF(test_xml_unescape);
     RUN_IF(test_s3_error_text);
+    RUN_IF(test_autoindex_pages);
     make_dataset();
     RUN_IF(test_same_batches_as_local);
     RUN_IF(test_fields_remote);
@@ -2619,6 +3060,10 @@ int main(void)
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
     RUN_IF(test_tar_fields_remote_as_local);
+    RUN_IF(test_formats_remote_as_local);
+    RUN_IF(test_formats_remote_bad_shards);
+    RUN_IF(test_formats_remote_oom_sweep);
+    RUN_IF(test_bucket_of_class_folders);
     RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);

@@ -106,6 +106,25 @@ const char *tu_path(const char *rel)
     return b;
 }
 
+const char *tu_fixtures(const char *format)
+{
+    static char dir[4096];
+    const char *env = getenv("STOKER_FIXTURES");
+    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
+                           "/work/shared/fixtures"};
+    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
+        struct stat st;
+        if (!cands[k])
+            continue;
+        snprintf(dir, sizeof dir, "%s/%s/plain.manifest.json", cands[k], format);
+        if (stat(dir, &st) == 0) {
+            snprintf(dir, sizeof dir, "%s/%s", cands[k], format);
+            return dir;
+        }
+    }
+    return NULL;
+}
+
 void tu_mkdirs(const char *path)
 {
     char buf[1024];

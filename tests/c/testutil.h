@@ -58,6 +58,11 @@ const char *tu_tmpdir(void);
 /* Joins tu_tmpdir() and rel into a static rotating buffer. */
 const char *tu_path(const char *rel);
 void tu_mkdirs(const char *path);
+/* The shared fixtures written by each format's own writer, FIXTURES/format
+ * ($STOKER_FIXTURES, ../shared/fixtures, ../../shared/fixtures or
+ * /work/shared/fixtures: the first holding format/plain.manifest.json), or
+ * NULL when there are none. Static storage. */
+const char *tu_fixtures(const char *format);
 void tu_write_file(const char *path, const void *data, size_t n);
 /* Reads a whole file into a malloc'd buffer (caller frees); NULL if missing. */
 void *tu_read_file(const char *path, size_t *n);

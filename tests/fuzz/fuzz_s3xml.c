@@ -1,6 +1,7 @@
-/* fuzz_s3xml.c -- libFuzzer target for the XML that S3 servers send: a
+/* fuzz_s3xml.c -- libFuzzer target for the listings servers send: an S3
  * ListObjectsV2 page (stk__s3_list_page, with the entity decoding of
- * stk__xml_unescape) and an error body (stk__s3_error_text). Built by
+ * stk__xml_unescape), an S3 error body (stk__s3_error_text), and a plain
+ * HTTP server's index page (stk__autoindex_page: nginx's HTML or JSON). Built by
  * scripts/test-fuzz.sh; linked with replay_main.c it is a plain program that
  * replays corpus files given as arguments (the corpus as regular tests). */
 #include "io/remote.h"
@@ -66,6 +67,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
         }
         stk__free(token);
+        stk__remote_list_free(names, sizes, n);
+    }
+
+    /* An index page: every name a plain relative one (no '/', no "..")
+     * within the page's length, the files and directories no more than its
+     * links. */
+    {
+        char **names = NULL;
+        uint64_t *sizes = NULL;
+        size_t n = 0, ndirs = 0;
+        char why[256];
+        int rc = stk__autoindex_page(body, size, &names, &sizes, &n, &ndirs, why, sizeof why);
+        if (rc != STK_OK && rc != STK_EFORMAT && rc != STK_EUNSUPPORTED)
+            abort();
+        if (rc != STK_OK && (names || n))
+            abort();
+        for (size_t i = 0; i < n; i++)
+            if (!names[i][0] || strchr(names[i], '/') || !strcmp(names[i], "..") ||
+                strlen(names[i]) > size)
+                abort();
+        if (n + ndirs > size / 8 + 1)
+            abort();
         stk__remote_list_free(names, sizes, n);
     }
 

@@ -18,6 +18,21 @@ def payload(i):
 
 
 @pytest.fixture
+def aws_env(monkeypatch, tmp_path, request):
+    """An environment whose only AWS credentials are the test S3 server's
+    (the test module's KEY_ID and SECRET): no AWS_* variable of the
+    machine's, no ~/.aws, no instance metadata. Returns monkeypatch."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of the machine's
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata either
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", request.module.KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", request.module.SECRET)
+    return monkeypatch
+
+
+@pytest.fixture
 def make_records(tmp_path):
     """make_records(n) -> stoker.Records of n records whose label is the
     record's index and whose payload is payload(i)."""

@@ -135,17 +135,6 @@ def test_http_stk_and_tars_through_the_cache(data, local, tmp_path):
         ["mm-%06d.tar" % k for k in range(SAMPLES // SHARD)]
 
 
-@pytest.fixture
-def aws_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of the machine's
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    return monkeypatch
-
 
 def test_s3_stk_and_tars_through_the_cache(data, local, aws_env, tmp_path):
     with stk_servers.S3Server(KEY_ID, SECRET) as srv:

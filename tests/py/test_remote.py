@@ -327,17 +327,6 @@ def s3(packed):
         yield srv
 
 
-@pytest.fixture
-def aws_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k.startswith("AWS_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.aws of the machine's
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance metadata either
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    return monkeypatch
-
 
 def test_s3_manifest_listing_paging_and_odd_keys(packed, s3, aws_env):
     aws_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)

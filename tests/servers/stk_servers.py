@@ -9,8 +9,10 @@ when the test fails. Child processes (nginx, node) are started through
 when this process is killed: start servers from a thread that outlives them
 (normally the main thread).
 
-Nginx(root, http2=False, port=None, access_log=None, tls=False, redirects=None)
+Nginx(root, http2=False, port=None, access_log=None, tls=False, redirects=None, autoindex=None)
     redirects: {path: url}: each path (exact) answers 302 to url.
+    autoindex: "html" or "json": directories answer nginx's index pages in that
+    format (autoindex on); None: off.
     nginx in the foreground (one process, `daemon off; master_process off`) from a
     temporary prefix, serving the directory `root`: byte ranges, keep-alive
     (1,000,000 requests, 300 s), sendfile. tls=True serves HTTPS with a fresh
@@ -375,7 +377,9 @@ def make_cert(directory):
 
 
 class Nginx(_Server):
-    def __init__(self, root, http2=False, port=None, access_log=None, tls=False, redirects=None):
+    def __init__(self, root, http2=False, port=None, access_log=None, tls=False, redirects=None,
+                 autoindex=None):
+        self.autoindex = autoindex  # None: off; "html" or "json": nginx's index pages
         self.root = os.path.abspath(root)
         self.redirects = dict(redirects or {})
         self.http2 = http2
@@ -396,6 +400,7 @@ class Nginx(_Server):
         if self.tls:
             tls = (f"ssl_certificate {_nginx_str(self.cafile)};\n"
                    f"        ssl_certificate_key {_nginx_str(os.path.join(d, 'key.pem'))};")
+        index = (f"autoindex on; autoindex_format {self.autoindex};" if self.autoindex else "")
         moved = "".join(f"        location = {_nginx_str(a)} {{ return 302 {_nginx_str(b)}; }}\n"
                         for a, b in self.redirects.items())
         return f"""
@@ -426,6 +431,7 @@ http {{
         server_name localhost;
         {tls}
         root {_nginx_str(self.root)};
+        {index}
         access_log {_nginx_str(self.access_log)} stk;
 {moved}    }}
 }}
