@@ -7,6 +7,7 @@
 #   4. fuzz corpora replayed as tests, and each fuzz target for a bounded time
 #   5. Python tests (pytest)
 #   6. docs links: every relative link in README.md and docs/*.md resolves
+#   7. function lengths (scripts/check-functions.py)
 # Each suite ends with a closing line "SUITE: N passed, N failed"; the script
 # exits non-zero if any suite failed.
 set -uo pipefail
@@ -78,6 +79,11 @@ fi
 echo "== docs links (at ${SECONDS} s)"
 # Prints "docs-links: N passed, N failed" (scripts/check-doc-links.py).
 /usr/bin/python3 scripts/check-doc-links.py || overall=1
+
+echo "== function lengths (at ${SECONDS} s)"
+# Prints "functions: N passed, N failed" (scripts/check-functions.py): no C
+# function in src/ or tools/ over 150 lines, src/loader.c under 1000.
+/usr/bin/python3 scripts/check-functions.py || overall=1
 
 echo "test-all: ${SECONDS} s"
 if [ $overall -eq 0 ]; then echo "ALL SUITES PASSED"; else echo "SOME SUITES FAILED"; fi

@@ -534,6 +534,59 @@ static int open_url_index(stk__source *s, stk__remote *r, const stk__source_para
     return 1;
 }
 
+/* The one kind of shards a listing holds (K_NONE: none of the shard
+ * kinds); a listing mixing kinds is refused with the counts of each. */
+static int listed_kind(stk__remote *r, char **lnames, size_t ln, int *out, char *err,
+                       size_t errlen)
+{
+    size_t counts[K_COUNT] = {0};
+    for (size_t k = 0; k < ln; k++)
+        counts[url_kind(lnames[k])]++;
+    int kind = K_NONE, kinds = 0;
+    char mix[256] = "";
+    for (int k = K_STK; k < K_COUNT; k++) {
+        if (k == K_CIFAR || k == K_FOLDER || !counts[k])
+            continue;
+        size_t ml = strlen(mix);
+        stk__fmt(mix + ml, sizeof mix - ml, "%s%zu %s", kinds ? " and " : "", counts[k],
+                 kind_name(k));
+        kinds++;
+        kind = k;
+    }
+    if (kinds > 1) {
+        stk__fmt(err, errlen, "%s: the prefix mixes kinds of data (%s); keep one kind per prefix",
+                 stk__remote_display(r), mix);
+        return STK_EINVAL;
+    }
+    *out = kind;
+    return STK_OK;
+}
+
+/* The listed objects of one kind, sorted by name as a local directory's
+ * shards are: their names into *names, their sizes into *sizes (owned by
+ * the caller). */
+static int sorted_of_kind(char **lnames, const uint64_t *lsizes, size_t ln, int kind,
+                          pathlist *names, uint64_t **sizes)
+{
+    int rc = STK_OK;
+    named *ns = stk__malloc((ln ? ln : 1) * sizeof *ns);
+    size_t nn = 0;
+    if (!ns || !(*sizes = stk__malloc((ln ? ln : 1) * sizeof **sizes))) {
+        stk__free(ns);
+        return STK_ENOMEM;
+    }
+    for (size_t k = 0; k < ln; k++)
+        if (url_kind(lnames[k]) == kind)
+            ns[nn++] = (named){lnames[k], lsizes[k]};
+    qsort(ns, nn, sizeof *ns, cmp_named);
+    for (size_t k = 0; k < nn && !rc; k++) {
+        (*sizes)[k] = ns[k].size;
+        rc = pl_add(names, ns[k].name, NULL);
+    }
+    stk__free(ns);
+    return rc;
+}
+
 static int open_url(stk__source *s, const char *url, const stk__source_params *prm, char *err,
                     size_t errlen)
 {
@@ -635,27 +688,10 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         r = NULL;
         goto out;
     }
-    size_t counts[K_COUNT] = {0};
-    for (size_t k = 0; k < ln; k++)
-        counts[url_kind(lnames[k])]++;
-    int kind = K_NONE, kinds = 0;
-    char mix[256] = "";
-    for (int k = K_STK; k < K_COUNT; k++) {
-        if (k == K_CIFAR || k == K_FOLDER || !counts[k])
-            continue;
-        size_t ml = strlen(mix);
-        stk__fmt(mix + ml, sizeof mix - ml, "%s%zu %s", kinds ? " and " : "", counts[k],
-                 kind_name(k));
-        kinds++;
-        kind = k;
-    }
-    if (kinds > 1) {
-        stk__fmt(err, errlen, "%s: the prefix mixes kinds of data (%s); keep one kind per prefix",
-                 stk__remote_display(r), mix);
-        rc = STK_EINVAL;
+    int kind = K_NONE;
+    if ((rc = listed_kind(r, lnames, ln, &kind, err, errlen)))
         goto out;
-    }
-    if (!kinds) {
+    if (kind == K_NONE) {
         /* Unpacked objects in class folders (prefix/CLASS/NAME.jpg): every
          * object below the prefix, each a sample. */
         stk__remote_list_free(lnames, lsizes, ln);
@@ -676,24 +712,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         rc = STK_ENOENT;
         goto out;
     }
-    /* Sorted by name, as a local directory's shards are. */
-    named *ns = stk__malloc((ln ? ln : 1) * sizeof *ns);
-    size_t nn = 0;
-    if (!ns || !(sizes = stk__malloc((ln ? ln : 1) * sizeof *sizes))) {
-        stk__free(ns);
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    for (size_t k = 0; k < ln; k++)
-        if (url_kind(lnames[k]) == kind)
-            ns[nn++] = (named){lnames[k], lsizes[k]};
-    qsort(ns, nn, sizeof *ns, cmp_named);
-    for (size_t k = 0; k < nn && !rc; k++) {
-        sizes[k] = ns[k].size;
-        rc = pl_add(&names, ns[k].name, NULL);
-    }
-    stk__free(ns);
-    if (rc)
+    if ((rc = sorted_of_kind(lnames, lsizes, ln, kind, &names, &sizes)))
         goto out;
     rc = open_url_shards(s, r, kind, &names, sizes, prm, err, errlen);
     r = NULL;
