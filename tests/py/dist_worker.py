@@ -43,9 +43,11 @@ def main():
     ap.add_argument("--stop-after", type=int)
     ap.add_argument("--resume")
     ap.add_argument("--sleep-after", type=int)
-    ap.add_argument("--vary", choices=["seed", "shuffle", "drop_last", "size", "missing", "weights"],
+    ap.add_argument("--vary",
+                    choices=["seed", "shuffle", "drop_last", "size", "missing", "weights"],
                     help="rank 1 opens its loader with another value of this setting (size, "
-                         "missing: another records file, DATA.small / DATA.missing); every "
+                         "missing: another records file, DATA.small / DATA.missing; weights: "
+                         "a mixture's, rotated); every "
                          "rank then writes the error it got to OUT/error-R.txt")
     a = ap.parse_args()
     dist.init_process_group("gloo")
