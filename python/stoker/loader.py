@@ -247,7 +247,28 @@ def _process_group(rank, world_size):
 #: What every rank must open its Loader with, and how a message names it.
 _RANK_SETTINGS = {"seed": "seed", "shuffle": "shuffle", "drop_last": "drop_last",
                   "num_samples": "the dataset's size (num_samples)", "batch_size": "batch_size",
-                  "order": "order", "local_world_size": "local_world_size"}
+                  "order": "order", "local_world_size": "local_world_size",
+                  "mixture": "the mixture (its sources' weights, fixed samples and sizes, "
+                             "samples_per_epoch, mix_batching)"}
+
+
+def _mixture_shares(mixture, firsts, num_samples, samples_per_epoch, mix_batching):
+    """What decides a mixture's schedule, as text the ranks compare at open
+    (None without a mixture): per source its weight or fixed samples and its
+    size, the epoch length and the batching. Ranks that differ here lay out
+    different schedules, so their shares overlap and miss samples. Paths and
+    per-source transforms are not compared, as for one dataset (a rank may
+    read its node's copy; transforms change pixels, not the shares)."""
+    if mixture is None:
+        return None
+    sizes = [b - a for a, b in zip(firsts, [*firsts[1:], num_samples])]
+    parts = [f"{'weight ' + repr(m.weight) if m.weight is not None else ''}"
+             f"{str(m.samples) + ' samples' if m.samples is not None else ''}"
+             f"{'by size' if m.weight is None and m.samples is None else ''} of {size}"
+             for m, size in zip(mixture, sizes)]
+    spe = "default" if samples_per_epoch is None else str(samples_per_epoch)
+    return (f"{len(mixture)} sources ({'; '.join(parts)}), samples_per_epoch {spe}" +
+            (f", mix_batching {mix_batching}" if mix_batching != "mixed" else ""))
 
 
 def _check_ranks_agree(dist, rank, mine):
@@ -276,8 +297,8 @@ def _check_ranks_agree(dist, rank, mine):
                               for v, rs in values.items())
             raise ValueError(f"the ranks of this job disagree on {what}: {parts} (this is rank "
                              f"{rank}). Every rank must open stoker.Loader with the same seed, "
-                             f"shuffle, drop_last, batch_size, order and dataset, or their "
-                             f"shares of each epoch overlap and miss samples "
+                             f"shuffle, drop_last, batch_size, order and dataset (or mixture), "
+                             f"or their shares of each epoch overlap and miss samples "
                              f"(docs/distributed.md)")
 
 
@@ -475,7 +496,8 @@ class Loader:
     collate_fn=, ...) raise TypeError saying what to use instead. Under an
     initialised torch.distributed group the ranks check at open that they
     agree on seed, shuffle, drop_last, batch_size, order and the dataset's
-    size (one collective: every rank opens its loader). A loader pickles
+    size, or a mixture's weights and sizes (one collective: every rank opens
+    its loader). A loader pickles
     (and deepcopies) as its arguments and state_dict(), re-opened where it is
     unpickled. One iterator may be shared by several threads: each batch of
     its epoch goes to one of them, and none gets the next epoch's.
@@ -699,7 +721,10 @@ class Loader:
                 _check_ranks_agree(group, rank, {
                     "seed": seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
                     "num_samples": self._info["num_samples"], "batch_size": batch_size,
-                    "order": order, "local_world_size": self.local_world_size})
+                    "order": order, "local_world_size": self.local_world_size,
+                    "mixture": _mixture_shares(
+                        mixture, [f for _, _, f in self._engine.source_stats()],
+                        self._info["num_samples"], samples_per_epoch, mix_batching)})
             except BaseException:
                 self._engine.close()
                 raise

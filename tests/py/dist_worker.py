@@ -7,7 +7,11 @@ of the bytes. Rank 0 saves the loader's state dict to OUT/state.json after
 there (else at the end of the epoch); --sleep-after N makes every rank
 stop after step N and sleep (to be killed); --vary KEY opens rank 1's loader
 with another setting and records the error each rank gets. Each rank writes
-its pid to OUT/pid-R first."""
+its pid to OUT/pid-R first. DATA mix:SPEC.json reads a mixture
+(docs/mixing.md; SPEC: {"sources": [[path, weight], ...], "samples_per_epoch",
+"fields", "transform"}); a batch's labels are then its [source, dataset
+index] pairs and its hash covers the images; --vary weights gives rank 1
+other weights."""
 
 import argparse
 import hashlib
@@ -39,9 +43,11 @@ def main():
     ap.add_argument("--stop-after", type=int)
     ap.add_argument("--resume")
     ap.add_argument("--sleep-after", type=int)
-    ap.add_argument("--vary", choices=["seed", "shuffle", "drop_last", "size", "missing"],
+    ap.add_argument("--vary",
+                    choices=["seed", "shuffle", "drop_last", "size", "missing", "weights"],
                     help="rank 1 opens its loader with another value of this setting (size, "
-                         "missing: another records file, DATA.small / DATA.missing); every "
+                         "missing: another records file, DATA.small / DATA.missing; weights: "
+                         "a mixture's, rotated); every "
                          "rank then writes the error it got to OUT/error-R.txt")
     a = ap.parse_args()
     dist.init_process_group("gloo")
@@ -65,10 +71,21 @@ def main():
             a.no_shuffle = not a.no_shuffle
         elif a.vary == "drop_last":
             drop_last = True
-        else:
+        elif a.vary != "weights":
             path, rb, lb = data.rsplit(":", 2)
             data = f"{path}.{'small' if a.vary == 'size' else 'missing'}:{rb}:{lb}"
-    if data.startswith("records:"):  # records:PATH:RECORD_BYTES:LABEL_BYTES
+    mix = None
+    if data.startswith("mix:"):
+        with open(data[len("mix:"):]) as f:
+            mix = json.load(f)
+        weights = [w for _, w in mix["sources"]]
+        if a.vary == "weights" and rank == 1:
+            weights = weights[1:] + weights[:1]
+        data = [stoker.Source(p, weight=w) for (p, _), w in zip(mix["sources"], weights)]
+        kw.update(fields=mix["fields"], transform=mix["transform"], return_indices=True,
+                  samples_per_epoch=mix["samples_per_epoch"])
+    # records:PATH:RECORD_BYTES:LABEL_BYTES
+    if isinstance(data, str) and data.startswith("records:"):
         path, rb, lb = data[len("records:"):].rsplit(":", 2)
         data = stoker.Records(path, int(rb), label_bytes=int(lb))
     try:
@@ -90,9 +107,15 @@ def main():
     out = {"rank": rank, "world_size": loader.world_size, "batches": [],
            "local_world_size": loader.local_world_size}
     step = 0
-    for data, labels in loader:
+    for batch in loader:
+        if mix is not None:
+            data = batch["image"]
+            labels = [[int(s), int(i)] for s, i in zip(batch["source"], batch["__index__"])]
+        else:
+            data, labels = batch
+            labels = [int(x) for x in labels]
         h = hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
-        out["batches"].append({"step": step, "labels": [int(x) for x in labels], "hash": h})
+        out["batches"].append({"step": step, "labels": labels, "hash": h})
         step += 1
         dist.barrier()
         if a.save_at is not None and step == a.save_at and rank == 0:
@@ -106,7 +129,10 @@ def main():
             with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
                 json.dump(out, f)
             time.sleep(300)  # killed here by the test
-    out["stats_fetch"] = loader.stats()["fetch"]
+    st = loader.stats()
+    out["stats_fetch"] = st["fetch"]
+    if mix is not None:
+        out["stats_sources"] = st["sources"]
     with open(os.path.join(a.out, f"rank-{rank}.json"), "w") as f:
         json.dump(out, f)
     loader.close()

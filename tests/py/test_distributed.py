@@ -33,10 +33,13 @@ import stk_servers  # noqa: E402
 def torchrun(nproc, out, *args, wait=True, env=None, read=True):
     """Starts torchrun with nproc local ranks of dist_worker.py. The
     --redirects/--tee/--log_dir flags work around Debian's torch 1.13 on
-    Python 3.11 (../shared/FACTS.md)."""
+    Python 3.11 (../shared/FACTS.md). The agent looks at its workers every
+    --monitor_interval seconds (default 5): each run would idle up to that
+    long after its ranks finished."""
     os.makedirs(out, exist_ok=True)
     cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "--redirects", "2", "--tee", "2", "--log_dir",
+           f"--nproc_per_node={nproc}", "--monitor_interval", "0.5",
+           "--redirects", "2", "--tee", "2", "--log_dir",
            os.path.join(out, "logs"), WORKER, *[str(a) for a in args]]
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
                **(env or {}))
