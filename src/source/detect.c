@@ -21,16 +21,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 /* ---- Naming a dataset ----------------------------------------------------
- * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, an MDS
- * or LitData index.json with its shards, or ImageFolder class subfolders), a single shard or batch file, a file of
+ * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, TFRecord
+ * or Parquet files, an MDS or LitData index.json with its shards, or
+ * ImageFolder class subfolders), a single shard, batch or Parquet file, a file of
  * fixed-size records (when a record size is given), or a brace pattern
  * "train-{000000..000099}.tar" naming a list of shard files. The kind comes
  * from the contents (magic bytes, tar header checksums, CIFAR names and
  * sizes); a directory or list mixing kinds is an error that says so. */
 
-enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_TFREC, K_COUNT };
-static const char *const k_kind_names[K_COUNT] = {"unknown",       ".stk shards",      ".tar shards",
-                                                  "CIFAR batches", "class subfolders", "TFRecord files"};
+enum { K_NONE, K_STK, K_TAR, K_CIFAR, K_FOLDER, K_TFREC, K_PARQUET, K_COUNT };
+static const char *const k_kind_names[K_COUNT] = {
+    "unknown",          ".stk shards",    ".tar shards",  "CIFAR batches",
+    "class subfolders", "TFRecord files", "Parquet files"};
 
 /* TFRecord files go by name (their framing has no magic). */
 static bool tfrecord_name(const char *name)
@@ -150,6 +152,8 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
         *kind = K_CIFAR;
     else if (tfrecord_name(base_name(path)))
         *kind = K_TFREC;
+    else if (got >= 4 && !memcmp(b, "PAR1", 4))
+        *kind = K_PARQUET;
     return STK_OK;
 }
 
@@ -205,6 +209,7 @@ static int open_kind(stk__source *s, int kind, pathlist *l, const char *dir, cha
     case K_TAR: return stk__source_tar_open(s, v, l->n, err, errlen);
     case K_CIFAR: return stk__source_cifar_open(s, v, l->n, err, errlen);
     case K_TFREC: return stk__source_tfrecord_open(s, v, l->n, err, errlen);
+    case K_PARQUET: return stk__source_parquet_open(s, v, l->n, err, errlen);
     default: return STK_EINVAL;
     }
 }
@@ -221,7 +226,7 @@ static int open_pattern(stk__source *s, const char *pat, char *err, size_t errle
         if ((rc = sniff_file(l.v[k], &kk, err, errlen)))
             goto out;
         if (kk == K_NONE) {
-            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch or TFRecord file", l.v[k]);
+            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch, TFRecord or Parquet file", l.v[k]);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -297,6 +302,8 @@ static int open_dir(stk__source *s, const char *dir, char *err, size_t errlen)
             kind = K_TAR;
         else if (tfrecord_name(name))
             kind = K_TFREC;
+        else if (ends_with(name, ".parquet"))
+            kind = K_PARQUET;
         else if (cifar_name(name, &train)) {
             if ((rc = pl_add(&cifar_all, dir, name)))
                 goto out;
@@ -542,7 +549,8 @@ static int open_any(stk__source *s, const char *path, const stk__source_params *
         return open_kind(s, kind, &l, NULL, err, errlen);
     }
     stk__fmt(err, errlen,
-             "%s: is a file but not a .stk shard, tar shard, CIFAR batch or .tfrecord file; give its record "
+             "%s: is a file but not a .stk shard, tar shard, CIFAR batch, .tfrecord or Parquet file; give "
+             "its record "
              "size (--record-size) to read it as fixed-size records, or name a directory in "
              "ImageFolder layout",
              path);

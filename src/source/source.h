@@ -29,7 +29,7 @@
  *   stk.c tar.c cifar.c     tar.c, stk.c reads the manifest
  *   tar_remote.c mds.c
  *   litdata.c
- *   tfrecord.c
+ *   tfrecord.c parquet.c
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -281,6 +281,19 @@ int stk__litdata_sniff(const char *dir, char *err, size_t errlen);
  * decompressed into a temporary directory removed at close): local paths
  * (tfrecord.c; docs/formats.md). Each feature is a field. */
 int stk__source_tfrecord_open(stk__source *s, const char *const *paths, size_t n, char *err,
+                              size_t errlen);
+/* Parquet files (one, or a directory's *.parquet sorted by name): local
+ * paths (parquet.c; docs/formats.md). Each leaf column that is not
+ * repeated is a field; Hugging Face's Image struct is also a field under
+ * its own name (its bytes). */
+int stk__source_parquet_open(stk__source *s, const char *const *paths, size_t n, char *err,
+                             size_t errlen);
+/* Parquet parsing on a memory buffer (fuzz entry point): the footer, the
+ * schema and row groups, then every row of every field read through the
+ * reader's own path (pages, levels, dictionaries, codecs) and its record
+ * split. STK_OK, STK_EFORMAT/STK_EUNSUPPORTED/STK_EEMPTY/STK_ENOMEM, or
+ * STK_EINVAL if the reader's record does not split (a parser bug). */
+int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
                               size_t errlen);
 /* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
 uint32_t stk__crc32c(const void *data, size_t n);
