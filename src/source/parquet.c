@@ -2107,13 +2107,16 @@ static int describe_fields(stk__source *s, const pq *d)
 
 /* Scans the label column for num_classes: values 0..2^31, else unlabeled.
  * Row groups that cannot be decoded are left for their reads to report. */
-static void scan_labels(pq *d, int64_t *maxl)
+static int scan_labels(pq *d, int64_t *maxl)
 {
     *maxl = -1;
     for (size_t g = 0; g < d->nrgs && d->label >= 0; g++) {
         pqdec *e;
         char why[STK_ERRMSG_MAX];
-        if (load_chunk(d, g, (size_t)d->label, &e, why, sizeof why))
+        int rc = load_chunk(d, g, (size_t)d->label, &e, why, sizeof why);
+        if (rc == STK_ENOMEM)
+            return rc;
+        if (rc)
             continue;
         for (uint64_t r = 0; r < e->rows; r++) {
             int64_t v;
@@ -2130,6 +2133,7 @@ static void scan_labels(pq *d, int64_t *maxl)
         }
         dec_free(e);
     }
+    return STK_OK;
 }
 
 static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
@@ -2150,7 +2154,10 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
             (d->cols[c].type == T_INT32 || d->cols[c].type == T_INT64))
             d->label = (int)c;
     int64_t maxl = -1;
-    scan_labels(d, &maxl);
+    if ((rc = scan_labels(d, &maxl))) {
+        stk__fmt(err, errlen, "out of memory while reading the labels of %s", d->files[0].path);
+        return rc;
+    }
     s->num_classes = (uint64_t)(maxl + 1);
     s->count = d->rgs[d->nrgs - 1].first + d->rgs[d->nrgs - 1].rows;
     if (!(s->shard_first = stk__calloc(d->nrgs + 1, sizeof *s->shard_first)))
