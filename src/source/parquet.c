@@ -147,6 +147,7 @@ typedef struct pq {
     uint64_t mask;
     bool selected;
     uint64_t rows_max; /* PQ_RG_ROWS_MAX, smaller for the fuzz entry point */
+    uint64_t page_max; /* PQ_PAGE_MAX, the same */
     /* The cache of decoded chunks (lock order: alone; held only to look up,
      * insert, pin and unpin, never while reading or decoding). */
     pthread_mutex_t mu;
@@ -1377,7 +1378,7 @@ static void dec_free(pqdec *o)
 /* Decodes column c's chunk in row group g of rows rows (the chunk's bytes
  * already read into buf). */
 static int decode_chunk(const pqcol *c, const pqchunk *ch, const uint8_t *buf, uint64_t rows,
-                        uint64_t rows_max, pqdec **out, char *why, size_t wn)
+                        uint64_t rows_max, uint64_t page_max, pqdec **out, char *why, size_t wn)
 {
     pqdec *o = stk__calloc(1, sizeof *o);
     pqdict dict = {.have = false};
@@ -1415,7 +1416,7 @@ static int decode_chunk(const pqcol *c, const pqchunk *ch, const uint8_t *buf, u
         }
         size_t hl = (size_t)(t.p - (buf + pos));
         if (h.csize < 0 || h.usize < 0 || (uint64_t)h.csize > ch->size - pos - hl ||
-            h.usize > PQ_PAGE_MAX) {
+            (uint64_t)h.usize > page_max) {
             stk__fmt(why, wn,
                      "the page at offset %" PRIu64 " claims %" PRId64 " bytes (%" PRId64
                      " uncompressed), past its column chunk's end at %" PRIu64,
@@ -1530,7 +1531,8 @@ static int load_chunk(const pq *d, size_t g, size_t c, pqdec **out, char *err, s
     }
     int rc = pq_fetch(f, buf, (size_t)ch->size, ch->start, why, sizeof why);
     if (!rc)
-        rc = decode_chunk(&d->cols[c], ch, buf, rg->rows, d->rows_max, out, why, sizeof why);
+        rc = decode_chunk(&d->cols[c], ch, buf, rg->rows, d->rows_max, d->page_max, out, why,
+                          sizeof why);
     if (rc)
         stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
                  "): %s", rg->index, d->cols[c].path, ch->start, why);
@@ -2194,6 +2196,7 @@ static pq *pq_new(size_t nfiles)
     d->payload = -1;
     d->label = -1;
     d->rows_max = PQ_RG_ROWS_MAX;
+    d->page_max = PQ_PAGE_MAX;
     d->budget = PQ_CACHE_BYTES;
     if (!(d->files = stk__calloc(nfiles ? nfiles : 1, sizeof *d->files)) ||
         pthread_mutex_init(&d->mu, NULL)) {
@@ -2268,6 +2271,7 @@ int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
     d->files[0] = (pqfile){.path = stk__strdup("fuzz.parquet"), .fd = -1, .size = n, .mem = buf};
     d->nfiles = 1;
     d->rows_max = 1u << 16; /* bounded memory under the fuzzer */
+    d->page_max = 16u << 20;
     d->budget = 1u << 20;
     int rc = d->files[0].path ? open_all(&s, d, err, errlen) : STK_ENOMEM;
     if (rc)
