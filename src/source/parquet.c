@@ -129,6 +129,9 @@ typedef struct pqdec {
     uint8_t *data;
     size_t dlen, dcap;
     size_t bytes;
+    int rc;      /* not STK_OK: the chunk does not decode (remembered, so the
+                    row group's other rows fail without decoding it again) */
+    char *why;   /* then the message */
 } pqdec;
 
 typedef struct pq {
@@ -1369,6 +1372,7 @@ static void dec_free(pqdec *o)
 {
     if (!o)
         return;
+    stk__free(o->why);
     stk__free(o->off);
     stk__free(o->isnull);
     stk__free(o->data);
@@ -1581,7 +1585,16 @@ static void lru_trim(pq *d)
     }
 }
 
-/* Chunk (g, c) decoded and pinned: release with put_chunk. */
+/* A pinned entry's answer: STK_OK, or the remembered failure. */
+static int entry_rc(const pqdec *e, char *err, size_t errlen)
+{
+    if (e->rc)
+        stk__fmt(err, errlen, "%s", e->why ? e->why : stk_strerror(e->rc));
+    return e->rc;
+}
+
+/* Chunk (g, c) decoded and pinned (also when it failed to decode: then
+ * its error is returned): release with put_chunk. */
 static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t errlen)
 {
     uint64_t key = (uint64_t)g * d->ncols + c;
@@ -1593,15 +1606,24 @@ static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t e
             lru_front(d, e);
             pthread_mutex_unlock(&d->mu);
             *out = e;
-            return STK_OK;
+            return entry_rc(e, err, errlen);
         }
     pthread_mutex_unlock(&d->mu);
     /* Decoded without the lock: two threads may decode the same chunk at
      * once; the second to finish uses the first's and frees its own. */
     pqdec *n;
     int rc = load_chunk(d, g, c, &n, err, errlen);
-    if (rc)
-        return rc;
+    if (rc == STK_ENOMEM)
+        return rc; /* not the chunk's fault: a later read may succeed */
+    if (rc) {
+        /* A chunk that does not decode is remembered as such. */
+        if (!(n = stk__calloc(1, sizeof *n)) || !(n->why = stk__strdup(err))) {
+            stk__free(n);
+            return rc;
+        }
+        n->rc = rc;
+        n->bytes = sizeof *n + strlen(n->why) + 1;
+    }
     n->key = key;
     pthread_mutex_lock(&d->mu);
     for (pqdec *e = d->head; e; e = e->next)
@@ -1610,7 +1632,7 @@ static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t e
             pthread_mutex_unlock(&d->mu);
             dec_free(n);
             *out = e;
-            return STK_OK;
+            return entry_rc(e, err, errlen);
         }
     n->refs = 1;
     lru_front(d, n);
@@ -1618,7 +1640,7 @@ static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t e
     lru_trim(d);
     pthread_mutex_unlock(&d->mu);
     *out = n;
-    return STK_OK;
+    return entry_rc(n, err, errlen);
 }
 
 static void put_chunk(pq *d, pqdec *e)

@@ -10,7 +10,7 @@
 'use strict';
 const path = require('path');
 const fs = require('fs');
-const { DuckDBInstance } = require(path.join(process.argv[2], '@duckdb/node-api'));
+const { DuckDBInstance } = require(path.join(path.resolve(process.argv[2]), '@duckdb/node-api'));
 const out = process.argv[3];
 
 // Deterministic rows: label 0..9 (dictionary), cat from 3 strings
