@@ -61,6 +61,7 @@
 #define PQ_THRIFT_DEPTH  24
 #define PQ_MAX_COLUMNS   4096
 #define PQ_MAX_RGS       (1u << 24)
+#define PQ_MAX_PAGES     (1u << 20)    /* data pages of one column chunk */
 
 /* Physical types, encodings, codecs, page types (parquet.thrift). */
 enum { T_BOOLEAN, T_INT32, T_INT64, T_INT96, T_FLOAT, T_DOUBLE, T_BYTE_ARRAY, T_FIXED };
@@ -132,7 +133,19 @@ typedef struct pqdec {
     int rc;      /* not STK_OK: the chunk does not decode (remembered, so the
                     row group's other rows fail without decoding it again) */
     char *why;   /* then the message */
+    /* A chunk's page index (an entry of its own in the cache): where each
+     * data page lies, its first row and rows; the dictionary page. */
+    struct pqpage *pages;
+    uint32_t npages;
+    uint64_t dict_off;
+    size_t dict_len; /* header and body; 0: none */
 } pqdec;
+
+typedef struct pqpage {
+    uint64_t off, first;
+    size_t len; /* header and body */
+    uint64_t rows;
+} pqpage;
 
 typedef struct pq {
     pqfile *files;
@@ -1372,6 +1385,7 @@ static void dec_free(pqdec *o)
 {
     if (!o)
         return;
+    stk__free(o->pages);
     stk__free(o->why);
     stk__free(o->off);
     stk__free(o->isnull);
@@ -1379,9 +1393,24 @@ static void dec_free(pqdec *o)
     stk__free(o);
 }
 
-/* Decodes column c's chunk in row group g of rows rows (the chunk's bytes
- * already read into buf). */
-static int decode_chunk(const pqcol *c, const pqchunk *ch, const uint8_t *buf, uint64_t rows,
+/* Bytes of a column chunk read into memory: a whole chunk, or a dictionary
+ * page followed by one data page. Offsets in messages are the file's:
+ * buffer position pos lies at start_a + pos before split, else at
+ * start_b + (pos - split). */
+typedef struct pqspan {
+    uint64_t start_a, start_b;
+    size_t split, len;
+    int codec;
+} pqspan;
+
+static uint64_t span_at(const pqspan *sp, uint64_t pos)
+{
+    return pos < sp->split ? sp->start_a + pos : sp->start_b + (pos - sp->split);
+}
+
+/* Decodes the rows values of column c from the pages in buf (the span
+ * sp): a whole chunk, or a dictionary page and one data page. */
+static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, uint64_t rows,
                         uint64_t rows_max, uint64_t page_max, pqdec **out, char *why, size_t wn)
 {
     pqdec *o = stk__calloc(1, sizeof *o);
@@ -1403,28 +1432,28 @@ static int decode_chunk(const pqcol *c, const pqchunk *ch, const uint8_t *buf, u
     }
     uint64_t pos = 0;
     while (o->rows < rows) {
-        if (pos >= ch->size) {
-            stk__fmt(why, wn, "its pages hold %" PRIu64 " of the row group's %" PRIu64 " rows",
+        if (pos >= ch->len) {
+            stk__fmt(why, wn, "its pages hold %" PRIu64 " of the %" PRIu64 " rows they should",
                      o->rows, rows);
             rc = STK_EFORMAT;
             goto out;
         }
-        tr t = {buf + pos, buf + ch->size, buf + pos, false, NULL};
+        tr t = {buf + pos, buf + ch->len, buf + pos, false, NULL};
         pghdr h;
         parse_page_header(&t, &h);
-        uint64_t at = ch->start + pos;
+        uint64_t at = span_at(ch, pos);
         if (t.bad) {
             stk__fmt(why, wn, "the page header at offset %" PRIu64 " %s", at, t.why);
             rc = STK_EFORMAT;
             goto out;
         }
         size_t hl = (size_t)(t.p - (buf + pos));
-        if (h.csize < 0 || h.usize < 0 || (uint64_t)h.csize > ch->size - pos - hl ||
+        if (h.csize < 0 || h.usize < 0 || (uint64_t)h.csize > ch->len - pos - hl ||
             (uint64_t)h.usize > page_max) {
             stk__fmt(why, wn,
                      "the page at offset %" PRIu64 " claims %" PRId64 " bytes (%" PRId64
-                     " uncompressed), past its column chunk's end at %" PRIu64,
-                     at, h.csize, h.usize, ch->start + ch->size);
+                     " uncompressed), past its column chunk's end",
+                     at, h.csize, h.usize);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -1534,8 +1563,9 @@ static int load_chunk(const pq *d, size_t g, size_t c, pqdec **out, char *err, s
         return STK_ENOMEM;
     }
     int rc = pq_fetch(f, buf, (size_t)ch->size, ch->start, why, sizeof why);
+    pqspan sp = {ch->start, ch->start, (size_t)ch->size, (size_t)ch->size, ch->codec};
     if (!rc)
-        rc = decode_chunk(&d->cols[c], ch, buf, rg->rows, d->rows_max, d->page_max, out, why,
+        rc = decode_chunk(&d->cols[c], &sp, buf, rg->rows, d->rows_max, d->page_max, out, why,
                           sizeof why);
     if (rc)
         stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
@@ -1589,15 +1619,23 @@ static void lru_trim(pq *d)
 static int entry_rc(const pqdec *e, char *err, size_t errlen)
 {
     if (e->rc)
-        stk__fmt(err, errlen, "%s", e->why ? e->why : stk_strerror(e->rc));
+        stk__fmt(err, errlen, "%s", e->why ? e->why : "it does not decode");
     return e->rc;
 }
 
-/* Chunk (g, c) decoded and pinned (also when it failed to decode: then
- * its error is returned): release with put_chunk. */
-static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t errlen)
+typedef struct loadarg {
+    size_t g, c;
+    const pqdec *idx; /* load_page: the chunk's page index (pinned) */
+    uint32_t page;
+} loadarg;
+
+typedef int (*load_fn)(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen);
+
+/* The cache entry under key, made by load when missing, pinned (also when
+ * it failed to load: then its error is returned): release with put_chunk. */
+static int cache_get(pq *d, uint64_t key, load_fn load, const loadarg *a, pqdec **out, char *err,
+                     size_t errlen)
 {
-    uint64_t key = (uint64_t)g * d->ncols + c;
     pthread_mutex_lock(&d->mu);
     for (pqdec *e = d->head; e; e = e->next)
         if (e->key == key) {
@@ -1609,14 +1647,14 @@ static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t e
             return entry_rc(e, err, errlen);
         }
     pthread_mutex_unlock(&d->mu);
-    /* Decoded without the lock: two threads may decode the same chunk at
+    /* Loaded without the lock: two threads may load the same entry at
      * once; the second to finish uses the first's and frees its own. */
     pqdec *n;
-    int rc = load_chunk(d, g, c, &n, err, errlen);
+    int rc = load(d, a, &n, err, errlen);
     if (rc == STK_ENOMEM)
-        return rc; /* not the chunk's fault: a later read may succeed */
+        return rc; /* not the file's fault: a later read may succeed */
     if (rc) {
-        /* A chunk that does not decode is remembered as such. */
+        /* A chunk or page that does not decode is remembered as such. */
         if (!(n = stk__calloc(1, sizeof *n)) || !(n->why = stk__strdup(err))) {
             stk__free(n);
             return rc;
@@ -1641,6 +1679,169 @@ static int get_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t e
     pthread_mutex_unlock(&d->mu);
     *out = n;
     return entry_rc(n, err, errlen);
+}
+
+/* Walks chunk (g, c)'s page headers (one small read each, the bodies are
+ * not read): where each data page lies and which rows it holds, and where
+ * the dictionary page is. */
+static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+{
+    const pqrg *rg = &d->rgs[a->g];
+    const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
+    const pqfile *f = &d->files[rg->file];
+    char why[STK_ERRMSG_MAX];
+    pqdec *o = stk__calloc(1, sizeof *o);
+    uint8_t *hb = NULL;
+    size_t hcap = 0, cap = 0;
+    uint64_t pos = 0, rows = 0;
+    int rc = STK_OK;
+    *out = NULL;
+    if (!o)
+        return STK_ENOMEM;
+    why[0] = '\0';
+    while (rows < rg->rows) {
+        if (pos >= ch->size) {
+            stk__fmt(why, sizeof why, "its pages hold %" PRIu64 " of the row group's %" PRIu64
+                     " rows", rows, rg->rows);
+            rc = STK_EFORMAT;
+            break;
+        }
+        uint64_t left = ch->size - pos, at = ch->start + pos;
+        size_t win = left < 1024 ? (size_t)left : 1024;
+        tr t;
+        pghdr h;
+        /* A header is small unless its statistics are not: a longer read
+         * when it does not parse in a short one. */
+        for (;;) {
+            if (win > hcap && (rc = stk__grow((void **)&hb, &hcap, win, 1)))
+                goto out;
+            if ((rc = pq_fetch(f, hb, win, at, why, sizeof why)))
+                break;
+            t = (tr){hb, hb + win, hb, false, NULL};
+            parse_page_header(&t, &h);
+            if (!t.bad || win == left || win >= (1u << 20))
+                break;
+            win = left < (uint64_t)win * 16 ? (size_t)left : win * 16;
+        }
+        if (rc)
+            break;
+        if (t.bad) {
+            stk__fmt(why, sizeof why, "the page header at offset %" PRIu64 " %s", at, t.why);
+            rc = STK_EFORMAT;
+            break;
+        }
+        size_t hl = (size_t)(t.p - hb);
+        if (h.csize < 0 || (uint64_t)h.csize > left - hl) {
+            stk__fmt(why, sizeof why, "the page at offset %" PRIu64 " claims %" PRId64
+                     " bytes, past its column chunk's end", at, h.csize);
+            rc = STK_EFORMAT;
+            break;
+        }
+        size_t plen = hl + (size_t)h.csize;
+        if (h.type == P_DICT) {
+            if (o->dict_len || o->npages) {
+                stk__fmt(why, sizeof why, "a second dictionary page, or one after data, at "
+                         "offset %" PRIu64, at);
+                rc = STK_EFORMAT;
+                break;
+            }
+            o->dict_off = at;
+            o->dict_len = plen;
+        } else if (h.type == P_DATA || h.type == P_DATA_V2) {
+            if (!h.has_sub || h.nvalues < 0 || (uint64_t)h.nvalues > rg->rows - rows ||
+                o->npages >= PQ_MAX_PAGES) {
+                stk__fmt(why, sizeof why, "the page at offset %" PRIu64 " holds %" PRId64
+                         " values, past the row group's %" PRIu64 " rows", at, h.nvalues,
+                         rg->rows);
+                rc = STK_EFORMAT;
+                break;
+            }
+            if (h.nvalues) {
+                if ((rc = stk__grow((void **)&o->pages, &cap, o->npages + 1, sizeof *o->pages)))
+                    goto out;
+                o->pages[o->npages++] = (pqpage){at, rows, plen, (uint64_t)h.nvalues};
+                rows += (uint64_t)h.nvalues;
+            }
+        } else if (h.type != P_INDEX) {
+            stk__fmt(why, sizeof why, "the page at offset %" PRIu64 " has type %d", at, h.type);
+            rc = STK_EFORMAT;
+            break;
+        }
+        pos += plen;
+    }
+    o->bytes = sizeof *o + cap * sizeof *o->pages;
+out:
+    if (rc && rc != STK_ENOMEM)
+        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
+                 "): %s", rg->index, d->cols[a->c].path, ch->start, why);
+    stk__free(hb);
+    if (rc) {
+        dec_free(o);
+        o = NULL;
+    }
+    *out = o;
+    return rc;
+}
+
+/* Reads and decodes one data page (after the chunk's dictionary page, when
+ * it has one). */
+static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+{
+    const pqrg *rg = &d->rgs[a->g];
+    const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
+    const pqfile *f = &d->files[rg->file];
+    const pqpage *pg = &a->idx->pages[a->page];
+    size_t dl = a->idx->dict_len, total = dl + pg->len;
+    char why[STK_ERRMSG_MAX];
+    uint8_t *buf = stk__malloc(total ? total : 1);
+    *out = NULL;
+    if (!buf)
+        return STK_ENOMEM;
+    int rc = dl ? pq_fetch(f, buf, dl, a->idx->dict_off, why, sizeof why) : STK_OK;
+    if (!rc)
+        rc = pq_fetch(f, buf + dl, pg->len, pg->off, why, sizeof why);
+    pqspan sp = {a->idx->dict_off, pg->off, dl, total, ch->codec};
+    if (!rc)
+        rc = decode_chunk(&d->cols[a->c], &sp, buf, pg->rows, d->rows_max, d->page_max, out, why,
+                          sizeof why);
+    if (rc && rc != STK_ENOMEM)
+        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
+                 "): %s", rg->index, d->cols[a->c].path, ch->start, why);
+    stk__free(buf);
+    return rc;
+}
+
+/* Row r of chunk (g, c): the decoded page holding it (pinned, with the
+ * chunk's page index: release both with put_chunk) and its row in it. */
+static int get_row(pq *d, size_t g, size_t c, uint64_t r, pqdec **idx, pqdec **page, uint64_t *rr,
+                   char *err, size_t errlen)
+{
+    uint64_t base = ((uint64_t)g * d->ncols + c) * (PQ_MAX_PAGES + 1);
+    loadarg a = {g, c, NULL, 0};
+    int rc = cache_get(d, base + PQ_MAX_PAGES, load_index, &a, idx, err, errlen);
+    if (rc)
+        return rc;
+    const pqdec *x = *idx;
+    uint32_t lo = 0, hi = x->npages;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (x->pages[mid].first <= r)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    a.idx = x;
+    a.page = lo;
+    if ((rc = cache_get(d, base + lo, load_page, &a, page, err, errlen)))
+        return rc;
+    *rr = r - x->pages[lo].first;
+    if (*rr >= (*page)->rows) {
+        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s': its page at offset %" PRIu64
+                 " decodes to fewer rows than its header says", d->rgs[g].index,
+                 d->cols[c].path, x->pages[lo].off);
+        return STK_EFORMAT;
+    }
+    return STK_OK;
 }
 
 static void put_chunk(pq *d, pqdec *e)
@@ -1709,14 +1910,15 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
 {
     pq *d = s->impl;
     size_t g = rg_of(d, i);
-    uint64_t r = i - d->rgs[g].first;
     uint32_t cols[STK__MAX_FIELDS + 1];
-    pqdec *dec[STK__MAX_FIELDS + 1] = {0};
+    pqdec *dec[STK__MAX_FIELDS + 1] = {0}, *idx[STK__MAX_FIELDS + 1] = {0};
+    uint64_t rr[STK__MAX_FIELDS + 1];
     size_t nc = needed_cols(d, cols);
     int rc = STK_OK;
     *label = -1;
+    /* Each column's value for the row: from the one page holding it. */
     for (size_t k = 0; k < nc && !rc; k++)
-        rc = get_chunk(d, g, cols[k], &dec[k], err, errlen);
+        rc = get_row(d, g, cols[k], i - d->rgs[g].first, &idx[k], &dec[k], &rr[k], err, errlen);
     if (rc)
         goto out;
     size_t need = 4;
@@ -1729,7 +1931,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        need += 8 + (e->isnull[r] ? 0 : (size_t)(e->off[r + 1] - e->off[r]));
+        need += 8 + (e->isnull[rr[k]] ? 0 : (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]));
     }
     if (d->label >= 0) {
         size_t k = 0;
@@ -1737,7 +1939,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             k++;
         const pqdec *e = dec[k];
         int64_t v;
-        if (!e->isnull[r] && text_int(e->data + e->off[r], (size_t)(e->off[r + 1] - e->off[r]), &v))
+        if (!e->isnull[rr[k]] && text_int(e->data + e->off[rr[k]], (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]), &v))
             *label = v;
     }
     uint8_t *buf = stk__sink_reserve(sink, need, &rc);
@@ -1759,13 +1961,13 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[d->payload].col)
             k++;
         const pqdec *e = dec[k];
-        if (e->isnull[r]) {
+        if (e->isnull[rr[k]]) {
             stk__fmt(err, errlen, "its '%s' is null", d->cols[cols[k]].path);
             rc = STK_EFORMAT;
             goto out;
         }
-        size_t n = (size_t)(e->off[r + 1] - e->off[r]);
-        memcpy(buf, e->data + e->off[r], n);
+        size_t n = (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
+        memcpy(buf, e->data + e->off[rr[k]], n);
         *data = buf;
         *len = n;
         goto out;
@@ -1781,13 +1983,13 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        uint32_t n = e->isnull[r] ? UINT32_MAX : (uint32_t)(e->off[r + 1] - e->off[r]);
+        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
         uint32_t id = (uint32_t)f;
         memcpy(buf + at, &id, 4);
         memcpy(buf + at + 4, &n, 4);
         at += 8;
         if (n != UINT32_MAX) {
-            memcpy(buf + at, e->data + e->off[r], n);
+            memcpy(buf + at, e->data + e->off[rr[k]], n);
             at += n;
         }
         cnt++;
@@ -1796,8 +1998,10 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
     *data = buf;
     *len = at;
 out:
-    for (size_t k = 0; k < nc; k++)
+    for (size_t k = 0; k < nc; k++) {
         put_chunk(d, dec[k]);
+        put_chunk(d, idx[k]);
+    }
     return rc;
 }
 
@@ -2310,7 +2514,10 @@ int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         rc = STK_ENOMEM;
         goto done;
     }
-    for (uint64_t i = 0; i < s.count; i++) {
+    /* At most about 4096 rows, spread over the file: a row's cost is bounded
+     * (one page), the number of rows is not. */
+    uint64_t step = s.count > 4096 ? s.count / 4096 : 1;
+    for (uint64_t i = 0; i < s.count; i += step) {
         uint8_t *data;
         size_t len;
         int64_t label;
