@@ -1482,7 +1482,7 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             lvl = (size_t)(h.def_len + h.rep_len);
             comp = comp && h.compressed;
         }
-        if (us > pcap && (rc = stk__grow((void **)&page, &pcap, us ? us : 1, 1)))
+        if ((!page || us > pcap) && (rc = stk__grow((void **)&page, &pcap, us ? us : 1, 1)))
             goto out;
         memcpy(page, body, lvl);
         if (comp)
