@@ -19,9 +19,12 @@
  *
  * Random access: the row groups are indexed at open (first row of each, in
  * every file, and each column chunk's range), so row i's row group is a
- * binary search. Within a row group a column chunk is decoded whole, once,
- * into a bounded cache of decoded chunks shared by the worker threads
- * (PQ_CACHE_BYTES, least recently used first out; entries in use are
+ * binary search. Within a row group, a column chunk's page headers are
+ * walked on its first use (one small read a page, bodies unread) into a
+ * page index; a row then reads and decodes only the data page holding it
+ * (after the chunk's dictionary page, when it has one). Page indexes and
+ * decoded pages live in one cache shared by the worker threads, bounded
+ * (PQ_CACHE_BYTES, least recently used first out; entries being read are
  * pinned by a count). A row group is also the source's shard, so the
  * shard-aware order reads a row group's rows together.
  *
@@ -52,16 +55,16 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#define PQ_KEEP_FDS      256           /* files whose descriptors stay open */
-#define PQ_FOOTER_MAX    (64u << 20)   /* bytes of FileMetaData read */
-#define PQ_PAGE_MAX      (512u << 20)  /* bytes of one page, decompressed */
-#define PQ_CHUNK_MAX     (1ull << 32)  /* bytes of one column chunk as stored */
-#define PQ_RG_ROWS_MAX   (1ull << 26)  /* rows of one row group */
-#define PQ_CACHE_BYTES   (64u << 20)   /* decoded column chunks kept */
-#define PQ_THRIFT_DEPTH  24
-#define PQ_MAX_COLUMNS   4096
-#define PQ_MAX_RGS       (1u << 24)
-#define PQ_MAX_PAGES     (1u << 20)    /* data pages of one column chunk */
+#define PQ_KEEP_FDS     256          /* files whose descriptors stay open */
+#define PQ_FOOTER_MAX   (64u << 20)  /* bytes of FileMetaData read */
+#define PQ_PAGE_MAX     (512u << 20) /* bytes of one page, decompressed */
+#define PQ_CHUNK_MAX    (1ull << 32) /* bytes of one column chunk as stored */
+#define PQ_RG_ROWS_MAX  (1ull << 26) /* rows of one row group */
+#define PQ_CACHE_BYTES  (64u << 20)  /* decoded column chunks kept */
+#define PQ_THRIFT_DEPTH 24
+#define PQ_MAX_COLUMNS  4096
+#define PQ_MAX_RGS      (1u << 24)
+#define PQ_MAX_PAGES    (1u << 20) /* data pages of one column chunk */
 
 /* Physical types, encodings, codecs, page types (parquet.thrift). */
 enum { T_BOOLEAN, T_INT32, T_INT64, T_INT96, T_FLOAT, T_DOUBLE, T_BYTE_ARRAY, T_FIXED };
@@ -83,7 +86,7 @@ enum { R_REQUIRED = 0, R_OPTIONAL = 1, R_REPEATED = 2 };
 /* A file as the reader sees it: a transport would replace pq_fetch. */
 typedef struct pqfile {
     char *path;
-    int fd;             /* -1: opened for each read */
+    int fd; /* -1: opened for each read */
     uint64_t size;
     const uint8_t *mem; /* the fuzz entry point's bytes, instead of a file */
 } pqfile;
@@ -130,9 +133,9 @@ typedef struct pqdec {
     uint8_t *data;
     size_t dlen, dcap;
     size_t bytes;
-    int rc;      /* not STK_OK: the chunk does not decode (remembered, so the
-                    row group's other rows fail without decoding it again) */
-    char *why;   /* then the message */
+    int rc;    /* not STK_OK: the chunk does not decode (remembered, so the
+                  row group's other rows fail without decoding it again) */
+    char *why; /* then the message */
     /* A chunk's page index (an entry of its own in the cache): where each
      * data page lies, its first row and rows; the dictionary page. */
     struct pqpage *pages;
@@ -178,8 +181,9 @@ typedef struct pq {
 static int pq_fetch(const pqfile *f, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
 {
     if (off > f->size || n > f->size - off) {
-        stk__fmt(err, errlen, "%zu bytes at offset %" PRIu64 " run past the end of the %" PRIu64
-                 "-byte file", n, off, f->size);
+        stk__fmt(err, errlen,
+                 "%zu bytes at offset %" PRIu64 " run past the end of the %" PRIu64 "-byte file", n,
+                 off, f->size);
         return STK_EFORMAT;
     }
     if (f->mem) {
@@ -395,8 +399,8 @@ static int64_t tr_want_i64(tr *t, int type)
 
 typedef struct pqschema {
     int type, type_length, rep, children, converted;
-    int logical;     /* LogicalType's set member id, or 0 */
-    int int_signed;  /* LogicalType INTEGER's isSigned: 1, 0, or -1 unknown */
+    int logical;    /* LogicalType's set member id, or 0 */
+    int int_signed; /* LogicalType INTEGER's isSigned: 1, 0, or -1 unknown */
     const uint8_t *name;
     size_t name_len;
 } pqschema;
@@ -586,8 +590,7 @@ static int parse_meta(tr *t, pqmeta *m, size_t (*count_leaves)(const pqmeta *), 
         }
     }
     if (t->bad) {
-        stk__fmt(why, wn, "the footer's metadata %s (at byte %td of it)", t->why,
-                 t->p - t->base);
+        stk__fmt(why, wn, "the footer's metadata %s (at byte %td of it)", t->why, t->p - t->base);
         return STK_EFORMAT;
     }
     if (!m->schema || !have_rows || !m->rg_rows) {
@@ -967,14 +970,14 @@ typedef struct vit {
     uint64_t bit; /* PLAIN booleans */
     rle r;        /* dictionary indices, RLE booleans */
     const pqdict *dict;
-    dbp d, d2;          /* DELTA_*: values or lengths; prefix lengths */
-    const uint8_t *dp;  /* DELTA_LENGTH_BYTE_ARRAY: the next bytes */
-    int64_t *lens;      /* DELTA_*_BYTE_ARRAY lengths, all decoded first */
+    dbp d, d2;         /* DELTA_*: values or lengths; prefix lengths */
+    const uint8_t *dp; /* DELTA_LENGTH_BYTE_ARRAY: the next bytes */
+    int64_t *lens;     /* DELTA_*_BYTE_ARRAY lengths, all decoded first */
     int64_t *prefix;
     uint64_t nlens, at;
-    uint8_t *prev;      /* DELTA_BYTE_ARRAY: the previous value */
+    uint8_t *prev; /* DELTA_BYTE_ARRAY: the previous value */
     size_t prev_len, prev_cap;
-    uint64_t nvals, k;  /* BYTE_STREAM_SPLIT */
+    uint64_t nvals, k; /* BYTE_STREAM_SPLIT */
 } vit;
 
 static void vit_free(vit *v)
@@ -1082,8 +1085,8 @@ static int vit_init(vit *v, const pqcol *c, int enc, const uint8_t *p, const uin
         return STK_OK;
     default: break;
     }
-    stk__fmt(why, wn, "values in encoding %d, which this reader does not read for column '%s'",
-             enc, c->path);
+    stk__fmt(why, wn, "values in encoding %d, which this reader does not read for column '%s'", enc,
+             c->path);
     return STK_EUNSUPPORTED;
 }
 
@@ -1253,8 +1256,8 @@ static void parse_page_header(tr *t, pghdr *h)
     }
 }
 
-static int decompress(int codec, const uint8_t *src, size_t n, uint8_t *dst, size_t want,
-                      char *why, size_t wn)
+static int decompress(int codec, const uint8_t *src, size_t n, uint8_t *dst, size_t want, char *why,
+                      size_t wn)
 {
     switch (codec) {
     case C_NONE:
@@ -1266,8 +1269,7 @@ static int decompress(int codec, const uint8_t *src, size_t n, uint8_t *dst, siz
         size_t got = 0;
         if (snappy_uncompressed_length((const char *)src, n, &got) != SNAPPY_OK || got != want)
             break;
-        if (snappy_uncompress((const char *)src, n, (char *)dst, &got) != SNAPPY_OK ||
-            got != want)
+        if (snappy_uncompress((const char *)src, n, (char *)dst, &got) != SNAPPY_OK || got != want)
             break;
         return STK_OK;
     }
@@ -1300,8 +1302,10 @@ static int decompress(int codec, const uint8_t *src, size_t n, uint8_t *dst, siz
                  codec);
         return STK_EUNSUPPORTED;
     }
-    stk__fmt(why, wn, "a page of %zu compressed bytes does not decompress to the %zu bytes its "
-             "header says (codec %d)", n, want, codec);
+    stk__fmt(why, wn,
+             "a page of %zu compressed bytes does not decompress to the %zu bytes its "
+             "header says (codec %d)",
+             n, want, codec);
     return STK_EFORMAT;
 }
 
@@ -1502,8 +1506,10 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             }
             if (h.nvalues < 0 || (uint64_t)h.nvalues > (uint64_t)us * 8 + 8 ||
                 (h.enc != EN_PLAIN && h.enc != EN_PLAIN_DICT)) {
-                stk__fmt(why, wn, "the dictionary page at offset %" PRIu64
-                         " has %" PRId64 " values in encoding %d", at, h.nvalues, h.enc);
+                stk__fmt(why, wn,
+                         "the dictionary page at offset %" PRIu64 " has %" PRId64
+                         " values in encoding %d",
+                         at, h.nvalues, h.enc);
                 rc = STK_EFORMAT;
                 goto out;
             }
@@ -1528,6 +1534,12 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             }
             continue;
         }
+        /* A page's byte arrays take at most its decompressed size: reserve it
+         * once rather than grow (and copy) the values buffer as they come. */
+        if ((c->type == T_BYTE_ARRAY || c->type == T_FIXED) && !dict.have &&
+            us > o->dcap - o->dlen &&
+            (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
+            goto out;
         if ((rc = data_page(c, &h, page, us, &dict, o, rows, &lv, &lvcap, pw, sizeof pw))) {
             stk__fmt(why, wn, "the data page at offset %" PRIu64 ": %s", at, pw);
             goto out;
@@ -1568,8 +1580,9 @@ static int load_chunk(const pq *d, size_t g, size_t c, pqdec **out, char *err, s
         rc = decode_chunk(&d->cols[c], &sp, buf, rg->rows, d->rows_max, d->page_max, out, why,
                           sizeof why);
     if (rc)
-        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
-                 "): %s", rg->index, d->cols[c].path, ch->start, why);
+        stk__fmt(err, errlen,
+                 "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64 "): %s", rg->index,
+                 d->cols[c].path, ch->start, why);
     stk__free(buf);
     return rc;
 }
@@ -1701,8 +1714,9 @@ static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, siz
     why[0] = '\0';
     while (rows < rg->rows) {
         if (pos >= ch->size) {
-            stk__fmt(why, sizeof why, "its pages hold %" PRIu64 " of the row group's %" PRIu64
-                     " rows", rows, rg->rows);
+            stk__fmt(why, sizeof why,
+                     "its pages hold %" PRIu64 " of the row group's %" PRIu64 " rows", rows,
+                     rg->rows);
             rc = STK_EFORMAT;
             break;
         }
@@ -1732,16 +1746,20 @@ static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, siz
         }
         size_t hl = (size_t)(t.p - hb);
         if (h.csize < 0 || (uint64_t)h.csize > left - hl) {
-            stk__fmt(why, sizeof why, "the page at offset %" PRIu64 " claims %" PRId64
-                     " bytes, past its column chunk's end", at, h.csize);
+            stk__fmt(why, sizeof why,
+                     "the page at offset %" PRIu64 " claims %" PRId64
+                     " bytes, past its column chunk's end",
+                     at, h.csize);
             rc = STK_EFORMAT;
             break;
         }
         size_t plen = hl + (size_t)h.csize;
         if (h.type == P_DICT) {
             if (o->dict_len || o->npages) {
-                stk__fmt(why, sizeof why, "a second dictionary page, or one after data, at "
-                         "offset %" PRIu64, at);
+                stk__fmt(why, sizeof why,
+                         "a second dictionary page, or one after data, at "
+                         "offset %" PRIu64,
+                         at);
                 rc = STK_EFORMAT;
                 break;
             }
@@ -1750,9 +1768,10 @@ static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, siz
         } else if (h.type == P_DATA || h.type == P_DATA_V2) {
             if (!h.has_sub || h.nvalues < 0 || (uint64_t)h.nvalues > rg->rows - rows ||
                 o->npages >= PQ_MAX_PAGES) {
-                stk__fmt(why, sizeof why, "the page at offset %" PRIu64 " holds %" PRId64
-                         " values, past the row group's %" PRIu64 " rows", at, h.nvalues,
-                         rg->rows);
+                stk__fmt(why, sizeof why,
+                         "the page at offset %" PRIu64 " holds %" PRId64
+                         " values, past the row group's %" PRIu64 " rows",
+                         at, h.nvalues, rg->rows);
                 rc = STK_EFORMAT;
                 break;
             }
@@ -1772,8 +1791,9 @@ static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, siz
     o->bytes = sizeof *o + cap * sizeof *o->pages;
 out:
     if (rc && rc != STK_ENOMEM)
-        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
-                 "): %s", rg->index, d->cols[a->c].path, ch->start, why);
+        stk__fmt(err, errlen,
+                 "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64 "): %s", rg->index,
+                 d->cols[a->c].path, ch->start, why);
     stk__free(hb);
     if (rc) {
         dec_free(o);
@@ -1805,8 +1825,9 @@ static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size
         rc = decode_chunk(&d->cols[a->c], &sp, buf, pg->rows, d->rows_max, d->page_max, out, why,
                           sizeof why);
     if (rc && rc != STK_ENOMEM)
-        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64
-                 "): %s", rg->index, d->cols[a->c].path, ch->start, why);
+        stk__fmt(err, errlen,
+                 "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64 "): %s", rg->index,
+                 d->cols[a->c].path, ch->start, why);
     stk__free(buf);
     return rc;
 }
@@ -1836,9 +1857,10 @@ static int get_row(pq *d, size_t g, size_t c, uint64_t r, pqdec **idx, pqdec **p
         return rc;
     *rr = r - x->pages[lo].first;
     if (*rr >= (*page)->rows) {
-        stk__fmt(err, errlen, "row group %" PRIu32 ", column '%s': its page at offset %" PRIu64
-                 " decodes to fewer rows than its header says", d->rgs[g].index,
-                 d->cols[c].path, x->pages[lo].off);
+        stk__fmt(err, errlen,
+                 "row group %" PRIu32 ", column '%s': its page at offset %" PRIu64
+                 " decodes to fewer rows than its header says",
+                 d->rgs[g].index, d->cols[c].path, x->pages[lo].off);
         return STK_EFORMAT;
     }
     return STK_OK;
@@ -1939,7 +1961,8 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             k++;
         const pqdec *e = dec[k];
         int64_t v;
-        if (!e->isnull[rr[k]] && text_int(e->data + e->off[rr[k]], (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]), &v))
+        if (!e->isnull[rr[k]] &&
+            text_int(e->data + e->off[rr[k]], (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]), &v))
             *label = v;
     }
     uint8_t *buf = stk__sink_reserve(sink, need, &rc);
@@ -2230,11 +2253,11 @@ static int open_file(pq *d, size_t fi, char *err, size_t errlen)
         for (size_t c = 0; c < d->ncols; c++) {
             const pqmeta_chunk *mc = &m.chunks[g * d->ncols + c];
             pqchunk *ch = &chs[(d->nrgs + g) * d->ncols + c];
-            int64_t start = mc->dict_off > 0 && mc->dict_off < mc->data_off ? mc->dict_off
-                                                                           : mc->data_off;
+            int64_t start =
+                mc->dict_off > 0 && mc->dict_off < mc->data_off ? mc->dict_off : mc->data_off;
             if (!mc->has_meta || mc->file_path) {
-                stk__fmt(err, errlen,
-                         "%s: row group %zu, column '%s': %s", f->path, g, d->cols[c].path,
+                stk__fmt(err, errlen, "%s: row group %zu, column '%s': %s", f->path, g,
+                         d->cols[c].path,
                          mc->file_path ? "its chunk lives in another file (file_path), which "
                                          "stoker does not read"
                                        : "the chunk has no metadata");
@@ -2350,8 +2373,8 @@ static int scan_labels(pq *d, int64_t *maxl)
             int64_t v;
             if (e->isnull[r])
                 continue;
-            if (!text_int(e->data + e->off[r], (size_t)(e->off[r + 1] - e->off[r]), &v) ||
-                v < 0 || v > INT32_MAX) {
+            if (!text_int(e->data + e->off[r], (size_t)(e->off[r + 1] - e->off[r]), &v) || v < 0 ||
+                v > INT32_MAX) {
                 d->label = -1;
                 *maxl = -1;
                 break;
@@ -2394,11 +2417,11 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
         s->shard_first[g] = d->rgs[g].first;
     s->shard_first[d->nrgs] = s->count;
     s->nshards = d->nrgs;
-    bool image = d->payload >= 0 && (d->cols[d->fields[d->payload].col].kind == STK_FIELD_IMAGE ||
-                                     (d->cols[d->fields[d->payload].col].kind == STK_FIELD_AUTO &&
-                                      stk_field_kind_for_name(
-                                          d->cols[d->fields[d->payload].col].path) ==
-                                          STK_FIELD_IMAGE));
+    bool image =
+        d->payload >= 0 &&
+        (d->cols[d->fields[d->payload].col].kind == STK_FIELD_IMAGE ||
+         (d->cols[d->fields[d->payload].col].kind == STK_FIELD_AUTO &&
+          stk_field_kind_for_name(d->cols[d->fields[d->payload].col].path) == STK_FIELD_IMAGE));
     s->ops = image ? &k_pq_ops : &k_pq_bytes_ops;
     /* The cache needs no more than the dataset could decode to (numbers as
      * text may take more than their stored bytes: it then evicts more). */
@@ -2525,8 +2548,7 @@ int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         if (pq_read(&s, i, &sink, &data, &len, &label, why, sizeof why))
             continue;
         if (split_record(d->nfields, data, len, fs, why, sizeof why)) {
-            stk__fmt(err, errlen, "row %" PRIu64 ": the reader's own record does not split",
-                     i);
+            stk__fmt(err, errlen, "row %" PRIu64 ": the reader's own record does not split", i);
             rc = STK_EINVAL;
             break;
         }
