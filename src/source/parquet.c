@@ -1664,8 +1664,8 @@ static int cache_get(pq *d, uint64_t key, load_fn load, const loadarg *a, pqdec 
      * once; the second to finish uses the first's and frees its own. */
     pqdec *n;
     int rc = load(d, a, &n, err, errlen);
-    if (rc == STK_ENOMEM)
-        return rc; /* not the file's fault: a later read may succeed */
+    if (rc == STK_ENOMEM || rc == STK_EIO)
+        return rc; /* not the file's bytes: a later read may succeed */
     if (rc) {
         /* A chunk or page that does not decode is remembered as such. */
         if (!(n = stk__calloc(1, sizeof *n)) || !(n->why = stk__strdup(err))) {

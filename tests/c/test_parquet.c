@@ -15,6 +15,9 @@
 #endif
 #include "testutil.h"
 
+#include "io/file.h"
+
+#include <limits.h>
 #include <stdbool.h>
 
 long stk__alloc_live(void);
@@ -733,6 +736,98 @@ static void test_bad_file_beside(void)
     expect_open(d, STK_EFORMAT, "b.parquet", NULL);
 }
 
+/* ---- I/O faults ------------------------------------------------------------------
+ * The n-th file call of a session (open, read every sample, close) fails,
+ * for every n: EINTR and short reads change nothing; EIO fails the open
+ * with the OS reason, or fails only samples (each with a message), every
+ * other sample equal to the fault-free one; nothing leaks (tu_end). */
+
+typedef struct sess {
+    int open_rc;
+    char msg[1024];
+    uint64_t hash[60];
+    int ok[60];
+} sess;
+
+static void io_session(const char *dir, sess *r)
+{
+    memset(r, 0, sizeof *r);
+    stk_dataset *d = NULL;
+    r->open_rc = stk_dataset_open(&d, dir, NULL, r->msg, sizeof r->msg);
+    if (r->open_rc)
+        return;
+    for (uint64_t i = 0; i < 60; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        char err[1024];
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
+            r->ok[i] = 1;
+            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
+        } else {
+            CHECK(err[0] != '\0');
+        }
+    }
+    stk_dataset_close(d);
+}
+
+static void test_io_faults(void)
+{
+    static sess ref, r;
+    io_session(fixture("zstd"), &ref);
+    REQUIRE(ref.open_rc == STK_OK);
+    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
+    for (size_t kk = 0; kk < 3; kk++) {
+        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
+        stk__iofault_arm(kind, LONG_MAX, 0);
+        io_session(fixture("zstd"), &r);
+        long calls = stk__iofault_calls();
+        stk__iofault_arm(0, -1, 0);
+        CHECK(calls > 8);
+        for (long n = 0; n < calls + 2; n++) {
+            stk__iofault_arm(kind, n, 0);
+            io_session(fixture("zstd"), &r);
+            stk__iofault_arm(0, -1, 0);
+            if (kind != STK__IOF_EIO) {
+                CHECK_EQ(r.open_rc, STK_OK);
+                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
+                continue;
+            }
+            if (r.open_rc) {
+                failed_open++;
+                CHECK_EQ(r.open_rc, STK_EIO);
+                CHECK(strstr(r.msg, "Input/output error") != NULL);
+                continue;
+            }
+            for (int i = 0; i < 60; i++) {
+                failed_samples += !r.ok[i];
+                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
+            }
+        }
+        if (kind == STK__IOF_EIO)
+            CHECK(failed_open > 0 && failed_samples > 0);
+    }
+}
+
+/* An I/O error is not remembered with the page: the next read retries. (A
+ * page that does not decode is: its bytes will not change.) */
+static void test_io_error_is_retried(void)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    REQUIRE(stk_dataset_open(&d, fixture("snappy"), NULL, err, sizeof err) == STK_OK);
+    const void *p;
+    size_t len;
+    int64_t label;
+    stk__iofault_arm(STK__IOF_EIO, 0, 0);
+    int rc = stk_dataset_read(d, 3, &p, &len, &label, err, sizeof err);
+    stk__iofault_arm(0, -1, 0);
+    CHECK_EQ(rc, STK_EIO);
+    CHECK(strstr(err, "Input/output error") != NULL);
+    CHECK_EQ(stk_dataset_read(d, 3, &p, &len, &label, err, sizeof err), STK_OK);
+    stk_dataset_close(d);
+}
+
 /* ---- allocation failures ----------------------------------------------------------- */
 
 static int oom_session(const char *dir)
@@ -798,6 +893,8 @@ int main(void)
     RUN(test_footer_lies);
     RUN(test_page_header_lies);
     RUN(test_bad_file_beside);
+    RUN(test_io_faults);
+    RUN(test_io_error_is_retried);
     RUN(test_oom);
     return tu_end();
 }
