@@ -37,7 +37,7 @@ endif
 CFLAGS_ALL := $(BASE_CFLAGS) $(OPT) $(CFLAGS)
 # The libraries libstoker links, listed once: stoker.pc's Libs.private,
 # python/Makefile and setup.py (pip install) read this line.
-LIB_DEPS := -ljpeg -lspng -lxxhash -lzstd -lz -ljansson -lcurl -ldl -lpthread -lm
+LIB_DEPS := -ljpeg -lspng -lxxhash -lzstd -lsnappy -lz -ljansson -lcurl -ldl -lpthread -lm
 LDLIBS_ALL := $(LIB_DEPS) $(LDLIBS)
 LDFLAGS_ALL := $(filter -fsanitize=%,$(OPT)) -pthread $(LDFLAGS)
 

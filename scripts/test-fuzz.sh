@@ -13,10 +13,10 @@ CC=${CC:-gcc}
 OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
-TARGETS="stk tar image s3xml fields mds litdata tfrecord stkindex"
+TARGETS="stk tar image s3xml fields mds litdata tfrecord stkindex parquet"
 LIB_SRCS="src/alloc.c src/fields.c src/source/*.c src/io/*.c src/cache/*.c
           src/image.c src/codec/*.c src/ops/*.c"
-LIBS="-lxxhash -lzstd -lz -ljansson -ljpeg -lspng -lcurl -lpthread -lm"
+LIBS="-lxxhash -lzstd -lsnappy -lz -ljansson -ljpeg -lspng -lcurl -lpthread -lm"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -Iinclude -Isrc -pthread"
 
 result() { # NAME OK?

@@ -21,8 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 /* ---- Naming a dataset ----------------------------------------------------
- * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, an MDS
- * or LitData index.json with its shards, or ImageFolder class subfolders), a single shard or batch file, a file of
+ * A PATH is a directory (of .stk shards, .tar shards, CIFAR batches, TFRecord
+ * or Parquet files, an MDS or LitData index.json with its shards, or
+ * ImageFolder class subfolders), a single shard, batch or Parquet file, a file of
  * fixed-size records (when a record size is given), or a brace pattern
  * "train-{000000..000099}.tar" naming a list of shard files. The kind comes
  * from the contents (magic bytes, tar header checksums, CIFAR names and
@@ -50,11 +51,13 @@ static const file_kind k_file_kinds[] = {
     {{".tfrecord", ".tfrecord.gz", ".tfrecords", ".tfrecords.gz"},
      "TFRecord files",
      stk__source_tfrecord_open},
+    {{".parquet"}, "Parquet files", stk__source_parquet_open},
 };
 
 enum { K_NONE, K_STK, K_CIFAR, K_FOLDER, K_FILES /* + a row of k_file_kinds */ };
 #define K_TAR   (K_FILES + 0)
 #define K_TFREC (K_FILES + 1)
+#define K_PARQUET (K_FILES + 2)
 #define K_COUNT (K_FILES + (int)(sizeof k_file_kinds / sizeof k_file_kinds[0]))
 
 static const char *kind_name(int k)
@@ -185,6 +188,8 @@ static int sniff_file(const char *path, int *kind, char *err, size_t errlen)
         *kind = K_CIFAR;
     else if (file_kind_of(base_name(path)) > K_TAR)
         *kind = file_kind_of(base_name(path)); /* by name; a tar by its header */
+    else if (got >= 4 && !memcmp(b, "PAR1", 4))
+        *kind = K_PARQUET; /* a Parquet file of another name */
     return STK_OK;
 }
 
@@ -308,7 +313,8 @@ static int open_pattern(stk__source *s, const char *pat, char *err, size_t errle
         if ((rc = sniff_file(l.v[k], &kk, err, errlen)))
             goto out;
         if (kk == K_NONE) {
-            stk__fmt(err, errlen, "%s: not a .stk shard, tar shard, CIFAR batch or TFRecord file",
+            stk__fmt(err, errlen,
+                     "%s: not a .stk shard, tar shard, CIFAR batch, TFRecord or Parquet file",
                      l.v[k]);
             rc = STK_EFORMAT;
             goto out;
@@ -758,7 +764,8 @@ static int open_any(stk__source *s, const char *path, const stk__source_params *
         return open_kind(s, kind, &l, NULL, err, errlen);
     }
     stk__fmt(err, errlen,
-             "%s: is a file but not a .stk shard, tar shard, CIFAR batch or .tfrecord file; give its record "
+             "%s: is a file but not a .stk shard, tar shard, CIFAR batch, .tfrecord or Parquet file; give "
+             "its record "
              "size (--record-size) to read it as fixed-size records, or name a directory in "
              "ImageFolder layout",
              path);

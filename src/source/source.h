@@ -30,7 +30,7 @@
  *   folder.c records.c      the readers, one per kind; stk.c reads the
  *   stk.c tar.c cifar.c     manifest and reads remote shards by ranges; tar.c,
  *   mds.c litdata.c         mds.c, litdata.c and tfrecord.c read remote
- *   tfrecord.c              datasets through remote_files.c
+ *   tfrecord.c parquet.c    datasets through remote_files.c
  *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
  *                           each a one-sample shard of the fetch stage
  *   dataset.h, detect.c     which kind a path names, opening it, describing
@@ -347,6 +347,20 @@ int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *
                             const uint64_t *sizes, size_t n, char *err, size_t errlen);
 /* Whether a listing is mostly CLASS/NAME image objects (an ImageFolder). */
 int stk__bucket_samples(char *const *names, size_t n);
+/* Parquet files (one, or a directory's *.parquet sorted by name): paths
+ * are the local files (a remote dataset's cached copies), shown (NULL:
+ * paths) their names for messages (parquet.c; docs/formats.md). Each leaf
+ * column that is not repeated is a field; Hugging Face's Image struct is
+ * also a field under its own name (its bytes). A stk__files_open_fn. */
+int stk__source_parquet_open(stk__source *s, const char *const *paths, const char *const *shown,
+                             size_t n, char *err, size_t errlen);
+/* Parquet parsing on a memory buffer (fuzz entry point): the footer, the
+ * schema and row groups, then every row of every field read through the
+ * reader's own path (pages, levels, dictionaries, codecs) and its record
+ * split. STK_OK, STK_EFORMAT/STK_EUNSUPPORTED/STK_EEMPTY/STK_ENOMEM, or
+ * STK_EINVAL if the reader's record does not split (a parser bug). */
+int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, char *err,
+                              size_t errlen);
 /* CRC32C (Castagnoli) of n bytes, as TFRecord's framing uses it (unmasked). */
 uint32_t stk__crc32c(const void *data, size_t n);
 /* The same by the table alone, never the CPU's instruction (tests compare). */

@@ -2687,6 +2687,8 @@ static void test_formats_remote_as_local(void)
         {"litdata/plain", ""},      {"litdata/zstd", ""}, {"litdata/jpeg", ""},
         {"tfrecord/plain", "/train-{00000..00001}-of-00002.tfrecord"},
         {"tfrecord/gzip", "/train-{00000..00001}-of-00002.tfrecord.gz"},
+        {"parquet/snappy", "/train-{00000..00001}-of-00002.parquet"},
+        {"parquet/zstd", "/train-{00000..00001}-of-00002.parquet"},
     };
     server_start(g_www, F_NONE);
     for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++) {

@@ -1,0 +1,900 @@
+/* test_parquet.c -- Parquet files read in place (src/source/parquet.c): the
+ * fixtures written by DuckDB's Parquet writer in the Hugging Face Image
+ * layout (../shared/fixtures/parquet/{snappy,zstd,uncompressed}, each with
+ * a manifest of what every sample holds) read through the dataset API and
+ * the loader with fields, every field of every sample compared with the
+ * manifest, whole epochs over 1 and 3 threads; and bad input: truncations
+ * at many offsets, a footer length that lies, a page header that lies, a
+ * flipped footer -- each a clear error naming the file and the row group
+ * or offset, the rest delivered under the skip policy; and a sweep of
+ * allocation failures over every allocation of a session. (Files with
+ * dictionaries, nulls, page v2, gzip and many row groups, written by
+ * DuckDB at test time: tests/py/test_parquet.py.) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "testutil.h"
+
+#include "io/file.h"
+
+#include <limits.h>
+#include <stdbool.h>
+
+long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- SHA-256 (FIPS 180-4), for the manifests' image hashes ------------------ */
+
+static const uint32_t K256[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha_block(uint32_t h[8], const uint8_t *p)
+{
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 =
+            k + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
+}
+
+static void sha256_hex(const void *data, size_t n, char out[65])
+{
+    uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                     0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    const uint8_t *p = data;
+    size_t k = 0;
+    for (; k + 64 <= n; k += 64)
+        sha_block(h, p + k);
+    uint8_t tail[128] = {0};
+    size_t r = n - k, tl = r < 56 ? 64 : 128;
+    memcpy(tail, p + k, r);
+    tail[r] = 0x80;
+    uint64_t bits = (uint64_t)n * 8;
+    for (int i = 0; i < 8; i++)
+        tail[tl - 1 - i] = (uint8_t)(bits >> (8 * i));
+    sha_block(h, tail);
+    if (tl == 128)
+        sha_block(h, tail + 64);
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 8 * i, 9, "%08x", h[i]);
+}
+
+/* ---- fixtures ------------------------------------------------------------------ */
+
+static const char *fixtures(void)
+{
+    static char dir[4096];
+    const char *env = getenv("STOKER_FIXTURES");
+    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
+                           "/work/shared/fixtures"};
+    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
+        struct stat st;
+        if (!cands[k])
+            continue;
+        snprintf(dir, sizeof dir, "%s/parquet/snappy.manifest.json", cands[k]);
+        if (stat(dir, &st) == 0) {
+            snprintf(dir, sizeof dir, "%s/parquet", cands[k]);
+            return dir;
+        }
+    }
+    return NULL;
+}
+
+static json_t *manifest(const char *variant)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s.manifest.json", fixtures(), variant);
+    json_error_t je;
+    json_t *m = json_load_file(p, JSON_DECODE_ANY, &je);
+    REQUIRE(m);
+    return m;
+}
+
+static const char *fixture(const char *variant)
+{
+    static char p[4200];
+    snprintf(p, sizeof p, "%s/%s", fixtures(), variant);
+    return p;
+}
+
+static json_t *msample(json_t *m, size_t i)
+{
+    json_t *s = json_array_get(json_object_get(m, "samples"), i);
+    REQUIRE(s);
+    CHECK_EQ(json_integer_value(json_object_get(s, "index")), i);
+    return s;
+}
+
+static int64_t mint(json_t *s, const char *key)
+{
+    json_t *v = json_object_get(s, key);
+    REQUIRE(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+static const char *mstr(json_t *s, const char *key)
+{
+    json_t *v = json_object_get(s, key);
+    REQUIRE(json_is_string(v));
+    return json_string_value(v);
+}
+
+/* ---- the dataset API ----------------------------------------------------------- */
+
+static const char *const k_fields[] = {"image", "image.bytes", "image.path", "caption",
+                                       "label", "width",       "height",     "aspect"};
+static const int k_kinds[] = {STK_FIELD_IMAGE, STK_FIELD_IMAGE, STK_FIELD_TEXT, STK_FIELD_TEXT,
+                              STK_FIELD_INT,   STK_FIELD_INT,   STK_FIELD_INT,  STK_FIELD_FLOAT};
+
+static void check_dataset(const char *variant)
+{
+    json_t *m = manifest(variant);
+    size_t n = json_array_size(json_object_get(m, "samples"));
+    stk_dataset *d = NULL;
+    char err[512];
+    int rc = stk_dataset_open(&d, fixture(variant), NULL, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
+    REQUIRE(rc == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
+    CHECK(!strcmp(di.kind, "parquet"));
+    CHECK_EQ(di.samples, n);
+    CHECK_EQ(di.files, 2);
+    CHECK(!strcmp(di.payload, "encoded"));
+    json_t *files = json_object_get(m, "files");
+    int64_t stored = 0;
+    for (size_t k = 0; k < json_array_size(files); k++)
+        stored += json_integer_value(json_object_get(json_array_get(files, k), "bytes"));
+    CHECK_EQ(di.bytes, stored);
+    int64_t maxl = -1;
+    for (size_t i = 0; i < n; i++)
+        if (mint(msample(m, i), "label") > maxl)
+            maxl = mint(msample(m, i), "label");
+    CHECK_EQ(di.classes, maxl + 1);
+    /* stoker info's field list. */
+    REQUIRE(stk_dataset_field_count(d) == 8);
+    for (size_t k = 0; k < 8; k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        CHECK(!strcmp(fi.name, k_fields[k]));
+        CHECK_EQ(fi.kind, k_kinds[k]);
+    }
+    /* Without fields a sample is its image bytes and its label. */
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = msample(m, i);
+        const void *data;
+        size_t len;
+        int64_t label;
+        REQUIRE(stk_dataset_read(d, i, &data, &len, &label, err, sizeof err) == STK_OK);
+        char hex[65];
+        sha256_hex(data, len, hex);
+        CHECK_EQ(len, mint(s, "nbytes"));
+        CHECK(!strcmp(hex, mstr(s, "sha256")));
+        CHECK_EQ(label, mint(s, "label"));
+        char key[256], want[256];
+        REQUIRE(stk_dataset_sample_key(d, i, key, sizeof key) == STK_OK);
+        json_t *loc = json_object_get(s, "location");
+        snprintf(want, sizeof want, "%s#%lld", mstr(loc, "file"),
+                 (long long)mint(loc, "index_in_file"));
+        CHECK(!strcmp(key, want));
+    }
+    stk_dataset_close(d);
+    json_decref(m);
+}
+
+static void test_dataset_snappy(void)
+{
+    check_dataset("snappy");
+}
+
+static void test_dataset_zstd(void)
+{
+    check_dataset("zstd");
+}
+
+static void test_dataset_uncompressed(void)
+{
+    check_dataset("uncompressed");
+}
+
+/* One file alone: its 30 rows. */
+static void test_one_file(void)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s/train-00001-of-00002.parquet", fixture("zstd"));
+    json_t *m = manifest("zstd");
+    stk_dataset *d = NULL;
+    char err[512];
+    REQUIRE(stk_dataset_open(&d, p, NULL, err, sizeof err) == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
+    CHECK_EQ(di.samples, 30);
+    for (size_t i = 0; i < 30; i++) {
+        const void *data;
+        size_t len;
+        int64_t label;
+        REQUIRE(stk_dataset_read(d, i, &data, &len, &label, err, sizeof err) == STK_OK);
+        char hex[65];
+        sha256_hex(data, len, hex);
+        CHECK(!strcmp(hex, mstr(msample(m, 30 + i), "sha256")));
+    }
+    stk_dataset_close(d);
+    json_decref(m);
+}
+
+/* ---- the loader with fields ---------------------------------------------------- */
+
+static const stk_field *field(const stk_batch *b, const char *name)
+{
+    for (size_t k = 0; k < b->nfields; k++)
+        if (!strcmp(b->fields[k].name, name))
+            return &b->fields[k];
+    REQUIRE(0);
+    return NULL;
+}
+
+static bool text_is(const stk_field *f, size_t k, const char *want)
+{
+    return f->lengths[k] == strlen(want) &&
+           !memcmp((const char *)f->data + f->offsets[k], want, strlen(want));
+}
+
+/* One epoch with every column as a field; each sample compared with the
+ * manifest; returns a hash of the batches (order included). */
+static uint64_t epoch_fields(const char *variant, unsigned threads, const char *image)
+{
+    json_t *m = manifest(variant);
+    size_t n = json_array_size(json_object_get(m, "samples"));
+    stk_options *o = NULL;
+    char spec[256];
+    snprintf(spec, sizeof spec, "img=%s,path=image.path,caption,label,width,height,aspect", image);
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set_source(o, fixture(variant)) == STK_OK);
+    REQUIRE(stk_options_set_batch_size(o, 7) == STK_OK);
+    REQUIRE(stk_options_set_threads(o, threads) == STK_OK);
+    REQUIRE(stk_options_set_shuffle(o, 1) == STK_OK);
+    REQUIRE(stk_options_set_seed(o, 11) == STK_OK);
+    REQUIRE(stk_options_set_fields(o, spec) == STK_OK);
+    stk_loader *l = NULL;
+    int rc = stk_loader_open(&l, o);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    stk_options_destroy(o);
+    uint8_t *seen = calloc(n, 1);
+    uint64_t h = 0;
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *img = field(b, "img"), *cap = field(b, "caption");
+        const stk_field *path = field(b, "path"), *lab = field(b, "label");
+        const stk_field *w = field(b, "width"), *ht = field(b, "height"), *asp = field(b, "aspect");
+        CHECK_EQ(lab->kind, STK_FIELD_INT);
+        CHECK_EQ(asp->kind, STK_FIELD_FLOAT);
+        CHECK_EQ(cap->kind, STK_FIELD_TEXT);
+        CHECK_EQ(path->kind, STK_FIELD_TEXT);
+        CHECK_EQ(img->kind, STK_FIELD_IMAGE);
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            REQUIRE(i < n);
+            CHECK(!seen[i]);
+            seen[i] = 1;
+            json_t *s = msample(m, i);
+            const uint8_t *ib = (const uint8_t *)img->data + img->offsets[k];
+            char hex[65];
+            sha256_hex(ib, img->lengths[k], hex);
+            CHECK(!strcmp(hex, mstr(s, "sha256")));
+            CHECK_EQ(img->lengths[k], mint(s, "nbytes"));
+            CHECK(text_is(cap, k, mstr(s, "caption")));
+            CHECK(text_is(path, k, mstr(s, "image_path")));
+            CHECK_EQ(((const int64_t *)lab->data)[k], mint(s, "label"));
+            CHECK_EQ(b->labels[k], mint(s, "label"));
+            CHECK_EQ(((const int64_t *)w->data)[k], mint(s, "width"));
+            CHECK_EQ(((const int64_t *)ht->data)[k], mint(s, "height"));
+            float fa = ((const float *)asp->data)[k];
+            CHECK(fa == (float)json_real_value(json_object_get(s, "aspect")));
+            h = tu_hash(h, &i, sizeof i);
+            h = tu_hash(h, &fa, sizeof fa);
+            h = tu_hash(h, ib, img->lengths[k]);
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    for (size_t i = 0; i < n; i++)
+        CHECK(seen[i]);
+    free(seen);
+    stk_loader_close(l);
+    json_decref(m);
+    return h;
+}
+
+static void test_fields_snappy(void)
+{
+    CHECK_EQ(epoch_fields("snappy", 1, "image"), epoch_fields("snappy", 3, "image"));
+}
+
+static void test_fields_zstd(void)
+{
+    CHECK_EQ(epoch_fields("zstd", 1, "image"), epoch_fields("zstd", 3, "image.bytes"));
+}
+
+static void test_fields_uncompressed(void)
+{
+    CHECK_EQ(epoch_fields("uncompressed", 3, "image"), epoch_fields("snappy", 3, "image"));
+}
+
+/* Without fields: an image pipeline over the image column and the labels. */
+static void test_images_without_fields(void)
+{
+    json_t *m = manifest("snappy");
+    tu_cfg c = {.path = fixture("snappy"), .bs = 8, .threads = 3, .transform = "imagenet-val"};
+    stk_loader *l = NULL;
+    int rc = tu_open_cfg(&l, &c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    stk_batch *b;
+    size_t got = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        CHECK_EQ(b->kind, STK_BATCH_DENSE);
+        for (size_t k = 0; k < b->size; k++)
+            CHECK_EQ(b->labels[k], mint(msample(m, b->indices[k]), "label"));
+        got += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(got, 60);
+    stk_loader_close(l);
+    json_decref(m);
+}
+
+/* A field the files lack: the open says which fields there are. */
+static void test_unknown_field(void)
+{
+    tu_cfg c = {.path = fixture("snappy"), .bs = 8, .threads = 1};
+    c.options[0] = "fields";
+    c.options[1] = "image,nope";
+    stk_loader *l = NULL;
+    CHECK_EQ(tu_open_cfg(&l, &c), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "no field 'nope'") &&
+          strstr(stk_loader_errmsg(l), "image.path"));
+    stk_loader_close(l);
+}
+
+/* ---- layouts the fixtures lack --------------------------------------------------------
+ * The fuzz seeds tests/fuzz/corpus/parquet/{v1-snappy-nulls,v1-gzip-nulls,
+ * v2-zstd-delta,v2-uncompressed} were written by DuckDB
+ * (tests/fuzz/make_parquet_corpus.js) from a table whose every value follows
+ * from its row i: dictionary-encoded strings, nulls and null structs, page
+ * v2 with DELTA_BINARY_PACKED, DELTA_LENGTH_BYTE_ARRAY and BYTE_STREAM_SPLIT,
+ * gzip. Every field of every row is checked against that formula here,
+ * without node (tests/py/test_parquet.py covers more, written at test time). */
+
+static void check_written(const char *seed, size_t n)
+{
+    char path[512];
+    snprintf(path, sizeof path, "tests/fuzz/corpus/parquet/%s", seed);
+    struct stat st;
+    REQUIRE(stat(path, &st) == 0);
+    tu_cfg c = {.path = path, .bs = 16, .threads = 3};
+    c.options[0] = "fields";
+    c.options[1] = "id,label,cat,note?=note,img?=image,ipath?=image.path,flag,f,score?=score,u";
+    stk_loader *l = NULL;
+    int rc = tu_open_cfg(&l, &c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    static const char *const cats[] = {"red", "green", "blue"};
+    uint8_t seen[64] = {0};
+    REQUIRE(n <= sizeof seen);
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *id = field(b, "id"), *lab = field(b, "label"), *cat = field(b, "cat");
+        const stk_field *note = field(b, "note"), *img = field(b, "img");
+        const stk_field *ip = field(b, "ipath"), *flag = field(b, "flag"), *f = field(b, "f");
+        const stk_field *score = field(b, "score"), *u = field(b, "u");
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            REQUIRE(i < n);
+            CHECK(!seen[i]);
+            seen[i] = 1;
+            CHECK_EQ(((const int64_t *)id->data)[k], (int64_t)i);
+            CHECK_EQ(((const int64_t *)lab->data)[k], (int64_t)(i % 10));
+            CHECK(text_is(cat, k, cats[i % 3]));
+            char want[64];
+            snprintf(want, sizeof want, "note %llu", (unsigned long long)i);
+            CHECK_EQ(note->present[k], i % 3 != 0);
+            CHECK(i % 3 == 0 || text_is(note, k, want));
+            /* A null struct: neither member; a null bytes member: no image. */
+            CHECK_EQ(ip->present[k], i % 11 != 0);
+            snprintf(want, sizeof want, "img_%llu.jpg", (unsigned long long)i);
+            CHECK(i % 11 == 0 || text_is(ip, k, want));
+            CHECK_EQ(img->present[k], i % 11 != 0 && i % 7 != 0);
+            CHECK(!img->present[k] || img->lengths[k] == 16);
+            CHECK_EQ(((const int64_t *)flag->data)[k], i % 2 == 0);
+            CHECK(((const float *)f->data)[k] == (float)((double)i * 0.25));
+            CHECK_EQ(score->present[k], i % 5 != 0);
+            if (i % 5) {
+                float want_s = (float)((double)i / 7.0), got = ((const float *)score->data)[k];
+                CHECK(got == want_s);
+            }
+            CHECK_EQ(((const int64_t *)u->data)[k], (int64_t)(3000000000ll + (int64_t)i));
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    for (size_t i = 0; i < n; i++)
+        CHECK(seen[i]);
+    stk_loader_close(l);
+}
+
+static void test_written_v1_snappy(void)
+{
+    check_written("v1-snappy-nulls", 60);
+}
+
+static void test_written_v1_gzip(void)
+{
+    check_written("v1-gzip-nulls", 60);
+}
+
+static void test_written_v2_zstd(void)
+{
+    check_written("v2-zstd-delta", 60);
+}
+
+static void test_written_v2_uncompressed(void)
+{
+    check_written("v2-uncompressed", 40);
+}
+
+/* ---- bad input ----------------------------------------------------------------------- */
+
+static const char *copy_fixture(const char *variant, const char *name)
+{
+    static char dst[4][4200];
+    static int rot;
+    char *out = dst[rot++ % 4];
+    snprintf(out, 4200, "%s", tu_path(name));
+    tu_mkdirs(out);
+    DIR *d = opendir(fixture(variant));
+    REQUIRE(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[8400];
+        snprintf(p, sizeof p, "%s/%s", fixture(variant), e->d_name);
+        size_t n;
+        void *b = tu_read_file(p, &n);
+        REQUIRE(b);
+        snprintf(p, sizeof p, "%s/%s", out, e->d_name);
+        tu_write_file(p, b, n);
+        free(b);
+    }
+    closedir(d);
+    return out;
+}
+
+static char *file_in(const char *dir, const char *name)
+{
+    static char p[4][8400];
+    static int rot;
+    char *out = p[rot++ % 4];
+    snprintf(out, 8400, "%s/%s", dir, name);
+    return out;
+}
+
+static void expect_open(const char *path, int want, const char *n1, const char *n2)
+{
+    stk_dataset *d = NULL;
+    char err[1024] = "";
+    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
+    CHECK_EQ(rc, want);
+    CHECK(!n1 || strstr(err, n1));
+    CHECK(!n2 || strstr(err, n2));
+    if ((n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)))
+        fprintf(stderr, "message lacks '%s' or '%s': %s\n", n1, n2 ? n2 : "", err);
+    stk_dataset_close(d);
+}
+
+static void patch(const char *path, long off, const void *b, size_t n)
+{
+    size_t len;
+    uint8_t *buf = tu_read_file(path, &len);
+    REQUIRE(buf && (size_t)off + n <= len);
+    memcpy(buf + off, b, n);
+    tu_write_file(path, buf, len);
+    free(buf);
+}
+
+#define F0 "train-00000-of-00002.parquet"
+#define F1 "train-00001-of-00002.parquet"
+
+/* A file cut anywhere loses its footer: the open fails naming the file, and
+ * never reads past the cut. */
+static void test_truncations(void)
+{
+    size_t n;
+    char src[8400];
+    snprintf(src, sizeof src, "%s/" F0, fixture("snappy"));
+    uint8_t *b = tu_read_file(src, &n);
+    REQUIRE(b);
+    const char *p = tu_path("cut.parquet");
+    int tried = 0;
+    for (size_t cut = 0; cut < n; cut += cut < 64 ? 1 : cut > n - 600 ? 7 : 4999) {
+        tu_write_file(p, b, cut);
+        stk_dataset *d = NULL;
+        char err[1024] = "";
+        int rc = stk_dataset_open(&d, p, NULL, err, sizeof err);
+        /* Too short to sniff: not a dataset at all (EINVAL); else a Parquet
+         * file without its footer. */
+        CHECK(rc == STK_EFORMAT || (cut < 4 && rc == STK_EINVAL));
+        CHECK(strstr(err, "cut.parquet") != NULL);
+        if (rc == STK_EFORMAT && !strstr(err, "PAR1") && !strstr(err, "too short") &&
+            !strstr(err, "footer")) {
+            fprintf(stderr, "cut at %zu: %s\n", cut, err);
+            CHECK(0);
+        }
+        stk_dataset_close(d);
+        tried++;
+    }
+    CHECK(tried > 100);
+    free(b);
+}
+
+static void test_footer_lies(void)
+{
+    /* A footer length past the file. */
+    const char *d = copy_fixture("snappy", "footlen");
+    const char *f = file_in(d, F0);
+    struct stat st;
+    REQUIRE(stat(f, &st) == 0);
+    patch(f, st.st_size - 8, "\x00\x00\x10\x00", 4);
+    expect_open(d, STK_EFORMAT, F0, "footer length 1048576");
+    /* One that is too short: the metadata ends early. */
+    d = copy_fixture("snappy", "footshort");
+    f = file_in(d, F1);
+    REQUIRE(stat(f, &st) == 0);
+    patch(f, st.st_size - 8, "\x40\x00\x00\x00", 4);
+    expect_open(d, STK_EFORMAT, F1, "footer at offset");
+    /* No magic at the end. */
+    d = copy_fixture("snappy", "magic");
+    f = file_in(d, F0);
+    REQUIRE(stat(f, &st) == 0);
+    patch(f, st.st_size - 4, "PAR2", 4);
+    expect_open(d, STK_EFORMAT, F0, "no PAR1 magic");
+    /* Every byte of the footer flipped in turn: an error or a dataset that
+     * reads (a flip in a value the reader does not use), never a crash; and
+     * every error names the file. */
+    size_t n;
+    f = file_in(fixture("zstd"), F1);
+    uint8_t *b = tu_read_file(f, &n);
+    REQUIRE(b);
+    uint32_t fl = (uint32_t)b[n - 8] | (uint32_t)b[n - 7] << 8 | (uint32_t)b[n - 6] << 16 |
+                  (uint32_t)b[n - 5] << 24;
+    const char *p = tu_path("flip.parquet");
+    int errors = 0;
+    for (size_t k = n - 8 - fl; k < n - 8; k += 3) {
+        b[k] ^= 0x5a;
+        tu_write_file(p, b, n);
+        b[k] ^= 0x5a;
+        stk_dataset *ds = NULL;
+        char err[1024] = "";
+        int rc = stk_dataset_open(&ds, p, NULL, err, sizeof err);
+        if (rc) {
+            errors++;
+            CHECK(strstr(err, "flip.parquet") != NULL);
+            CHECK(rc == STK_EFORMAT || rc == STK_EUNSUPPORTED || rc == STK_EEMPTY);
+            continue;
+        }
+        stk_dataset_info di = {.struct_size = sizeof di};
+        REQUIRE(stk_dataset_describe(ds, &di) == STK_OK);
+        for (uint64_t i = 0; i < di.samples; i++) {
+            const void *data;
+            size_t len;
+            int64_t label;
+            stk_dataset_read(ds, i, &data, &len, &label, err, sizeof err);
+        }
+        stk_dataset_close(ds);
+    }
+    CHECK(errors > 10);
+    free(b);
+}
+
+/* Reads every sample of path; returns the failures and the first message. */
+static int read_all(const char *path, char *first, size_t n)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
+    REQUIRE(rc == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
+    int bad = 0;
+    first[0] = '\0';
+    for (uint64_t i = 0; i < di.samples; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) != STK_OK) {
+            if (!bad)
+                snprintf(first, n, "%s", err);
+            bad++;
+        }
+    }
+    stk_dataset_close(d);
+    return bad;
+}
+
+/* The first page of the file (the image column's, at offset 4) claims more
+ * bytes than it has: row group 0's reads fail naming the file, the row
+ * group, the column and the offset; the loader under skip delivers the
+ * other 35 rows. */
+static void test_page_header_lies(void)
+{
+    const char *d = copy_fixture("uncompressed", "page");
+    const char *f = file_in(d, F0);
+    size_t n;
+    uint8_t *b = tu_read_file(f, &n);
+    REQUIRE(b);
+    /* PageHeader: 0x15 type(0) 0x15 uncompressed_size 0x15 compressed_size. */
+    REQUIRE(b[4] == 0x15 && b[5] == 0x00 && b[6] == 0x15);
+    size_t k = 7;
+    while (b[k] & 0x80)
+        k++;
+    REQUIRE(b[k + 1] == 0x15);
+    size_t cs = k + 2;
+    /* Bit 6 of the compressed size's first byte flipped: 32 bytes more or
+     * less than the page has (zigzag doubles), in a varint of the same
+     * length. */
+    REQUIRE(b[cs] & 0x80);
+    b[cs] ^= 0x40;
+    tu_write_file(f, b, n);
+    free(b);
+    char msg[1024];
+    CHECK_EQ(read_all(d, msg, sizeof msg), 25);
+    CHECK(strstr(msg, F0 "#0") && strstr(msg, "row group 0") && strstr(msg, "image.bytes") &&
+          strstr(msg, "offset 4"));
+    if (!strstr(msg, "offset 4"))
+        fprintf(stderr, "%s\n", msg);
+    tu_cfg c = {.path = d, .bs = 4, .threads = 3, .on_error = STK_ON_ERROR_SKIP};
+    c.options[0] = "fields";
+    c.options[1] = "image,caption,label";
+    stk_loader *l = NULL;
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    stk_batch *bt;
+    size_t got = 0;
+    int rc;
+    while ((rc = stk_loader_next(l, &bt)) == STK_OK) {
+        CHECK_EQ(bt->nfields, 3);
+        got += bt->size;
+        stk_batch_release(bt);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(got, 60 - 25);
+    CHECK_EQ(stk_loader_error_count(l), 25);
+    stk_sample_error se;
+    REQUIRE(stk_loader_error_get(l, 0, &se) == STK_OK);
+    CHECK(strstr(se.path, F0 "#") && strstr(se.reason, "row group 0"));
+    stk_loader_close(l);
+    /* Only the caption asked for: row group 0 reads, its image is not. */
+    c.options[1] = "caption,label";
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    got = 0;
+    while ((rc = stk_loader_next(l, &bt)) == STK_OK) {
+        got += bt->size;
+        stk_batch_release(bt);
+    }
+    CHECK_EQ(got, 60);
+    stk_loader_close(l);
+}
+
+/* A file named .parquet that is not one, beside a good one: refused,
+ * naming it. */
+static void test_bad_file_beside(void)
+{
+    const char *d = tu_path("mixed");
+    tu_mkdirs(d);
+    size_t n;
+    uint8_t *b = tu_read_file(file_in(fixture("snappy"), F0), &n);
+    REQUIRE(b);
+    tu_write_file(file_in(d, "a.parquet"), b, n);
+    free(b);
+    tu_write_file(file_in(d, "b.parquet"), "PAR1 not really", 15);
+    expect_open(d, STK_EFORMAT, "b.parquet", NULL);
+}
+
+/* ---- I/O faults ------------------------------------------------------------------
+ * The n-th file call of a session (open, read every sample, close) fails,
+ * for every n: EINTR and short reads change nothing; EIO fails the open
+ * with the OS reason, or fails only samples (each with a message), every
+ * other sample equal to the fault-free one; nothing leaks (tu_end). */
+
+typedef struct sess {
+    int open_rc;
+    char msg[1024];
+    uint64_t hash[60];
+    int ok[60];
+} sess;
+
+static void io_session(const char *dir, sess *r)
+{
+    memset(r, 0, sizeof *r);
+    stk_dataset *d = NULL;
+    r->open_rc = stk_dataset_open(&d, dir, NULL, r->msg, sizeof r->msg);
+    if (r->open_rc)
+        return;
+    for (uint64_t i = 0; i < 60; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        char err[1024];
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
+            r->ok[i] = 1;
+            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
+        } else {
+            CHECK(err[0] != '\0');
+        }
+    }
+    stk_dataset_close(d);
+}
+
+static void test_io_faults(void)
+{
+    static sess ref, r;
+    io_session(fixture("zstd"), &ref);
+    REQUIRE(ref.open_rc == STK_OK);
+    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
+    for (size_t kk = 0; kk < 3; kk++) {
+        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
+        stk__iofault_arm(kind, LONG_MAX, 0);
+        io_session(fixture("zstd"), &r);
+        long calls = stk__iofault_calls();
+        stk__iofault_arm(0, -1, 0);
+        CHECK(calls > 8);
+        for (long n = 0; n < calls + 2; n++) {
+            stk__iofault_arm(kind, n, 0);
+            io_session(fixture("zstd"), &r);
+            stk__iofault_arm(0, -1, 0);
+            if (kind != STK__IOF_EIO) {
+                CHECK_EQ(r.open_rc, STK_OK);
+                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
+                continue;
+            }
+            if (r.open_rc) {
+                failed_open++;
+                CHECK_EQ(r.open_rc, STK_EIO);
+                CHECK(strstr(r.msg, "Input/output error") != NULL);
+                continue;
+            }
+            for (int i = 0; i < 60; i++) {
+                failed_samples += !r.ok[i];
+                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
+            }
+        }
+        if (kind == STK__IOF_EIO)
+            CHECK(failed_open > 0 && failed_samples > 0);
+    }
+}
+
+/* An I/O error is not remembered with the page: the next read retries. (A
+ * page that does not decode is: its bytes will not change.) */
+static void test_io_error_is_retried(void)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    REQUIRE(stk_dataset_open(&d, fixture("snappy"), NULL, err, sizeof err) == STK_OK);
+    const void *p;
+    size_t len;
+    int64_t label;
+    stk__iofault_arm(STK__IOF_EIO, 0, 0);
+    int rc = stk_dataset_read(d, 3, &p, &len, &label, err, sizeof err);
+    stk__iofault_arm(0, -1, 0);
+    CHECK_EQ(rc, STK_EIO);
+    CHECK(strstr(err, "Input/output error") != NULL);
+    CHECK_EQ(stk_dataset_read(d, 3, &p, &len, &label, err, sizeof err), STK_OK);
+    stk_dataset_close(d);
+}
+
+/* ---- allocation failures ----------------------------------------------------------- */
+
+static int oom_session(const char *dir)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
+    for (uint64_t i = 0; rc == STK_OK && i < 60; i += 7) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
+    }
+    stk_dataset_close(d);
+    return rc;
+}
+
+static void test_oom(void)
+{
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds(), seen = 0;
+    long n;
+    for (n = 0; n < 5000; n++) {
+        long c0 = stk__alloc_count();
+        stk__alloc_fail_after(n);
+        int rc = oom_session(fixture("snappy"));
+        stk__alloc_fail_after(-1);
+        bool injected = stk__alloc_count() - c0 > n;
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "oom at %ld: rc %d\n", n, rc);
+        seen += rc == STK_ENOMEM;
+        CHECK_EQ(stk__alloc_live(), live0);
+        CHECK_EQ(tu_count_fds(), fds0);
+        if (rc == STK_OK && !injected)
+            break;
+    }
+    CHECK(n < 5000 && seen > 5);
+}
+
+int main(void)
+{
+    tu_begin("test_parquet", 300);
+    if (!fixtures()) {
+        fprintf(stderr, "test_parquet: the Parquet fixtures (../shared/fixtures/parquet, or "
+                        "$STOKER_FIXTURES/parquet) are missing\n");
+        return 1;
+    }
+    RUN(test_dataset_snappy);
+    RUN(test_dataset_zstd);
+    RUN(test_dataset_uncompressed);
+    RUN(test_one_file);
+    RUN(test_fields_snappy);
+    RUN(test_fields_zstd);
+    RUN(test_fields_uncompressed);
+    RUN(test_images_without_fields);
+    RUN(test_unknown_field);
+    RUN(test_written_v1_snappy);
+    RUN(test_written_v1_gzip);
+    RUN(test_written_v2_zstd);
+    RUN(test_written_v2_uncompressed);
+    RUN(test_truncations);
+    RUN(test_footer_lies);
+    RUN(test_page_header_lies);
+    RUN(test_bad_file_beside);
+    RUN(test_io_faults);
+    RUN(test_io_error_is_retried);
+    RUN(test_oom);
+    return tu_end();
+}
