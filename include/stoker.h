@@ -270,7 +270,15 @@ STK_API int stk_options_source_transform(stk_options *o, size_t source, const ch
 STK_API int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_bytes,
                                     unsigned label_bytes);
 
-STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* >= 1 */
+/* The ranges of the typed setters that have no key in the option table
+ * (stk_option_by_name("depth") gives depth's). */
+#define STK_BATCH_SIZE_MAX (1u << 24)
+#define STK_THREADS_MAX    256u
+/* The typed setters below (batch size, threads, depth, partition,
+ * max_sample_bytes, source) return STK_EINVAL for a value out of range, with
+ * the setting, its range and the value given on stk_options_errmsg(o), as
+ * stk_options_set does for a key. */
+STK_API int stk_options_set_batch_size(stk_options *o, size_t n); /* 1..2^24 */
 /* Worker threads, 0..256. 0 (default) starts one per CPU this process may
  * use: the CPUs of its affinity mask (taskset, cpusets), capped by a cgroup
  * v2/v1 CPU quota (rounded up), divided by the LOCAL_WORLD_SIZE environment

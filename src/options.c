@@ -73,8 +73,13 @@ static int set_str(char **dst, const char *v)
 
 int stk_options_set_source(stk_options *o, const char *path)
 {
-    if (!o || !path || !*path)
+    if (!o)
         return STK_EINVAL;
+    if (!path || !*path) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "source takes a path or URL, got '%s'",
+                 path ? path : "(null)");
+        return STK_EINVAL;
+    }
     /* Messages name the source by its display form, so a URL's password or
      * presigned signature is never printed. */
     size_t n = strlen(path) + 8;
@@ -160,26 +165,42 @@ int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_b
     return STK_OK;
 }
 
+/* A typed setter's refusal: the reason on the options object, as
+ * stk_options_set gives it for a key (which setting, the allowed range, the
+ * value given), so that front ends need not restate ranges. */
+static int typed_refusal(stk_options *o, const char *what, const char *range,
+                         unsigned long long v)
+{
+    stk__fmt(o->errmsg, sizeof o->errmsg, "%s takes %s, got %llu", what, range, v);
+    return STK_EINVAL;
+}
+
 int stk_options_set_batch_size(stk_options *o, size_t n)
 {
-    if (!o || n < 1 || n > (1u << 24))
+    if (!o)
         return STK_EINVAL;
+    if (n < 1 || n > STK_BATCH_SIZE_MAX)
+        return typed_refusal(o, "batch_size", "1..16777216 (STK_BATCH_SIZE_MAX)", n);
     o->batch_size = n;
     return STK_OK;
 }
 
 int stk_options_set_threads(stk_options *o, unsigned n)
 {
-    if (!o || n > 256)
+    if (!o)
         return STK_EINVAL;
+    if (n > STK_THREADS_MAX)
+        return typed_refusal(o, "threads", "0..256 (0: every usable CPU)", n);
     o->threads = n;
     return STK_OK;
 }
 
 int stk_options_set_depth(stk_options *o, unsigned n)
 {
-    if (!o || n < 1 || n > 63)
+    if (!o)
         return STK_EINVAL;
+    if (n < 1 || n > 63)
+        return typed_refusal(o, "depth", "1..63", n);
     o->depth = n;
     o->depth_auto = false;
     return STK_OK;
@@ -211,8 +232,15 @@ int stk_options_set_drop_last(stk_options *o, int on)
 
 int stk_options_set_partition(stk_options *o, unsigned rank, unsigned world_size)
 {
-    if (!o || world_size < 1 || rank >= world_size)
+    if (!o)
         return STK_EINVAL;
+    if (world_size < 1)
+        return typed_refusal(o, "world_size", "1 or more", world_size);
+    if (rank >= world_size) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "rank takes 0..world_size-1 (%u), got %u",
+                 world_size - 1, rank);
+        return STK_EINVAL;
+    }
     o->rank = rank;
     o->world = world_size;
     return STK_OK;
@@ -228,8 +256,10 @@ int stk_options_set_on_error(stk_options *o, int policy)
 
 int stk_options_set_max_sample_bytes(stk_options *o, size_t n)
 {
-    if (!o || n < 1 || n > ((size_t)1 << 40))
+    if (!o)
         return STK_EINVAL;
+    if (n < 1 || n > ((size_t)1 << 40))
+        return typed_refusal(o, "max_sample_bytes", "1..2^40 bytes", n);
     o->max_sample_bytes = n;
     return STK_OK;
 }

@@ -1188,7 +1188,10 @@ static int engine_raise(EngineObject *self, int rc)
     return -1;
 }
 
-static int set_or_raise(int rc, const char *what)
+/* A setter's result: 0, or -1 with the exception set. The library's reason
+ * (stk_options_errmsg: the setting, its range, the value given) when it
+ * gave one, else "invalid WHAT". */
+static int set_or_raise_o(const stk_options *o, int rc, const char *what)
 {
     if (rc == STK_OK)
         return 0;
@@ -1196,8 +1199,17 @@ static int set_or_raise(int rc, const char *what)
         PyErr_NoMemory();
         return -1;
     }
-    PyErr_Format(PyExc_ValueError, "invalid %s", what);
+    const char *why = o ? stk_options_errmsg(o) : "";
+    if (why && *why)
+        PyErr_SetString(PyExc_ValueError, why);
+    else
+        PyErr_Format(PyExc_ValueError, "invalid %s", what);
     return -1;
+}
+
+static int set_or_raise(int rc, const char *what)
+{
+    return set_or_raise_o(NULL, rc, what);
 }
 
 /* Engine(source, batch_size, shuffle, seed, drop_last, transform, threads,
@@ -1439,25 +1451,24 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
             }
         }
         Py_DECREF(seq);
-    } else if (set_or_raise(stk_options_set_source(o, source), "source (empty path)"))
+    } else if (set_or_raise_o(o, stk_options_set_source(o, source), "source"))
         goto out;
-    if (set_or_raise(stk_options_set_batch_size(o, (size_t)batch_size),
-                     "batch_size (1 .. 16777216)") ||
-        set_or_raise(stk_options_set_shuffle(o, shuffle), "shuffle") ||
-        set_or_raise(stk_options_set_seed(o, seed), "seed") ||
-        set_or_raise(stk_options_set_drop_last(o, drop_last), "drop_last") ||
-        set_or_raise(stk_options_set_threads(o, threads), "threads (0 .. 256)") ||
-        set_or_raise(stk_options_set_depth(o, depth), "depth (1 .. 63)") ||
-        set_or_raise(stk_options_set_on_error(o, skip ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE),
-                     "on_error") ||
-        set_or_raise(stk_options_set_partition(o, rank, world),
-                     "rank/world_size (need 0 <= rank < world_size)"))
+    if (set_or_raise_o(o, stk_options_set_batch_size(o, (size_t)batch_size), "batch_size") ||
+        set_or_raise_o(o, stk_options_set_shuffle(o, shuffle), "shuffle") ||
+        set_or_raise_o(o, stk_options_set_seed(o, seed), "seed") ||
+        set_or_raise_o(o, stk_options_set_drop_last(o, drop_last), "drop_last") ||
+        set_or_raise_o(o, stk_options_set_threads(o, threads), "threads") ||
+        set_or_raise_o(o, stk_options_set_depth(o, depth), "depth") ||
+        set_or_raise_o(o,
+                       stk_options_set_on_error(o, skip ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE),
+                       "on_error") ||
+        set_or_raise_o(o, stk_options_set_partition(o, rank, world), "rank/world_size"))
         goto out;
     if (transform && set_or_raise(stk_options_set_transform(o, transform), "transform"))
         goto out;
     if (max_sample_bytes &&
-        set_or_raise(stk_options_set_max_sample_bytes(o, (size_t)max_sample_bytes),
-                     "max_sample_bytes (1 .. 2**40)"))
+        set_or_raise_o(o, stk_options_set_max_sample_bytes(o, (size_t)max_sample_bytes),
+                       "max_sample_bytes"))
         goto out;
     if (records != Py_None) {
         unsigned long long rb, hb;
@@ -2656,6 +2667,8 @@ PyMODINIT_FUNC PyInit__stoker(void)
         PyModule_AddObject(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
         PyModule_AddObject(m, "View", (PyObject *)&View_Type) < 0 ||
         PyModule_AddIntConstant(m, "STK_END", STK_END) < 0 ||
+        PyModule_AddIntConstant(m, "BATCH_SIZE_MAX", STK_BATCH_SIZE_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "THREADS_MAX", STK_THREADS_MAX) < 0 ||
         PyModule_AddStringConstant(m, "C_VERSION", STK_VERSION_STRING) < 0)
         goto fail;
     return m;

@@ -406,10 +406,10 @@ def _auto_threads(spec):
             n = int(spec[5:])
         except ValueError:
             n = 0
-        if 1 <= n <= 256:
+        if 1 <= n <= _stoker.THREADS_MAX:
             return n, True
-    raise ValueError(f'threads must be an int 1..256, None, "auto" or "auto:N" (N the most '
-                     f'threads, 1..256), got {spec!r}')
+    raise ValueError(f'threads must be an int 1..{_stoker.THREADS_MAX}, None, "auto" or "auto:N" '
+                     f'(N the most threads, 1..{_stoker.THREADS_MAX}), got {spec!r}')
 
 
 class Loader:
@@ -563,14 +563,14 @@ class Loader:
         if output == "numpy" and dtype == "bfloat16":
             raise ValueError('NumPy has no bfloat16 type: use output="torch" with '
                              'dtype="bfloat16", or dtype="float16"/"float32" with NumPy')
-        batch_size = _int(batch_size, "batch_size", 1, 2 ** 24)
+        batch_size = _int(batch_size, "batch_size", 1, _stoker.BATCH_SIZE_MAX)
         autotune = False
         if isinstance(threads, str):
             threads, autotune = _auto_threads(threads)
         elif threads is not None:
             # 0 is the command line's --threads 0: all usable CPUs, as None.
             threads = _int(threads, "threads (None or 0: all usable CPUs, \"auto\" or "
-                           "\"auto:N\": autotune)", 0, 256)
+                           "\"auto:N\": autotune)", 0, _stoker.THREADS_MAX)
         depth_auto = depth == "auto"
         depth = 2 if depth_auto else _int(depth, "depth", *_range("depth"))
         seed = _int(seed, "seed", 0, _U64_MAX)

@@ -366,6 +366,29 @@ static void test_last_error_arguments(void)
     stk_loader_close(l);
 }
 
+/* The typed setters refuse a value out of range with the setting, its range
+ * and the value on the options object (front ends do not restate ranges). */
+static void test_typed_setters_say_why(void)
+{
+    stk_options *o;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    CHECK_EQ(stk_options_set_batch_size(o, STK_BATCH_SIZE_MAX + 1), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "batch_size takes 1..16777216") &&
+          strstr(stk_options_errmsg(o), "got 16777217"));
+    CHECK_EQ(stk_options_set_batch_size(o, STK_BATCH_SIZE_MAX), STK_OK);
+    CHECK_EQ(stk_options_set_threads(o, STK_THREADS_MAX + 1), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "threads takes 0..256") != NULL);
+    CHECK_EQ(stk_options_set_depth(o, 0), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "depth takes 1..63, got 0") != NULL);
+    CHECK_EQ(stk_options_set_partition(o, 3, 2), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "rank takes 0..world_size-1 (1), got 3") != NULL);
+    CHECK_EQ(stk_options_set_max_sample_bytes(o, 0), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "max_sample_bytes") != NULL);
+    CHECK_EQ(stk_options_set_source(o, ""), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "source takes a path or URL") != NULL);
+    stk_options_destroy(o);
+}
+
 int main(void)
 {
     tu_begin("test_api", 60);
@@ -377,5 +400,6 @@ int main(void)
     RUN(test_raise_many_device);
     RUN(test_skip_lists_it);
     RUN(test_last_error_arguments);
+    RUN(test_typed_setters_say_why);
     return tu_end();
 }
