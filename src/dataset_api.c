@@ -32,29 +32,6 @@ struct stk_dataset {
     stk__scratch sc; /* the last stk_dataset_read's bytes */
 };
 
-/* The source parameters o names (records, remote store, cache); NULL: none. */
-static void source_params(const stk_options *o, stk__source_params *prm, stk__remote_cfg *rcfg)
-{
-    memset(prm, 0, sizeof *prm);
-    memset(rcfg, 0, sizeof *rcfg);
-    if (!o)
-        return;
-    *rcfg = (stk__remote_cfg){.endpoint = o->endpoint,
-                              .region = o->region,
-                              .addressing = o->addressing,
-                              .concurrency = o->fetch_concurrency,
-                              .retries = o->fetch_retries,
-                              .rate = o->fetch_rate ? o->fetch_rate : UINT32_MAX,
-                              .hedge = o->fetch_hedge ? o->fetch_hedge : UINT32_MAX,
-                              .timeout_s = o->fetch_timeout};
-    prm->record_bytes = o->record_bytes;
-    prm->header_bytes = o->header_bytes;
-    prm->label_bytes = o->label_bytes;
-    prm->remote = rcfg;
-    prm->cache_dir = o->cache_dir;
-    prm->cache_limit = o->cache_limit;
-}
-
 int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o, char *err,
                      size_t errlen)
 {
@@ -73,7 +50,7 @@ int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o, 
         rc = STK_ENOMEM;
         goto out;
     }
-    source_params(o, &prm, &rcfg);
+    stk__options_source_params(o, &prm, &rcfg);
     if ((rc = stk__source_open(&d->src, path, &prm, err, errlen)))
         goto out;
     stk__source_describe(&d->src, &d->di);
@@ -647,7 +624,7 @@ int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
     }
     *res = (stk_verify_result){.struct_size = sizeof *res, .whole = 1};
     vctx v = {res, fn, user, o ? o->max_input_bytes : (uint64_t)32 << 20};
-    source_params(o, &prm, &rcfg);
+    stk__options_source_params(o, &prm, &rcfg);
     prm.no_index = true; /* every shard's own header, footer and index */
     if (!stk__is_url(path) && stk__stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         int mrc = stk__manifest_read(path, &man, why, sizeof why);

@@ -716,20 +716,9 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->at_t0 = stk__now_ns();
     c->at_min_ahead = UINT64_MAX;
 
-    stk__remote_cfg rcfg = {.endpoint = o->endpoint,
-                            .region = o->region,
-                            .addressing = o->addressing,
-                            .concurrency = o->fetch_concurrency,
-                            .retries = o->fetch_retries,
-                            .rate = o->fetch_rate ? o->fetch_rate : UINT32_MAX,
-                            .hedge = o->fetch_hedge ? o->fetch_hedge : UINT32_MAX,
-                            .timeout_s = o->fetch_timeout};
-    stk__source_params sp = {.record_bytes = o->record_bytes,
-                             .header_bytes = o->header_bytes,
-                             .label_bytes = o->label_bytes,
-                             .remote = &rcfg,
-                             .cache_dir = o->cache_dir,
-                             .cache_limit = o->cache_limit};
+    stk__remote_cfg rcfg;
+    stk__source_params sp;
+    stk__options_source_params(o, &sp, &rcfg);
     if ((rc = o->nmix ? open_mixture(c, o, &sp, err, errlen)
                       : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;

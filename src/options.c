@@ -6,6 +6,7 @@
 #include "image.h"
 #include "io/remote.h"
 #include "schedule/mix.h"
+#include "source/source.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -978,4 +979,27 @@ int stk__imgpipe_from_options(stk__imgpipe **out, const char *spec, const stk_op
     stk__imgpipe_set_strict(*out, o->strict);
     stk__imgpipe_set_jpeg_memory(*out, o->jpeg_memory);
     return STK_OK;
+}
+
+void stk__options_source_params(const stk_options *o, stk__source_params *prm,
+                                stk__remote_cfg *rcfg)
+{
+    memset(prm, 0, sizeof *prm);
+    memset(rcfg, 0, sizeof *rcfg);
+    if (!o)
+        return;
+    *rcfg = (stk__remote_cfg){.endpoint = o->endpoint,
+                              .region = o->region,
+                              .addressing = o->addressing,
+                              .concurrency = o->fetch_concurrency,
+                              .retries = o->fetch_retries,
+                              .rate = o->fetch_rate ? o->fetch_rate : UINT32_MAX,
+                              .hedge = o->fetch_hedge ? o->fetch_hedge : UINT32_MAX,
+                              .timeout_s = o->fetch_timeout};
+    prm->record_bytes = o->record_bytes;
+    prm->header_bytes = o->header_bytes;
+    prm->label_bytes = o->label_bytes;
+    prm->remote = rcfg;
+    prm->cache_dir = o->cache_dir;
+    prm->cache_limit = o->cache_limit;
 }

@@ -96,4 +96,13 @@ struct stk__imgpipe;
 int stk__imgpipe_from_options(struct stk__imgpipe **out, const char *spec, const stk_options *o,
                               char *err, size_t errlen);
 
+struct stk__source_params;
+struct stk__remote_cfg;
+/* The source parameters o names (records, the remote store's settings,
+ * the cache) into *prm, its store settings into *rcfg (prm->remote points
+ * there); o NULL: none. The one place the loader and the dataset API turn
+ * options into a source's parameters. */
+void stk__options_source_params(const stk_options *o, struct stk__source_params *prm,
+                                struct stk__remote_cfg *rcfg);
+
 #endif
