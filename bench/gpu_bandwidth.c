@@ -49,8 +49,8 @@ static double peak_gbps(void)
     stk__dptr dp = 0;
     stk__stream s = NULL;
     stk__event e = NULL;
-    if (d->ops->host_alloc(d, n, &h, err, sizeof err) || d->ops->dev_alloc(d, n, &dp, err,
-                                                                           sizeof err)) {
+    if (d->ops->host_alloc(d, n, &h, err, sizeof err) ||
+        d->ops->dev_alloc(d, n, &dp, err, sizeof err)) {
         fprintf(stderr, "gpu_bandwidth: %s\n", err);
         exit(1);
     }

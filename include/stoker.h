@@ -378,10 +378,10 @@ STK_API int stk_options_set(stk_options *o, const char *key, const char *value);
  * set, "fields" as stk_options_set_fields reads it (per-field transforms
  * left out). "" means not set: the default applies, decided by the loader
  * where it depends on other things ("size": the preset's; "fetch_buffer",
- * "cache_limit", ...), and stk_options_reset gets back there. Writes into buf (n bytes, always terminated).
- * STK_OK; STK_EINVAL (NULL o or buf, n 0, an unknown key); STK_ETOOBIG when
- * the text does not fit (buf holds as much as fits). Does not touch o (nor
- * its message): any thread, as long as none sets o meanwhile. */
+ * "cache_limit", ...), and stk_options_reset gets back there. Writes into buf (n bytes, always
+ * terminated). STK_OK; STK_EINVAL (NULL o or buf, n 0, an unknown key); STK_ETOOBIG when the text
+ * does not fit (buf holds as much as fits). Does not touch o (nor its message): any thread, as long
+ * as none sets o meanwhile. */
 STK_API int stk_options_get(const stk_options *o, const char *key, char *buf, size_t n);
 /* Sets option key back to its default (stk_option_info.def), as a fresh
  * stk_options_create holds it: "size" back to the preset's, "fields" to none,
@@ -418,15 +418,15 @@ enum {
 
 /* One stk_options_set key. All strings are static. */
 typedef struct stk_option_info {
-    const char *name;  /* the key, e.g. "fetch_timeout" */
-    int type;          /* enum stk_option_type */
-    uint64_t min, max; /* range of a number or size; of N in an enum's "word:N" */
+    const char *name;   /* the key, e.g. "fetch_timeout" */
+    int type;           /* enum stk_option_type */
+    uint64_t min, max;  /* range of a number or size; of N in an enum's "word:N" */
     const char *values; /* enum: the accepted words separated by '|' ("nchw|nhwc");
                            other types: words accepted besides a number ("auto"), or NULL */
-    const char *unit;  /* what a number counts ("seconds", "requests"), or NULL */
-    const char *def;   /* the default, as text ("64M", "auto: ...") */
-    const char *doc;   /* one line: what it does */
-    unsigned flags;    /* STK_OPTION_ENGINE ... STK_OPTION_TRACE */
+    const char *unit;   /* what a number counts ("seconds", "requests"), or NULL */
+    const char *def;    /* the default, as text ("64M", "auto: ...") */
+    const char *doc;    /* one line: what it does */
+    unsigned flags;     /* STK_OPTION_ENGINE ... STK_OPTION_TRACE */
 } stk_option_info;
 
 /* Iterates over every option: stk_option_next(NULL) is the first,
@@ -503,14 +503,14 @@ typedef struct stk_batch {
  * and JSON are UTF-8 without a terminator; BYTES as stored; an image
  * without a transform is its encoded bytes (shapes all 0). */
 typedef struct stk_field {
-    const char *name;  /* the output name given to stk_options_add_field */
-    const char *source; /* the source field that supplied it (the first
-                           alternative when samples differ) */
-    int kind;          /* enum stk_field_kind, never AUTO */
-    int layout;        /* STK_BATCH_DENSE or STK_BATCH_VARIABLE */
-    int dtype;         /* dense: element type; variable: UINT8 */
-    unsigned ndim;     /* dense: rank of one sample's shape */
-    int64_t shape[4];  /* dense: one sample's shape */
+    const char *name;    /* the output name given to stk_options_add_field */
+    const char *source;  /* the source field that supplied it (the first
+                            alternative when samples differ) */
+    int kind;            /* enum stk_field_kind, never AUTO */
+    int layout;          /* STK_BATCH_DENSE or STK_BATCH_VARIABLE */
+    int dtype;           /* dense: element type; variable: UINT8 */
+    unsigned ndim;       /* dense: rank of one sample's shape */
+    int64_t shape[4];    /* dense: one sample's shape */
     size_t sample_bytes; /* dense: bytes of one sample */
     void *data;
     const uint64_t *offsets; /* variable: NULL for dense */
@@ -599,8 +599,8 @@ typedef struct stk_stats {
     uint64_t samples_failed;   /* under STK_ON_ERROR_RAISE */
     uint64_t memory_bound_bytes;
     /* Added after the first version: */
-    unsigned threads_active; /* workers taking work now (< threads under autotune) */
-    unsigned threads_max;    /* workers started */
+    unsigned threads_active;      /* workers taking work now (< threads under autotune) */
+    unsigned threads_max;         /* workers started */
     uint64_t device_memory_bytes; /* the part of memory_bound_bytes that is
                                      device memory (docs/gpu.md); 0 on the CPU */
 } stk_stats;
@@ -777,18 +777,18 @@ typedef struct stk_fetch_stats {
     uint64_t cache_fallbacks; /* shards read by ranges because the cache was full */
     uint64_t io_busy_ns;      /* time the I/O thread spent in libcurl */
     /* Added after the first version: */
-    uint64_t completed;       /* attempts that ended (success or not) */
-    uint64_t request_ns;      /* their summed duration, connection to last byte */
-    uint64_t first_byte_ns;   /* their summed time to the first byte */
+    uint64_t completed;          /* attempts that ended (success or not) */
+    uint64_t request_ns;         /* their summed duration, connection to last byte */
+    uint64_t first_byte_ns;      /* their summed time to the first byte */
     uint64_t cache_write_errors; /* shards the cache's disk refused (full, I/O error): read by
                                     ranges instead */
     uint64_t cache_dropped;      /* cached shards removed because they failed a checksum */
-    uint64_t throttled;  /* answers 503/429 (S3 SlowDown): each halves the rate budget */
-    uint64_t rate_limit; /* the request rate budget now (requests a second; 0: none), raised
-                            again while the store stops throttling (docs/remote.md) */
-    uint64_t hedges;     /* requests sent again because they ran past fetch_hedge x the
-                            recent p95 latency (counted in requests too) */
-    uint64_t hedge_wins; /* hedges that answered before the request they raced */
+    uint64_t throttled;          /* answers 503/429 (S3 SlowDown): each halves the rate budget */
+    uint64_t rate_limit;         /* the request rate budget now (requests a second; 0: none), raised
+                                    again while the store stops throttling (docs/remote.md) */
+    uint64_t hedges;             /* requests sent again because they ran past fetch_hedge x the
+                                    recent p95 latency (counted in requests too) */
+    uint64_t hedge_wins;         /* hedges that answered before the request they raced */
     /* Cold cache (docs/remote.md "Cold cache"): samples read from a shard's
      * file while its download into the cache was still running, and samples
      * fetched by range because their shard's download would reach them too
@@ -910,8 +910,8 @@ typedef struct stk_pack_result {
     uint64_t samples;   /* samples written */
     uint64_t skipped;   /* samples skipped (skip_bad) */
     uint64_t shards;
-    uint64_t bytes;     /* total size of the shards */
-    uint32_t payload;   /* 0 encoded, 1 resized, 2 raw, 3 fields (docs/format.md) */
+    uint64_t bytes;   /* total size of the shards */
+    uint32_t payload; /* 0 encoded, 1 resized, 2 raw, 3 fields (docs/format.md) */
     double seconds;
     /* Added after the first version: */
     uint64_t restart_indexed; /* payloads rewritten restart-indexed (restart) */
@@ -944,13 +944,13 @@ STK_API int stk_pack(const char *src, const char *out, const stk_pack_options *o
 typedef struct stk_writer stk_writer;
 
 typedef struct stk_writer_options {
-    size_t struct_size;   /* sizeof(stk_writer_options); zero the rest */
-    uint64_t shard_size;  /* target payload bytes per shard (0: 256 MiB) */
-    unsigned align;       /* 0, or payload alignment: a power of two, 512..1 MiB */
+    size_t struct_size;           /* sizeof(stk_writer_options); zero the rest */
+    uint64_t shard_size;          /* target payload bytes per shard (0: 256 MiB) */
+    unsigned align;               /* 0, or payload alignment: a power of two, 512..1 MiB */
     unsigned raw_h, raw_w, raw_c; /* raw_c 1 or 3: every sample is an HxWxC uint8
                                    * tensor (HWC) of exactly H*W*C bytes; 0: samples
                                    * are encoded files (images or any bytes) */
-    uint64_t num_classes; /* labels are -1 (none) or 0..num_classes-1 */
+    uint64_t num_classes;         /* labels are -1 (none) or 0..num_classes-1 */
 } stk_writer_options;
 
 /* Creates the writer: dir is created if missing and must not hold a packed
@@ -1032,8 +1032,8 @@ typedef struct stk_dataset stk_dataset;
  * 0) names the path and the reason. STK_OK; STK_EINVAL (NULL out, no path,
  * bad records); STK_ENOENT; STK_EIO; STK_EFORMAT (a corrupt shard, manifest
  * or record file); STK_EEMPTY; STK_EUNSUPPORTED; STK_ENOMEM. */
-STK_API int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o,
-                             char *err, size_t errlen);
+STK_API int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o, char *err,
+                             size_t errlen);
 /* Frees the handle (and the bytes of its last read). NULL is harmless. */
 STK_API void stk_dataset_close(stk_dataset *d);
 
@@ -1044,11 +1044,11 @@ typedef struct stk_dataset_info {
     const char *kind;    /* "folder", "records", "stk", "tar", "cifar" */
     const char *payload; /* stk: "encoded", "resized", "raw" or "fields"; else NULL */
     uint64_t samples;
-    uint64_t classes;    /* labels are 0..classes-1 */
-    uint64_t shards;     /* shards (stk_dataset_shard); 0 for folders, records */
-    uint64_t files;      /* shard or batch files behind the dataset (0: not counted) */
-    uint64_t bytes;      /* their total size (with files) */
-    size_t sample_bytes; /* bytes of every sample when all are one size, else 0 */
+    uint64_t classes;             /* labels are 0..classes-1 */
+    uint64_t shards;              /* shards (stk_dataset_shard); 0 for folders, records */
+    uint64_t files;               /* shard or batch files behind the dataset (0: not counted) */
+    uint64_t bytes;               /* their total size (with files) */
+    size_t sample_bytes;          /* bytes of every sample when all are one size, else 0 */
     uint32_t raw_h, raw_w, raw_c; /* stk raw payloads: HWC uint8 shape; else 0 */
     int64_t restart_indexed;      /* stk: samples with a restart index per the
                                      manifest; -1 when it does not say */
@@ -1105,8 +1105,9 @@ STK_API int stk_dataset_read(stk_dataset *d, uint64_t i, const void **data, size
 #define STK_VERIFY_TOO_LARGE 2 /* an intact image over max_input_bytes: no decode takes it */
 #define STK_VERIFY_MANIFEST  3 /* the manifest disagrees with the shards */
 #define STK_VERIFY_SHARD     4 /* a whole shard does not open; samples: its count */
-#define STK_VERIFY_DATASET   5 /* the dataset does not open as a whole (shards are
-                                  then checked one by one) */
+#define STK_VERIFY_DATASET                                                                         \
+    5 /* the dataset does not open as a whole (shards are                                          \
+         then checked one by one) */
 typedef struct stk_verify_problem {
     size_t struct_size;
     int kind;           /* STK_VERIFY_* */
@@ -1119,16 +1120,16 @@ typedef struct stk_verify_problem {
 typedef void (*stk_verify_fn)(const stk_verify_problem *p, void *user);
 
 typedef struct stk_verify_result {
-    size_t struct_size;        /* in: sizeof(stk_verify_result) */
-    uint64_t checked;          /* samples read */
-    uint64_t corrupt;          /* of those, failed */
-    uint64_t too_large;        /* intact images over max_input_bytes */
-    uint64_t unreadable;       /* samples in shards that do not open */
-    uint64_t bad_shards;       /* shards that do not open */
-    uint64_t uncounted_shards; /* of those, ones whose sample count is unknown */
-    uint64_t manifest;         /* manifest problems */
-    uint64_t indexed;          /* JPEGs with a restart index (checked) */
-    uint64_t foreign;          /* images in formats stoker does not decode */
+    size_t struct_size;         /* in: sizeof(stk_verify_result) */
+    uint64_t checked;           /* samples read */
+    uint64_t corrupt;           /* of those, failed */
+    uint64_t too_large;         /* intact images over max_input_bytes */
+    uint64_t unreadable;        /* samples in shards that do not open */
+    uint64_t bad_shards;        /* shards that do not open */
+    uint64_t uncounted_shards;  /* of those, ones whose sample count is unknown */
+    uint64_t manifest;          /* manifest problems */
+    uint64_t indexed;           /* JPEGs with a restart index (checked) */
+    uint64_t foreign;           /* images in formats stoker does not decode */
     const char *foreign_format; /* the first of those (static), or NULL */
     int whole;                  /* 1: the dataset opened as a whole */
 } stk_verify_result;
@@ -1143,8 +1144,8 @@ typedef struct stk_verify_result {
  * manifest problems and whole is 1); STK_EINVAL (no path, res NULL or
  * struct_size too small); or the open's error (STK_ENOENT, STK_EFORMAT, ...)
  * when nothing could be checked, with the reason in err. */
-STK_API int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn,
-                               void *user, stk_verify_result *res, char *err, size_t errlen);
+STK_API int stk_dataset_verify(const char *path, const stk_options *o, stk_verify_fn fn, void *user,
+                               stk_verify_result *res, char *err, size_t errlen);
 
 /* ---- Measuring one stage ------------------------------------------------
  * What `stoker doctor` measures at its "decode" level (docs/diagnosis.md):
@@ -1193,16 +1194,14 @@ typedef struct stk_bench_decode_result {
  * res->samples / res->seconds is the decode+augment ceiling of that many
  * threads. When out is not NULL and outputs are dense, the first round's
  * outputs (sample 0, 1, ..., one each) are written there, as many as out_cap
- * bytes hold (res->outputs says how many were). The samples and out are borrowed for the call; o is only read.
- * Blocks for `seconds`; any thread, calls may overlap. STK_OK (samples that
- * fail are counted, not errors); STK_EINVAL (NULL arguments, n 0, threads
- * over 256, seconds out of range, no transform, a bad spec, res->struct_size
- * too small, a malformed LOCAL_WORLD_SIZE); STK_ENOMEM; STK_EIO (a thread
- * would not start). err (errlen bytes, may be 0) says why. */
-STK_API int stk_bench_decode(const stk_options *o, const void *const *samples,
-                             const size_t *lens, size_t n, unsigned threads, double seconds,
-                             void *out, size_t out_cap, stk_bench_decode_result *res, char *err,
-                             size_t errlen);
+ * bytes hold (res->outputs says how many were). The samples and out are borrowed for the call; o is
+ * only read. Blocks for `seconds`; any thread, calls may overlap. STK_OK (samples that fail are
+ * counted, not errors); STK_EINVAL (NULL arguments, n 0, threads over 256, seconds out of range, no
+ * transform, a bad spec, res->struct_size too small, a malformed LOCAL_WORLD_SIZE); STK_ENOMEM;
+ * STK_EIO (a thread would not start). err (errlen bytes, may be 0) says why. */
+STK_API int stk_bench_decode(const stk_options *o, const void *const *samples, const size_t *lens,
+                             size_t n, unsigned threads, double seconds, void *out, size_t out_cap,
+                             stk_bench_decode_result *res, char *err, size_t errlen);
 
 /* path as messages show it: a URL loses its user:password@ and its query
  * string and fragment, shown as "?..." (they may carry credentials); anything else is

@@ -72,7 +72,7 @@ static void describe_run(const stk__imgpipe *pipe, const void *const *samples, c
 {
     size_t sb = 0;
     r->kind = stk__imgpipe_dense(pipe, &r->ndim, r->shape, &r->dtype, &sb) ? STK_BATCH_DENSE
-                                                                          : STK_BATCH_VARIABLE;
+                                                                           : STK_BATCH_VARIABLE;
     r->sample_bytes = r->kind == STK_BATCH_DENSE ? sb : 0;
     if (r->kind != STK_BATCH_DENSE)
         r->dtype = STK_DTYPE_UINT8;
@@ -94,8 +94,8 @@ static int run_map(bench_ctx *c, unsigned threads, double seconds, stk_bench_dec
     stk__omap *m = NULL;
     double c0 = cpu_seconds();
     uint64_t t0 = stk__now_ns(), limit = (uint64_t)(seconds * 1e9);
-    int rc = stk__omap_start(&m, UINT64_MAX, threads, window, "stk-bench", bench_item, c, err,
-                             errlen);
+    int rc =
+        stk__omap_start(&m, UINT64_MAX, threads, window, "stk-bench", bench_item, c, err, errlen);
     if (rc)
         return rc;
     uint64_t i = 0;
@@ -115,14 +115,14 @@ static int run_map(bench_ctx *c, unsigned threads, double seconds, stk_bench_dec
     return STK_OK;
 }
 
-int stk_bench_decode(const stk_options *o, const void *const *samples, const size_t *lens,
-                     size_t n, unsigned threads, double seconds, void *out, size_t out_cap,
+int stk_bench_decode(const stk_options *o, const void *const *samples, const size_t *lens, size_t n,
+                     unsigned threads, double seconds, void *out, size_t out_cap,
                      stk_bench_decode_result *res, char *err, size_t errlen)
 {
     if (errlen)
         err[0] = '\0';
-    if (!o || !samples || !lens || !n || !res || res->struct_size < sizeof *res ||
-        threads > 256 || !(seconds > 0 && seconds <= 3600)) {
+    if (!o || !samples || !lens || !n || !res || res->struct_size < sizeof *res || threads > 256 ||
+        !(seconds > 0 && seconds <= 3600)) {
         stk__fmt(err, errlen,
                  "stk_bench_decode: needs options, 1 or more samples, threads 0..256, "
                  "seconds in (0, 3600] and a result with struct_size set");

@@ -98,8 +98,7 @@ int stk_dataset_describe(const stk_dataset *d, stk_dataset_info *info)
 
 int stk_dataset_shard(const stk_dataset *d, uint64_t k, stk_dataset_shard_info *info)
 {
-    if (!d || !info || info->struct_size < sizeof(stk_dataset_shard_info) ||
-        k >= d->src.nshards)
+    if (!d || !info || info->struct_size < sizeof(stk_dataset_shard_info) || k >= d->src.nshards)
         return STK_EINVAL;
     *info = (stk_dataset_shard_info){
         .struct_size = sizeof *info,
@@ -231,8 +230,7 @@ static void verify_source(stk__source *s, const char *root, vctx *v)
             if ((images == 1 || stk__image_name(key)) &&
                 stk__check_image(data, len, &format, err, sizeof err))
                 rc = STK_EFORMAT;
-            else if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") &&
-                     !v->r->foreign++)
+            else if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") && !v->r->foreign++)
                 v->r->foreign_format = format;
         }
         if (rc) {
@@ -358,8 +356,7 @@ static void check_manifest(const char *dir, const stk__manifest *m, vctx *v)
             report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
         }
         if (f.num_classes != m->classes) {
-            stk__fmt(why, sizeof why,
-                     "written for %" PRIu64 " classes, the manifest says %" PRIu64,
+            stk__fmt(why, sizeof why, "written for %" PRIu64 " classes, the manifest says %" PRIu64,
                      f.num_classes, m->classes);
             report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
         }
@@ -408,8 +405,10 @@ static void check_index(const char *dir, const stk__manifest *m, vctx *v)
     int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0) {
-        stk__fmt(why, sizeof why, "named by the manifest, but %s (a remote open reads each shard "
-                 "instead)", strerror(errno));
+        stk__fmt(why, sizeof why,
+                 "named by the manifest, but %s (a remote open reads each shard "
+                 "instead)",
+                 strerror(errno));
         report(v, STK_VERIFY_MANIFEST, path, UINT64_MAX, 0, why);
         return;
     }
@@ -418,8 +417,7 @@ static void check_index(const char *dir, const stk__manifest *m, vctx *v)
         stk__pread_full(fd, have, (size_t)m->index_bytes, 0, berr, sizeof berr) == STK_OK)
         hlen = (size_t)m->index_bytes;
     stk__close(fd);
-    if (hlen < STK_INDEX_TRAILER ||
-        stk__xxh3(have, hlen - STK_INDEX_TRAILER) != m->index_sum) {
+    if (hlen < STK_INDEX_TRAILER || stk__xxh3(have, hlen - STK_INDEX_TRAILER) != m->index_sum) {
         stk__fmt(why, sizeof why,
                  "is not the index the manifest names (%" PRIu64 " bytes, XXH3 %016" PRIx64
                  "): damaged, or another pack's",

@@ -39,8 +39,8 @@ const char *stk_dtype_name(int dtype)
     return dtype >= 0 && (size_t)dtype < NDTYPES ? k_dtypes[dtype].name : NULL;
 }
 
-static const char *const k_kinds[] = {"auto", "image", "text", "json", "bytes",
-                                      "int",  "float", "npy"};
+static const char *const k_kinds[] = {"auto",  "image", "text",  "json",
+                                      "bytes", "int",   "float", "npy"};
 #define NKINDS (sizeof k_kinds / sizeof k_kinds[0])
 
 const char *stk_field_kind_name(int kind)
@@ -219,8 +219,8 @@ int stk_options_add_field(stk_options *o, const char *name, const char *sources,
         stk__fmt(o->errmsg, sizeof o->errmsg, "fields: '%s': unknown flags 0x%x", name, flags);
         return STK_EINVAL;
     }
-    return add_field(o, name, strlen(name), sources, sources ? strlen(sources) : 0, kind,
-                     transform, flags);
+    return add_field(o, name, strlen(name), sources, sources ? strlen(sources) : 0, kind, transform,
+                     flags);
 }
 
 int stk_options_set_fields(stk_options *o, const char *spec)
@@ -484,8 +484,9 @@ static bool jstring(jcur *c)
             uint8_t e = c->p[c->i++];
             if (e == 'u') {
                 for (int k = 0; k < 4; k++, c->i++) {
-                    if (c->i >= c->n || !((c->p[c->i] >= '0' && c->p[c->i] <= '9') ||
-                                          ((c->p[c->i] | 0x20) >= 'a' && (c->p[c->i] | 0x20) <= 'f'))) {
+                    if (c->i >= c->n ||
+                        !((c->p[c->i] >= '0' && c->p[c->i] <= '9') ||
+                          ((c->p[c->i] | 0x20) >= 'a' && (c->p[c->i] | 0x20) <= 'f'))) {
                         c->why = "a bad \\u escape";
                         return false;
                     }
@@ -667,10 +668,10 @@ static int npy_dtype(const char *d, size_t len)
     static const struct {
         const char *code;
         int dtype;
-    } codes[] = {{"b1", STK_DTYPE_BOOL},    {"i1", STK_DTYPE_INT8},     {"u1", STK_DTYPE_UINT8},
-                 {"i2", STK_DTYPE_INT16},   {"u2", STK_DTYPE_UINT16},   {"i4", STK_DTYPE_INT32},
-                 {"u4", STK_DTYPE_UINT32},  {"i8", STK_DTYPE_INT64},    {"u8", STK_DTYPE_UINT64},
-                 {"f2", STK_DTYPE_FLOAT16}, {"f4", STK_DTYPE_FLOAT32},  {"f8", STK_DTYPE_FLOAT64}};
+    } codes[] = {{"b1", STK_DTYPE_BOOL},    {"i1", STK_DTYPE_INT8},    {"u1", STK_DTYPE_UINT8},
+                 {"i2", STK_DTYPE_INT16},   {"u2", STK_DTYPE_UINT16},  {"i4", STK_DTYPE_INT32},
+                 {"u4", STK_DTYPE_UINT32},  {"i8", STK_DTYPE_INT64},   {"u8", STK_DTYPE_UINT64},
+                 {"f2", STK_DTYPE_FLOAT16}, {"f4", STK_DTYPE_FLOAT32}, {"f8", STK_DTYPE_FLOAT64}};
     if (len != 3)
         return -1;
     for (size_t k = 0; k < sizeof codes / sizeof codes[0]; k++) {
@@ -705,14 +706,15 @@ int stk__npy_parse(const uint8_t *p, size_t n, stk__npy *out, char *err, size_t 
         return STK_EFORMAT;
     }
     if (hlen > n - hoff || hlen > 65536) {
-        stk__fmt(err, errlen, ".npy header of %zu bytes runs past the %zu bytes of the array",
-                 hlen, n);
+        stk__fmt(err, errlen, ".npy header of %zu bytes runs past the %zu bytes of the array", hlen,
+                 n);
         return STK_EFORMAT;
     }
     char h[1024];
     if (hlen >= sizeof h) {
-        stk__fmt(err, errlen, ".npy header of %zu bytes is too long (structured dtypes are not "
-                              "supported)",
+        stk__fmt(err, errlen,
+                 ".npy header of %zu bytes is too long (structured dtypes are not "
+                 "supported)",
                  hlen);
         return STK_EFORMAT;
     }

@@ -1528,8 +1528,8 @@ static int start_decode(run_ctx *x, stk__scratch *scratch)
     /* Decode-only (or all-identity) pipelines decode straight into the slot
      * when the decoder produces exactly the wanted pixels. */
     x->direct = x->orientation == 1 && x->k == x->pl.n && x->ax.identity && x->ay.identity &&
-                p->dtype == STK_DTYPE_UINT8 && !p->nchw && x->r.x == want_x &&
-                x->r.w == want_w && x->r.w == x->ww && x->r.h == x->wh;
+                p->dtype == STK_DTYPE_UINT8 && !p->nchw && x->r.x == want_x && x->r.w == want_w &&
+                x->r.w == x->ww && x->r.h == x->wh;
 
     layout *L = &x->L;
     L->dec = x->direct ? 0 : align64((size_t)x->r.w * x->r.h * 3);
@@ -1677,8 +1677,8 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
 }
 
 int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
-                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp,
-                          size_t *out_len, int32_t dims[3], char *err, size_t errlen)
+                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp, size_t *out_len,
+                          int32_t dims[3], char *err, size_t errlen)
 {
     run_ctx x;
     uint8_t *out = NULL;

@@ -88,7 +88,7 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
  * known (*outp: where the output went): a variable batch's arena takes
  * exactly the bytes each image needs. */
 int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
-                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp,
-                          size_t *out_len, int32_t dims[3], char *err, size_t errlen);
+                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp, size_t *out_len,
+                          int32_t dims[3], char *err, size_t errlen);
 
 #endif

@@ -116,8 +116,7 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, 
     }
     pthread_mutex_lock(&c->lock);
     const stk__resumed *cur = stk__schedule_resumed(&c->sched);
-    if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch ||
-        (set_lay && lay != cur)) {
+    if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch || (set_lay && lay != cur)) {
         c->seeking = true;
         /* Reads of the batches being dropped stop waiting on the network
          * (their failures are dropped with the batches); reset resumes. */
@@ -418,8 +417,7 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
     scfg.slots = c->nbufs; /* (depth "auto" tries depths through nbufs) */
     uint64_t stage_host = c->dev ? stk__devstage_host_bytes(&scfg) : 0;
     return c->nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
-           sizeof(core) +
-           (c->sched.mix ? sizeof(stk__mix) + c->nsrc * 2 * sizeof(uint64_t) : 0) +
+           sizeof(core) + (c->sched.mix ? sizeof(stk__mix) + c->nsrc * 2 * sizeof(uint64_t) : 0) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* raised failures the user has not reached (their records are in core) */
@@ -488,8 +486,8 @@ static int setup_order(core *c, const stk_options *o, char *err, size_t errlen)
     const uint64_t *units = c->src.shard_first;
     size_t nunits = c->src.nshards;
     if (blocks) {
-        int rc = stk__blocks_make(&c->src, o->block_bytes, &c->sched.block_first,
-                                  &c->sched.nblocks, err, errlen);
+        int rc = stk__blocks_make(&c->src, o->block_bytes, &c->sched.block_first, &c->sched.nblocks,
+                                  err, errlen);
         if (rc)
             return rc;
         units = c->sched.block_first;
@@ -621,8 +619,9 @@ static int setup_source_pipes(core *c, const stk_options *o, char *err, size_t e
         return STK_EINVAL;
     }
     if (o->device != STK_DEVICE_CPU) {
-        stk__fmt(err, errlen, "per-source transforms are delivered in host memory in this "
-                              "version; drop the device option (docs/mixing.md)");
+        stk__fmt(err, errlen,
+                 "per-source transforms are delivered in host memory in this "
+                 "version; drop the device option (docs/mixing.md)");
         return STK_EUNSUPPORTED;
     }
     if (!(c->src_pipes = stk__calloc(o->nmix, sizeof *c->src_pipes)))
@@ -631,8 +630,8 @@ static int setup_source_pipes(core *c, const stk_options *o, char *err, size_t e
         if (!o->mix[k].transform)
             continue;
         char why[STK_ERRMSG_MAX];
-        int rc = stk__imgpipe_from_options(&c->src_pipes[k], o->mix[k].transform, o, why,
-                                           sizeof why);
+        int rc =
+            stk__imgpipe_from_options(&c->src_pipes[k], o->mix[k].transform, o, why, sizeof why);
         if (rc) {
             stk__fmt(err, errlen, "mixture source %zu (%s): transform: %s", k, o->mix[k].shown,
                      why);
@@ -723,8 +722,7 @@ static int open_core(stk_loader *l, const stk_options *o)
                       : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
     if ((rc = setup_output(c, o, err, errlen)) || (rc = check_mixture_fields(c, err, errlen)) ||
-        (rc = setup_source_pipes(c, o, err, errlen)) ||
-        (rc = setup_device(c, o, err, errlen)))
+        (rc = setup_source_pipes(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;
@@ -742,8 +740,8 @@ static int open_core(stk_loader *l, const stk_options *o)
     if ((rc = stk__partition_init(&c->sched.part, epoch_n, o->rank, o->world, o->batch_size,
                                   o->drop_last))) {
         stk__fmt(err, errlen, "%s: %llu samples give rank %u of %u no batch of %zu samples%s",
-                 o->source_shown, (unsigned long long)epoch_n, o->rank, o->world,
-                 o->batch_size, o->drop_last ? " with drop_last" : "");
+                 o->source_shown, (unsigned long long)epoch_n, o->rank, o->world, o->batch_size,
+                 o->drop_last ? " with drop_last" : "");
         goto fail;
     }
     if (o->local_world)
@@ -769,8 +767,8 @@ static int open_core(stk_loader *l, const stk_options *o)
             stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu bytes (batch_memory)",
                      c->nbufs, c->batch_memory);
         else
-            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes",
-                     c->nbufs, c->batch_size, c->sample_bytes);
+            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->nbufs,
+                     c->batch_size, c->sample_bytes);
         goto fail;
     }
     if (!(c->workers = stk__calloc(c->nthreads, sizeof *c->workers))) {
@@ -862,4 +860,3 @@ int stk_loader_open(stk_loader **out, const stk_options *o)
     l->status = rc;
     return rc;
 }
-

@@ -194,7 +194,7 @@ struct core {
     uint64_t cons_epoch, cons_g; /* the user's position (lock held) */
     int convert;                 /* the device converts uint8 HWC to the output */
     stk__convert cv;
-    size_t out_sample_bytes; /* one sample as delivered */
+    size_t out_sample_bytes;  /* one sample as delivered */
     stk__devfield *devfields; /* with fields: how each travels (nfplan entries) */
 };
 

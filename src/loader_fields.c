@@ -95,9 +95,7 @@ int stk__fields_setup(core *c, const stk_options *o, const char **spec, char *er
             p->dtype = STK_DTYPE_FLOAT32;
             p->sample_bytes = 4;
             break;
-        default:
-            p->layout = STK_BATCH_VARIABLE;
-            p->dtype = STK_DTYPE_UINT8;
+        default: p->layout = STK_BATCH_VARIABLE; p->dtype = STK_DTYPE_UINT8;
         }
         arena |= p->layout == STK_BATCH_VARIABLE;
     }
@@ -464,8 +462,12 @@ static int make_image(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch
     rng.key = stk__mix64(rng.key ^ p->rng_salt);
     farena_req ar = {c, b, p->spec->name};
     stk__sink arena = {.alloc = farena_alloc, .ctx = &ar};
-    stk__sink slot = {col->dense ? col->dense + s * p->sample_bytes : NULL, p->sample_bytes,
-                      NULL, NULL, NULL, ""};
+    stk__sink slot = {col->dense ? col->dense + s * p->sample_bytes : NULL,
+                      p->sample_bytes,
+                      NULL,
+                      NULL,
+                      NULL,
+                      ""};
     uint8_t *out = NULL;
     size_t len = 0;
     int32_t dims[3] = {0, 0, 0};
@@ -491,8 +493,8 @@ static int make_npy(core *c, buffer *b, size_t s, const stk__fplan *p, const stk
     int rc = stk__npy_parse(r->data, r->len, &a, err, errlen);
     if (rc)
         return rc;
-    if ((rc = put_bytes(c, b, col, s, p->spec->name, r->data + a.data_off, a.data_len, err,
-                        errlen)))
+    if ((rc =
+             put_bytes(c, b, col, s, p->spec->name, r->data + a.data_off, a.data_len, err, errlen)))
         return rc;
     int64_t *sh = &col->shapes[s * SHAPE_STRIDE];
     memset(sh, 0, SHAPE_STRIDE * sizeof *sh);
@@ -514,8 +516,7 @@ static int make_one(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch, 
     if ((int)k == c->primary)
         return make_primary(w, b, s, i, epoch, r, col, err, errlen);
     switch (p->kind) {
-    case STK_FIELD_IMAGE:
-        return make_image(w, b, s, i, epoch, p, r, col, err, errlen);
+    case STK_FIELD_IMAGE: return make_image(w, b, s, i, epoch, p, r, col, err, errlen);
     case STK_FIELD_TEXT:
         if ((rc = stk__utf8_check(r->data, r->len, err, errlen)))
             return rc;
@@ -538,10 +539,8 @@ static int make_one(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch, 
         memcpy(col->dense + s * 4, &v, 4);
         return STK_OK;
     }
-    case STK_FIELD_NPY:
-        return make_npy(c, b, s, p, r, col, err, errlen);
-    default:
-        return put_bytes(c, b, col, s, p->spec->name, r->data, r->len, err, errlen);
+    case STK_FIELD_NPY: return make_npy(c, b, s, p, r, col, err, errlen);
+    default: return put_bytes(c, b, col, s, p->spec->name, r->data, r->len, err, errlen);
     }
 }
 

@@ -97,7 +97,11 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
         stk__ring_autotune(c, end);
     if (c->trace && user)
         stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
-                         rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
+                         rc == STK_OK        ? 0
+                         : rc == STK_END     ? 1
+                         : rc == STK_TIMEOUT ? 2
+                                             : 3,
+                         0);
     pthread_mutex_unlock(&c->lock);
     if (pub) {
         stk__ring_publish(c, pub);
@@ -150,7 +154,11 @@ static int device_next(stk_loader *l, stk_batch **out, uint64_t timeout_ns)
     }
     if (c->trace)
         stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->cons_g - (rc == STK_OK),
-                         rc == STK_OK ? 0 : rc == STK_END ? 1 : rc == STK_TIMEOUT ? 2 : 3, 0);
+                         rc == STK_OK        ? 0
+                         : rc == STK_END     ? 1
+                         : rc == STK_TIMEOUT ? 2
+                                             : 3,
+                         0);
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
@@ -266,4 +274,3 @@ int stk_batch_sync(stk_batch *b)
         return STK_EMISUSE;
     return b->device == STK_DEVICE_CPU ? STK_OK : stk__devstage_sync(b);
 }
-

@@ -106,8 +106,8 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
         return STK_EINVAL;
     size_t n = strlen(path) + 8;
     char *shown = stk__malloc(n), *copy = stk__strdup(path);
-    stk__mix_spec *grown = shown && copy ? stk__realloc(o->mix, (o->nmix + 1) * sizeof *grown)
-                                         : NULL;
+    stk__mix_spec *grown =
+        shown && copy ? stk__realloc(o->mix, (o->nmix + 1) * sizeof *grown) : NULL;
     if (!grown) {
         stk__free(shown);
         stk__free(copy);
@@ -169,8 +169,7 @@ int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_b
 /* A typed setter's refusal: the reason on the options object, as
  * stk_options_set gives it for a key (which setting, the allowed range, the
  * value given), so that front ends need not restate ranges. */
-static int typed_refusal(stk_options *o, const char *what, const char *range,
-                         unsigned long long v)
+static int typed_refusal(stk_options *o, const char *what, const char *range, unsigned long long v)
 {
     stk__fmt(o->errmsg, sizeof o->errmsg, "%s takes %s, got %llu", what, range, v);
     return STK_EINVAL;
@@ -447,16 +446,18 @@ static int set_fields_entry(stk_options *o, const char *v, uint64_t n)
     return STK_OK;
 }
 
-static const signed char layout_words[] = {1, 0};       /* nchw, nhwc */
+static const signed char layout_words[] = {1, 0};        /* nchw, nhwc */
 static const signed char addressing_words[] = {1, 2, 0}; /* path, virtual, auto */
 
 #define OFF(f) offsetof(struct stk_options, f)
-#define TB ((uint64_t)1 << 40)
-#define PB ((uint64_t)1 << 50)
+#define TB     ((uint64_t)1 << 40)
+#define PB     ((uint64_t)1 << 50)
 /* name, type, min, max, values, unit, default, doc, flags; field, store, words, set */
 #define OPT(name, type, lo, hi, values, unit, def, doc, flags, off, store, words, set)             \
-    {{name, STK_OPTION_##type, lo, hi, values, unit, def, doc, STK_OPTION_##flags}, off, store,     \
-     words, set}
+    {                                                                                              \
+        {name, STK_OPTION_##type, lo, hi, values, unit, def, doc, STK_OPTION_##flags}, off, store, \
+            words, set                                                                             \
+    }
 
 static const opt_entry table[] = {
     /* Images (docs/images.md, docs/transforms.md). */
@@ -464,8 +465,7 @@ static const opt_entry table[] = {
         "pixel layout of image batches: channels first (nchw) or last (nhwc)", IMAGE, OFF(nchw),
         ST_INT, layout_words, NULL),
     OPT("dtype", ENUM, 0, 0, "uint8|float32|float16|bfloat16", NULL, "uint8",
-        "element type of image batches (docs/images.md)", IMAGE, OFF(dtype), ST_INT, NULL,
-        NULL),
+        "element type of image batches (docs/images.md)", IMAGE, OFF(dtype), ST_INT, NULL, NULL),
     OPT("size", UINT, 1, 65535, NULL, "pixels", "the preset's (224; cifar-train 32)",
         "output side of the presets that take a size (stk_transform_preset_sized)", IMAGE,
         OFF(size), ST_INT, NULL, NULL),
@@ -506,8 +506,8 @@ static const opt_entry table[] = {
         "one request a block",
         ENGINE, OFF(block_bytes), ST_U64, NULL, NULL),
     OPT("shard_window", UINT, 1, 1u << 20, NULL, "shards", "8",
-        "shards (or blocks) per window of the shard-aware (block) order", ENGINE, OFF(shard_window), ST_UNSIGNED,
-        NULL, NULL),
+        "shards (or blocks) per window of the shard-aware (block) order", ENGINE, OFF(shard_window),
+        ST_UNSIGNED, NULL, NULL),
     OPT("local_world_size", UINT, 0, 1u << 20, NULL, "ranks", "0 (the world is one node)",
         "ranks per node: each node reads a contiguous part of the order; must divide the world "
         "size",
@@ -539,24 +539,23 @@ static const opt_entry table[] = {
         ENGINE, OFF(field_memory), ST_SIZE, NULL, NULL),
     OPT("memory_budget", SIZE, 1, PB, NULL, NULL,
         "a quarter of the available memory, shared by the node's ranks",
-        "memory the loader's bound may take when depth is auto", ENGINE, OFF(memory_budget),
-        ST_U64, NULL, NULL),
+        "memory the loader's bound may take when depth is auto", ENGINE, OFF(memory_budget), ST_U64,
+        NULL, NULL),
     /* Where batches go (docs/gpu.md). */
     OPT("device", ENUM, 0, 1023, "cpu|cuda|cuda:N|fake|fake:N", NULL, "cpu",
         "where batches are delivered: host memory, a CUDA device, or fake (the tests' host "
         "stand-in for a device)",
         DEVICE, 0, ST_NONE, NULL, set_device),
     /* Remote datasets (docs/remote.md). */
-    OPT("endpoint", STRING, 0, 0, NULL, "a URL", "AWS_ENDPOINT_URL, else AWS",
-        "S3 endpoint URL", REMOTE, OFF(endpoint), ST_STR, NULL, NULL),
+    OPT("endpoint", STRING, 0, 0, NULL, "a URL", "AWS_ENDPOINT_URL, else AWS", "S3 endpoint URL",
+        REMOTE, OFF(endpoint), ST_STR, NULL, NULL),
     OPT("region", STRING, 0, 0, NULL, "a region name",
         "AWS_REGION, AWS_DEFAULT_REGION, the profile's, else us-east-1", "S3 region", REMOTE,
         OFF(region), ST_STR, NULL, NULL),
-    OPT("addressing", ENUM, 0, 0, "path|virtual|auto", NULL,
-        "auto (path with a custom endpoint)", "S3 addressing style", REMOTE, OFF(addressing),
-        ST_INT, addressing_words, NULL),
-    OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "64", "requests in flight",
-        REMOTE, OFF(fetch_concurrency), ST_UNSIGNED, NULL, NULL),
+    OPT("addressing", ENUM, 0, 0, "path|virtual|auto", NULL, "auto (path with a custom endpoint)",
+        "S3 addressing style", REMOTE, OFF(addressing), ST_INT, addressing_words, NULL),
+    OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "64", "requests in flight", REMOTE,
+        OFF(fetch_concurrency), ST_UNSIGNED, NULL, NULL),
     OPT("fetch_rate", UINT, 0, 10000000, NULL, "requests a second", "5500",
         "request rate budget (S3 allows about 5500 GETs a second per prefix), halved on each "
         "throttling answer (503/429) and raised again after; 0: no budget",
@@ -569,8 +568,8 @@ static const opt_entry table[] = {
         "a request into memory still running after this multiple of the p95 latency of recent "
         "requests is sent again and the first answer wins (at most 5 % of requests); 0: never",
         REMOTE, OFF(fetch_hedge), ST_UNSIGNED, NULL, NULL),
-    OPT("fetch_retries", UINT, 0, 100, NULL, "retries", "6", "retries of a failed request",
-        REMOTE, 0, ST_NONE, NULL, set_retries),
+    OPT("fetch_retries", UINT, 0, 100, NULL, "retries", "6", "retries of a failed request", REMOTE,
+        0, ST_NONE, NULL, set_retries),
     OPT("fetch_timeout", UINT, 1, 3600, NULL, "seconds", "30",
         "seconds a request may stall (under 1 KiB/s) before it is retried", REMOTE,
         OFF(fetch_timeout), ST_UNSIGNED, NULL, NULL),
@@ -579,7 +578,8 @@ static const opt_entry table[] = {
         NULL, NULL),
     /* Its ring of planned entries counts in the memory bound (fetch.h). */
     OPT("fetch_lookahead", UINT, 1, STK_FETCH_LOOKAHEAD_MAX, NULL, "samples",
-        "2 batches or 2 x fetch_concurrency", "samples the fetch stage plans ahead", REMOTE, OFF(fetch_lookahead), ST_U64, NULL, NULL),
+        "2 batches or 2 x fetch_concurrency", "samples the fetch stage plans ahead", REMOTE,
+        OFF(fetch_lookahead), ST_U64, NULL, NULL),
     OPT("cache_dir", STRING, 0, 0, NULL, "a directory (~ or ~/ for the home directory)",
         "none (no disk cache)", "disk cache of whole shards", REMOTE, 0, ST_NONE, NULL,
         set_cache_dir_entry),
@@ -652,9 +652,7 @@ static void describe(const stk_option_info *in, char *buf, size_t len)
     else
         stk__fmt(range, sizeof range, "%s..%s", lo, hi);
     switch (in->type) {
-    case STK_OPTION_BOOL:
-        stk__fmt(buf, len, "0 or 1");
-        break;
+    case STK_OPTION_BOOL: stk__fmt(buf, len, "0 or 1"); break;
     case STK_OPTION_SIZE:
         stk__fmt(buf, len, "a size in bytes (%s), %s", STK__SIZE_SYNTAX, range);
         break;
@@ -673,9 +671,7 @@ static void describe(const stk_option_info *in, char *buf, size_t len)
             snprintf(buf + at, len - at, " (N %s)", range);
         break;
     }
-    case STK_OPTION_STRING:
-        stk__fmt(buf, len, "%s", in->unit ? in->unit : "text");
-        break;
+    case STK_OPTION_STRING: stk__fmt(buf, len, "%s", in->unit ? in->unit : "text"); break;
     default:
         if (in->unit && !strcmp(in->unit, "seconds"))
             stk__fmt(buf, len, "seconds, %s", range);
@@ -693,26 +689,13 @@ static void store(stk_options *o, const opt_entry *e, uint64_t n)
 {
     void *f = (char *)o + e->off;
     switch (e->store) {
-    case ST_BOOL:
-        *(bool *)f = n != 0;
-        break;
-    case ST_INT:
-        *(int *)f = (int)n;
-        break;
-    case ST_UNSIGNED:
-        *(unsigned *)f = (unsigned)n;
-        break;
-    case ST_U32:
-        *(uint32_t *)f = (uint32_t)n;
-        break;
-    case ST_SIZE:
-        *(size_t *)f = (size_t)n;
-        break;
-    case ST_U64:
-        *(uint64_t *)f = n;
-        break;
-    default:
-        break;
+    case ST_BOOL: *(bool *)f = n != 0; break;
+    case ST_INT: *(int *)f = (int)n; break;
+    case ST_UNSIGNED: *(unsigned *)f = (unsigned)n; break;
+    case ST_U32: *(uint32_t *)f = (uint32_t)n; break;
+    case ST_SIZE: *(size_t *)f = (size_t)n; break;
+    case ST_U64: *(uint64_t *)f = n; break;
+    default: break;
     }
 }
 
@@ -954,12 +937,12 @@ int stk_options_reset(stk_options *o, const char *key)
         *p = NULL;
     } else if (e->store != ST_NONE) {
         memcpy((char *)o + e->off, (const char *)&d + e->off,
-               e->store == ST_BOOL    ? sizeof(bool)
-               : e->store == ST_INT   ? sizeof(int)
-               : e->store == ST_U32   ? sizeof(uint32_t)
-               : e->store == ST_SIZE  ? sizeof(size_t)
-               : e->store == ST_U64   ? sizeof(uint64_t)
-                                      : sizeof(unsigned));
+               e->store == ST_BOOL   ? sizeof(bool)
+               : e->store == ST_INT  ? sizeof(int)
+               : e->store == ST_U32  ? sizeof(uint32_t)
+               : e->store == ST_SIZE ? sizeof(size_t)
+               : e->store == ST_U64  ? sizeof(uint64_t)
+                                     : sizeof(unsigned));
     }
     /* A remote option back at its default no longer counts as set. */
     if (!strcmp(name, "cache_limit"))
@@ -969,8 +952,8 @@ int stk_options_reset(stk_options *o, const char *key)
     return STK_OK;
 }
 
-int stk__imgpipe_from_options(stk__imgpipe **out, const char *spec, const stk_options *o,
-                              char *err, size_t errlen)
+int stk__imgpipe_from_options(stk__imgpipe **out, const char *spec, const stk_options *o, char *err,
+                              size_t errlen)
 {
     stk__imgpipe_params prm = {o->dtype, o->nchw, o->size, o->exif, o->max_dim};
     int rc = stk__imgpipe_create(out, spec, &prm, err, errlen);

@@ -30,14 +30,14 @@ struct stk_options {
     size_t max_input_bytes; /* per-thread encoded-input limit when decoding */
     /* Remote datasets (stk_options_set; docs/remote.md). */
     char *endpoint, *region;
-    int addressing;              /* 0 default, 1 path, 2 virtual */
-    unsigned fetch_concurrency;  /* requests in flight (0 = 64) */
-    unsigned fetch_retries;      /* 0 = default (6) */
-    unsigned fetch_rate;         /* requests a second (0: no budget) */
-    unsigned fetch_hedge;        /* hedge after this multiple of the recent p95 (0: never) */
-    unsigned fetch_timeout;      /* seconds of < 1 KiB/s before a retry (0 = 30) */
-    uint64_t fetch_buffer;       /* bytes buffered + in flight (0 = 64 MiB) */
-    uint64_t fetch_lookahead;    /* samples planned ahead (0 = 4096) */
+    int addressing;             /* 0 default, 1 path, 2 virtual */
+    unsigned fetch_concurrency; /* requests in flight (0 = 64) */
+    unsigned fetch_retries;     /* 0 = default (6) */
+    unsigned fetch_rate;        /* requests a second (0: no budget) */
+    unsigned fetch_hedge;       /* hedge after this multiple of the recent p95 (0: never) */
+    unsigned fetch_timeout;     /* seconds of < 1 KiB/s before a retry (0 = 30) */
+    uint64_t fetch_buffer;      /* bytes buffered + in flight (0 = 64 MiB) */
+    uint64_t fetch_lookahead;   /* samples planned ahead (0 = 4096) */
     char *cache_dir;
     uint64_t cache_limit;
     /* The first remote option set by stk_options_set (the table's name), and
@@ -46,10 +46,10 @@ struct stk_options {
     const char *remote_set;
     bool cache_limit_set;
     /* Sample order (docs/engine.md). */
-    int order;            /* STK__ORDER_GLOBAL, _SHARDS, _BLOCKS (the enum's words) */
-    uint64_t block_bytes; /* order blocks: bytes of one block */
+    int order;             /* STK__ORDER_GLOBAL, _SHARDS, _BLOCKS (the enum's words) */
+    uint64_t block_bytes;  /* order blocks: bytes of one block */
     unsigned shard_window; /* shards per window (0 = 8) */
-    size_t jpeg_memory;     /* per-thread cap on libjpeg's own memory */
+    size_t jpeg_memory;    /* per-thread cap on libjpeg's own memory */
     /* Trace (docs/diagnosis.md): Chrome trace-event JSON written at close. */
     char *trace;            /* file, or NULL: no trace */
     bool autotune;          /* threads is a cap; the active count adapts */
@@ -67,7 +67,7 @@ struct stk_options {
     uint64_t samples_per_epoch; /* 0: the default (mix.h) */
     int mix_resume;             /* 0 strict, 1 new: a changed mixture resumes */
     int mix_batching;           /* 0 mixed, 1 per_source */
-    int device;             /* enum stk_device of the batches (docs/gpu.md) */
+    int device;                 /* enum stk_device of the batches (docs/gpu.md) */
     int device_id;
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };
@@ -85,7 +85,7 @@ enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };
 /* How a size is written, for messages (the tools have their own copy for
  * options that are not in the table). */
 #define STK__SIZE_SYNTAX                                                                           \
-    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "    \
+    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "     \
     "KB/MB/GB/TB powers of 1000"
 
 struct stk__imgpipe;

@@ -152,8 +152,8 @@ int stk__layout_build(stk__layout *lay, uint64_t n, const stk__gen_spec *gens, s
         gen_sizes(g, drop_last);
         if (i + 1 < ngens && g->spec.steps > g->batches) {
             stk__fmt(err, errlen,
-                     "generation %zu of the state delivered %llu batches, but it had only %llu",
-                     i, (unsigned long long)g->spec.steps, (unsigned long long)g->batches);
+                     "generation %zu of the state delivered %llu batches, but it had only %llu", i,
+                     (unsigned long long)g->spec.steps, (unsigned long long)g->batches);
             stk__layout_free(lay);
             return STK_EINVAL;
         }

@@ -61,8 +61,8 @@ int stk__partition_init(stk__partition *p, uint64_t n, unsigned rank, unsigned w
 /* Position in the epoch's order of this rank's k-th sample (k < per_rank). */
 static inline uint64_t stk__partition_pos(const stk__partition *p, uint64_t k)
 {
-    uint64_t pos = (uint64_t)(p->rank / p->local) * p->per_rank * p->local + p->rank % p->local +
-                   k * p->local;
+    uint64_t pos =
+        (uint64_t)(p->rank / p->local) * p->per_rank * p->local + p->rank % p->local + k * p->local;
     return pos < p->n ? pos : pos % p->n;
 }
 
@@ -96,10 +96,10 @@ typedef struct stk__gen_spec {
 
 typedef struct stk__gen {
     stk__gen_spec spec;
-    uint64_t R;                /* positions in this generation's sequence */
+    uint64_t R; /* positions in this generation's sequence */
     uint64_t per_rank, batches;
-    size_t npieces;            /* pieces of the previous generation's sequence */
-    uint64_t *start, *src;     /* piece p: [start[p], start[p+1]) -> src[p] + ... */
+    size_t npieces;        /* pieces of the previous generation's sequence */
+    uint64_t *start, *src; /* piece p: [start[p], start[p+1]) -> src[p] + ... */
 } stk__gen;
 
 typedef struct stk__layout {

@@ -66,8 +66,7 @@ static void hash_field(field_sums *fs, size_t k, const stk_field *f, size_t size
         if (f->device != STK_DEVICE_CPU)
             continue; /* device memory: not readable here */
         if (f->layout == STK_BATCH_DENSE) {
-            XXH3_64bits_update(h, (const uint8_t *)f->data + j * f->sample_bytes,
-                               f->sample_bytes);
+            XXH3_64bits_update(h, (const uint8_t *)f->data + j * f->sample_bytes, f->sample_bytes);
         } else {
             uint64_t len = f->lengths[j];
             XXH3_64bits_update(h, &len, sizeof len);
@@ -108,8 +107,7 @@ static void print_fields(const field_sums *fs, bool json)
         for (size_t k = 0; k < fs->n; k++) {
             printf("%s{\"name\":", k ? "," : "");
             stoker_json_str(stdout, fs->name[k]);
-            printf(",\"kind\":\"%s\",\"present\":%" PRIu64 ",\"absent\":%" PRIu64
-                   ",\"checksum\":",
+            printf(",\"kind\":\"%s\",\"present\":%" PRIu64 ",\"absent\":%" PRIu64 ",\"checksum\":",
                    fs->kind[k] ? fs->kind[k] : "?", fs->present[k], fs->absent[k]);
             if (fs->device[k])
                 printf("null}");
@@ -301,7 +299,8 @@ static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
         return 2;
     }
     if (w->header_opt && !w->record) {
-        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n", w->header_opt);
+        fprintf(stderr, "stoker: %s applies to record files; give --record-size too\n",
+                w->header_opt);
         return 2;
     }
     if (stk_options_set_partition(o, (unsigned)w->rank, (unsigned)w->world) ||
@@ -309,7 +308,8 @@ static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
         fprintf(stderr, "stoker: invalid partition or path\n");
         return 2;
     }
-    if (w->record && stk_options_set_records(o, (size_t)w->record, (size_t)w->header, (unsigned)w->label)) {
+    if (w->record &&
+        stk_options_set_records(o, (size_t)w->record, (size_t)w->header, (unsigned)w->label)) {
         fprintf(stderr, "stoker: invalid --record-size/--label-bytes (label bytes 0,1,2,4,8 "
                         "and smaller than the record)\n");
         return 2;
@@ -322,8 +322,8 @@ static int finish_bench(const bench_seen *w, stk_options *o, bench_args *a)
 /* The flags that take a count or a size (--batch-size ... --label-bytes):
  * 1 when k is none of them, 0 when it was parsed (*rc: the setter's code),
  * 2 for bad usage with the message printed. */
-static int parse_count_flag(int *ip, const char *k, const char *val, stk_options *o,
-                            bench_args *a, bench_seen *w, int *rc)
+static int parse_count_flag(int *ip, const char *k, const char *val, stk_options *o, bench_args *a,
+                            bench_seen *w, int *rc)
 {
     uint64_t v = 0;
 #define NUM(lo, hi)                                                                                \
@@ -344,8 +344,10 @@ static int parse_count_flag(int *ip, const char *k, const char *val, stk_options
     } else if (!strcmp(k, "--threads") && val && !strncmp(val, "auto", 4)) {
         /* auto or auto:N: autotune up to the default count or N. */
         if (val[4] && (val[4] != ':' || !stoker_parse_size(val + 5, &v) || v < 1 || v > 256)) {
-            fprintf(stderr, "stoker: --threads takes a number, auto or auto:N (N the most "
-                            "threads, 1..256), got '%s'\n", val);
+            fprintf(stderr,
+                    "stoker: --threads takes a number, auto or auto:N (N the most "
+                    "threads, 1..256), got '%s'\n",
+                    val);
             return 2;
         }
         *rc = stk_options_set_threads(o, val[4] ? (unsigned)v : 0);
@@ -422,8 +424,7 @@ static int parse_mix(const char *val, stk_options *o, int *rc)
     double x = strtod(val, &end);
     if (end != val && *end == ':' && (val[0] == '.' || (val[0] >= '0' && val[0] <= '9'))) {
         if (errno || !(x > 0 && x < 1e300)) {
-            fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH with a weight > 0, got '%s'\n",
-                    val);
+            fprintf(stderr, "stoker: --mix takes [WEIGHT:]PATH with a weight > 0, got '%s'\n", val);
             return 2;
         }
         wgt = x;
@@ -639,8 +640,8 @@ static void report_json(stk_loader *l, const bench_args *a, const bench_run *r,
     printf(",\"source\":\"%s\",\"threads\":%u,\"batch_size\":%zu,\"depth\":%u,"
            "\"epochs\":%" PRIu64 ",\"samples\":%" PRIu64 ",\"batches\":%" PRIu64
            ",\"seconds\":%.6f,\"open_s\":%.6f,\"first_batch_s\":",
-           r->info.source_kind, r->info.threads, r->info.batch_size, r->info.depth, a->epochs, r->samples,
-           r->batches, r->secs, r->open_s);
+           r->info.source_kind, r->info.threads, r->info.batch_size, r->info.depth, a->epochs,
+           r->samples, r->batches, r->secs, r->open_s);
     if (r->first_s < 0)
         printf("null");
     else
@@ -652,8 +653,8 @@ static void report_json(stk_loader *l, const bench_args *a, const bench_run *r,
     for (int s = 0; s < stk_stage_count(); s++) {
         stk_stage_stats ss = {.struct_size = sizeof ss};
         stk_loader_stage_stats(l, s, &ss);
-        printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "",
-               stk_stage_name(s), ss.items, (double)ss.busy_ns * 1e-9);
+        printf("%s\"%s\":{\"items\":%" PRIu64 ",\"busy_s\":%.6f}", s ? "," : "", stk_stage_name(s),
+               ss.items, (double)ss.busy_ns * 1e-9);
     }
     printf("},\"per_thread\":[");
     for (unsigned t = 0; t < r->info.threads; t++) {
@@ -745,8 +746,8 @@ int stoker_cmd_bench(int argc, char **argv)
     if (!a.json) {
         char shown[4096];
         printf("stoker bench: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n",
-               stoker_display_path(a.path, shown, sizeof shown),
-               info.source_kind, info.num_samples, info.num_classes);
+               stoker_display_path(a.path, shown, sizeof shown), info.source_kind, info.num_samples,
+               info.num_classes);
         printf("  transform %s, %s batches\n", a.transform ? a.transform : "none",
                info.kind == STK_BATCH_DENSE ? "dense" : "variable-size");
         char fields[1024];
@@ -775,8 +776,9 @@ int stoker_cmd_bench(int argc, char **argv)
                 /* What a GPU consumer waits for: the copy and conversion. */
                 rc = stk_batch_sync(b);
                 if (rc != STK_OK) {
-                    fprintf(stderr, "stoker: %s: batch %" PRIu64 " of epoch %" PRIu64
-                                    ": the device copy failed\n",
+                    fprintf(stderr,
+                            "stoker: %s: batch %" PRIu64 " of epoch %" PRIu64
+                            ": the device copy failed\n",
                             stk_strerror(rc), b->index, b->epoch);
                     stk_batch_release(b);
                     status = 1;
@@ -807,10 +809,18 @@ int stoker_cmd_bench(int argc, char **argv)
     double secs = stoker_now() - t0;
     stk_stats st = {.struct_size = sizeof st};
     stk_loader_stats(l, &st);
-    bench_run r = {.info = info, .st = st, .samples = samples, .batches = batches,
-                   .bound = bound, .secs = secs, .open_s = open_s, .first_s = first_s,
-                   .rate = secs > 0 ? (double)samples / secs : 0, .rss = stoker_peak_rss(),
-                   .sum = (unsigned long long)XXH3_64bits_digest(h), .status = status};
+    bench_run r = {.info = info,
+                   .st = st,
+                   .samples = samples,
+                   .batches = batches,
+                   .bound = bound,
+                   .secs = secs,
+                   .open_s = open_s,
+                   .first_s = first_s,
+                   .rate = secs > 0 ? (double)samples / secs : 0,
+                   .rss = stoker_peak_rss(),
+                   .sum = (unsigned long long)XXH3_64bits_digest(h),
+                   .status = status};
     if (a.json)
         report_json(l, &a, &r, &fs);
     else
@@ -823,4 +833,3 @@ out:
         XXH3_freeState(fs.h[k]);
     return status;
 }
-

@@ -36,8 +36,8 @@ bool stoker_parse_size(const char *s, uint64_t *out)
     return parse_size(s, out) == 0;
 }
 
-static bool parse_checked(const char *opt, const char *val, uint64_t lo, uint64_t hi,
-                          uint64_t *out, bool bytes)
+static bool parse_checked(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out,
+                          bool bytes)
 {
     int rc = parse_size(val, out);
     if (rc == 1) {
@@ -61,8 +61,7 @@ bool stoker_parse_opt(const char *opt, const char *val, uint64_t lo, uint64_t hi
     return parse_checked(opt, val, lo, hi, out, false);
 }
 
-bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi,
-                        uint64_t *out)
+bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     return parse_checked(opt, val, lo, hi, out, true);
 }
@@ -240,7 +239,6 @@ void stoker_usage(FILE *f)
                "every library option is also a flag (--max-dim 4096 sets max_dim); stoker\n"
                "options lists them all (docs/options.md).\n");
 }
-
 
 /* Peak resident set of this process image. VmHWM belongs to the address
  * space, so it starts afresh at exec; getrusage's ru_maxrss does not (Linux

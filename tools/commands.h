@@ -14,12 +14,11 @@
 bool stoker_parse_size(const char *s, uint64_t *out);
 /* How a size is written, for messages. */
 #define STOKER_SIZE_SYNTAX                                                                         \
-    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "    \
+    "e.g. 1048576, 64K, 16M or 16MiB, 1.5G, 500GiB; K/M/G/T and KiB..TiB are powers of 1024, "     \
     "KB/MB/GB/TB powers of 1000"
 /* stoker_parse_opt for an option that takes bytes: the message on a value
  * that is not a size shows the syntax. */
-bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi,
-                        uint64_t *out);
+bool stoker_parse_bytes(const char *opt, const char *val, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Parses val, the value of option opt, as stoker_parse_size does and checks
  * lo <= value <= hi. On failure prints the reason on stderr ("needs a
  * number", or "is out of range (lo..hi)", also for numbers too large for 64
@@ -66,8 +65,8 @@ typedef struct bench_args {
     bool json;
     bool progress; /* --progress / --no-progress given: forced; else on a terminal */
     bool progress_set;
-    double seconds; /* doctor: seconds per level (0 = default) */
-    bool device;    /* --device other than cpu: batches are device memory */
+    double seconds;            /* doctor: seconds per level (0 = default) */
+    bool device;               /* --device other than cpu: batches are device memory */
     uint64_t max_sample_bytes; /* --max-sample-bytes (0: not given) */
     unsigned nmix;             /* --mix sources given (bench: a mixture) */
 } bench_args;
@@ -90,11 +89,11 @@ double stoker_now(void);
 /* The tool's --help text. */
 void stoker_usage(FILE *f);
 
-int stoker_cmd_bench(int argc, char **argv);  /* stoker bench PATH [options] (bench.c) */
-int stoker_cmd_pack(int argc, char **argv);   /* stoker pack ... */
-int stoker_cmd_info(int argc, char **argv);   /* stoker info PATH */
-int stoker_cmd_verify(int argc, char **argv); /* stoker verify PATH */
-int stoker_cmd_doctor(int argc, char **argv); /* stoker doctor PATH [bench options] */
+int stoker_cmd_bench(int argc, char **argv);   /* stoker bench PATH [options] (bench.c) */
+int stoker_cmd_pack(int argc, char **argv);    /* stoker pack ... */
+int stoker_cmd_info(int argc, char **argv);    /* stoker info PATH */
+int stoker_cmd_verify(int argc, char **argv);  /* stoker verify PATH */
+int stoker_cmd_doctor(int argc, char **argv);  /* stoker doctor PATH [bench options] */
 int stoker_cmd_options(int argc, char **argv); /* stoker options [--markdown] */
 struct stk_option_info;
 /* The library option a flag names ("--cache-limit": cache_limit), with its

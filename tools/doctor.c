@@ -50,8 +50,8 @@ typedef struct level {
     char note[512]; /* why it was not measured, or a remark */
     double open_s, seconds;
     uint64_t samples, bytes, skipped;
-    double rate;  /* samples/s after the first batch (steady state) */
-    double cpu;   /* cores busy on average (user + system time / wall time) */
+    double rate;   /* samples/s after the first batch (steady state) */
+    double cpu;    /* cores busy on average (user + system time / wall time) */
     double starve; /* share of the wall time next() waited */
     uint64_t memory_bound;
     stk_fetch_stats fetch;
@@ -109,7 +109,6 @@ static double cpu_seconds(void)
     return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
-
 
 static void progress(doctor *d, const char *what, double t)
 {
@@ -288,8 +287,8 @@ static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, b
 /* Decodes the held samples on n threads for secs through the library
  * (stk_bench_decode): samples/s and cores busy. keep: the outputs are kept
  * for the batching level. */
-static int decode_run(doctor *d, unsigned n, double secs, bool keep, sweep_pt *pt,
-                      uint64_t *failed, char *err, size_t errlen)
+static int decode_run(doctor *d, unsigned n, double secs, bool keep, sweep_pt *pt, uint64_t *failed,
+                      char *err, size_t errlen)
 {
     char what[64];
     snprintf(what, sizeof what, "decode+augment from memory, %u thread%s", n, n == 1 ? "" : "s");
@@ -358,9 +357,8 @@ static void decode_level(doctor *d)
         d->nsweep = i + 1;
     }
     for (unsigned i = 0; i < d->nsweep; i++)
-        d->sweep[i].eff = d->sweep[0].rate > 0
-                              ? d->sweep[i].rate / (d->sweep[i].threads * d->sweep[0].rate)
-                              : 0;
+        d->sweep[i].eff =
+            d->sweep[0].rate > 0 ? d->sweep[i].rate / (d->sweep[i].threads * d->sweep[0].rate) : 0;
     /* The level's figure is the pool's: the sweep point at the loader's
      * thread count (or the nearest below it). */
     const sweep_pt *at = NULL;
@@ -372,14 +370,14 @@ static void decode_level(doctor *d)
         lv->rate = at->rate;
         lv->cpu = at->cpu;
         lv->done = true;
-        snprintf(lv->note, sizeof lv->note, "%u thread%s", at->threads, at->threads == 1 ? "" : "s");
+        snprintf(lv->note, sizeof lv->note, "%u thread%s", at->threads,
+                 at->threads == 1 ? "" : "s");
     } else if (at) {
         snprintf(lv->note, sizeof lv->note, "every sample failed to decode");
     }
     if (lv->done && d->fields) {
         size_t at_len = strlen(lv->note);
-        snprintf(lv->note + at_len, sizeof lv->note - at_len, ", image field '%s' only",
-                 d->image);
+        snprintf(lv->note + at_len, sizeof lv->note - at_len, ", image field '%s' only", d->image);
     }
 }
 
@@ -390,7 +388,7 @@ static void batching_level(doctor *d)
     level *lv = &d->batching;
     if (!d->out_dense || !d->nouts) {
         snprintf(lv->note, sizeof lv->note, "%s",
-                 d->decode.done               ? "variable-size output: measured within the full pipeline"
+                 d->decode.done ? "variable-size output: measured within the full pipeline"
                  : d->fields && !d->image[0] ? "no image field: the fields are batched in the full "
                                                "pipeline"
                                              : "no processed samples to batch");
@@ -404,7 +402,8 @@ static void batching_level(doctor *d)
     snprintf(path, sizeof path, "%s/stoker-doctor-XXXXXX", tmp);
     int fd = mkstemp(path);
     if (fd < 0) {
-        snprintf(lv->note, sizeof lv->note, "cannot create a file in %.200s: %s", tmp, strerror(errno));
+        snprintf(lv->note, sizeof lv->note, "cannot create a file in %.200s: %s", tmp,
+                 strerror(errno));
         return;
     }
     /* At least four batches' worth, repeating the outputs. */
@@ -429,8 +428,7 @@ static void batching_level(doctor *d)
     } else if (stk_options_create(&o) || stk_options_set_source(o, path) ||
                stk_options_set_records(o, d->out_bytes, 0, 0) ||
                stk_options_set_batch_size(o, want < batch ? want : batch) ||
-               stk_options_set_threads(o, d->threads) ||
-               stk_options_set_depth(o, d->depth)) {
+               stk_options_set_threads(o, d->threads) || stk_options_set_depth(o, d->depth)) {
         snprintf(lv->note, sizeof lv->note, "cannot set up the batching level");
     } else {
         run_loader(d, o, lv, "batching from memory", false);
@@ -474,7 +472,9 @@ static verdict judge(const doctor *d)
         double tot = inv[0] + work;
         for (int i = 0; i < 3; i++)
             v.share[i] = inv[i] / tot;
-        v.bound = work <= 0 || inv[0] >= work ? "storage" : inv[1] >= inv[2] ? "decode" : "batching";
+        v.bound = work <= 0 || inv[0] >= work ? "storage"
+                  : inv[1] >= inv[2]          ? "decode"
+                                              : "batching";
         return v;
     }
     v.predicted = 1.0 / sum;
@@ -615,8 +615,12 @@ static void json_level(const char *name, const level *lv, bool comma)
                ",\"fetch_wait_s\":%.4f,\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f",
                lv->fetch.requests, lv->fetch.bytes, lv->fetch.inflight_peak,
                (double)lv->fetch.wait_ns * 1e-9,
-               lv->fetch.completed ? (double)lv->fetch.request_ns * 1e-9 / (double)lv->fetch.completed : 0.0,
-               lv->fetch.completed ? (double)lv->fetch.first_byte_ns * 1e-9 / (double)lv->fetch.completed : 0.0);
+               lv->fetch.completed
+                   ? (double)lv->fetch.request_ns * 1e-9 / (double)lv->fetch.completed
+                   : 0.0,
+               lv->fetch.completed
+                   ? (double)lv->fetch.first_byte_ns * 1e-9 / (double)lv->fetch.completed
+                   : 0.0);
     if (lv->remote)
         printf(",\"throttled\":%" PRIu64 ",\"rate_limit\":%" PRIu64 ",\"hedges\":%" PRIu64
                ",\"hedge_wins\":%" PRIu64,
@@ -664,7 +668,8 @@ static void report(doctor *d)
             printf(",\"fields\":");
             stoker_json_str(stdout, fields);
         }
-        printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%.2f,"
+        printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%"
+               ".2f,"
                "\"levels\":{",
                d->threads, d->cpus, d->batch_size, d->depth, d->secs);
         json_level("storage", &d->storage, false);
@@ -712,8 +717,8 @@ static void report(doctor *d)
     printf("stoker doctor: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", shown,
            d->source_kind ? d->source_kind : "?", d->num_samples, d->num_classes);
     printf("  transform %s, batch %zu, %u threads (%u CPUs usable), depth %u, %.1f s per level\n",
-           d->a.transform ? d->a.transform : "none", d->batch_size, d->threads, d->cpus,
-           d->depth, d->secs);
+           d->a.transform ? d->a.transform : "none", d->batch_size, d->threads, d->cpus, d->depth,
+           d->secs);
     if (*fields)
         printf("  fields %s\n", fields);
     printf("\n");
@@ -728,10 +733,14 @@ static void report(doctor *d)
                "byte), %.1f MB received, %" PRIu64
                " at most in flight, workers waited %.2f s for the network\n",
                d->storage.fetch.requests,
-               d->storage.fetch.completed ? (double)d->storage.fetch.request_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
-               d->storage.fetch.completed ? (double)d->storage.fetch.first_byte_ns * 1e-6 / (double)d->storage.fetch.completed : 0.0,
-               (double)d->storage.fetch.bytes / 1e6,
-               d->storage.fetch.inflight_peak, (double)d->storage.fetch.wait_ns * 1e-9);
+               d->storage.fetch.completed
+                   ? (double)d->storage.fetch.request_ns * 1e-6 / (double)d->storage.fetch.completed
+                   : 0.0,
+               d->storage.fetch.completed ? (double)d->storage.fetch.first_byte_ns * 1e-6 /
+                                                (double)d->storage.fetch.completed
+                                          : 0.0,
+               (double)d->storage.fetch.bytes / 1e6, d->storage.fetch.inflight_peak,
+               (double)d->storage.fetch.wait_ns * 1e-9);
     if (d->storage.remote && d->storage.done) {
         /* The governor and hedging (docs/remote.md "Request governor"). */
         const stk_fetch_stats *f = &d->storage.fetch;

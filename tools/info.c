@@ -17,9 +17,9 @@
 /* The remote-dataset options info and verify take (docs/remote.md). */
 static bool remote_key(const char *key)
 {
-    static const char *const used[] = {"endpoint",          "region",        "cache_dir",
-                                       "addressing",        "cache_limit",   "fetch_concurrency",
-                                       "fetch_retries",     "fetch_timeout"};
+    static const char *const used[] = {"endpoint",      "region",       "cache_dir",
+                                       "addressing",    "cache_limit",  "fetch_concurrency",
+                                       "fetch_retries", "fetch_timeout"};
     for (size_t u = 0; u < sizeof used / sizeof used[0]; u++)
         if (!strcmp(key, used[u]))
             return true;
@@ -147,7 +147,8 @@ static void print_fields(const stk_dataset *d)
             continue;
         bool implied = f.kind == STK_FIELD_AUTO;
         const char *kind = stk_field_kind_name(implied ? stk_field_kind_for_name(f.name) : f.kind);
-        printf("field     %-12s %-6s%s", f.name, kind ? kind : "?", implied ? " (by its name)" : "");
+        printf("field     %-12s %-6s%s", f.name, kind ? kind : "?",
+               implied ? " (by its name)" : "");
         if (f.samples == UINT64_MAX)
             printf("  samples not counted\n");
         else
@@ -218,8 +219,8 @@ int stoker_cmd_info(int argc, char **argv)
 static void print_problem(const stk_verify_problem *p, void *user)
 {
     (void)user;
-    static const char *const label[] = {"", "corrupt", "too large", "manifest", "corrupt",
-                                        "dataset"};
+    static const char *const label[] = {"",         "corrupt", "too large",
+                                        "manifest", "corrupt", "dataset"};
     const char *l = p->kind > 0 && p->kind <= STK_VERIFY_DATASET ? label[p->kind] : "problem";
     if (*p->name)
         printf("%-9s %s: %s\n", l, p->name, p->reason);

@@ -43,12 +43,8 @@ static void accepts(const stk_option_info *in, bool md, char *buf, size_t len)
 {
     char lo[32], hi[32];
     switch (in->type) {
-    case STK_OPTION_BOOL:
-        snprintf(buf, len, "0, 1");
-        return;
-    case STK_OPTION_STRING:
-        snprintf(buf, len, "%s", in->unit ? in->unit : "text");
-        return;
+    case STK_OPTION_BOOL: snprintf(buf, len, "0, 1"); return;
+    case STK_OPTION_STRING: snprintf(buf, len, "%s", in->unit ? in->unit : "text"); return;
     case STK_OPTION_ENUM: {
         size_t at = 0;
         for (const char *w = in->values; *w && at < len;) {

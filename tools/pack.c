@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 typedef struct cli_progress {
-    bool tty;  /* draw the bar */
+    bool tty;   /* draw the bar */
     bool drawn; /* a bar line is open (not ended by a newline) */
 } cli_progress;
 
@@ -41,8 +41,8 @@ static int on_progress(const stk_pack_progress *pr, void *user)
 {
     cli_progress *c = user;
     if (pr->skipped_key) {
-        fprintf(stderr, "%sstoker pack: skipped sample %" PRIu64 " (%s): %s\n",
-                c->tty ? "\n" : "", pr->skipped_index, pr->skipped_key, pr->skipped_reason);
+        fprintf(stderr, "%sstoker pack: skipped sample %" PRIu64 " (%s): %s\n", c->tty ? "\n" : "",
+                pr->skipped_index, pr->skipped_key, pr->skipped_reason);
         c->drawn = false;
         return 0;
     }

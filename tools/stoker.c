@@ -51,4 +51,3 @@ int main(int argc, char **argv)
     stoker_usage(stderr);
     return 2;
 }
-

@@ -187,11 +187,12 @@ static PyObject *raise_code(int code, const char *msg)
 
 /* ---- Batch ---------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD stk_batch *b;
-    pid_t pid;    /* the process that holds the batch */
-    void *stream; /* device batches: the consumer's stream (the last one
-                     given to __dlpack__), where the release is recorded;
-                     streams added with record_stream() are recorded too */
+    PyObject_HEAD
+    stk_batch *b;
+    pid_t pid;          /* the process that holds the batch */
+    void *stream;       /* device batches: the consumer's stream (the last one
+                           given to __dlpack__), where the release is recorded;
+                           streams added with record_stream() are recorded too */
     PyObject *weakrefs; /* Loader.record_stream finds a batch by address */
 } BatchObject;
 
@@ -214,8 +215,9 @@ static void Batch_dealloc(BatchObject *self)
 
 /* ---- View ----------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD PyObject *owner; /* the Batch whose memory this is */
-    int on_device;                 /* the batch's data on its device (not labels) */
+    PyObject_HEAD
+    PyObject *owner; /* the Batch whose memory this is */
+    int on_device;   /* the batch's data on its device (not labels) */
     char *ptr;
     int vt;
     int ndim;
@@ -274,9 +276,10 @@ static int view_sync(ViewObject *self)
 {
     stk_batch *b = view_batch(self);
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = stk_batch_sync(b);
-    Py_END_ALLOW_THREADS if (rc)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_batch_sync(b);
+    Py_END_ALLOW_THREADS
+    if (rc) {
         device_error(b, rc);
         return -1;
     }
@@ -529,8 +532,7 @@ static PyObject *Batch_data(BatchObject *self, PyObject *unused)
     shape[0] = (int64_t)b->size;
     for (unsigned k = 0; k < nd; k++)
         shape[k + 1] = b->shape[k];
-    PyObject *v =
-        view_new((PyObject *)self, b->data, vtype_of_dtype(b->dtype), (int)nd + 1, shape);
+    PyObject *v = view_new((PyObject *)self, b->data, vtype_of_dtype(b->dtype), (int)nd + 1, shape);
     if (v)
         ((ViewObject *)v)->on_device = b->device != STK_DEVICE_CPU;
     return v;
@@ -907,8 +909,7 @@ static PyObject *Batch_field_uniform(BatchObject *self, PyObject *arg)
         Py_RETURN_NONE;
     const size_t stride = STK_FIELD_MAXDIM + 1;
     for (size_t s = 0; s < n; s++) {
-        if (field_absent(f, s) || f->dtypes[s] != f->dtypes[0] ||
-            f->lengths[s] != f->lengths[0] ||
+        if (field_absent(f, s) || f->dtypes[s] != f->dtypes[0] || f->lengths[s] != f->lengths[0] ||
             memcmp(&f->shapes[s * stride], f->shapes, stride * sizeof *f->shapes))
             Py_RETURN_NONE;
     }
@@ -1018,7 +1019,8 @@ static PyTypeObject Batch_Type = {
 
 /* ---- Engine --------------------------------------------------------------- */
 typedef struct {
-    PyObject_HEAD stk_loader *l;
+    PyObject_HEAD
+    stk_loader *l;
     PyThread_type_lock lock;
     unsigned long owner; /* thread holding lock, 0 when free (GIL-protected) */
     pid_t pid;
@@ -1163,7 +1165,8 @@ static int engine_enter(EngineObject *self)
                             "finalizer while it was busy)");
             return -1;
         }
-        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
     self->owner = me;
@@ -1291,12 +1294,14 @@ static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
     }
     if (!started) {
         /* No thread: open here, uninterruptibly. */
-        Py_BEGIN_ALLOW_THREADS opener_main(op);
+        Py_BEGIN_ALLOW_THREADS
+        opener_main(op);
         Py_END_ALLOW_THREADS
     }
     for (;;) {
         int done;
-        Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&op->mu);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&op->mu);
         if (!op->done) {
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -1309,7 +1314,9 @@ static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
         }
         done = op->done;
         pthread_mutex_unlock(&op->mu);
-        Py_END_ALLOW_THREADS if (done) break;
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
         if (PyErr_CheckSignals() < 0) {
             pthread_mutex_lock(&op->mu);
             done = op->done;
@@ -1355,8 +1362,8 @@ static int add_fields(stk_options *o, PyObject *fields)
                          stk_field_kind_name(kd));
                 used += strlen(known + used);
             }
-            PyErr_Format(PyExc_ValueError, "fields: '%s' has kind '%s', which is none (%s)",
-                         name, kind_name, known);
+            PyErr_Format(PyExc_ValueError, "fields: '%s' has kind '%s', which is none (%s)", name,
+                         kind_name, known);
             goto out;
         }
         int rc = stk_options_add_field(o, name, sources, kind, transform,
@@ -1403,11 +1410,10 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
     const char *transform = NULL;
     unsigned int threads = 0, depth = 2, rank = 0, world = 1;
     PyObject *records = Py_None, *options = Py_None, *fields = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O&n|pKpzIIpIIOOKOO:Engine", kwlist,
-                                     PyUnicode_FSConverter, &source_obj, &batch_size, &shuffle,
-                                     &seed, &drop_last, &transform, &threads, &depth, &skip, &rank,
-                                     &world, &records, &options, &max_sample_bytes, &fields,
-                                     &sources))
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwargs, "O&n|pKpzIIpIIOOKOO:Engine", kwlist, PyUnicode_FSConverter, &source_obj,
+            &batch_size, &shuffle, &seed, &drop_last, &transform, &threads, &depth, &skip, &rank,
+            &world, &records, &options, &max_sample_bytes, &fields, &sources))
         return -1;
     if (self->l) {
         Py_DECREF(source_obj);
@@ -1546,7 +1552,8 @@ static void Engine_dealloc(EngineObject *self)
         self->l = NULL;
         /* Joining the workers can take a moment; other threads may run. In a
          * forked child the library leaves the parent's loader alone. */
-        Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
+        Py_BEGIN_ALLOW_THREADS
+        stk_loader_close(l);
         Py_END_ALLOW_THREADS
     }
     if (self->lock && self->pid == getpid())
@@ -1584,9 +1591,10 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
     for (;;) {
         stk_batch *b = NULL;
         int rc;
-        Py_BEGIN_ALLOW_THREADS rc = stk_loader_next_timeout(self->l, &b, slice);
-        Py_END_ALLOW_THREADS if (rc == STK_OK)
-        {
+        Py_BEGIN_ALLOW_THREADS
+        rc = stk_loader_next_timeout(self->l, &b, slice);
+        Py_END_ALLOW_THREADS
+        if (rc == STK_OK) {
             BatchObject *bo = PyObject_New(BatchObject, &Batch_Type);
             if (!bo) {
                 /* The batch is lost to Python; give it back so the ring
@@ -1616,7 +1624,8 @@ static PyObject *Engine_next(EngineObject *self, PyObject *args)
                     /* A deferred close (see Engine_close): finish it here. */
                     stk_loader *l = self->l;
                     self->l = NULL;
-                    Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
+                    Py_BEGIN_ALLOW_THREADS
+                    stk_loader_close(l);
                     Py_END_ALLOW_THREADS
                 }
                 break;
@@ -1663,8 +1672,11 @@ static PyObject *Engine_set_epoch(EngineObject *self, PyObject *args)
     if (engine_enter(self))
         return NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_epoch(self->l, e);
-    Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_loader_set_epoch(self->l, e);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        engine_raise(self, rc);
     if (!rc)
         self->turn++;
     engine_leave(self);
@@ -1755,11 +1767,10 @@ static PyObject *Engine_fingerprint(EngineObject *self, PyObject *unused)
     /* The worlds this epoch ran under before this one (elastic resume). */
     PyObject *h = d ? PyList_New(0) : NULL;
     for (uint32_t i = 0; h && i < st.history_len && i < STK_STATE_HISTORY; i++) {
-        PyObject *g = Py_BuildValue(
-            "{s:I,s:I,s:K,s:K}", "world_size", st.history[i].world_size, "local_world_size",
-            st.history[i].local_world_size, "batch_size",
-            (unsigned long long)st.history[i].batch_size, "batches",
-            (unsigned long long)st.history[i].batches);
+        PyObject *g = Py_BuildValue("{s:I,s:I,s:K,s:K}", "world_size", st.history[i].world_size,
+                                    "local_world_size", st.history[i].local_world_size,
+                                    "batch_size", (unsigned long long)st.history[i].batch_size,
+                                    "batches", (unsigned long long)st.history[i].batches);
         if (!g || PyList_Append(h, g) < 0)
             Py_CLEAR(h);
         Py_XDECREF(g);
@@ -1768,9 +1779,9 @@ static PyObject *Engine_fingerprint(EngineObject *self, PyObject *unused)
         Py_CLEAR(d);
     Py_XDECREF(h);
     /* Where the state stands: the engine normalises an epoch it finished. */
-    PyObject *e = d ? Py_BuildValue("(KK)", (unsigned long long)st.epoch,
-                                    (unsigned long long)st.batch)
-                    : NULL;
+    PyObject *e =
+        d ? Py_BuildValue("(KK)", (unsigned long long)st.epoch, (unsigned long long)st.batch)
+          : NULL;
     if (!e || PyDict_SetItemString(d, "position", e) < 0)
         Py_CLEAR(d);
     Py_XDECREF(e);
@@ -1793,8 +1804,7 @@ static int history_from(PyObject *list, stk_state *st)
                      n, STK_STATE_HISTORY);
         return -1;
     }
-    static const char *const keys[4] = {"world_size", "local_world_size", "batch_size",
-                                        "batches"};
+    static const char *const keys[4] = {"world_size", "local_world_size", "batch_size", "batches"};
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *g = PySequence_GetItem(list, i);
         if (!g)
@@ -1878,8 +1888,11 @@ static PyObject *Engine_set_state(EngineObject *self, PyObject *args)
             goto out;
         }
     }
-    Py_BEGIN_ALLOW_THREADS rc = stk_loader_set_state(self->l, &st);
-    Py_END_ALLOW_THREADS if (rc) engine_raise(self, rc);
+    Py_BEGIN_ALLOW_THREADS
+    rc = stk_loader_set_state(self->l, &st);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        engine_raise(self, rc);
     if (!rc)
         self->turn++;
 out:
@@ -1954,10 +1967,9 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K,s:K,"
         "s:K,s:K,s:K}",
-        "requests",
-        (unsigned long long)f.requests, "retries", (unsigned long long)f.retries, "failures",
-        (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes, "sample_bytes",
-        (unsigned long long)f.sample_bytes, "overfetch_bytes",
+        "requests", (unsigned long long)f.requests, "retries", (unsigned long long)f.retries,
+        "failures", (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes,
+        "sample_bytes", (unsigned long long)f.sample_bytes, "overfetch_bytes",
         (unsigned long long)f.overfetch_bytes, "inflight_peak", (unsigned long long)f.inflight_peak,
         "waits", (unsigned long long)f.waits, "wait_s", (double)f.wait_ns * 1e-9,
         "buffered_peak_bytes", (unsigned long long)f.buffered_peak, "cache_hits",
@@ -2050,10 +2062,11 @@ static PyObject *Engine_stats(EngineObject *self, PyObject *unused)
         }
         Py_DECREF(d);
     }
-    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I,s:K}", "stages", stages, "threads",
-                        threads, "samples_delivered", (unsigned long long)st.samples_delivered,
-                        "batches_delivered", (unsigned long long)st.batches_delivered,
-                        "starvation_s", (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
+    res = Py_BuildValue("{s:O,s:O,s:K,s:K,s:d,s:K,s:K,s:K,s:O,s:I,s:I,s:K}", "stages", stages,
+                        "threads", threads, "samples_delivered",
+                        (unsigned long long)st.samples_delivered, "batches_delivered",
+                        (unsigned long long)st.batches_delivered, "starvation_s",
+                        (double)st.consumer_wait_ns * 1e-9, "samples_skipped",
                         (unsigned long long)st.samples_skipped, "samples_failed",
                         (unsigned long long)st.samples_failed, "memory_bound_bytes",
                         (unsigned long long)st.memory_bound_bytes, "errors", errors,
@@ -2100,8 +2113,10 @@ static PyObject *Engine_close(EngineObject *self, PyObject *unused)
     }
     stk_loader *l = self->l;
     self->l = NULL;
-    Py_BEGIN_ALLOW_THREADS stk_loader_close(l);
-    Py_END_ALLOW_THREADS engine_leave(self);
+    Py_BEGIN_ALLOW_THREADS
+    stk_loader_close(l);
+    Py_END_ALLOW_THREADS
+    engine_leave(self);
     Py_RETURN_NONE;
 }
 
@@ -2184,13 +2199,13 @@ static PyTypeObject Engine_Type = {
     .tp_new = Engine_new,
 };
 
-
 /* ---- ShardWriter: one stk_writer (stoker.Writer wraps it) ------------------
  * Calls keep the GIL: each is short (a copy into the writer's buffer, now
  * and then a 1 MiB write), and holding it serialises the calls, which the C
  * writer requires. */
 typedef struct {
-    PyObject_HEAD stk_writer *w;
+    PyObject_HEAD
+    stk_writer *w;
 } ShardWriterObject;
 
 static void ShardWriter_dealloc(ShardWriterObject *self)
@@ -2407,7 +2422,6 @@ static PyObject *mod_exception(PyObject *m, PyObject *args)
     return ev;
 }
 
-
 /* ---- pack ------------------------------------------------------------------
  * stk_pack runs without the GIL. Its progress callback comes on this same
  * thread: it takes the GIL back, checks for signals (Ctrl-C cancels the pack,
@@ -2448,11 +2462,11 @@ static int pack_progress_cb(const stk_pack_progress *pr, void *user)
         Py_DECREF(t);
     }
     if (c->progress != Py_None) {
-        PyObject *d = Py_BuildValue(
-            "{s:K,s:K,s:K,s:K,s:K,s:d}", "done", (unsigned long long)pr->done, "total",
-            (unsigned long long)pr->total, "skipped", (unsigned long long)pr->skipped, "bytes",
-            (unsigned long long)pr->bytes, "shards", (unsigned long long)pr->shards, "seconds",
-            pr->seconds);
+        PyObject *d =
+            Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:d}", "done", (unsigned long long)pr->done,
+                          "total", (unsigned long long)pr->total, "skipped",
+                          (unsigned long long)pr->skipped, "bytes", (unsigned long long)pr->bytes,
+                          "shards", (unsigned long long)pr->shards, "seconds", pr->seconds);
         PyObject *r = d ? PyObject_CallOneArg(c->progress, d) : NULL;
         Py_XDECREF(d);
         if (!r) {
@@ -2484,8 +2498,8 @@ static PyObject *mod_pack(PyObject *mod, PyObject *args)
     int skip_bad, restart = 0;
     if (!PyArg_ParseTuple(args, "O&O&KIIIIIIIpKKIO|p", PyUnicode_FSConverter, &src,
                           PyUnicode_FSConverter, &out, &shard_size, &max_side, &quality, &raw_h,
-                          &raw_w, &raw_c, &threads, &align, &skip_bad, &record_bytes,
-                          &header_bytes, &label_bytes, &progress, &restart)) {
+                          &raw_w, &raw_c, &threads, &align, &skip_bad, &record_bytes, &header_bytes,
+                          &label_bytes, &progress, &restart)) {
         Py_XDECREF(src);
         Py_XDECREF(out);
         return NULL;
@@ -2543,8 +2557,7 @@ static PyObject *mod_options(PyObject *self, PyObject *noargs)
     (void)noargs;
     static const char *const types[] = {"bool", "int", "uint", "size", "string", "enum"};
     PyObject *list = PyList_New(0);
-    for (const stk_option_info *in = stk_option_next(NULL); list && in;
-         in = stk_option_next(in)) {
+    for (const stk_option_info *in = stk_option_next(NULL); list && in; in = stk_option_next(in)) {
         PyObject *d = Py_BuildValue(
             "{s:s,s:s,s:K,s:K,s:z,s:z,s:s,s:s,s:I}", "name", in->name, "type",
             in->type >= 0 && in->type <= STK_OPTION_ENUM ? types[in->type] : "?", "min",

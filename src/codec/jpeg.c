@@ -281,8 +281,8 @@ static int use_sub(jstate *s, unsigned m, stk__rect *r, char *err, size_t errlen
         return STK_ENOMEM;
     }
     size_t len = 0;
-    int rc = stk__rst_sub(s->src, s->src_len, x, r0, r1, c0, c1, s->sub, s->src_len, &len, err,
-                          errlen);
+    int rc =
+        stk__rst_sub(s->src, s->src_len, x, r0, r1, c0, c1, s->sub, s->src_len, &len, err, errlen);
     if (rc)
         return rc;
     jpeg_abort_decompress(&s->cinfo);

@@ -27,9 +27,9 @@ typedef struct hdr {
      * the whole spectrum at full precision: a sequential scan whose MCU is
      * the one mcu_geometry computes. */
     bool full_scan;
-    size_t sof_at;         /* offset of the SOF marker */
-    size_t apps_end;       /* offset after the APPn/COM markers that follow SOI */
-    size_t sos_end;        /* first byte of entropy-coded data */
+    size_t sof_at;          /* offset of the SOF marker */
+    size_t apps_end;        /* offset after the APPn/COM markers that follow SOI */
+    size_t sos_end;         /* first byte of entropy-coded data */
     size_t idx_at, idx_len; /* our APP15: offset and whole length (0: none) */
 } hdr;
 
@@ -108,8 +108,9 @@ static int parse_header(const uint8_t *b, size_t n, hdr *h, char *err, size_t er
                 }
             }
         } else if ((m >= 0xC3 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC)) {
-            stk__fmt(err, errlen, "JPEG: lossless, hierarchical or arithmetic-coded frame "
-                                  "(SOF 0x%02X)",
+            stk__fmt(err, errlen,
+                     "JPEG: lossless, hierarchical or arithmetic-coded frame "
+                     "(SOF 0x%02X)",
                      m);
             return STK_EUNSUPPORTED;
         } else if (m == 0xDD && len == 4) {
@@ -296,11 +297,9 @@ int stk__rst_transcode(const uint8_t *in, size_t n, uint8_t **out, size_t *out_l
     for (int m = 0; m < 16; m++)
         jpeg_save_markers(&d, JPEG_APP0 + m, 0xFFFF);
     jpeg_read_header(&d, TRUE);
-    if (d.data_precision != 8 || d.arith_code || d.num_components > 4 ||
-        d.num_components == 2) {
-        stk__fmt(err, errlen, "JPEG: %d-bit, %s, %d components: not rewritten",
-                 d.data_precision, d.arith_code ? "arithmetic-coded" : "Huffman-coded",
-                 d.num_components);
+    if (d.data_precision != 8 || d.arith_code || d.num_components > 4 || d.num_components == 2) {
+        stk__fmt(err, errlen, "JPEG: %d-bit, %s, %d components: not rewritten", d.data_precision,
+                 d.arith_code ? "arithmetic-coded" : "Huffman-coded", d.num_components);
         rc = STK_EUNSUPPORTED;
         goto out;
     }

@@ -33,8 +33,8 @@ static int raw_open(void **out, const uint8_t *b, size_t n, const stk__codec_opt
         return STK_EUNSUPPORTED;
     }
     if (n != need) {
-        stk__fmt(err, errlen, "raw sample is %zu bytes; its shape %ux%ux%u needs %llu", n,
-                 o->raw_h, o->raw_w, o->raw_c, (unsigned long long)need);
+        stk__fmt(err, errlen, "raw sample is %zu bytes; its shape %ux%ux%u needs %llu", n, o->raw_h,
+                 o->raw_w, o->raw_c, (unsigned long long)need);
         return STK_EFORMAT;
     }
     rstate *s = stk__calloc(1, sizeof *s);
@@ -77,8 +77,7 @@ static int raw_start(void *st, unsigned m, stk__rect *r, size_t *tmp_bytes, char
     return STK_OK;
 }
 
-static int raw_read(void *st, uint8_t *dst, size_t stride, uint8_t *tmp, char *err,
-                    size_t errlen)
+static int raw_read(void *st, uint8_t *dst, size_t stride, uint8_t *tmp, char *err, size_t errlen)
 {
     rstate *s = st;
     (void)tmp;

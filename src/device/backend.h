@@ -33,9 +33,9 @@
 #include "ops/convert.h"
 
 typedef struct stk__dev stk__dev;
-typedef void *stk__stream; /* CUstream */
-typedef void *stk__event;  /* CUevent */
-typedef uint64_t stk__dptr;  /* CUdeviceptr */
+typedef void *stk__stream;  /* CUstream */
+typedef void *stk__event;   /* CUevent */
+typedef uint64_t stk__dptr; /* CUdeviceptr */
 
 typedef struct stk__dev_ops {
     const char *name; /* "cuda", "fake" */
@@ -49,8 +49,8 @@ typedef struct stk__dev_ops {
     void (*stream_destroy)(stk__dev *d, stk__stream s);
     int (*event_create)(stk__dev *d, stk__event *out, char *err, size_t errlen);
     void (*event_destroy)(stk__dev *d, stk__event e);
-    int (*copy_h2d)(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__stream s,
-                    char *err, size_t errlen);
+    int (*copy_h2d)(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__stream s, char *err,
+                    size_t errlen);
     /* Copies device memory to the host at once (waits for nothing: sync
      * the event of the work that wrote it first). For tests and tools. */
     int (*copy_d2h)(stk__dev *d, void *dst, stk__dptr src, size_t n, char *err, size_t errlen);
@@ -93,9 +93,9 @@ int stk__cuda_device_has_kernel(const stk__dev *d);
 /* The fake backend's knobs, for tests (process-wide; set before opening):
  * seed of the delays, the largest delay in microseconds before each queued
  * operation runs, and the number of the copy or conversion (counted from 1
- * across the process as they are queued, 0: none) that fails when it runs. Calling it also turns on the
- * host_changed check (a hash of each copy's source when queued and when
- * run), which costs CPU the overlap benchmark does not want. */
+ * across the process as they are queued, 0: none) that fails when it runs. Calling it also turns on
+ * the host_changed check (a hash of each copy's source when queued and when run), which costs CPU
+ * the overlap benchmark does not want. */
 void stk__fake_config(uint64_t seed, unsigned max_delay_us, unsigned fail_at);
 /* Counters of the fake backend since the last stk__fake_config: operations
  * run, and host buffers changed between a copy's queueing and its run (a

@@ -33,10 +33,10 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
 
-#define CUDA_SUCCESS_            0
-#define CUDA_ERROR_NOT_READY_    600
-#define CU_STREAM_NON_BLOCKING_  0x1
-#define CU_EVENT_DISABLE_TIMING_ 0x2
+#define CUDA_SUCCESS_             0
+#define CUDA_ERROR_NOT_READY_     600
+#define CU_STREAM_NON_BLOCKING_   0x1
+#define CU_EVENT_DISABLE_TIMING_  0x2
 #define CU_MEMHOSTALLOC_PORTABLE_ 0x1
 
 #ifdef STK_HAVE_CUDA_KERNELS
@@ -76,7 +76,7 @@ int stk__cuda_have_kernels(void)
     X(cuEventQuery, "cuEventQuery", CUresult (*)(CUevent))                                         \
     X(cuEventSynchronize, "cuEventSynchronize", CUresult (*)(CUevent))                             \
     X(cuStreamWaitEvent, "cuStreamWaitEvent", CUresult (*)(CUstream, CUevent, unsigned))           \
-    X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                                  \
+    X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2",                                                   \
       CUresult (*)(CUdeviceptr, const void *, size_t, CUstream))                                   \
     X(cuMemcpyDtoH, "cuMemcpyDtoH_v2", CUresult (*)(void *, CUdeviceptr, size_t))                  \
     X(cuModuleLoadData, "cuModuleLoadData", CUresult (*)(CUmodule *, const void *))                \
@@ -84,7 +84,7 @@ int stk__cuda_have_kernels(void)
     X(cuModuleGetFunction, "cuModuleGetFunction",                                                  \
       CUresult (*)(CUfunction *, CUmodule, const char *))                                          \
     X(cuLaunchKernel, "cuLaunchKernel",                                                            \
-      CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,        \
+      CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,         \
                    unsigned, CUstream, void **, void **))                                          \
     X(cuGetErrorString, "cuGetErrorString", CUresult (*)(CUresult, const char **))
 
@@ -230,8 +230,9 @@ static int c_convert(stk__dev *d, const stk__convert *cv, stk__dptr src, stk__dp
 {
     cudev *c = (cudev *)d;
     if (!c->kernel) {
-        stk__fmt(err, errlen, "this build of stoker has no CUDA kernels (nvcc was not found "
-                              "when it was built)");
+        stk__fmt(err, errlen,
+                 "this build of stoker has no CUDA kernels (nvcc was not found "
+                 "when it was built)");
         return STK_EUNSUPPORTED;
     }
     stk__convert arg = *cv;
@@ -352,7 +353,7 @@ int stk__dev_open_cuda(stk__dev **out, int id, char *err, size_t errlen)
     {                                                                                              \
         void *p_ = dlsym(c->lib, sym);                                                             \
         if (!p_) {                                                                                 \
-            stk__fmt(err, errlen, "device \"cuda:%d\": %s has no %s: the driver is too old", id, \
+            stk__fmt(err, errlen, "device \"cuda:%d\": %s has no %s: the driver is too old", id,   \
                      name, sym);                                                                   \
             goto fail;                                                                             \
         }                                                                                          \

@@ -323,8 +323,8 @@ static void f_event_destroy(stk__dev *d, stk__event e)
     stk__free(e);
 }
 
-static int f_copy(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__stream st,
-                  char *err, size_t errlen)
+static int f_copy(stk__dev *d, stk__dptr dst, const void *src, size_t n, stk__stream st, char *err,
+                  size_t errlen)
 {
     fake *f = (fake *)d;
     fop *o = new_op(OP_COPY, err, errlen);

@@ -6,14 +6,14 @@
 
 #include <string.h>
 
-#define NSTREAMS     2              /* copies of batch k+1 overlap the conversion of k */
-#define MAX_INFLIGHT 2              /* host batches whose copies may run at once */
-#define HOST_SLICE   20000000ULL    /* the copy thread's wait for a host batch */
-#define WAIT_SLICE   100000000ULL   /* waits wake this often to re-check cancel */
-#define REAP_SLICE   1000000ULL     /* while copies run, look at their events this often */
+#define NSTREAMS     2            /* copies of batch k+1 overlap the conversion of k */
+#define MAX_INFLIGHT 2            /* host batches whose copies may run at once */
+#define HOST_SLICE   20000000ULL  /* the copy thread's wait for a host batch */
+#define WAIT_SLICE   100000000ULL /* waits wake this often to re-check cancel */
+#define REAP_SLICE   1000000ULL   /* while copies run, look at their events this often */
 
-#define DEV_ALIGN    256            /* each device column starts on this (cudaMalloc's) */
-#define ARENA_ALIGN  64             /* each host sample, as the host field arena has it */
+#define DEV_ALIGN    256 /* each device column starts on this (cudaMalloc's) */
+#define ARENA_ALIGN  64  /* each host sample, as the host field arena has it */
 #define SHAPE_STRIDE (STK_FIELD_MAXDIM + 1)
 
 enum { D_FREE, D_ISSUING, D_QUEUED, D_HELD, D_RELEASING };
@@ -540,8 +540,8 @@ static void *copy_main(void *arg)
         pthread_mutex_unlock(&st->lock);
         stk_batch *hb = NULL;
         err[0] = 0;
-        int rc = st->cfg.host_next(st->cfg.ctx, &hb, st->nfl ? REAP_SLICE : HOST_SLICE, err,
-                                   sizeof err);
+        int rc =
+            st->cfg.host_next(st->cfg.ctx, &hb, st->nfl ? REAP_SLICE : HOST_SLICE, err, sizeof err);
         pthread_mutex_lock(&st->lock);
         st->in_next = false;
         pthread_cond_broadcast(&st->cond);

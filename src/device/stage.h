@@ -56,8 +56,8 @@ typedef struct stk__devfield {
 } stk__devfield;
 
 typedef struct stk__devstage_cfg {
-    stk__dev *dev;            /* borrowed: outlives the stage */
-    unsigned slots;           /* device buffers: the consumer's + depth ahead */
+    stk__dev *dev;  /* borrowed: outlives the stage */
+    unsigned slots; /* device buffers: the consumer's + depth ahead */
     size_t batch_size;
     size_t host_sample_bytes; /* one sample in the host ring */
     size_t out_sample_bytes;  /* one sample on the device */

@@ -130,7 +130,7 @@ struct stk__fetch {
     shardst *sh;
     size_t nshards; /* of sh (the source is closed before the stage is freed) */
     uint64_t fallbacks;
-    chunk **blk; /* order "blocks": per block, its live whole-block chunk or NULL */
+    chunk **blk;        /* order "blocks": per block, its live whole-block chunk or NULL */
     uint64_t block_max; /* the largest block's bytes */
 
     /* stats (under lock) */
@@ -1061,8 +1061,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     if (e) {
         c = e->state == E_LIVE ? e->ch : NULL;
         uint64_t end = c && c->kind == K_CACHE ? e->off + e->len : 0;
-        if (c && busy(c) && !partial_ok(c, end) &&
-            (f->pending || (f->admit && !f->admitter))) {
+        if (c && busy(c) && !partial_ok(c, end) && (f->pending || (f->admit && !f->admitter))) {
             /* The requests this thread planned go out before it waits, and
              * admissions no thread is making are made (a seek's). */
             unlock_and_submit(f);

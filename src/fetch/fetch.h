@@ -52,21 +52,21 @@ typedef struct stk__fetch_plan {
 #define STK_FETCH_LOOKAHEAD_MAX ((uint64_t)1 << 20)
 
 typedef struct stk__fetch_cfg {
-    uint64_t buffer_bytes;  /* budget for bytes buffered + in flight (default 64 MiB) */
-    uint64_t coalesce_gap;  /* merge neighbours up to this gap (default 16 KiB) */
-    uint64_t max_request;   /* largest merged request (default 8 MiB) */
-    uint64_t lookahead;     /* most samples planned ahead (default: max(2 batches,
-                               2 x concurrency, 256)) */
-    unsigned concurrency;   /* the store's requests in flight (for the default) */
-    unsigned threads;       /* workers (for the memory bound) */
+    uint64_t buffer_bytes; /* budget for bytes buffered + in flight (default 64 MiB) */
+    uint64_t coalesce_gap; /* merge neighbours up to this gap (default 16 KiB) */
+    uint64_t max_request;  /* largest merged request (default 8 MiB) */
+    uint64_t lookahead;    /* most samples planned ahead (default: max(2 batches,
+                              2 x concurrency, 256)) */
+    unsigned concurrency;  /* the store's requests in flight (for the default) */
+    unsigned threads;      /* workers (for the memory bound) */
     /* Order "blocks" (schedule/blocks.c): block b is samples [block_first[b],
      * block_first[b+1]), consecutive in one shard; a sample not read from the
      * cache comes with its whole block, one request, kept until the block's
      * planned samples are consumed. NULL: samples are merged by gap. */
     const uint64_t *block_first;
     size_t nblocks;
-    const char *cache_dir;  /* disk cache of whole shards, or NULL */
-    uint64_t cache_limit;   /* bytes */
+    const char *cache_dir; /* disk cache of whole shards, or NULL */
+    uint64_t cache_limit;  /* bytes */
 } stk__fetch_cfg;
 
 typedef struct stk__fetch stk__fetch;

@@ -76,18 +76,11 @@ static inline int fault(unsigned mask)
 static bool fail_with(int f)
 {
     switch (f) {
-    case STK__IOF_EIO:
-        errno = EIO;
-        return true;
-    case STK__IOF_EINTR:
-        errno = EINTR;
-        return true;
-    case STK__IOF_ENOENT:
-        errno = ENOENT;
-        return true;
+    case STK__IOF_EIO: errno = EIO; return true;
+    case STK__IOF_EINTR: errno = EINTR; return true;
+    case STK__IOF_ENOENT: errno = ENOENT; return true;
     case STK__IOF_ENOSPC: errno = ENOSPC; return true;
-    default:
-        return false;
+    default: return false;
     }
 }
 

@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH 4          /* directories below the dataset URL */
-#define MAX_PAGES 100000     /* index pages read */
+#define MAX_DEPTH 4           /* directories below the dataset URL */
+#define MAX_PAGES 100000      /* index pages read */
 #define PAGE_MAX  (64u << 20) /* bytes of one index page */
 
 typedef struct lst {
@@ -249,8 +249,7 @@ int stk__http_list_tree(stk__remote *r, char ***names, uint64_t **sizes, size_t 
         char where[4096], why[512];
         stk__remote_object_display(r, dir, where, sizeof where);
         if (++pages > MAX_PAGES) {
-            stk__fmt(err, errlen, "%s: more than %d index pages below it", r->display,
-                     MAX_PAGES);
+            stk__fmt(err, errlen, "%s: more than %d index pages below it", r->display, MAX_PAGES);
             rc = STK_EUNSUPPORTED;
             break;
         }

@@ -30,7 +30,6 @@ static void curl_init_once(void)
     g_curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
-
 /* ---- the transfer engine ------------------------------------------------- */
 
 static uint64_t rng_next(stk__remote *r)
@@ -140,8 +139,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     (void)ulnow;
     stk__req *q = ud;
     uint64_t bytes = (uint64_t)(dltotal > dlnow ? dltotal : dlnow);
-    uint64_t limit_ns = (uint64_t)q->timeout_s_ * 1000000000ULL +
-                        bytes / MIN_RATE * 1000000000ULL +
+    uint64_t limit_ns = (uint64_t)q->timeout_s_ * 1000000000ULL + bytes / MIN_RATE * 1000000000ULL +
                         bytes % MIN_RATE * (1000000000ULL / MIN_RATE);
     uint64_t el = stk__now_ns() - q->t0_;
     if (el <= limit_ns)
@@ -373,8 +371,7 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
                     unsigned long long a = 0;
                     if (sscanf(h->value, "bytes %llu-", &a) != 1 || a != q->off) {
                         stk__fmt(q->err, sizeof q->err,
-                                 "the server answered a different range (%s) than asked",
-                                 h->value);
+                                 "the server answered a different range (%s) than asked", h->value);
                         q->rc = STK_EIO;
                         return q->rc;
                     }
@@ -415,8 +412,10 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
          * retries once (2); a second refusal is final. */
         if (!q->cred_retried_)
             return 2;
-        stk__fmt(q->err, sizeof q->err, "%s (the credentials expired, and those the credential "
-                 "chain gave again were refused too)", what);
+        stk__fmt(q->err, sizeof q->err,
+                 "%s (the credentials expired, and those the credential "
+                 "chain gave again were refused too)",
+                 what);
         q->rc = STK_EIO;
         return q->rc;
     }
@@ -438,8 +437,10 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
                             "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in "
                             "~/.aws/credentials); this bucket needs them");
     if (st == 416)
-        stk__fmt(q->err, sizeof q->err, "%s (range not satisfiable: the object is shorter than "
-                                        "its index says)", what);
+        stk__fmt(q->err, sizeof q->err,
+                 "%s (range not satisfiable: the object is shorter than "
+                 "its index says)",
+                 what);
     q->rc = STK_EIO;
     return q->rc;
 }
@@ -601,7 +602,7 @@ static void gov_cut(stk__remote *r)
  * file is written in place as it arrives, and two writers of one file would
  * need a second file and a rename to decide between them. */
 #define HEDGE_MIN_SAMPLES 20 /* completed requests before the first hedge */
-#define HEDGE_PCT 5
+#define HEDGE_PCT         5
 /* Below this a delay is the host's scheduling (a loaded machine runs the
  * I/O thread late), not the store's tail: hedging it would only duplicate. */
 #define HEDGE_FLOOR_NS 20000000ULL
@@ -800,8 +801,7 @@ static stk__req *take_due(stk__remote *r, uint64_t now, uint64_t *next_due)
     stk__req *take = NULL, **tail = &take;
     for (stk__req **pp = &r->retry; *pp;) {
         stk__req *q = *pp;
-        if (q->not_before_ <= now && r->active < r->cfg.concurrency &&
-            gov_take(r, now, next_due)) {
+        if (q->not_before_ <= now && r->active < r->cfg.concurrency && gov_take(r, now, next_due)) {
             *pp = q->next_;
             q->next_ = NULL;
             *tail = q;
@@ -1101,8 +1101,8 @@ void stk__remote_close(stk__remote *r)
         curl_multi_cleanup(r->multi);
     pthread_mutex_destroy(&r->lock);
     pthread_cond_destroy(&r->cond_done);
-    char *strs[] = {r->display,  r->base,   r->self_url, r->basename, r->bucket,
-                    r->prefix,   r->list_url, r->region, r->sigv4,    r->cafile};
+    char *strs[] = {r->display, r->base,     r->self_url, r->basename, r->bucket,
+                    r->prefix,  r->list_url, r->region,   r->sigv4,    r->cafile};
     for (size_t k = 0; k < sizeof strs / sizeof *strs; k++)
         stk__free(strs[k]);
     stk__creds_close(r->creds); /* wipes the secrets */

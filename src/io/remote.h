@@ -91,11 +91,11 @@ struct stk__req {
     /* in */
     const char *name;    /* object, relative to the root (copied at submit) */
     const char *raw_url; /* instead of name: a full request URL (copied) */
-    uint64_t off, len; /* byte range; len 0 = the whole object */
-    uint8_t *buf;      /* memory destination: len bytes (ranged), or NULL: the
-                          engine allocates up to max_bytes (whole object) */
-    size_t max_bytes;  /* limit for a whole object kept in memory */
-    int fd;            /* >= 0 (and buf NULL): write the body to fd from offset 0 */
+    uint64_t off, len;   /* byte range; len 0 = the whole object */
+    uint8_t *buf;        /* memory destination: len bytes (ranged), or NULL: the
+                            engine allocates up to max_bytes (whole object) */
+    size_t max_bytes;    /* limit for a whole object kept in memory */
+    int fd;              /* >= 0 (and buf NULL): write the body to fd from offset 0 */
     void (*done)(stk__req *q, void *ctx);
     void *ctx;
     /* Optional, fd destinations: called on the I/O thread (no engine lock
@@ -127,14 +127,14 @@ struct stk__req {
     int state_;
     long retry_after_s_;
     struct curl_slist *hdrs_;
-    char ebody_[512]; /* start of an error response's body (S3's XML error) */
-    uint64_t cred_gen_; /* generation of the credentials that signed it */
-    bool cred_retried_; /* already retried once after an expired token */
-    bool hedged_;       /* a hedge was sent for it (one a request at most) */
-    stk__req *hedge_;   /* its hedge in flight, or NULL */
+    char ebody_[512];    /* start of an error response's body (S3's XML error) */
+    uint64_t cred_gen_;  /* generation of the credentials that signed it */
+    bool cred_retried_;  /* already retried once after an expired token */
+    bool hedged_;        /* a hedge was sent for it (one a request at most) */
+    stk__req *hedge_;    /* its hedge in flight, or NULL */
     stk__req *hedge_of_; /* for a hedge (engine-allocated): the request it races */
-    char cerr_[256];  /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
-    uint64_t t0_;     /* the current attempt's start (stk__now_ns) */
+    char cerr_[256];     /* libcurl's detail of a failed attempt (CURL_ERROR_SIZE) */
+    uint64_t t0_;        /* the current attempt's start (stk__now_ns) */
     unsigned timeout_s_;
     size_t ebody_len_;
     stk__req *next_, *anext_;
@@ -170,8 +170,8 @@ void stk__remote_list_free(char **names, uint64_t *sizes, size_t n);
 typedef struct stk__remote_counters {
     uint64_t requests, retries, failures, bytes, inflight, inflight_peak, busy_ns;
     uint64_t completed, request_ns, first_byte_ns; /* attempts ended, their summed times */
-    uint64_t throttled; /* answers 503 / 429 (SlowDown): each cut the rate budget */
-    uint64_t rate;      /* the rate budget now, requests a second (0: none) */
+    uint64_t throttled;          /* answers 503 / 429 (SlowDown): each cut the rate budget */
+    uint64_t rate;               /* the rate budget now, requests a second (0: none) */
     uint64_t hedges, hedge_wins; /* hedged requests sent; those that answered first */
 } stk__remote_counters;
 void stk__remote_counters_get(const stk__remote *r, stk__remote_counters *c);
@@ -194,8 +194,8 @@ void stk__xml_unescape(char *s);
  * else NULL. STK_EFORMAT (truncated without a token), STK_ENOMEM; the reason
  * in err. */
 int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***names,
-                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token,
-                      char *err, size_t errlen);
+                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token, char *err,
+                      size_t errlen);
 /* Parses one nginx autoindex page (HTML, or JSON from autoindex_format
  * json; body NUL-terminated, len bytes) of the dataset's root: its files
  * (names, sizes: the caller frees them with stk__remote_list_free) and how

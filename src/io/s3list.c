@@ -123,8 +123,8 @@ static int xml_field(const char *from, const char *end, const char *tag, char **
 }
 
 int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***names,
-                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token,
-                      char *err, size_t errlen)
+                      uint64_t **sizes, size_t *n, size_t *cap, bool *more, char **token, char *err,
+                      size_t errlen)
 {
     int rc = STK_OK;
     char *key = NULL, *size = NULL, *trunc = NULL;
@@ -162,8 +162,8 @@ int stk__s3_list_page(const char *body, size_t len, const char *prefix, char ***
         errno = 0;
         unsigned long long sz = isdigit((unsigned char)size[0]) ? strtoull(size, &se, 10) : 0;
         if (!se || *se || errno) {
-            stk__fmt(err, errlen, "object \"%s\" has a <Size> that is not a number: \"%.40s\"",
-                     key, size);
+            stk__fmt(err, errlen, "object \"%s\" has a <Size> that is not a number: \"%.40s\"", key,
+                     size);
             rc = STK_EFORMAT;
             goto out;
         }
@@ -247,8 +247,8 @@ static int list(stk__remote *r, bool tree, char ***names_out, uint64_t **sizes_o
         }
         if (token) {
             stk__pct_encode(token, false, enc_token, tcap);
-            stk__fmt(url, ucap, "%s?continuation-token=%s%s&list-type=2&prefix=%s",
-                     r->list_url, enc_token, tree ? "" : "&delimiter=%2F", enc_prefix);
+            stk__fmt(url, ucap, "%s?continuation-token=%s%s&list-type=2&prefix=%s", r->list_url,
+                     enc_token, tree ? "" : "&delimiter=%2F", enc_prefix);
         } else {
             stk__fmt(url, ucap, "%s?%slist-type=2&prefix=%s", r->list_url,
                      tree ? "" : "delimiter=%2F&", enc_prefix);

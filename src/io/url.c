@@ -84,8 +84,8 @@ void stk__pct_encode(const char *s, bool keep_slash, char *out, size_t n)
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         unsigned char ch = *p;
         bool keep = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') ||
-                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_' ||
-                    ch == '~' || (keep_slash && ch == '/');
+                    (ch >= '0' && ch <= '9') || ch == '-' || ch == '.' || ch == '_' || ch == '~' ||
+                    (keep_slash && ch == '/');
         if (o + (keep ? 1 : 3) >= n)
             break; /* no room: truncated (callers size out at 3 x strlen + 1) */
         if (keep) {
@@ -271,7 +271,8 @@ int stk__url_parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
     int rc = s3_credentials(r, err, errlen);
     if (rc)
         return rc;
-    const char *ep = r->cfg.endpoint && *r->cfg.endpoint ? r->cfg.endpoint : env("AWS_ENDPOINT_URL_S3");
+    const char *ep =
+        r->cfg.endpoint && *r->cfg.endpoint ? r->cfg.endpoint : env("AWS_ENDPOINT_URL_S3");
     if (!ep)
         ep = env("AWS_ENDPOINT_URL");
     char host[1024];
@@ -290,8 +291,8 @@ int stk__url_parse_s3(stk__remote *r, const char *url, char *err, size_t errlen)
     char *epc = stk__dupn(ep, elen);
     if (!epc)
         return STK_ENOMEM;
-    bool virt = r->cfg.addressing == 2 ||
-                (r->cfg.addressing == 0 && !custom && !strchr(r->bucket, '.'));
+    bool virt =
+        r->cfg.addressing == 2 || (r->cfg.addressing == 0 && !custom && !strchr(r->bucket, '.'));
     char enc_bucket[512];
     stk__pct_encode(r->bucket, false, enc_bucket, sizeof enc_bucket);
     if (virt) {

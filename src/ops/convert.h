@@ -137,7 +137,9 @@ STK_HD void stk__convert_element(const stk__convert *cv, const uint8_t *src, voi
     unsigned v = src[(img * hw + pix) * 3 + (size_t)c];
     switch (cv->dtype) {
     case STK__CV_FLOAT32: ((float *)dst)[i] = stk__norm_value(cv, c, v); break;
-    case STK__CV_FLOAT16: ((uint16_t *)dst)[i] = stk__f16_from_f32(stk__norm_value(cv, c, v)); break;
+    case STK__CV_FLOAT16:
+        ((uint16_t *)dst)[i] = stk__f16_from_f32(stk__norm_value(cv, c, v));
+        break;
     case STK__CV_BFLOAT16:
         ((uint16_t *)dst)[i] = stk__bf16_from_f32(stk__norm_value(cv, c, v));
         break;

@@ -410,8 +410,8 @@ int stk__writer_end(stk_writer *w)
      * bytes a reader will see) and written before the manifest, which names
      * it by size and checksum: a manifest never names an index that is not
      * there. */
-    if (!rc && (rc = stk__stkindex_write(w->dir, &w->man, &w->man.index_bytes,
-                                         &w->man.index_sum, w->err, sizeof w->err)) == STK_OK)
+    if (!rc && (rc = stk__stkindex_write(w->dir, &w->man, &w->man.index_bytes, &w->man.index_sum,
+                                         w->err, sizeof w->err)) == STK_OK)
         w->man.has_index = true;
     if (!rc && (rc = stk__manifest_write(w->dir, &w->man, w->err, sizeof w->err)) && !w->err[0])
         stk__fmt(w->err, sizeof w->err, "%s: cannot write the manifest: %s", w->dir,

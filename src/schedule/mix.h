@@ -53,12 +53,12 @@ typedef struct stk__mix_node {
 
 typedef struct stk__mix {
     size_t nsrc;
-    uint64_t N;                                 /* positions per epoch */
-    uint64_t quota[STK__MIX_MAX_SOURCES];       /* per source per epoch */
-    uint64_t size[STK__MIX_MAX_SOURCES];        /* samples of source s */
-    uint64_t offset[STK__MIX_MAX_SOURCES + 1];  /* composite id of source s's sample 0 */
-    stk__mix_node nodes[STK__MIX_MAX_SOURCES];  /* nsrc - 1 used (sources with quota > 0) */
-    int32_t root;                               /* node index, or a leaf -(s + 1) */
+    uint64_t N;                                /* positions per epoch */
+    uint64_t quota[STK__MIX_MAX_SOURCES];      /* per source per epoch */
+    uint64_t size[STK__MIX_MAX_SOURCES];       /* samples of source s */
+    uint64_t offset[STK__MIX_MAX_SOURCES + 1]; /* composite id of source s's sample 0 */
+    stk__mix_node nodes[STK__MIX_MAX_SOURCES]; /* nsrc - 1 used (sources with quota > 0) */
+    int32_t root;                              /* node index, or a leaf -(s + 1) */
     uint64_t seed;
     bool shuffle;
     /* Mixture positions per schedule unit: 1, or with mix_batching

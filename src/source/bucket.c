@@ -117,8 +117,7 @@ static void bk_close(stk__source *s)
     s->impl = NULL;
 }
 
-static void bk_locate(const stk__source *s, uint64_t i, size_t *shard, uint64_t *off,
-                      uint64_t *len)
+static void bk_locate(const stk__source *s, uint64_t i, size_t *shard, uint64_t *off, uint64_t *len)
 {
     *shard = (size_t)i;
     *off = 0;

@@ -55,10 +55,10 @@ static const file_kind k_file_kinds[] = {
 };
 
 enum { K_NONE, K_STK, K_CIFAR, K_FOLDER, K_FILES /* + a row of k_file_kinds */ };
-#define K_TAR   (K_FILES + 0)
-#define K_TFREC (K_FILES + 1)
+#define K_TAR     (K_FILES + 0)
+#define K_TFREC   (K_FILES + 1)
 #define K_PARQUET (K_FILES + 2)
-#define K_COUNT (K_FILES + (int)(sizeof k_file_kinds / sizeof k_file_kinds[0]))
+#define K_COUNT   (K_FILES + (int)(sizeof k_file_kinds / sizeof k_file_kinds[0]))
 
 static const char *kind_name(int k)
 {
@@ -256,8 +256,9 @@ enum { IX_NONE, IX_MDS, IX_LITDATA };
 
 static int index_kind(const char *text, size_t len)
 {
-    return stk__mds_sniff_text(text, len) ? IX_MDS : stk__litdata_sniff_text(text, len) ? IX_LITDATA
-                                                                                       : IX_NONE;
+    return stk__mds_sniff_text(text, len)       ? IX_MDS
+           : stk__litdata_sniff_text(text, len) ? IX_LITDATA
+                                                : IX_NONE;
 }
 
 /* Opens the dataset fs gives (taken over) as kind ix; the source keeps what
@@ -320,8 +321,8 @@ static int open_pattern(stk__source *s, const char *pat, char *err, size_t errle
             goto out;
         }
         if (k && kk != kind) {
-            stk__fmt(err, errlen, "%s: the pattern mixes %s (%s) and %s (%s)", pat,
-                     kind_name(kind), l.v[0], kind_name(kk), l.v[k]);
+            stk__fmt(err, errlen, "%s: the pattern mixes %s (%s) and %s (%s)", pat, kind_name(kind),
+                     l.v[0], kind_name(kk), l.v[k]);
             rc = STK_EINVAL;
             goto out;
         }
@@ -515,8 +516,8 @@ out:
  * index.json, when it has one. Returns 1 when it took r over (the source
  * opened, or *rc the failure), 0 when there is no such index (r is still
  * the caller's). */
-static int open_url_index(stk__source *s, stk__remote *r, const stk__source_params *prm,
-                          int *rc, char *err, size_t errlen)
+static int open_url_index(stk__source *s, stk__remote *r, const stk__source_params *prm, int *rc,
+                          char *err, size_t errlen)
 {
     char *text = NULL;
     size_t tlen = 0;
@@ -542,8 +543,7 @@ static int open_url_index(stk__source *s, stk__remote *r, const stk__source_para
 
 /* The one kind of shards a listing holds (K_NONE: none of the shard
  * kinds); a listing mixing kinds is refused with the counts of each. */
-static int listed_kind(stk__remote *r, char **lnames, size_t ln, int *out, char *err,
-                       size_t errlen)
+static int listed_kind(stk__remote *r, char **lnames, size_t ln, int *out, char *err, size_t errlen)
 {
     size_t counts[K_COUNT] = {0};
     for (size_t k = 0; k < ln; k++)
@@ -627,8 +627,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         /* A pattern: the directory is the store's root, names expand. */
         const char *slash = strrchr(url, '/');
         if (!slash || slash > brace) {
-            stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element",
-                     shown);
+            stk__fmt(err, errlen, "%s: the brace pattern must be in the last path element", shown);
             return STK_EINVAL;
         }
         size_t dl = (size_t)(slash - url);
@@ -764,7 +763,8 @@ static int open_any(stk__source *s, const char *path, const stk__source_params *
         return open_kind(s, kind, &l, NULL, err, errlen);
     }
     stk__fmt(err, errlen,
-             "%s: is a file but not a .stk shard, tar shard, CIFAR batch, .tfrecord or Parquet file; give "
+             "%s: is a file but not a .stk shard, tar shard, CIFAR batch, .tfrecord or Parquet "
+             "file; give "
              "its record "
              "size (--record-size) to read it as fixed-size records, or name a directory in "
              "ImageFolder layout",

@@ -723,8 +723,8 @@ static int decompress_chunk(ld *d, lchunk *t, const char *zpath, const lchunk_in
 
 /* Opens chunk t from the file stk__files got for it (path; shown in
  * messages), decompressed first when compressed; reads its offsets table. */
-static int open_chunk(ld *d, lchunk *t, const char *path, const char *shown,
-                      const lchunk_info *ci, uint64_t need, bool keep, char *err, size_t errlen)
+static int open_chunk(ld *d, lchunk *t, const char *path, const char *shown, const lchunk_info *ci,
+                      uint64_t need, bool keep, char *err, size_t errlen)
 {
     int rc;
     if (!(t->shown = stk__strdup(shown)))

@@ -227,7 +227,9 @@ int stk__manifest_parse(char *text, size_t tlen, const char *path, stk__manifest
                 goto bad;
             uint64_t sum = 0;
             for (const char *h = e + 1; *h; h++) {
-                int v = *h >= '0' && *h <= '9' ? *h - '0' : *h >= 'a' && *h <= 'f' ? *h - 'a' + 10 : -1;
+                int v = *h >= '0' && *h <= '9'   ? *h - '0'
+                        : *h >= 'a' && *h <= 'f' ? *h - 'a' + 10
+                                                 : -1;
                 if (v < 0)
                     goto bad;
                 sum = sum << 4 | (uint64_t)v;

@@ -701,8 +701,8 @@ static int open_shard(mds *d, mshard *t, stk__files *fs, const mshard_info *si, 
     bool remote = stk__files_is_remote(fs);
     if (si->zip && (remote || stk__stat(path, &st) != 0 || (uint64_t)st.st_size != si->raw_bytes)) {
         const char *zpath = path, *zshown = shown;
-        if (!remote && (rc = stk__files_get(fs, &si->zip, NULL, 1, NULL, &zpath, &zshown, err,
-                                            errlen)))
+        if (!remote &&
+            (rc = stk__files_get(fs, &si->zip, NULL, 1, NULL, &zpath, &zshown, err, errlen)))
             return rc;
         if (!(t->shown = stk__strdup(zshown)))
             return STK_ENOMEM;

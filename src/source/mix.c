@@ -25,11 +25,11 @@
 typedef struct mixsrc {
     size_t n;
     stk__source *kids;
-    char **shown;               /* each child's path for messages */
-    uint64_t *offset;           /* n + 1 */
+    char **shown;                     /* each child's path for messages */
+    uint64_t *offset;                 /* n + 1 */
     uint32_t (*map)[STK__MAX_FIELDS]; /* child field id -> mixture field id */
-    int source_field;           /* the mixture's "source" field, -1: none */
-    bool want_source;           /* selected */
+    int source_field;                 /* the mixture's "source" field, -1: none */
+    bool want_source;                 /* selected */
     bool selected;
 } mixsrc;
 
@@ -347,8 +347,7 @@ int stk__source_mix_check_field(const stk__source *s, const char *name, const ui
             size_t used = 0;
             list[0] = '\0';
             for (size_t f = 0; f < c->nfields && used + 1 < sizeof list; f++) {
-                stk__fmt(list + used, sizeof list - used, "%s%s", f ? ", " : "",
-                         c->fields[f].name);
+                stk__fmt(list + used, sizeof list - used, "%s%s", f ? ", " : "", c->fields[f].name);
                 used += strlen(list + used);
             }
             stk__fmt(err, errlen,

@@ -87,7 +87,7 @@ enum { R_REQUIRED = 0, R_OPTIONAL = 1, R_REPEATED = 2 };
 typedef struct pqfile {
     char *path;
     char *name; /* for messages: the path, or a remote file's URL (remote_files.c) */
-    int fd; /* -1: opened for each read */
+    int fd;     /* -1: opened for each read */
     uint64_t size;
     const uint8_t *mem; /* the fuzz entry point's bytes, instead of a file */
 } pqfile;

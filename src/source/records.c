@@ -45,7 +45,8 @@ static int records_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **d
         else if (got < r->label_bytes)
             k = stk__pread(r->fd, lab + got, r->label_bytes - got, off + (off_t)got);
         else
-            k = stk__pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got, off + (off_t)got);
+            k = stk__pread(r->fd, buf + (got - r->label_bytes), r->record_bytes - got,
+                           off + (off_t)got);
         if (k < 0) {
             if (errno == EINTR)
                 continue;

@@ -217,8 +217,7 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
                      where);
             return STK_EIO;
         }
-        if (stk__cache_part_idle(f->cache, d->key, &idle) == STK_OK &&
-            idle > stall_limit_ns(prm)) {
+        if (stk__cache_part_idle(f->cache, d->key, &idle) == STK_OK && idle > stall_limit_ns(prm)) {
             stk__fmt(err, errlen,
                      "%s: another process has been downloading it into the cache (%s) but "
                      "wrote nothing for %llu s; is that process hung?",

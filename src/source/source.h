@@ -135,8 +135,8 @@ typedef struct stk__source_ops {
      * read or locate+fetch gave after select) and label (what the read gave).
      * STK_EFORMAT with the reason (without the sample's name) in err. NULL:
      * stk__source_fields_generic. */
-    int (*fields)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
-                  int64_t label, stk__field_set *fs, char *err, size_t errlen);
+    int (*fields)(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len, int64_t label,
+                  stk__field_set *fs, char *err, size_t errlen);
     /* What the kind's samples are (STK__SRC_* below): facts that hold for
      * every dataset of the kind, so callers never test `kind` itself. */
     unsigned flags;

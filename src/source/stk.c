@@ -438,8 +438,8 @@ static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, siz
     s->ino = st.st_ino;
     if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE &&
         ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
-         (rc = stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why,
-                               sizeof why))))
+         (rc =
+              stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why, sizeof why))))
         goto fail;
     if ((rc = parse_ends(s, hdr, foot, why, sizeof why)))
         goto fail;
@@ -762,7 +762,8 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
     for (size_t k = 0; k < n; k++) {
         shard *s = &d->shards[a + k];
         uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
-        q[2 * k] = (stk__req){.name = s->obj, .off = 0, .len = STK_HEADER_SIZE, .buf = hb, .fd = -1};
+        q[2 * k] =
+            (stk__req){.name = s->obj, .off = 0, .len = STK_HEADER_SIZE, .buf = hb, .fd = -1};
         qp[nq++] = &q[2 * k];
         if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE)
             qp[nq++] = footer_req(&q[2 * k + 1], s, hb);
@@ -824,11 +825,8 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
             goto out;
         }
         if (rlen) {
-            q[2 * k] = (stk__req){.name = s->obj,
-                                  .off = s->f.index_offset,
-                                  .len = rlen,
-                                  .buf = s->region,
-                                  .fd = -1};
+            q[2 * k] = (stk__req){
+                .name = s->obj, .off = s->f.index_offset, .len = rlen, .buf = s->region, .fd = -1};
             qp[nq++] = &q[2 * k];
         } else {
             q[2 * k].rc = STK_OK;
@@ -988,8 +986,8 @@ static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *le
         }
     }
     char *text = NULL;
-    rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), &text, len,
-                               err, errlen);
+    rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), &text, len, err,
+                               errlen);
     *out = (uint8_t *)text;
 out:
     stk__free(buf);
@@ -1014,8 +1012,9 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
     char where[4096], id[4096], cpath[4400] = "", why[STK_ERRMSG_MAX], msg[STK_ERRMSG_MAX + 4400];
     stk__remote_object_display(d->remote, STK_INDEX_NAME, where, sizeof where);
     if (m->index_bytes < STK_INDEX_HEAD + STK_INDEX_TRAILER || m->index_bytes > INDEX_MAX) {
-        stk__fmt(msg, sizeof msg, "%s: the manifest gives it %llu bytes; opening each shard instead",
-                 where, (unsigned long long)m->index_bytes);
+        stk__fmt(msg, sizeof msg,
+                 "%s: the manifest gives it %llu bytes; opening each shard instead", where,
+                 (unsigned long long)m->index_bytes);
         open_warning(msg);
         return INDEX_FALLBACK;
     }
@@ -1042,7 +1041,8 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
                 }
                 usleep(10000);
             }
-            buf = index_cache_read(cpath, m->index_bytes, m->index_sum); /* written while we waited */
+            buf =
+                index_cache_read(cpath, m->index_bytes, m->index_sum); /* written while we waited */
         }
     }
     if (!buf) {
@@ -1107,8 +1107,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
     }
     for (size_t k = 0; k < ix.n; k++) {
         shard *s = &d->shards[k];
-        if ((rc = stk__stkindex_check_shard(&ix.sh[k], &s->h, &s->f, &s->maxl, why,
-                                            sizeof why))) {
+        if ((rc = stk__stkindex_check_shard(&ix.sh[k], &s->h, &s->f, &s->maxl, why, sizeof why))) {
             stk__fmt(msg, sizeof msg, "%s: shard %s: %s; opening each shard instead", where,
                      d->shards[k].obj, why);
             open_warning(msg);

@@ -14,18 +14,18 @@
 
 #include <string.h>
 
-#define STK_MAGIC             "\x89STK\r\n\x1a\n"
-#define STK_FOOT_MAGIC        "STKEND\r\n"
+#define STK_MAGIC                "\x89STK\r\n\x1a\n"
+#define STK_FOOT_MAGIC           "STKEND\r\n"
 #define STK_VERSION_MAJOR_FMT    1 /* shards of kinds encoded, resized, raw */
-#define STK_VERSION_MINOR_FMT 0
+#define STK_VERSION_MINOR_FMT    0
 #define STK_VERSION_MAJOR_FIELDS 2 /* shards of kind fields (docs/format.md) */
-#define STK_HEADER_SIZE       64
-#define STK_FOOTER_SIZE       64
-#define STK_ENTRY_SIZE        40
-#define STK_META_SIZE         8
-#define STK_KEY_MAX           4096
-#define STK_FLAG_ALIGNED      1u
-#define STK_FLAG_HAS_META     2u
+#define STK_HEADER_SIZE          64
+#define STK_FOOTER_SIZE          64
+#define STK_ENTRY_SIZE           40
+#define STK_META_SIZE            8
+#define STK_KEY_MAX              4096
+#define STK_FLAG_ALIGNED         1u
+#define STK_FLAG_HAS_META        2u
 
 enum stk__payload_kind {
     STK_PAYLOAD_ENCODED = 0,

@@ -630,7 +630,6 @@ out:
 
 /* ---- Index cache ------------------------------------------------------- */
 
-
 static void shard_free_index(tshard *t)
 {
     stk__free(t->e);

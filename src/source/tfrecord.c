@@ -1035,7 +1035,6 @@ static int scan_file(const trd *rd, tfile *t, bool crc, char *why, size_t wn)
 
 /* ---- Index cache ----------------------------------------------------------- */
 
-
 static void put_stat(uint8_t *b, const struct stat *st)
 {
     stk__put64(b + 8, (uint64_t)st->st_size);

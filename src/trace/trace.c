@@ -104,9 +104,9 @@ static int open_temp(stk__trace *t, char *err, size_t errlen)
     static _Atomic uint64_t counter; /* relaxed: only needs to differ per call */
     int err_no = EEXIST;
     for (int attempt = 0; attempt < 64 && t->fd < 0 && err_no == EEXIST; attempt++) {
-        uint64_t x = stk__now_ns() ^ ((uint64_t)getpid() << 32) ^
-                     (atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed) *
-                      0x9E3779B97F4A7C15ull);
+        uint64_t x =
+            stk__now_ns() ^ ((uint64_t)getpid() << 32) ^
+            (atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed) * 0x9E3779B97F4A7C15ull);
         uint64_t r = 0;
         if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r)
             x ^= r;
@@ -119,8 +119,8 @@ static int open_temp(stk__trace *t, char *err, size_t errlen)
         err_no = t->fd < 0 ? errno : 0;
     }
     if (t->fd < 0) {
-        stk__fmt(err, errlen, "cannot create the trace file %s (its temporary file %s): %s",
-                 path, t->tmp, strerror(err_no));
+        stk__fmt(err, errlen, "cannot create the trace file %s (its temporary file %s): %s", path,
+                 t->tmp, strerror(err_no));
         return STK_EIO;
     }
     return STK_OK;
@@ -183,8 +183,8 @@ static uint64_t trace_dropped(const stk__trace *t)
 
 static void put_event(FILE *f, unsigned tid, const event *e, uint64_t batch_size)
 {
-    static const char *const names[STK__TR_KINDS] = {"read", "process", "batch ready", "next",
-                                                     "decode", "transform"};
+    static const char *const names[STK__TR_KINDS] = {"read", "process", "batch ready",
+                                                     "next", "decode",  "transform"};
     /* Microseconds with nanosecond digits: the unit trace viewers expect. */
     fprintf(f, ",\n{\"name\":\"%s\",\"pid\":1,\"tid\":%u,\"ts\":%" PRIu64 ".%03u", names[e->kind],
             tid, e->t0 / 1000, (unsigned)(e->t0 % 1000));
@@ -194,8 +194,8 @@ static void put_event(FILE *f, unsigned tid, const event *e, uint64_t batch_size
     case STK__TR_DECODE:
     case STK__TR_TRANSFORM:
         fprintf(f,
-                ",\"ph\":\"X\",\"cat\":\"stage\",\"dur\":%" PRIu64 ".%03u,\"args\":{\"sample\":%" PRIu64
-                ",\"batch\":%" PRIu64 ",\"slot\":%u}}",
+                ",\"ph\":\"X\",\"cat\":\"stage\",\"dur\":%" PRIu64
+                ".%03u,\"args\":{\"sample\":%" PRIu64 ",\"batch\":%" PRIu64 ",\"slot\":%u}}",
                 (e->t1 - e->t0) / 1000, (unsigned)((e->t1 - e->t0) % 1000), e->a, e->b, e->slot);
         break;
     case STK__TR_READY:
@@ -205,8 +205,9 @@ static void put_event(FILE *f, unsigned tid, const event *e, uint64_t batch_size
     default: {
         static const char *const status[] = {"delivered", "end of epoch", "timeout", "error"};
         fprintf(f,
-                ",\"ph\":\"X\",\"cat\":\"consumer\",\"dur\":%" PRIu64 ".%03u,\"args\":{\"batch\":%" PRIu64
-                ",\"result\":\"%s\",\"batch_size\":%" PRIu64 "}}",
+                ",\"ph\":\"X\",\"cat\":\"consumer\",\"dur\":%" PRIu64
+                ".%03u,\"args\":{\"batch\":%" PRIu64 ",\"result\":\"%s\",\"batch_size\":%" PRIu64
+                "}}",
                 (e->t1 - e->t0) / 1000, (unsigned)((e->t1 - e->t0) % 1000), e->a,
                 status[e->b < 4 ? e->b : 3], batch_size);
         break;
@@ -231,16 +232,16 @@ int stk__trace_finish(stk__trace *t, const stk__trace_totals *tot)
         uint64_t kept = 0;
         for (unsigned k = 0; k < t->ntracks; k++)
             kept += t->tracks[k].n < t->cap ? t->tracks[k].n : t->cap;
-        fprintf(f,
-                "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"stoker\",\"events\":%" PRIu64
-                ",\"dropped_events\":%" PRIu64 ",\"read_items\":%" PRIu64
-                ",\"process_items\":%" PRIu64 ",\"samples_delivered\":%" PRIu64
-                ",\"batches_delivered\":%" PRIu64 ",\"batch_size\":%" PRIu64
-                "},\n\"traceEvents\":[\n"
-                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":"
-                "\"stoker loader\"}}",
-                kept, trace_dropped(t), tot->read_items, tot->process_items,
-                tot->samples_delivered, tot->batches_delivered, tot->batch_size);
+        fprintf(
+            f,
+            "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"stoker\",\"events\":%" PRIu64
+            ",\"dropped_events\":%" PRIu64 ",\"read_items\":%" PRIu64 ",\"process_items\":%" PRIu64
+            ",\"samples_delivered\":%" PRIu64 ",\"batches_delivered\":%" PRIu64
+            ",\"batch_size\":%" PRIu64 "},\n\"traceEvents\":[\n"
+            "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":"
+            "\"stoker loader\"}}",
+            kept, trace_dropped(t), tot->read_items, tot->process_items, tot->samples_delivered,
+            tot->batches_delivered, tot->batch_size);
         for (unsigned k = 0; k < t->ntracks; k++) {
             if (k == 0)
                 fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,"

@@ -25,11 +25,11 @@
 typedef struct stk__trace stk__trace;
 
 enum {
-    STK__TR_READ,    /* span: a worker read a sample's bytes (file or fetch stage) */
-    STK__TR_PROCESS, /* span: decode + transform (when they cannot be told apart) */
-    STK__TR_READY,   /* instant: a worker filled a batch's last slot */
-    STK__TR_NEXT,    /* span: the consumer's next() call, waiting included */
-    STK__TR_DECODE,  /* span: decoding the image (its needed region) */
+    STK__TR_READ,      /* span: a worker read a sample's bytes (file or fetch stage) */
+    STK__TR_PROCESS,   /* span: decode + transform (when they cannot be told apart) */
+    STK__TR_READY,     /* instant: a worker filled a batch's last slot */
+    STK__TR_NEXT,      /* span: the consumer's next() call, waiting included */
+    STK__TR_DECODE,    /* span: decoding the image (its needed region) */
     STK__TR_TRANSFORM, /* span: crops, resizes, flips, normalisation, into the slot */
     STK__TR_KINDS
 };
@@ -45,8 +45,8 @@ uint64_t stk__trace_bytes(uint64_t events);
 /* Records an event on a track; only that track's owner may call it.
  * a: the sample (read, process) or the batch (ready, next); b: the batch
  * (read, process) or a status (next); slot: the slot in the batch. */
-void stk__trace_event(stk__trace *t, unsigned track, int kind, uint64_t t0, uint64_t t1,
-                      uint64_t a, uint64_t b, uint32_t slot);
+void stk__trace_event(stk__trace *t, unsigned track, int kind, uint64_t t0, uint64_t t1, uint64_t a,
+                      uint64_t b, uint32_t slot);
 /* The loader's counters at the moment the trace ends, written into the file
  * beside the events so a reader can check one against the other. */
 typedef struct stk__trace_totals {

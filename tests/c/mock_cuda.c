@@ -21,13 +21,13 @@
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
-#define EXPORT __attribute__((visibility("default")))
+#define EXPORT          __attribute__((visibility("default")))
 #define ILLEGAL_ADDRESS 700
 #define NOT_FOUND       500
 #define INVALID_VALUE   1
 
-static atomic_long g_live;       /* allocations, streams, events, modules, retained contexts */
-static atomic_long g_launches;   /* kernels run */
+static atomic_long g_live;        /* allocations, streams, events, modules, retained contexts */
+static atomic_long g_launches;    /* kernels run */
 static _Thread_local int t_depth; /* contexts pushed on this thread */
 static atomic_int g_depth_errors; /* pops without a push */
 static int g_ctx_token;
@@ -131,7 +131,6 @@ EXPORT CUresult cuCtxPopCurrent_v2(void **ctx)
         *ctx = &g_ctx_token;
     return 0;
 }
-
 
 EXPORT CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags)
 {
@@ -296,8 +295,8 @@ EXPORT CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, u
     (void)s;
     NEED_CTX();
     FAIL_IF("cuLaunchKernel");
-    if (f != &g_kernel_token || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem || extra ||
-        !gx || !bx || bx > 1024 || gx > 2147483647u)
+    if (f != &g_kernel_token || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem || extra || !gx ||
+        !bx || bx > 1024 || gx > 2147483647u)
         return INVALID_VALUE;
     const stk__convert *cv = params[0];
     const uint8_t *src = (const uint8_t *)(uintptr_t) * (const CUdeviceptr *)params[1];

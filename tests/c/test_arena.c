@@ -129,11 +129,14 @@ static const char *raw_folder(void)
     return root;
 }
 
-static uint64_t raw_hash(const char *root, unsigned threads, const char *batch_memory,
-                         int *failed)
+static uint64_t raw_hash(const char *root, unsigned threads, const char *batch_memory, int *failed)
 {
     stk_loader *l = NULL;
-    tu_cfg c = {.path = root, .bs = 3, .threads = threads, .shuffle = 1, .seed = 5,
+    tu_cfg c = {.path = root,
+                .bs = 3,
+                .threads = threads,
+                .shuffle = 1,
+                .seed = 5,
                 .on_error = STK_ON_ERROR_SKIP,
                 .options = {"batch_memory", batch_memory ? batch_memory : "512M", NULL}};
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
@@ -177,8 +180,8 @@ static void test_too_big_names_the_numbers(void)
     const char *root = raw_folder();
     /* One sample over batch_memory: always that sample, with both numbers. */
     stk_loader *l = NULL;
-    tu_cfg c = {.path = root, .bs = 8, .threads = 2, .shuffle = 0,
-                .options = {"batch_memory", "4M", NULL}};
+    tu_cfg c = {
+        .path = root, .bs = 8, .threads = 2, .shuffle = 0, .options = {"batch_memory", "4M", NULL}};
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     stk_batch *b;
     CHECK_EQ(stk_loader_next(l, &b), STK_ESAMPLE);
@@ -200,7 +203,11 @@ static void test_too_big_names_the_numbers(void)
     stk_loader_close(l);
 
     /* max_sample_bytes still caps one sample. */
-    tu_cfg c2 = {.path = root, .bs = 8, .threads = 1, .shuffle = 0, .max_sample = 70000,
+    tu_cfg c2 = {.path = root,
+                 .bs = 8,
+                 .threads = 1,
+                 .shuffle = 0,
+                 .max_sample = 70000,
                  .on_error = STK_ON_ERROR_SKIP};
     REQUIRE(tu_open_cfg(&l, &c2) == STK_OK);
     REQUIRE(stk_loader_next(l, &b) == STK_OK);
@@ -220,7 +227,10 @@ static void test_bound_counts_batch_memory(void)
     const char *bm[2] = {"16M", "64M"};
     for (int k = 0; k < 2; k++) {
         stk_loader *l = NULL;
-        tu_cfg c = {.path = root, .bs = 256, .threads = 2, .depth = 2,
+        tu_cfg c = {.path = root,
+                    .bs = 256,
+                    .threads = 2,
+                    .depth = 2,
                     .options = {"batch_memory", bm[k], NULL}};
         REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         bound[k] = stk_loader_memory_bound(l);
@@ -263,8 +273,7 @@ static void test_arena_gives_memory_back(void)
         stk_batch_release(b);
     }
     long after = tu_rss_bytes();
-    printf("  RSS with the 40 MB batch %ld MB, after small ones %ld MB\n", peak >> 20,
-           after >> 20);
+    printf("  RSS with the 40 MB batch %ld MB, after small ones %ld MB\n", peak >> 20, after >> 20);
     CHECK(peak - after > (30l << 20));
     stk_loader_close(l);
 }

@@ -39,8 +39,14 @@ static uint64_t run(const char *src, unsigned threads, int autotune, int epochs,
                     unsigned *active)
 {
     stk_loader *l = NULL;
-    tu_cfg c = {.path = src, .record = REC, .label = 1, .bs = 16, .threads = threads,
-                .depth = 3, .seed = 11, .options = {"autotune", autotune ? "1" : "0", NULL}};
+    tu_cfg c = {.path = src,
+                .record = REC,
+                .label = 1,
+                .bs = 16,
+                .threads = threads,
+                .depth = 3,
+                .seed = 11,
+                .options = {"autotune", autotune ? "1" : "0", NULL}};
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     uint64_t h = 1469598103934665603ULL;
     for (int e = 0; e < epochs; e++) {
@@ -97,8 +103,8 @@ static void test_depth_from_memory_budget(void)
         stk_loader *l = NULL;
         char depth[8];
         snprintf(depth, sizeof depth, "%u", d);
-        tu_cfg c = {.path = src, .record = REC, .bs = 64, .threads = 2,
-                    .options = {"depth", depth, NULL}};
+        tu_cfg c = {
+            .path = src, .record = REC, .bs = 64, .threads = 2, .options = {"depth", depth, NULL}};
         REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
         bound_of[d] = stk_loader_memory_bound(l);
         stk_loader_close(l);
@@ -113,7 +119,10 @@ static void test_depth_from_memory_budget(void)
         char budget[32];
         snprintf(budget, sizeof budget, "%llu", (unsigned long long)cases[k].budget);
         stk_loader *l = NULL;
-        tu_cfg c = {.path = src, .record = REC, .bs = 64, .threads = 2,
+        tu_cfg c = {.path = src,
+                    .record = REC,
+                    .bs = 64,
+                    .threads = 2,
                     .options = {"depth", "auto", "memory_budget", budget, NULL}};
         int rc = tu_open_cfg(&l, &c);
         if (cases[k].depth) {

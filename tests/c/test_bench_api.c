@@ -189,8 +189,7 @@ static void test_bench_decode(void)
     uint8_t *again = calloc(1, sb);
     REQUIRE(again);
     stk_bench_decode_result r1 = {.struct_size = sizeof r1};
-    CHECK_EQ(stk_bench_decode(o, samples + 1, lens + 1, 1, 1, 0.1, again, sb, &r1, err,
-                              sizeof err),
+    CHECK_EQ(stk_bench_decode(o, samples + 1, lens + 1, 1, 1, 0.1, again, sb, &r1, err, sizeof err),
              STK_OK);
     CHECK_EQ(r1.outputs, 1);
     CHECK(!memcmp(again, out + sb, sb));
@@ -201,8 +200,7 @@ static void test_bench_decode(void)
     samples[1] = junk;
     lens[1] = sizeof junk;
     stk_bench_decode_result r2 = {.struct_size = sizeof r2};
-    CHECK_EQ(stk_bench_decode(o, samples, lens, 2, 1, 0.2, NULL, 0, &r2, err, sizeof err),
-             STK_OK);
+    CHECK_EQ(stk_bench_decode(o, samples, lens, 2, 1, 0.2, NULL, 0, &r2, err, sizeof err), STK_OK);
     CHECK(r2.samples > 0 && r2.failed > 0);
     CHECK_EQ(r2.outputs, 0);
     /* Misuse: each refused with a reason. */

@@ -619,16 +619,18 @@ static void test_sizes_and_unused_remote_options(void)
     }
     /* What users type is accepted: the run gets past the arguments to the
      * (refused) connection, exit 1, not a usage error. */
-    const char *remote[] = {"bench", "http://127.0.0.1:1/ds", "--cache-dir", tu_path("cache"),
-                            "--cache-limit", "16MiB", "--fetch-buffer", "1.5M",
-                            "--fetch-retries", "0", NULL};
+    const char *remote[] = {
+        "bench", "http://127.0.0.1:1/ds", "--cache-dir", tu_path("cache"),  "--cache-limit",
+        "16MiB", "--fetch-buffer",        "1.5M",        "--fetch-retries", "0",
+        NULL};
     result r = run_cli(remote);
     CHECK_EQ(r.status, 1);
     CHECK(strstr(r.err, "cannot open") != NULL);
     result_free(&r);
-    const char *local[] = {"bench", rec, "--record-size", "16", "--batch-memory", "1.5M",
-                           "--memory-budget", "1GiB", "--max-input-bytes", "64MB",
-                           "--max-sample-bytes", "4KiB", "--json", NULL};
+    const char *local[] = {
+        "bench",           rec,    "--record-size",     "16",   "--batch-memory",     "1.5M",
+        "--memory-budget", "1GiB", "--max-input-bytes", "64MB", "--max-sample-bytes", "4KiB",
+        "--json",          NULL};
     r = run_cli(local);
     CHECK_EQ(r.status, 0);
     if (r.status)
@@ -674,15 +676,17 @@ static void test_max_input_bytes(void)
 {
     size_t big;
     const char *root = jpeg_folder(&big);
-    const char *run1[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
-                          "--max-input-bytes", "4K", NULL};
+    const char *run1[] = {"bench",  root, "--transform",       "imagenet-val",
+                          "--size", "16", "--max-input-bytes", "4K",
+                          NULL};
     result r = run_cli(run1);
     CHECK_EQ(r.status, 1);
     CHECK(strstr(r.err, "big.jpg") && strstr(r.err, "max_input_bytes") &&
           strstr(r.err, "--max-input-bytes"));
     result_free(&r);
-    const char *run2[] = {"bench", root, "--transform", "imagenet-val", "--size", "16",
-                          "--max-input-bytes", "1MiB", NULL};
+    const char *run2[] = {"bench",  root, "--transform",       "imagenet-val",
+                          "--size", "16", "--max-input-bytes", "1MiB",
+                          NULL};
     r = run_cli(run2);
     CHECK_EQ(r.status, 0);
     result_free(&r);
@@ -819,9 +823,7 @@ static void test_option_table(void)
             snprintf(good, sizeof good, "%.*s", (int)strcspn(in->values, "|"), in->values);
             snprintf(bad, sizeof bad, "no-such-word");
             break;
-        case STK_OPTION_STRING:
-            snprintf(good, sizeof good, "/tmp/x");
-            break;
+        case STK_OPTION_STRING: snprintf(good, sizeof good, "/tmp/x"); break;
         default:
             snprintf(good, sizeof good, "%llu", (unsigned long long)in->min);
             snprintf(bad, sizeof bad, "%llu", (unsigned long long)in->max + 1);
@@ -863,8 +865,8 @@ static void test_option_table(void)
     CHECK(stk_options_set(o, "device", "fake:3") == STK_OK && o->device == STK_DEVICE_FAKE &&
           o->device_id == 3);
     CHECK_EQ(stk_options_set(o, "device", "cpu:0"), STK_EINVAL);
-    CHECK(stk_options_set(o, "cache_limit", "1.5G") == STK_OK &&
-          o->cache_limit == (uint64_t)3 << 29);
+    CHECK(stk_options_set(o, "cache_limit", "1.5G") == STK_OK && o->cache_limit == (uint64_t)3
+                                                                                       << 29);
     CHECK(stk_options_set(o, "batch_memory", "16MB") == STK_OK && o->batch_memory == 16000000);
     CHECK(stk_options_set(o, "max_dim", "4K") == STK_OK && o->max_dim == 4096);
     CHECK(stk_options_set(o, "exif", "1") == STK_OK && o->exif == 1);

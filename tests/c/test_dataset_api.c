@@ -353,9 +353,9 @@ static void test_errors(void)
     CHECK(stk_dataset_class_name(NULL, 0) == NULL);
     stk_dataset_close(NULL);
     char buf[64];
-    CHECK(!strcmp(stk_path_display("s3://user:secret@bucket/set?X-Amz-Signature=1", buf,
-                                   sizeof buf),
-                  "s3://bucket/set?..."));
+    CHECK(
+        !strcmp(stk_path_display("s3://user:secret@bucket/set?X-Amz-Signature=1", buf, sizeof buf),
+                "s3://bucket/set?..."));
     CHECK(!strcmp(stk_path_display("/data/set", buf, sizeof buf), "/data/set"));
 }
 

@@ -59,14 +59,21 @@ static const char *folder(void)
 }
 
 #define SPEC_NORM                                                                                  \
-    "RandomResizedCrop(" "24" ")|RandomHorizontalFlip()|Normalize(mean=(0.485,0.456,0.406), "      \
+    "RandomResizedCrop("                                                                           \
+    "24"                                                                                           \
+    ")|RandomHorizontalFlip()|Normalize(mean=(0.485,0.456,0.406), "                                \
     "std=(0.229,0.224,0.225))"
 
 static int open_loader(stk_loader **l, const char *device, const char *dtype, const char *layout,
                        const char *spec, unsigned depth, uint64_t seed)
 {
-    tu_cfg c = {.path = folder(), .bs = 8, .threads = 2, .depth = depth, .seed = seed,
-                .shuffle = 1, .transform = spec,
+    tu_cfg c = {.path = folder(),
+                .bs = 8,
+                .threads = 2,
+                .depth = depth,
+                .seed = seed,
+                .shuffle = 1,
+                .transform = spec,
                 .options = {"dtype", dtype, "layout", layout, "device", device, NULL}};
     return tu_open_cfg(l, &c);
 }
@@ -190,8 +197,8 @@ static void test_reuse_waits_for_copies_and_consumer(void)
             for (int k = 0; stk_loader_next(l, &b) == STK_OK; k++) {
                 CHECK_EQ(b->device, STK_DEVICE_FAKE);
                 CHECK_EQ(stk_batch_wait(b, cs), STK_OK);
-                REQUIRE(stk__fake_check(d, cs, b->data, b->size * b->sample_bytes,
-                                        want[e][k]) == STK_OK);
+                REQUIRE(stk__fake_check(d, cs, b->data, b->size * b->sample_bytes, want[e][k]) ==
+                        STK_OK);
                 stk_batch_release_stream(b, cs);
             }
         }
@@ -460,8 +467,8 @@ static void test_bad_device_options(void)
 
     /* Variable-size batches cannot go to a device. */
     stk_loader *l = NULL;
-    tu_cfg c = {.path = folder(), .bs = 4, .transform = "decode",
-                .options = {"device", "fake", NULL}};
+    tu_cfg c = {
+        .path = folder(), .bs = 4, .transform = "decode", .options = {"device", "fake", NULL}};
     CHECK_EQ(tu_open_cfg(&l, &c), STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), "one shape") != NULL);
     stk_loader_close(l);

@@ -73,9 +73,16 @@ static int open_rank(stk_loader **l, const cfg *c, world w, unsigned rank)
 {
     char local[16];
     snprintf(local, sizeof local, "%u", w.local);
-    tu_cfg t = {.path = c->path, .record = c->stk ? 0 : REC, .label = c->stk ? 0 : 8,
-                .bs = w.bs, .threads = 2, .seed = c->seed, .shuffle = c->shuffle,
-                .drop_last = c->drop_last, .rank = rank, .world = w.size,
+    tu_cfg t = {.path = c->path,
+                .record = c->stk ? 0 : REC,
+                .label = c->stk ? 0 : 8,
+                .bs = w.bs,
+                .threads = 2,
+                .seed = c->seed,
+                .shuffle = c->shuffle,
+                .drop_last = c->drop_last,
+                .rank = rank,
+                .world = w.size,
                 .options = {"local_world_size", local, "order", c->shards ? "shards" : "global",
                             "shard_window", "2", NULL}};
     return tu_open_cfg(l, &t);
@@ -85,8 +92,8 @@ static int open_rank(stk_loader **l, const cfg *c, world w, unsigned rank)
  * counting each delivered sample in seen[]; returns rank 0's state in *st
  * (after restoring `from` on every rank when given). batches[r] gets the
  * batches rank r delivered. */
-static void run_world(const cfg *c, world w, const stk_state *from, uint64_t steps,
-                      uint32_t *seen, stk_state *st, uint64_t *batches)
+static void run_world(const cfg *c, world w, const stk_state *from, uint64_t steps, uint32_t *seen,
+                      stk_state *st, uint64_t *batches)
 {
     for (unsigned r = 0; r < w.size; r++) {
         stk_loader *l = NULL;
@@ -132,8 +139,7 @@ static void check_epoch(const cfg *c, const world *w, const uint64_t *cut, size_
     uint64_t pad = 0;
     for (size_t i = 0; i < nw; i++) {
         uint64_t batches[64];
-        run_world(c, w[i], i ? &prev : NULL, i + 1 < nw ? cut[i] : UINT64_MAX, seen, &st,
-                  batches);
+        run_world(c, w[i], i ? &prev : NULL, i + 1 < nw ? cut[i] : UINT64_MAX, seen, &st, batches);
         for (unsigned r = 1; r < w[i].size; r++)
             CHECK_EQ(batches[r], batches[0]);
         pad += w[i].size - 1;
@@ -169,13 +175,13 @@ static void test_world_changes_deliver_each_sample_once(void)
         uint64_t cut[2];
         size_t nw;
     } plans[] = {
-        {{{3, 3, 4}, {2, 2, 4}}, {5}, 2},                /* 3 -> 2 */
-        {{{3, 3, 4}, {4, 4, 4}}, {3}, 2},                /* 3 -> 4 */
+        {{{3, 3, 4}, {2, 2, 4}}, {5}, 2},               /* 3 -> 2 */
+        {{{3, 3, 4}, {4, 4, 4}}, {3}, 2},               /* 3 -> 4 */
         {{{3, 3, 4}, {2, 2, 4}, {4, 4, 4}}, {4, 6}, 3}, /* 3 -> 2 -> 4 */
-        {{{4, 2, 3}, {2, 1, 6}}, {7}, 2},                /* 2 nodes of 2 -> 2 of 1, batch x2 */
-        {{{2, 2, 5}, {6, 3, 2}}, {2}, 2},                /* 1 node -> 2 nodes of 3 */
-        {{{3, 3, 4}, {3, 3, 4}}, {0}, 2},                /* a cut before any batch */
-        {{{3, 3, 4}, {2, 2, 4}}, {UINT64_MAX}, 2},       /* after the epoch: the next */
+        {{{4, 2, 3}, {2, 1, 6}}, {7}, 2},               /* 2 nodes of 2 -> 2 of 1, batch x2 */
+        {{{2, 2, 5}, {6, 3, 2}}, {2}, 2},               /* 1 node -> 2 nodes of 3 */
+        {{{3, 3, 4}, {3, 3, 4}}, {0}, 2},               /* a cut before any batch */
+        {{{3, 3, 4}, {2, 2, 4}}, {UINT64_MAX}, 2},      /* after the epoch: the next */
     };
     const char *rec = records(203);
     for (size_t p = 0; p < sizeof plans / sizeof plans[0]; p++)

@@ -27,13 +27,13 @@ static void test_utf8(void)
 {
     CHECK_EQ(UTF8(""), STK_OK);
     CHECK_EQ(UTF8("plain ascii\n\t"), STK_OK);
-    CHECK_EQ(UTF8("a\0b"), STK_OK); /* U+0000 is a scalar value */
-    CHECK_EQ(UTF8("\xc3\xa9t\xc3\xa9"), STK_OK);           /* été */
-    CHECK_EQ(UTF8("\xe2\x82\xac"), STK_OK);                /* U+20AC */
+    CHECK_EQ(UTF8("a\0b"), STK_OK);                                 /* U+0000 is a scalar value */
+    CHECK_EQ(UTF8("\xc3\xa9t\xc3\xa9"), STK_OK);                    /* été */
+    CHECK_EQ(UTF8("\xe2\x82\xac"), STK_OK);                         /* U+20AC */
     CHECK_EQ(UTF8("\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e"), STK_OK); /* 日本語 */
-    CHECK_EQ(UTF8("\xf0\x9f\x98\x80"), STK_OK);            /* U+1F600 */
-    CHECK_EQ(UTF8("\xf4\x8f\xbf\xbf"), STK_OK);            /* U+10FFFF */
-    CHECK_EQ(UTF8("\xed\x9f\xbf\xee\x80\x80"), STK_OK);    /* U+D7FF U+E000 */
+    CHECK_EQ(UTF8("\xf0\x9f\x98\x80"), STK_OK);                     /* U+1F600 */
+    CHECK_EQ(UTF8("\xf4\x8f\xbf\xbf"), STK_OK);                     /* U+10FFFF */
+    CHECK_EQ(UTF8("\xed\x9f\xbf\xee\x80\x80"), STK_OK);             /* U+D7FF U+E000 */
     CHECK_EQ(UTF8("\xc2\x80\xdf\xbf\xe0\xa0\x80\xef\xbf\xbf\xf0\x90\x80\x80"), STK_OK);
     /* overlong */
     CHECK_EQ(UTF8("\xc0\x80"), STK_EFORMAT);
@@ -82,8 +82,8 @@ static int json_n(const char *s, size_t n)
         CHECK(!"an invalid JSON text without a reason");
     return rc;
 }
-#define JSON(lit) json_n(lit, sizeof(lit) - 1)
-#define JSON_OK(lit) CHECK_EQ(JSON(lit), STK_OK)
+#define JSON(lit)     json_n(lit, sizeof(lit) - 1)
+#define JSON_OK(lit)  CHECK_EQ(JSON(lit), STK_OK)
 #define JSON_BAD(lit) CHECK_EQ(JSON(lit), STK_EFORMAT)
 
 static void test_json_valid(void)
@@ -159,14 +159,15 @@ static void test_json_invalid(void)
     JSON_BAD("\"\\u12\"");
     JSON_BAD("\"\\u12G4\"");
     JSON_BAD("\"\\U1234\"");
-    JSON_BAD("\"a\tb\"");  /* control characters must be escaped */
+    JSON_BAD("\"a\tb\""); /* control characters must be escaped */
     JSON_BAD("\"a\nb\"");
-    JSON_BAD("\"a\x1f" "b\"");
-    JSON_BAD("\"\xff\"");      /* not UTF-8 */
+    JSON_BAD("\"a\x1f"
+             "b\"");
+    JSON_BAD("\"\xff\"");         /* not UTF-8 */
     JSON_BAD("\"\xed\xa0\x80\""); /* a surrogate as UTF-8 */
-    JSON_BAD("1\0");           /* a NUL after the value */
-    JSON_BAD("\"a\0b\"");      /* a NUL inside a string is a control character */
-    JSON_BAD("\xef\xbb\xbf{}"); /* a byte order mark */
+    JSON_BAD("1\0");              /* a NUL after the value */
+    JSON_BAD("\"a\0b\"");         /* a NUL inside a string is a control character */
+    JSON_BAD("\xef\xbb\xbf{}");   /* a byte order mark */
     JSON_BAD("/* c */ 1");
     /* The message says where and why. */
     char err[256] = "";
@@ -647,8 +648,7 @@ static void test_add_field(void)
 {
     stk_options *o;
     REQUIRE(stk_options_create(&o) == STK_OK);
-    CHECK_EQ(stk_options_add_field(o, "image", "jpg;png", STK_FIELD_IMAGE, "Resize(8)", 0),
-             STK_OK);
+    CHECK_EQ(stk_options_add_field(o, "image", "jpg;png", STK_FIELD_IMAGE, "Resize(8)", 0), STK_OK);
     CHECK(!strcmp(o->fields[0].transform, "Resize(8)"));
     CHECK_EQ(stk_options_add_field(o, "caption", NULL, STK_FIELD_AUTO, NULL, STK_FIELD_OPTIONAL),
              STK_OK);
@@ -691,27 +691,26 @@ static void test_kinds(void)
         const char *name;
         int kind;
     } rules[] = {
-        {"jpg", STK_FIELD_IMAGE},   {"jpeg", STK_FIELD_IMAGE},    {"png", STK_FIELD_IMAGE},
-        {"webp", STK_FIELD_IMAGE},  {"ppm", STK_FIELD_IMAGE},     {"image", STK_FIELD_IMAGE},
-        {"JPG", STK_FIELD_IMAGE},   {"seg.png", STK_FIELD_IMAGE}, {"a.b.webp", STK_FIELD_IMAGE},
-        {"txt", STK_FIELD_TEXT},    {"text", STK_FIELD_TEXT},     {"caption", STK_FIELD_TEXT},
-        {"path", STK_FIELD_TEXT},   {"en.txt", STK_FIELD_TEXT},   {"json", STK_FIELD_JSON},
-        {"meta.json", STK_FIELD_JSON}, {"cls", STK_FIELD_INT},    {"cls2", STK_FIELD_INT},
-        {"index", STK_FIELD_INT},   {"label", STK_FIELD_INT},     {"npy", STK_FIELD_NPY},
-        {"depth.npy", STK_FIELD_NPY}, {"bin", STK_FIELD_BYTES},   {"", STK_FIELD_BYTES},
-        {"png.", STK_FIELD_BYTES},  {"txt.gz", STK_FIELD_BYTES},  {"jpgx", STK_FIELD_BYTES},
-        {"mp4", STK_FIELD_BYTES},   {"pngs", STK_FIELD_BYTES},    {"xjson", STK_FIELD_BYTES},
+        {"jpg", STK_FIELD_IMAGE},      {"jpeg", STK_FIELD_IMAGE},    {"png", STK_FIELD_IMAGE},
+        {"webp", STK_FIELD_IMAGE},     {"ppm", STK_FIELD_IMAGE},     {"image", STK_FIELD_IMAGE},
+        {"JPG", STK_FIELD_IMAGE},      {"seg.png", STK_FIELD_IMAGE}, {"a.b.webp", STK_FIELD_IMAGE},
+        {"txt", STK_FIELD_TEXT},       {"text", STK_FIELD_TEXT},     {"caption", STK_FIELD_TEXT},
+        {"path", STK_FIELD_TEXT},      {"en.txt", STK_FIELD_TEXT},   {"json", STK_FIELD_JSON},
+        {"meta.json", STK_FIELD_JSON}, {"cls", STK_FIELD_INT},       {"cls2", STK_FIELD_INT},
+        {"index", STK_FIELD_INT},      {"label", STK_FIELD_INT},     {"npy", STK_FIELD_NPY},
+        {"depth.npy", STK_FIELD_NPY},  {"bin", STK_FIELD_BYTES},     {"", STK_FIELD_BYTES},
+        {"png.", STK_FIELD_BYTES},     {"txt.gz", STK_FIELD_BYTES},  {"jpgx", STK_FIELD_BYTES},
+        {"mp4", STK_FIELD_BYTES},      {"pngs", STK_FIELD_BYTES},    {"xjson", STK_FIELD_BYTES},
     };
     for (size_t k = 0; k < sizeof rules / sizeof rules[0]; k++) {
         int got = stk_field_kind_for_name(rules[k].name);
         if (got != rules[k].kind)
-            fprintf(stderr, "    kind of '%s': %d, want %d\n", rules[k].name, got,
-                    rules[k].kind);
+            fprintf(stderr, "    kind of '%s': %d, want %d\n", rules[k].name, got, rules[k].kind);
         CHECK_EQ(got, rules[k].kind);
     }
     CHECK_EQ(stk_field_kind_for_name(NULL), STK_FIELD_BYTES);
-    static const char *const names[] = {"auto", "image", "text", "json",
-                                        "bytes", "int", "float", "npy"};
+    static const char *const names[] = {"auto",  "image", "text",  "json",
+                                        "bytes", "int",   "float", "npy"};
     for (int k = 0; k < 8; k++) {
         CHECK(!strcmp(stk_field_kind_name(k), names[k]));
         CHECK_EQ(stk_field_kind_parse(names[k]), k);

@@ -104,8 +104,8 @@ static int open_f(stk_loader **l, const tu_cfg *c, const char *fields, const fad
         REQUIRE(0);
     }
     for (size_t k = 0; k < nadds; k++)
-        if (stk_options_add_field(o, adds[k].name, adds[k].sources, adds[k].kind,
-                                  adds[k].transform, adds[k].flags) != STK_OK) {
+        if (stk_options_add_field(o, adds[k].name, adds[k].sources, adds[k].kind, adds[k].transform,
+                                  adds[k].flags) != STK_OK) {
             fprintf(stderr, "    add_field '%s': %s\n", adds[k].name, stk_options_errmsg(o));
             REQUIRE(0);
         }
@@ -284,8 +284,8 @@ static void test_folder_image_label_identical(void)
     const char *root = clean_folder();
     static const char *specs[] = {RRC, "Resize(12)|RandomHorizontalFlip()", "none"};
     for (int s = 0; s < 3; s++) {
-        tu_cfg c = {.path = root, .bs = 5, .threads = 2, .seed = 5, .shuffle = 1,
-                    .transform = specs[s]};
+        tu_cfg c = {
+            .path = root, .bs = 5, .threads = 2, .seed = 5, .shuffle = 1, .transform = specs[s]};
         stk_loader *plain = must_open(&c, NULL, NULL, 0);
         stk_loader *f = must_open(&c, "image,label", NULL, 0);
         compare_plain(plain, f, s < 2);
@@ -312,8 +312,8 @@ static void test_cifar(void)
     tu_write_file(file, buf, N * REC);
     static const char *specs[] = {"RandomCrop(32, padding=4)|RandomHorizontalFlip()", "none"};
     for (int s = 0; s < 2; s++) {
-        tu_cfg c = {.path = dir, .bs = 6, .threads = 2, .seed = 9, .shuffle = 1,
-                    .transform = specs[s]};
+        tu_cfg c = {
+            .path = dir, .bs = 6, .threads = 2, .seed = 9, .shuffle = 1, .transform = specs[s]};
         stk_loader *plain = must_open(&c, NULL, NULL, 0);
         stk_loader *f = must_open(&c, "image,label", NULL, 0);
         for (;;) {
@@ -529,8 +529,7 @@ static void test_second_image(void)
         CHECK(!memcmp(v2a->data, v2b->data, a->size * v2a->sample_bytes));
         for (size_t k = 0; k < a->size; k++, samples++)
             same3 += !memcmp((const uint8_t *)v3->data + k * v3->sample_bytes,
-                             (const uint8_t *)v2b->data + k * v2b->sample_bytes,
-                             v3->sample_bytes);
+                             (const uint8_t *)v2b->data + k * v2b->sample_bytes, v3->sample_bytes);
         stk_batch_release(a);
         stk_batch_release(b);
     }
@@ -550,8 +549,13 @@ static void test_threads_identical(void)
     static const unsigned threads[] = {1, 2, 8};
     static const unsigned depths[] = {1, 3, 2};
     for (int t = 0; t < 3; t++) {
-        tu_cfg c = {.path = root, .bs = 5, .threads = threads[t], .depth = depths[t], .seed = 21,
-                    .shuffle = 1, .transform = RRC};
+        tu_cfg c = {.path = root,
+                    .bs = 5,
+                    .threads = threads[t],
+                    .depth = depths[t],
+                    .seed = 21,
+                    .shuffle = 1,
+                    .transform = RRC};
         stk_loader *l = must_open(&c, NULL, k_two_images, 5);
         size_t n = run_hashes(l, 2, t ? got : ref, 64);
         stk_loader_close(l);
@@ -621,7 +625,12 @@ static void test_skip_compacts_columns(void)
 {
     const char *clean = clean_folder();
     const char *bad = make_folder("bad", k_bad, NBAD);
-    tu_cfg c = {.path = clean, .bs = 5, .threads = 2, .seed = 8, .shuffle = 1, .transform = RRC,
+    tu_cfg c = {.path = clean,
+                .bs = 5,
+                .threads = 2,
+                .seed = 8,
+                .shuffle = 1,
+                .transform = RRC,
                 .on_error = STK_ON_ERROR_SKIP};
     /* What the clean set gives for each index (epoch 0): image and view2. */
     uint64_t want_img[NF] = {0}, want_v2[NF] = {0};
@@ -668,7 +677,8 @@ static void test_skip_compacts_columns(void)
             p = fsample(raw, k, &n);
             CHECK(n == g_len[i] && !memcmp(p, g_file[i], n));
             uint32_t w = 24 + (uint32_t)(i % 5) * 4, h = 20 + (uint32_t)(i % 3) * 6;
-            CHECK_EQ(sm->shapes[k * (STK_FIELD_MAXDIM + 1) + 2], h <= w ? (int64_t)(w * 10 / h) : 10);
+            CHECK_EQ(sm->shapes[k * (STK_FIELD_MAXDIM + 1) + 2],
+                     h <= w ? (int64_t)(w * 10 / h) : 10);
             kept++;
         }
         stk_batch_release(b);
@@ -694,8 +704,13 @@ static void test_skip_compacts_columns(void)
 static void test_skip_variable_primary(void)
 {
     const char *bad = make_folder("bad3", k_bad, NBAD);
-    tu_cfg c = {.path = bad, .bs = 5, .threads = 2, .seed = 8, .shuffle = 1,
-                .transform = "Resize(10)", .on_error = STK_ON_ERROR_SKIP};
+    tu_cfg c = {.path = bad,
+                .bs = 5,
+                .threads = 2,
+                .seed = 8,
+                .shuffle = 1,
+                .transform = "Resize(10)",
+                .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l = must_open(&c, "image,label,raw=image:bytes", NULL, 0);
     stk_batch *b;
     int rc;
@@ -708,7 +723,8 @@ static void test_skip_variable_primary(void)
             uint64_t i = b->indices[k];
             CHECK(!is_bad(i));
             uint32_t w = 24 + (uint32_t)(i % 5) * 4, h = 20 + (uint32_t)(i % 3) * 6;
-            int64_t hh = h <= w ? 10 : (int64_t)(h * 10 / w), ww = h <= w ? (int64_t)(w * 10 / h) : 10;
+            int64_t hh = h <= w ? 10 : (int64_t)(h * 10 / w),
+                    ww = h <= w ? (int64_t)(w * 10 / h) : 10;
             const int64_t *sh = &img->shapes[k * (STK_FIELD_MAXDIM + 1)];
             CHECK(sh[0] == 3 && sh[1] == hh && sh[2] == ww && sh[3] == 3);
             CHECK(b->dims[3 * k] == hh && b->dims[3 * k + 1] == ww);
@@ -734,8 +750,8 @@ static void test_skip_variable_primary(void)
 static void test_other_field_fails(void)
 {
     const char *bad = make_folder("bad2", k_bad, NBAD);
-    tu_cfg c = {.path = bad, .bs = 5, .threads = 2, .seed = 8, .shuffle = 1,
-                .on_error = STK_ON_ERROR_SKIP};
+    tu_cfg c = {
+        .path = bad, .bs = 5, .threads = 2, .seed = 8, .shuffle = 1, .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l = must_open(&c, "raw=image:bytes,t=image:text,label", NULL, 0);
     stk_batch *b;
     int rc;
@@ -871,7 +887,10 @@ static void test_field_memory_too_small(void)
     }
     free(jpg);
     free(rgb);
-    tu_cfg c = {.path = tu_path("big"), .bs = 2, .threads = 2, .transform = RRC,
+    tu_cfg c = {.path = tu_path("big"),
+                .bs = 2,
+                .threads = 2,
+                .transform = RRC,
                 .options = {"field_memory", "4096", NULL}};
     stk_loader *l = must_open(&c, "image,raw=image:bytes", NULL, 0);
     stk_batch *b;
@@ -898,8 +917,8 @@ static void test_field_memory_too_small(void)
 /* Fields without any image field: labels alone, bytes and labels. */
 static void test_no_image_field(void)
 {
-    tu_cfg c = {.path = clean_folder(), .bs = 5, .threads = 2, .seed = 2, .shuffle = 1,
-                .transform = RRC};
+    tu_cfg c = {
+        .path = clean_folder(), .bs = 5, .threads = 2, .seed = 2, .shuffle = 1, .transform = RRC};
     stk_loader *l = must_open(&c, "label", NULL, 0);
     stk_batch *b;
     int rc;
@@ -942,8 +961,14 @@ static void test_records(void)
     }
     const char *path = tu_path("rec.bin");
     tu_write_file(path, buf, sizeof buf);
-    tu_cfg c = {.path = path, .record = REC, .label = 1, .bs = 4, .threads = 2, .seed = 4,
-                .shuffle = 1, .on_error = STK_ON_ERROR_SKIP};
+    tu_cfg c = {.path = path,
+                .record = REC,
+                .label = 1,
+                .bs = 4,
+                .threads = 2,
+                .seed = 4,
+                .shuffle = 1,
+                .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l = must_open(&c, "txt=data:text,raw=data,label", NULL, 0);
     stk_batch *b;
     int rc;
@@ -989,8 +1014,14 @@ static void test_records_json_numbers(void)
     }
     const char *path = tu_path("num.bin");
     tu_write_file(path, buf, sizeof buf);
-    tu_cfg c = {.path = path, .record = REC, .label = 1, .bs = 6, .threads = 3, .seed = 6,
-                .shuffle = 1, .on_error = STK_ON_ERROR_SKIP};
+    tu_cfg c = {.path = path,
+                .record = REC,
+                .label = 1,
+                .bs = 6,
+                .threads = 3,
+                .seed = 6,
+                .shuffle = 1,
+                .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l = must_open(&c, "meta=data:json,n=data:int,f=data:float,label", NULL, 0);
     stk_batch *b;
     int rc;
@@ -1062,8 +1093,14 @@ static void test_records_npy(void)
     }
     const char *path = tu_path("npy.bin");
     tu_write_file(path, buf, N * rec);
-    tu_cfg c = {.path = path, .record = rec, .label = 1, .bs = 5, .threads = 2, .seed = 1,
-                .shuffle = 1, .on_error = STK_ON_ERROR_SKIP};
+    tu_cfg c = {.path = path,
+                .record = rec,
+                .label = 1,
+                .bs = 5,
+                .threads = 2,
+                .seed = 1,
+                .shuffle = 1,
+                .on_error = STK_ON_ERROR_SKIP};
     stk_loader *l = must_open(&c, "arr=data:npy,label", NULL, 0);
     stk_batch *b;
     int rc;

@@ -68,9 +68,9 @@ typedef struct run {
     sample s[MAXS];
     uint64_t failed; /* stats: samples skipped or failed */
     size_t nerrors;
-    int errors_ok; /* every error names a path and a reason */
+    int errors_ok;        /* every error names a path and a reason */
     char reasons[4][256]; /* the first few reasons */
-    uint64_t esample; /* STK_ESAMPLE answers (raise policy) */
+    uint64_t esample;     /* STK_ESAMPLE answers (raise policy) */
 } run;
 
 typedef struct scenario {
@@ -194,9 +194,9 @@ static void session(const scenario *sc, run *r, const mode *m, long n)
 /* Are a and b the same delivery, batch for batch and byte for byte? */
 static int same_run(const run *a, const run *b)
 {
-    if (a->open_rc != b->open_rc || a->num_samples != b->num_samples ||
-        a->end_rc != b->end_rc || a->nbatch != b->nbatch || a->ndelivered != b->ndelivered ||
-        a->nerrors != b->nerrors || a->failed != b->failed)
+    if (a->open_rc != b->open_rc || a->num_samples != b->num_samples || a->end_rc != b->end_rc ||
+        a->nbatch != b->nbatch || a->ndelivered != b->ndelivered || a->nerrors != b->nerrors ||
+        a->failed != b->failed)
         return 0;
     if (memcmp(a->batch_size, b->batch_size, a->nbatch * sizeof a->batch_size[0]) ||
         memcmp(a->order, b->order, a->ndelivered * sizeof a->order[0]))
@@ -221,8 +221,7 @@ static int judge(const run *base, const run *r, int kind)
     const char *why = NULL;
     if (kind == STK__IOF_EINTR || kind == STK__IOF_SHORT) {
         if (!same_run(base, r))
-            why = r->open_rc ? r->open_msg : r->end_rc != STK_END ? r->end_msg
-                                                                    : "delivery differs";
+            why = r->open_rc ? r->open_msg : r->end_rc != STK_END ? r->end_msg : "delivery differs";
         goto out;
     }
     if (r->open_rc != STK_OK) {
@@ -246,7 +245,8 @@ static int judge(const run *base, const run *r, int kind)
         if (j == base->ndelivered)
             why = "a sample delivered out of order (or not in the fault-free run)";
         const sample *x = &base->s[r->order[k]], *y = &r->s[r->order[k]];
-        if (!why && (x->label != y->label || x->len != y->len || memcmp(x->bytes, y->bytes, x->len)))
+        if (!why &&
+            (x->label != y->label || x->len != y->len || memcmp(x->bytes, y->bytes, x->len)))
             why = "a delivered sample differs from the fault-free run (wrong bytes)";
     }
     if (why)
@@ -363,8 +363,8 @@ static void sweep(const scenario *sc)
         printf("    %-8s %-10s: %4ld calls, %3ld swept (every %ld): %ld opens failed cleanly, "
                "%ld epochs ended with an error, %ld with sample errors, %ld identical "
                "(%ld not reached)\n",
-               sc->name, g_mode_now, calls, swept, stride, open_failed, ended,
-               sample_errors, absorbed, unreached);
+               sc->name, g_mode_now, calls, swept, stride, open_failed, ended, sample_errors,
+               absorbed, unreached);
         /* Sources that keep their files open make no path call after open. */
         CHECK(calls > 0 || k_modes[mi].mid_run);
         CHECK(unreached < swept || !calls);
@@ -437,8 +437,8 @@ static const char *make_stk(const char *rel, int nshards, int per)
         char path[1024], name[64];
         snprintf(name, sizeof name, "train-%06d.stk", s);
         snprintf(path, sizeof path, "%s/%s", dir, name);
-        stk__stk_header h = {.kind = STK_PAYLOAD_RAW, .align = 64, .raw_h = 4, .raw_w = 4,
-                             .raw_c = 3};
+        stk__stk_header h = {
+            .kind = STK_PAYLOAD_RAW, .align = 64, .raw_h = 4, .raw_w = 4, .raw_c = 3};
         stk__stk_writer *w;
         REQUIRE(stk__stkw_open(&w, path, &h, err, sizeof err) == STK_OK);
         for (int k = 0; k < per; k++) {
@@ -719,8 +719,8 @@ static void test_pack(void)
     const char *src = make_jpeg_tree();
     char out[1024];
     snprintf(out, sizeof out, "%s", tu_path("pack-out"));
-    stk_pack_options o = {.struct_size = sizeof o, .max_side = 16, .quality = 80,
-                          .shard_size = 600, .threads = 2};
+    stk_pack_options o = {
+        .struct_size = sizeof o, .max_side = 16, .quality = 80, .shard_size = 600, .threads = 2};
     char err[1024];
     /* The fault-free pack. */
     REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
@@ -769,14 +769,15 @@ static void test_pack(void)
                 remove_tree(out);
         }
         /* EIO/ENOENT must actually have failed packs, or the sweep missed them. */
-        if (kind == STK__IOF_EIO || kind == STK__IOF_ENOENT)
-        {
+        if (kind == STK__IOF_EIO || kind == STK__IOF_ENOENT) {
             CHECK(failed > calls / 2);
             /* The output directory's calls are swept too (its lock). */
             CHECK(lock_failed > 0);
         }
-        fprintf(stderr, "    pack %-6s: %ld calls swept, %d packs failed cleanly, the others "
-                        "complete and identical\n", kname[kind], calls + 2, failed);
+        fprintf(stderr,
+                "    pack %-6s: %ld calls swept, %d packs failed cleanly, the others "
+                "complete and identical\n",
+                kname[kind], calls + 2, failed);
     }
     REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
     CHECK(pack_state(out, &state) == ref);

@@ -45,7 +45,8 @@ static void make_sets(void)
     for (int i = 0; i < NS; i++) {
         char text[16];
         int n = snprintf(text, sizeof text, "S:%d", i);
-        REQUIRE(stk__stkw_add(w, (const uint8_t *)text, (size_t)n, i, NULL, 0, 0, err, sizeof err) == STK_OK);
+        REQUIRE(stk__stkw_add(w, (const uint8_t *)text, (size_t)n, i, NULL, 0, 0, err,
+                              sizeof err) == STK_OK);
     }
     uint64_t size;
     REQUIRE(stk__stkw_finish(w, NS, &size, err, sizeof err) == STK_OK);
@@ -337,8 +338,8 @@ static void test_elastic(void)
         int same = 1;
         for (int k = 0; k < 3 * 64; k++) {
             if (ref[k] != got[k] && same)
-                fprintf(stderr, "drop_last %d: sample %d/%d: %d uninterrupted, %d elastic\n",
-                        drop, k / 64, k % 64, ref[k], got[k]);
+                fprintf(stderr, "drop_last %d: sample %d/%d: %d uninterrupted, %d elastic\n", drop,
+                        k / 64, k % 64, ref[k], got[k]);
             same &= ref[k] == got[k];
         }
         CHECK(same);
@@ -387,7 +388,9 @@ static void test_errors_name_source(void)
     char victim[1200];
     snprintf(victim, sizeof victim, "%s/c1/f04.jpg", g_folder);
     for (int policy = 0; policy < 2; policy++) {
-        mcfg c = {.w = {0.5, 0.3, 0.2}, .n = 200, .bs = 20,
+        mcfg c = {.w = {0.5, 0.3, 0.2},
+                  .n = 200,
+                  .bs = 20,
                   .on_error = policy ? STK_ON_ERROR_SKIP : STK_ON_ERROR_RAISE};
         /* A dangling link: listed at open, failing at every read. */
         REQUIRE(rename(victim, tu_path("moved.jpg")) == 0);

@@ -274,7 +274,7 @@ static void test_stale_release_is_misuse(void)
     CHECK(batch_ok(b1) && batch_ok(b2)); /* held batches outlive close */
     CHECK_EQ(stk_batch_release(b1), STK_OK);
     CHECK_EQ(stk_batch_release(b1), STK_EMISUSE); /* after close, ring alive */
-    CHECK_EQ(stk_batch_release(b2), STK_OK);     /* the last: frees the ring */
+    CHECK_EQ(stk_batch_release(b2), STK_OK);      /* the last: frees the ring */
     CHECK_EQ(stk__alloc_live(), live0);
     /* Every pointer now points into freed memory. */
     CHECK_EQ(stk_batch_release(b2), STK_EMISUSE);

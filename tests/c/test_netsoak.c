@@ -182,7 +182,7 @@ typedef struct kind {
     const char *rel; /* under the server's root */
     ref *refs;
     uint64_t n;
-    int cache;       /* 0: none, 1: the shared cache with a limit, 2: a fresh one */
+    int cache; /* 0: none, 1: the shared cache with a limit, 2: a fresh one */
     const char *order;
 } kind;
 
@@ -581,7 +581,8 @@ static void server_start(const char *plan)
 {
     char root[1024], script[1200], planfile[1024], ready[1024], log[1024];
     char s_setpriv[] = "/usr/bin/setpriv", s_pd[] = "--pdeathsig", s_kill[] = "KILL", s_dd[] = "--";
-    char s_py[] = "/usr/bin/python3", s_fault[] = "fault", s_plan[] = "--plan", s_ll[] = "--log-limit";
+    char s_py[] = "/usr/bin/python3", s_fault[] = "fault", s_plan[] = "--plan",
+         s_ll[] = "--log-limit";
     char s_zero[] = "0", s_sf[] = "--stats-file", s_rf[] = "--ready-file", s_nd[] = "--nodelay";
     repo_root(root, sizeof root);
     snprintf(script, sizeof script, "%s/tests/servers/stk_servers.py", root);
@@ -709,7 +710,6 @@ static void test_close_during_cache_download(void)
     server_stop();
 }
 
-
 /* Waits until P has stopped fetching (its ring and plan are full, nothing in
  * flight, no request started for 300 ms), so that what it holds is the same
  * at every cycle's end; gives up after 20 s (the figures are then judged
@@ -766,12 +766,12 @@ static void test_close_while_downloads_complete(void)
 
 static void test_netsoak(void)
 {
-    unsigned long seed = getenv("STK_NETSOAK_SEED") ? strtoul(getenv("STK_NETSOAK_SEED"), NULL, 10)
-                                                    : 1;
-    long seconds = getenv("STK_NETSOAK_SECONDS") ? atol(getenv("STK_NETSOAK_SECONDS"))
-                                                 : (SANITIZED ? 15 : 50);
-    int epochs = getenv("STK_NETSOAK_EPOCHS") ? atoi(getenv("STK_NETSOAK_EPOCHS"))
-                                              : (SANITIZED ? 1 : 2);
+    unsigned long seed =
+        getenv("STK_NETSOAK_SEED") ? strtoul(getenv("STK_NETSOAK_SEED"), NULL, 10) : 1;
+    long seconds =
+        getenv("STK_NETSOAK_SECONDS") ? atol(getenv("STK_NETSOAK_SECONDS")) : (SANITIZED ? 15 : 50);
+    int epochs =
+        getenv("STK_NETSOAK_EPOCHS") ? atoi(getenv("STK_NETSOAK_EPOCHS")) : (SANITIZED ? 1 : 2);
     if (getenv("STK_NETSOAK_RETRIES"))
         g_retries = atoi(getenv("STK_NETSOAK_RETRIES"));
     if (getenv("STK_NETSOAK_CONSUMER_MS"))

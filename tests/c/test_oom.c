@@ -322,8 +322,7 @@ static void test_oom_pack(void)
         free(jpg);
         free(px);
     }
-    stk_pack_options o = {.struct_size = sizeof o, .max_side = 20, .shard_size = 900,
-                          .threads = 2};
+    stk_pack_options o = {.struct_size = sizeof o, .max_side = 20, .shard_size = 900, .threads = 2};
     REQUIRE(stk_pack(src, out, &o, NULL, err, sizeof err) == STK_OK);
     int files, manifest;
     uint64_t ref = dir_hash(out, &files, &manifest);

@@ -164,8 +164,7 @@ static void test_pack_threads_roundtrip(void)
         CHECK_EQ(b->size, 1);
         CHECK_EQ(b->labels[0], n / 10);
         CHECK_EQ(b->indices[0], (uint64_t)n);
-        CHECK(b->lengths[0] == len &&
-              !memcmp((const uint8_t *)b->data + b->offsets[0], want, len));
+        CHECK(b->lengths[0] == len && !memcmp((const uint8_t *)b->data + b->offsets[0], want, len));
         free(want);
         stk_batch_release(b);
         n++;
@@ -230,8 +229,7 @@ static void test_errors(void)
     make_tree(root);
     stk_pack_options o = {.struct_size = sizeof o};
 
-    CHECK_EQ(stk_pack(tu_path("missing"), tu_path("e-out"), &o, NULL, err, sizeof err),
-             STK_ENOENT);
+    CHECK_EQ(stk_pack(tu_path("missing"), tu_path("e-out"), &o, NULL, err, sizeof err), STK_ENOENT);
     CHECK(strstr(err, "missing") != NULL);
     CHECK(access(tu_path("e-out"), F_OK) != 0);
 
@@ -289,7 +287,6 @@ static void test_errors(void)
     CHECK(strstr(err, "already holds a packed dataset") != NULL);
     CHECK(!strcmp(stk_strerror(STK_ECANCELED), "canceled"));
 }
-
 
 /* A writer fed the same samples, keys, labels and class names as stk_pack
  * reads from a folder writes the same bytes: one shard writer behind both. */

@@ -82,8 +82,8 @@ static struct {
     int nseen;
     atomic_int requests, whole_gets;
     atomic_int payloads, stalls; /* F_STALL_SOME: payload ranges seen, stalled */
-    atomic_int plain_gets; /* GETs without a Range, of any object */
-    atomic_ullong big_bytes; /* bytes of ranged replies over 1 MiB */
+    atomic_int plain_gets;       /* GETs without a Range, of any object */
+    atomic_ullong big_bytes;     /* bytes of ranged replies over 1 MiB */
     /* F_RATE: the current window, and every request's time and answer. */
     uint64_t win_start, win_count;
     uint64_t stamps[MAX_STAMPS];
@@ -1791,8 +1791,7 @@ static void test_s3_list_page(void)
         "<Contents><Key>other/c.stk</Key><Size>5</Size></Contents>"
         "<Contents><Key>train/d.stk</Key><Size>18446744073709551615</Size></Contents>"
         "</ListBucketResult>";
-    CHECK_EQ(list_page(page, "train/", &names, &sizes, &n, &more, &token, err, sizeof err),
-             STK_OK);
+    CHECK_EQ(list_page(page, "train/", &names, &sizes, &n, &more, &token, err, sizeof err), STK_OK);
     CHECK_EQ(n, 2);
     if (n == 2) {
         CHECK(!strcmp(names[0], "a&b.stk") && sizes[0] == 1048576);
@@ -1850,17 +1849,17 @@ static void test_s3_list_page(void)
     names = NULL;
     sizes = NULL;
     n = 0;
-    CHECK_EQ(stk__s3_list_page(twice, sizeof twice - 1, "", &names, &sizes, &n, &cap, &more,
-                               &token, err, sizeof err),
+    CHECK_EQ(stk__s3_list_page(twice, sizeof twice - 1, "", &names, &sizes, &n, &cap, &more, &token,
+                               err, sizeof err),
              STK_OK);
     CHECK_EQ(n, 1);
     stk__remote_list_free(names, sizes, n);
     names = NULL;
     sizes = NULL;
     n = cap = 0;
-    CHECK_EQ(stk__s3_list_page(twice, 30, "", &names, &sizes, &n, &cap, &more, &token, err,
-                               sizeof err),
-             STK_OK);
+    CHECK_EQ(
+        stk__s3_list_page(twice, 30, "", &names, &sizes, &n, &cap, &more, &token, err, sizeof err),
+        STK_OK);
     CHECK_EQ(n, 0);
     stk__remote_list_free(names, sizes, n);
 }
@@ -1878,7 +1877,8 @@ static void test_xml_unescape(void)
          * surrogates, which are not characters. */
         {"a & b &&amp", "a & b &&amp"},
         {"&nbsp;&#x110000;&#xFFFFFFFF;&#0;&#x;&#;", "&nbsp;&#x110000;&#xFFFFFFFF;&#0;&#x;&#;"},
-        {"&#-18446744073709551615;&#x-1;&# 65;&#+65;", "&#-18446744073709551615;&#x-1;&# 65;&#+65;"},
+        {"&#-18446744073709551615;&#x-1;&# 65;&#+65;",
+         "&#-18446744073709551615;&#x-1;&# 65;&#+65;"},
         {"&#xD800;&#57343;", "&#xD800;&#57343;"},
         {"&#0000000065;&#00000000000000065;", "A&#00000000000000065;"}, /* 16 bytes at most */
     };
@@ -1904,7 +1904,6 @@ static void test_s3_error_text(void)
     stk__s3_error_text("<html>502 Bad Gateway</html>", out, sizeof out);
     CHECK(!strcmp(out, ""));
 }
-
 
 /* ---- issue 18: secrets, names, schemes, listing loops, final errors ------------- */
 
@@ -1949,9 +1948,9 @@ static void test_url_display(void)
 {
     char b[512];
     CHECK(!strcmp(stk__url_display("http://alice:PW@h:8/ds", b, sizeof b), "http://h:8/ds"));
-    CHECK(!strcmp(stk__url_display("https://a:b@c@h/x.stk?X-Amz-Signature=S&X-Amz-Credential=C",
-                                   b, sizeof b),
-                  "https://h/x.stk?..."));
+    CHECK(!strcmp(
+        stk__url_display("https://a:b@c@h/x.stk?X-Amz-Signature=S&X-Amz-Credential=C", b, sizeof b),
+        "https://h/x.stk?..."));
     CHECK(!strcmp(stk__url_display("s3://bkt/p#frag", b, sizeof b), "s3://bkt/p?..."));
     CHECK(!strcmp(stk__url_display("http://h/a@b/x.stk", b, sizeof b), "http://h/a@b/x.stk"));
     /* Local paths come back as they are. */
@@ -2019,8 +2018,8 @@ static void test_s3_bucket_names_are_validated(void)
     err[0] = '\0';
     CHECK_EQ(stk__remote_open(&r, u, &dflt, err, sizeof err), STK_EINVAL);
     CHECK(strstr(err, "not a valid S3 bucket name"));
-    const char *bad[] = {"s3://ab/x.stk",         "s3://Upper/x.stk", "s3://a_b_c/x.stk",
-                         "s3://-abc/x.stk",       "s3://abc-/x.stk",  "s3://a..b/x.stk",
+    const char *bad[] = {"s3://ab/x.stk",          "s3://Upper/x.stk",   "s3://a_b_c/x.stk",
+                         "s3://-abc/x.stk",        "s3://abc-/x.stk",    "s3://a..b/x.stk",
                          "s3://192.168.5.4/x.stk", "s3://user@bkt/x.stk"};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         err[0] = '\0';
@@ -2157,8 +2156,8 @@ static void test_open_against_a_hung_server_is_parallel(void)
 static void make_indexed(const char *dir, int shards, int per, int salt)
 {
     stk_writer *w = NULL;
-    stk_writer_options o = {.struct_size = sizeof o, .shard_size = (uint64_t)per * 64,
-                            .num_classes = 5};
+    stk_writer_options o = {
+        .struct_size = sizeof o, .shard_size = (uint64_t)per * 64, .num_classes = 5};
     char err[512];
     REQUIRE(stk_writer_open(&w, dir, &o, err, sizeof err) == STK_OK);
     for (int i = 0; i < shards * per; i++) {
@@ -2316,8 +2315,7 @@ static void test_index_broken_falls_back(void)
     index_case("ix-corrupt", 1);
     index_case("ix-trunc", 2);
     index_case("ix-gone", 3);
-    uint64_t h1 = local_hash("ix-corrupt"), h2 = local_hash("ix-trunc"),
-             h3 = local_hash("ix-gone");
+    uint64_t h1 = local_hash("ix-corrupt"), h2 = local_hash("ix-trunc"), h3 = local_hash("ix-gone");
     file_of("ix-corrupt", "stoker.index", p, sizeof p);
     size_t n = 0;
     uint8_t *b = tu_read_file(p, &n);
@@ -2597,8 +2595,8 @@ static const char *fixtures(void)
 /* Every field of every sample over one epoch, as stored (kind bytes, all
  * optional, so presence is compared too), with indices and labels. The
  * field names come from the local dataset `names_from`. */
-static uint64_t fx_hash(const char *path, const char *names_from, const char *cache,
-                        int on_error, uint64_t *n, char *msg, size_t msgn, int *open_rc)
+static uint64_t fx_hash(const char *path, const char *names_from, const char *cache, int on_error,
+                        uint64_t *n, char *msg, size_t msgn, int *open_rc)
 {
     stk_options *o;
     stk_loader *l = NULL;
@@ -2683,8 +2681,12 @@ static void test_formats_remote_as_local(void)
         return;
     }
     static const char *const sets[][2] = {
-        {"mds/plain", ""},          {"mds/zstd", ""},     {"mds/jpeg", ""},
-        {"litdata/plain", ""},      {"litdata/zstd", ""}, {"litdata/jpeg", ""},
+        {"mds/plain", ""},
+        {"mds/zstd", ""},
+        {"mds/jpeg", ""},
+        {"litdata/plain", ""},
+        {"litdata/zstd", ""},
+        {"litdata/jpeg", ""},
         {"tfrecord/plain", "/train-{00000..00001}-of-00002.tfrecord"},
         {"tfrecord/gzip", "/train-{00000..00001}-of-00002.tfrecord.gz"},
         {"parquet/snappy", "/train-{00000..00001}-of-00002.parquet"},
@@ -2704,7 +2706,8 @@ static void test_formats_remote_as_local(void)
         CHECK_EQ(orc, STK_OK);
         CHECK_EQ(nl, 60);
         int before = atomic_load(&srv.plain_gets);
-        uint64_t hr = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        uint64_t hr =
+            fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
         if (orc)
             fprintf(stderr, "    %s: %s\n", rel, msg);
         CHECK_EQ(orc, STK_OK);
@@ -2716,7 +2719,8 @@ static void test_formats_remote_as_local(void)
          * the probes (and the sniff of index.json). */
         before = atomic_load(&srv.plain_gets);
         int reqs = atomic_load(&srv.requests);
-        uint64_t hw = fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nw, msg, sizeof msg, &orc);
+        uint64_t hw =
+            fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nw, msg, sizeof msg, &orc);
         CHECK_EQ(orc, STK_OK);
         CHECK(hw == hl && nw == 60);
         int warm_plain = atomic_load(&srv.plain_gets) - before;
@@ -2786,8 +2790,8 @@ static void test_formats_remote_bad_shards(void)
     CHECK(strstr(msg, "http://127.0.0.1:") && strstr(msg, "bad/mds-missing/shard.00002.mds") &&
           strstr(msg, "404"));
     /* Truncated: raise stops at the first damaged record, naming it. */
-    fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_RAISE, &n, msg,
-            sizeof msg, &orc);
+    fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_RAISE, &n, msg, sizeof msg,
+            &orc);
     CHECK_EQ(orc, STK_OK);
     CHECK(strstr(msg, "bad/mds-cut/shard.00001.mds") != NULL);
     if (!strstr(msg, "bad/mds-cut/shard.00001.mds"))
@@ -2795,8 +2799,8 @@ static void test_formats_remote_bad_shards(void)
     /* Skip: the rest, exactly as the local copy delivers it. */
     uint64_t hl = fx_hash(cut, src, NULL, STK_ON_ERROR_SKIP, &nl, msg, sizeof msg, &orc);
     CHECK_EQ(orc, STK_OK);
-    uint64_t hr = fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n,
-                          msg, sizeof msg, &orc);
+    uint64_t hr = fx_hash(url("bad/mds-cut"), src, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
+                          sizeof msg, &orc);
     CHECK_EQ(orc, STK_OK);
     CHECK(n == nl && hr == hl);
     CHECK(n > 40 && n < 60);
@@ -2808,15 +2812,14 @@ static void test_formats_remote_bad_shards(void)
     copy_tree(zsrc, zcut);
     snprintf(p, sizeof p, "%s/chunk-0-2.zstd.bin", zcut);
     REQUIRE(stat(p, &st) == 0 && truncate(p, st.st_size / 2) == 0);
-    fx_hash(url("bad/lit-zcut"), zsrc, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg,
-            sizeof msg, &orc);
+    fx_hash(url("bad/lit-zcut"), zsrc, tu_path("cache-bad"), STK_ON_ERROR_SKIP, &n, msg, sizeof msg,
+            &orc);
     CHECK(orc != STK_OK);
     CHECK(strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin") != NULL);
     if (!strstr(msg, "bad/lit-zcut/chunk-0-2.zstd.bin"))
         fprintf(stderr, "    message: %s\n", msg);
     server_stop();
 }
-
 
 /* Every allocation of a remote MDS (zstd) open, cold (downloads into a
  * fresh cache) and warm (pins), and of a cold TFRecord (gzip) open, failed
@@ -2829,8 +2832,8 @@ static void test_formats_remote_oom_sweep(void)
         fprintf(stderr, "    no fixtures: skipped\n");
         return;
     }
-    static const char *const rels[] = {"fx/mds/zstd",
-                                       "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
+    static const char *const rels[] = {
+        "fx/mds/zstd", "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
     char www[2048], local[4096];
     snprintf(www, sizeof www, "%s/fx/mds/zstd", g_www);
     snprintf(local, sizeof local, "%s/mds/zstd", fx);
@@ -2892,7 +2895,6 @@ static void test_formats_remote_oom_sweep(void)
     }
     server_stop();
 }
-
 
 /* Unpacked objects in a bucket: s3://bkt/imgs holding CLASS/NAME.jpg
  * objects (the listing served as S3 would give it) reads as the local
@@ -2965,7 +2967,6 @@ static void test_bucket_of_class_folders(void)
     snprintf(dir, sizeof dir, "%s/bkt/.listing.xml", g_www);
     unlink(dir);
 }
-
 
 /* nginx's index pages (src/io/httplist.c): names percent-decoded from HTML
  * links and taken as they are from JSON, sizes in bytes; links that leave

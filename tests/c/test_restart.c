@@ -34,7 +34,8 @@ static uint8_t *encode_ex(int w, int h, int v, unsigned restart, int comp_scans,
         for (int x = 0; x < w; x++)
             for (int c = 0; c < comps; c++) {
                 seed = seed * 1103515245u + 12345u;
-                int g = (x * 255 / (w > 1 ? w - 1 : 1) * (c + 1) + y * 255 / (h > 1 ? h - 1 : 1)) / 2;
+                int g =
+                    (x * 255 / (w > 1 ? w - 1 : 1) * (c + 1) + y * 255 / (h > 1 ? h - 1 : 1)) / 2;
                 int edge = ((x / 11 + y / 7) & 1) * 40;
                 int val = (g + edge + (int)((seed >> 16) % 24)) & 255;
                 px[((size_t)y * (size_t)w + (size_t)x) * (size_t)comps + (size_t)c] = (uint8_t)val;
@@ -53,7 +54,8 @@ static uint8_t *encode_ex(int w, int h, int v, unsigned restart, int comp_scans,
     jpeg_set_defaults(&c);
     jpeg_set_quality(&c, 92, TRUE);
     if (comps == 3) {
-        static const int hv[VCOUNT][2] = {{1, 1}, {2, 2}, {2, 1}, {1, 2}, {4, 1}, {1, 1}, {1, 1}, {2, 2}};
+        static const int hv[VCOUNT][2] = {{1, 1}, {2, 2}, {2, 1}, {1, 2},
+                                          {4, 1}, {1, 1}, {1, 1}, {2, 2}};
         c.comp_info[0].h_samp_factor = hv[v][0];
         c.comp_info[0].v_samp_factor = hv[v][1];
     }
@@ -62,8 +64,8 @@ static uint8_t *encode_ex(int w, int h, int v, unsigned restart, int comp_scans,
     jpeg_scan_info scans[3];
     if (comp_scans) {
         for (int k = 0; k < comps; k++)
-            scans[k] = (jpeg_scan_info){.comps_in_scan = 1, .component_index = {k}, .Ss = 0,
-                                        .Se = 63, .Ah = 0, .Al = 0};
+            scans[k] = (jpeg_scan_info){
+                .comps_in_scan = 1, .component_index = {k}, .Ss = 0, .Se = 63, .Ah = 0, .Al = 0};
         c.scan_info = scans;
         c.num_scans = comps;
     }
@@ -151,7 +153,8 @@ static void check_variant(int v, int w, int h)
     CHECK_EQ(x.mcus_w % x.k, 0);
     uint32_t seed = (uint32_t)(v * 1000 + w + h);
     for (unsigned m = 1; m <= 8; m *= 2) {
-        uint32_t ow = (uint32_t)(((uint64_t)w * m + 7) / 8), oh = (uint32_t)(((uint64_t)h * m + 7) / 8);
+        uint32_t ow = (uint32_t)(((uint64_t)w * m + 7) / 8),
+                 oh = (uint32_t)(((uint64_t)h * m + 7) / 8);
         /* The whole image: the rewrite changed no pixel. */
         stk__rect all = {0, 0, ow, oh};
         int ra, rb;
@@ -184,8 +187,8 @@ static void check_variant(int v, int w, int h)
                 uint8_t *o2 = decode_region(orig, n, m, r, &ro, err, sizeof err);
                 int same2 = 1;
                 for (uint32_t y = 0; o2 && y < r.h && same2; y++)
-                    same2 = !memcmp(o2 + (size_t)y * r.w * 3, a + ((size_t)(r.y + y) * ow + r.x) * 3,
-                                    (size_t)r.w * 3);
+                    same2 = !memcmp(o2 + (size_t)y * r.w * 3,
+                                    a + ((size_t)(r.y + y) * ow + r.x) * 3, (size_t)r.w * 3);
                 fprintf(stderr, "%s %dx%d m=%u region %u,%u %ux%u differs (original file: %s)\n",
                         vname[v], w, h, m, r.x, r.y, r.w, r.h, same2 ? "same" : "differs too");
                 free(o2);
@@ -202,8 +205,8 @@ static void check_variant(int v, int w, int h)
 
 static void test_every_variant_every_scale_exact(void)
 {
-    static const int sizes[][2] = {{1, 1},     {9, 7},     {2, 40},    {16, 16},
-                                   {131, 67},  {333, 257}, {640, 480}, {1000, 750}};
+    static const int sizes[][2] = {{1, 1},    {9, 7},     {2, 40},    {16, 16},
+                                   {131, 67}, {333, 257}, {640, 480}, {1000, 750}};
     for (int v = 0; v < VCOUNT; v++)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
             check_variant(v, sizes[s][0], sizes[s][1]);
@@ -283,8 +286,9 @@ static void test_lying_index_is_an_error(void)
             /* Decoding went through: the pixels must be right. */
             int same = 1;
             for (uint32_t y = 0; y < part.h && same; y++)
-                same = !memcmp(px + (size_t)y * part.w * 3,
-                               good + ((size_t)(part.y + y) * 320 + part.x) * 3, (size_t)part.w * 3);
+                same =
+                    !memcmp(px + (size_t)y * part.w * 3,
+                            good + ((size_t)(part.y + y) * 320 + part.x) * 3, (size_t)part.w * 3);
             if (!same)
                 fprintf(stderr, "edit %zu decoded to other pixels\n", e);
             CHECK(same);

@@ -79,7 +79,11 @@ static char *run(const char *src, const char *trace, const char *events, unsigne
                  int epochs, uint64_t *delivered)
 {
     stk_loader *l = NULL;
-    tu_cfg c = {.path = src, .record = REC, .bs = 8, .threads = threads, .depth = 3,
+    tu_cfg c = {.path = src,
+                .record = REC,
+                .bs = 8,
+                .threads = threads,
+                .depth = 3,
                 .options = {"trace", trace, "trace_events", events, NULL}};
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     *delivered = 0;
@@ -154,7 +158,9 @@ static void test_bad_path_fails_the_open(void)
 {
     const char *src = records(10);
     stk_loader *l = NULL;
-    tu_cfg c = {.path = src, .record = REC, .bs = 2,
+    tu_cfg c = {.path = src,
+                .record = REC,
+                .bs = 2,
                 .options = {"trace", "/nonexistent-dir/trace.json", NULL}};
     CHECK_EQ(tu_open_cfg(&l, &c), STK_EIO);
     CHECK(l && strstr(stk_loader_errmsg(l), "/nonexistent-dir/trace.json"));
@@ -208,8 +214,8 @@ static void test_previous_trace_untouched_until_close(void)
     uint64_t delivered;
     char *first = run(src, trace, "1M", 2, 1, &delivered);
     stk_loader *l = NULL;
-    tu_cfg c = {.path = src, .record = REC, .bs = 8, .threads = 2,
-                .options = {"trace", trace, NULL}};
+    tu_cfg c = {
+        .path = src, .record = REC, .bs = 8, .threads = 2, .options = {"trace", trace, NULL}};
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     stk_batch *b;
     while (stk_loader_next(l, &b) == STK_OK)

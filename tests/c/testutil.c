@@ -44,9 +44,9 @@ void tu_begin(const char *name, unsigned timeout_s)
     pthread_t t;
     if (pthread_create(&t, NULL, noop_thread, NULL) == 0)
         pthread_join(t, NULL);
-    /* The joined thread stays counted until the kernel reaps it: wait for
-     * that, so the baseline is the threads that really remain (this one, and
-     * TSan's helper under TSan). */
+        /* The joined thread stays counted until the kernel reaps it: wait for
+         * that, so the baseline is the threads that really remain (this one, and
+         * TSan's helper under TSan). */
 #if defined(__SANITIZE_THREAD__)
     int expect = before + 1;
 #else
@@ -388,7 +388,10 @@ void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, siz
     snprintf((char *)h + 124, 12, "%011o", (unsigned)len);
     snprintf((char *)h + 136, 12, "%011o", 0u);
     h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
+    memcpy(h + 257,
+           "ustar\0"
+           "00",
+           8);
     memset(h + 148, ' ', 8);
     unsigned sum = 0;
     for (int k = 0; k < 512; k++)

@@ -25,8 +25,7 @@ static void check_npy(const uint8_t *data, size_t size)
         return;
     }
     size_t isz = stk_dtype_size(a.dtype);
-    if (!isz || a.ndim > STK_FIELD_MAXDIM || a.data_off > size ||
-        a.data_len != size - a.data_off)
+    if (!isz || a.ndim > STK_FIELD_MAXDIM || a.data_off > size || a.data_len != size - a.data_off)
         abort();
     uint64_t count = 1;
     for (unsigned d = 0; d < a.ndim; d++) {

@@ -15,7 +15,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define NPIPES 4
+#define NPIPES  4
 #define MAX_DIM 2048
 #define OUT_CAP ((size_t)MAX_DIM * MAX_DIM * 3)
 
