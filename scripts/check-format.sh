@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the C sources are formatted as .clang-format says (issue 19
 # item 7): every .c/.h under src/, include/, tools/, tests/c/, tests/fuzz/,
-# python/stoker/ and bench/. Not yet run by scripts/test-all.sh: the tree is
-# reformatted once, in a commit of its own, before this joins the test command.
+# python/stoker/ and bench/. Run by scripts/test-all.sh (make test).
 #   scripts/check-format.sh          check; exits non-zero if a file differs
 #   FIX=1 scripts/check-format.sh    reformat those files in place instead
 #   CLANG_FORMAT=clang-format-14 ... pick the binary (default: clang-format)

@@ -9,7 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
-pkgs=(gcc make clang libclang-rt-14-dev pkg-config
+pkgs=(gcc make clang clang-format libclang-rt-14-dev pkg-config
       libjpeg62-turbo-dev libspng-dev libxxhash-dev libsnappy-dev libzstd-dev zlib1g-dev libjansson-dev libcurl4-openssl-dev curl openssl
       python3-dev python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
       python3-setuptools python3-wheel python3-pip python3-venv

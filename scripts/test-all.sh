@@ -7,7 +7,8 @@
 #   4. fuzz corpora replayed as tests, and each fuzz target for a bounded time
 #   5. Python tests (pytest)
 #   6. docs links: every relative link in README.md and docs/*.md resolves
-#   7. function lengths (scripts/check-functions.py)
+#   7. C formatting (scripts/check-format.sh, .clang-format)
+#   8. function lengths (scripts/check-functions.py)
 # Each suite ends with a closing line "SUITE: N passed, N failed"; the script
 # exits non-zero if any suite failed.
 set -uo pipefail
@@ -79,6 +80,11 @@ fi
 echo "== docs links (at ${SECONDS} s)"
 # Prints "docs-links: N passed, N failed" (scripts/check-doc-links.py).
 /usr/bin/python3 scripts/check-doc-links.py || overall=1
+
+echo "== format (at ${SECONDS} s)"
+# Prints "format: N passed, N failed" (scripts/check-format.sh): every C file
+# as .clang-format says (FIX=1 scripts/check-format.sh reformats).
+scripts/check-format.sh || overall=1
 
 echo "== function lengths (at ${SECONDS} s)"
 # Prints "functions: N passed, N failed" (scripts/check-functions.py): no C
