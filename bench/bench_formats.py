@@ -71,8 +71,12 @@ page cache is warmed once before all runs. Every run checks its first batch
 (a uint8 (64, 3, 224, 224) tensor, int64 labels) and that each epoch delivered
 every sample once (the count and the labels' sum).
 
+It also counts each run's CPU time (user + system of its whole process tree,
+the DataLoader's workers included, imports left out) a sample, median of the
+runs: on a shared machine that moves far less than samples/s.
+
 Prints one table: format, stoker samples/s, Python samples/s, stoker/Python,
-stoker/.stk. Issue 21's targets: every in-place format within 10 % of stoker's
+stoker/.stk, CPU ms a sample of both sides. Issue 21's targets: every in-place format within 10 % of stoker's
 .stk, and >= 4x the Python reader.
 
 When stoker cannot open a format (Parquet before its reader is merged), or the
@@ -88,6 +92,7 @@ import io
 import json
 import os
 import random
+import resource
 import struct
 import subprocess
 import sys
@@ -961,7 +966,7 @@ def run_child(a, fmt, side, path):
         import torchvision.transforms as TV
         torch.set_num_threads(1)
         tf = TV.Compose([TV.RandomResizedCrop(a.size), TV.RandomHorizontalFlip(), TV.PILToTensor()])
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
         ds, mapstyle = python_dataset(fmt, path, tf, a)
         g = torch.Generator()
         g.manual_seed(a.seed)
@@ -969,7 +974,8 @@ def run_child(a, fmt, side, path):
                                          num_workers=a.workers, generator=g if mapstyle else None,
                                          persistent_workers=a.workers > 0)
         r = iterate(dl, a, t0, f"{fmt}, Python")
-        del dl
+        r["cpu_before_s"] = cpu0
+        del dl  # shuts the workers down and reaps them: their CPU time counts
         return r
     sys.path.insert(0, os.path.join(ROOT, "python"))
     try:
@@ -978,7 +984,7 @@ def run_child(a, fmt, side, path):
     except ImportError as e:
         sys.exit(f"bench_formats: cannot import stoker ({e}); build it first: "
                  f"make -j2 MODE=release python")
-    t0 = time.perf_counter()
+    cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
     try:
         L = stoker.Loader(path, a.batch_size, seed=a.seed, threads=a.workers,
                           transform=T.Compose([T.RandomResizedCrop(a.size),
@@ -987,21 +993,35 @@ def run_child(a, fmt, side, path):
     except stoker.Error as e:
         return {"skipped": f"stoker cannot open it in this build: {e}"}
     r = iterate(L, a, t0, f"{fmt}, stoker")
+    r["cpu_before_s"] = cpu0
     L.close()
     return r
 
 
 # ---- the parent -----------------------------------------------------------------------------
 
+def cpu_s(who):
+    """User + system CPU seconds of this process (RUSAGE_SELF: all its
+    threads) or of its waited-for descendants (RUSAGE_CHILDREN)."""
+    ru = resource.getrusage(who)
+    return ru.ru_utime + ru.ru_stime
+
+
 def measure(a, fmt, side, path):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", f"{fmt}:{side}:{path}",
            "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--size", str(a.size),
            "--workers", str(a.workers), "--shuffle-buffer", str(a.shuffle_buffer),
            "--seed", str(a.seed)]
+    cpu0 = cpu_s(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode:
         sys.exit(f"bench_formats: the {fmt} run of the {side} side failed (exit {p.returncode})")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if "cpu_before_s" in r:
+        # CPU time of the run's whole process tree (the DataLoader's workers
+        # included), less what the child spent before its clock (imports).
+        r["cpu_s"] = cpu_s(resource.RUSAGE_CHILDREN) - cpu0 - r["cpu_before_s"]
+    return r
 
 
 def warm(path):
@@ -1159,8 +1179,14 @@ def main():
     best = {k: max(rs, key=rate) for k, rs in runs.items()}
     stk = rate(best[("stk", "stoker")]) if ("stk", "stoker") in best else None
 
+    def cpu(k):
+        # CPU ms a sample, the median run: other work on a shared machine slows
+        # every run down but leaves its CPU time a sample nearly as it is.
+        v = sorted(r["cpu_s"] / sum(r["samples"]) for r in runs[k])
+        return 1000 * v[len(v) // 2]
+
     print(f"  {'format':9} {'MiB':>6} {'stoker/s':>9} {'Python/s':>9} {'stoker/Python':>13} "
-          f"{'stoker/.stk':>11}  Python reader")
+          f"{'stoker/.stk':>11} {'CPU ms/sample':>14}  Python reader")
     for f in formats:
         if f not in paths:
             continue
@@ -1169,9 +1195,14 @@ def main():
         pr = f"{rate(p):9.0f}" if p else f"{'-':>9}"
         ratio = f"{rate(s) / rate(p):12.2f}x" if s and p else f"{'-':>13}"
         vs = f"{rate(s) / stk:10.2f}x" if s and stk else f"{'-':>11}"
-        print(f"  {f:9} {nbytes[f] / 2**20:6.1f} {sr} {pr} {ratio} {vs}  {PYTHON_READER[f]}")
+        c = (f"{cpu((f, 'stoker')) if s else float('nan'):6.2f} /" +
+             (f"{cpu((f, 'python')):6.2f}" if p else f"{'-':>6}"))
+        print(f"  {f:9} {nbytes[f] / 2**20:6.1f} {sr} {pr} {ratio} {vs} {c:>14}  "
+              f"{PYTHON_READER[f]}")
     print("    all runs, samples/s: " + " | ".join(
         f"{f}/{s} " + " ".join(f"{rate(r):.0f}" for r in rs) for (f, s), rs in runs.items()))
+    print("  CPU ms/sample: stoker / Python, the whole process tree (workers included), "
+          "imports left out, median run")
     print("  targets (issue 21): every in-place format within 10 % of .stk (stoker/.stk >= "
           "0.90x) and >= 4x the Python reader")
     return 0
