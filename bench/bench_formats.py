@@ -15,9 +15,9 @@ class as an int64 label:
   stk       `stoker pack` of the folder
   tar       WebDataset shards (4 x 500 samples: KEY.jpg, KEY.cls), by tarfile
   mds       MosaicML Streaming MDS (index.json + shard.NNNNN.mds, columns image:
-            jpeg, label: int, 16 MiB size_limit: 4 shards)
+            jpeg, label: int, size_limit a quarter of the data: 4 shards)
   litdata   LitData (index.json + chunk-0-K.bin, PyTreeLoader, {"image": jpeg,
-            "label": int}, 16 MiB chunk_bytes: 4 chunks)
+            "label": int}, chunk_bytes a quarter of the data: 4 chunks)
   parquet   Hugging Face datasets' layout (image: struct<bytes: binary, path:
             string>, label: int64), snappy, 4 files x 500 rows in row groups of
             100 (datasets' row-group size for image datasets), written by DuckDB
