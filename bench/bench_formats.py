@@ -385,7 +385,7 @@ def prepare(a):
     order = list(items)
     random.Random(0).shuffle(order)
     stamp = os.path.join(base, "made.json")
-    want = {"version": MADE_VERSION, "folder": os.path.abspath(folder), "samples": len(items)}
+    want = {"version": MADE_VERSION, "folder": os.path.realpath(folder), "samples": len(items)}
     made = {}
     if os.path.exists(stamp):
         with open(stamp) as f:
