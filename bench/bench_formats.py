@@ -1195,7 +1195,7 @@ def main():
         pr = f"{rate(p):9.0f}" if p else f"{'-':>9}"
         ratio = f"{rate(s) / rate(p):12.2f}x" if s and p else f"{'-':>13}"
         vs = f"{rate(s) / stk:10.2f}x" if s and stk else f"{'-':>11}"
-        c = (f"{cpu((f, 'stoker')) if s else float('nan'):6.2f} /" +
+        c = ((f"{cpu((f, 'stoker')):6.2f} /" if s else f"{'-':>6} /") +
              (f"{cpu((f, 'python')):6.2f}" if p else f"{'-':>6}"))
         print(f"  {f:9} {nbytes[f] / 2**20:6.1f} {sr} {pr} {ratio} {vs} {c:>14}  "
               f"{PYTHON_READER[f]}")
