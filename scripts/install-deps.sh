@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what stoker needs to build, test and benchmark, when it is missing:
 #   - Debian packages (compilers, libraries, Python modules, pip/setuptools/venv
-#     for `pip install .` and its test, nginx for the remote dataset tests;
+#     for `pip install .` and its test, nginx for the remote dataset tests,
+#     python3-snappy for bench/bench_formats.py's Python Parquet reader;
 #     node and npm only when no `node`/`npm` is on PATH);
 #   - the npm packages of the test servers (tests/servers/package.json, pinned by
 #     its package-lock.json: @20minutes/s3rver) into build/node, which git ignores.
@@ -12,7 +13,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(gcc make clang clang-format libclang-rt-14-dev pkg-config
       libjpeg62-turbo-dev libspng-dev libxxhash-dev libsnappy-dev libzstd-dev zlib1g-dev libjansson-dev libcurl4-openssl-dev curl openssl
       python3-dev python3-numpy python3-pytest python3-pil python3-torch python3-torchvision
-      python3-setuptools python3-wheel python3-pip python3-venv
+      python3-setuptools python3-wheel python3-pip python3-venv python3-snappy
       mate-backgrounds nginx)
 missing=()
 for p in "${pkgs[@]}"; do
