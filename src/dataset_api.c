@@ -53,6 +53,7 @@ static void source_params(const stk_options *o, stk__source_params *prm, stk__re
     prm->remote = rcfg;
     prm->cache_dir = o->cache_dir;
     prm->cache_limit = o->cache_limit;
+    prm->listing_ttl = o->listing_ttl;
 }
 
 int stk_dataset_open(stk_dataset **out, const char *path, const stk_options *o, char *err,

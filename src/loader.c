@@ -729,7 +729,8 @@ static int open_core(stk_loader *l, const stk_options *o)
                              .label_bytes = o->label_bytes,
                              .remote = &rcfg,
                              .cache_dir = o->cache_dir,
-                             .cache_limit = o->cache_limit};
+                             .cache_limit = o->cache_limit,
+                             .listing_ttl = o->listing_ttl};
     if ((rc = o->nmix ? open_mixture(c, o, &sp, err, errlen)
                       : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
