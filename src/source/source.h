@@ -33,6 +33,8 @@
  *   tfrecord.c parquet.c    datasets through remote_files.c
  *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
  *                           each a one-sample shard of the fetch stage
+ *   listcache.c             bucket.c's listing kept in cache_dir for the next
+ *                           open (listing_ttl)
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
