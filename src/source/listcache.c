@@ -104,10 +104,9 @@ static void warn(const char *path, const char *why)
             why);
 }
 
-/* Parses a whole file (buf, len) into new arrays: STK_OK; STK_EFORMAT (why
- * says what is wrong); STK_ENOMEM. */
-static int parse(const uint8_t *buf, size_t len, const char *id, uint64_t *listed_at,
-                 char ***names_out, uint64_t **sizes_out, size_t *n_out, char *why, size_t wn)
+int stk__listing_parse(const uint8_t *buf, size_t len, const char *id, uint64_t *listed_at,
+                       char ***names_out, uint64_t **sizes_out, size_t *n_out, char *why,
+                       size_t wn)
 {
     int rc = STK_OK;
     char **names = NULL;
@@ -209,7 +208,7 @@ static int load(const char *path, const char *id, uint64_t ttl, bool loud, char 
     if (stk__pread_full(fd, buf, len, 0, why, sizeof why))
         goto out;
     uint64_t listed_at = 0;
-    int prc = parse(buf, len, id, &listed_at, names, sizes, n, why, sizeof why);
+    int prc = stk__listing_parse(buf, len, id, &listed_at, names, sizes, n, why, sizeof why);
     if (prc == STK_ENOMEM) {
         rc = prc;
         goto out;

@@ -360,6 +360,12 @@ int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *
  * relist asked, or damaged: a warning on stderr says so); STK_ENOMEM. */
 int stk__listing_load(struct stk__remote *r, const stk__source_params *prm, char ***names,
                       uint64_t **sizes, size_t *n);
+/* Parses a kept listing's whole file (buf, len; listcache.c has the layout),
+ * which must name the prefix id, into new arrays (stk__remote_list_free) and
+ * the time it was listed: STK_OK; STK_EFORMAT (why says what is wrong);
+ * STK_ENOMEM. */
+int stk__listing_parse(const uint8_t *buf, size_t len, const char *id, uint64_t *listed_at,
+                       char ***names, uint64_t **sizes, size_t *n, char *why, size_t wn);
 /* stk__remote_list_tree, kept in prm->cache_dir when it is a bucket's
  * (stk__bucket_samples) for the next open; one rank of the node lists while
  * the others wait for its file. */
