@@ -204,3 +204,25 @@ def test_http_bucket_listing_kept_in_the_cache(tmp_path, capfd):
         assert len(pages()) >= 3
         assert "cached listing" in capfd.readouterr().err
         assert pages() == []
+        # Objects changed under a kept listing, read through the fetch stage
+        # (a fresh object cache beside the kept listing): the removed one and
+        # the resized one fail by name, the others are delivered, and nothing
+        # is listed.
+        import shutil
+        (src / "cat" / "1.jpg").unlink()
+        with open(src / "dog" / "2.jpg", "ab") as f:
+            f.write(b"\0" * 50)
+        fresh = [tmp_path / "fresh1", tmp_path / "fresh2"]
+        for d in fresh:
+            shutil.copytree(cache / "stoker-listing", d / "stoker-listing")
+        web.clear_requests()
+        with stoker.Loader(url, 2, threads=1, transform="RandomResizedCrop(4)", output="numpy",
+                           cache_dir=str(fresh[0]), on_error="skip") as L:
+            assert L.num_samples == 6
+            assert sum(len(y) for _, y in L) == 4
+        with pytest.raises(Exception, match=r"/folder/cat/1\.jpg.*404"):
+            with stoker.Loader(url, 1, threads=1, transform="RandomResizedCrop(4)",
+                               output="numpy", cache_dir=str(fresh[1]), shuffle=False) as L:
+                for _ in L:
+                    pass
+        assert [r for r in web.requests() if r["path"].endswith("/")] == []
