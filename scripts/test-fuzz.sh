@@ -13,7 +13,7 @@ CC=${CC:-gcc}
 OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
-TARGETS="stk tar image s3xml fields mds litdata tfrecord stkindex parquet"
+TARGETS="stk tar image s3xml fields mds litdata tfrecord stkindex parquet listing"
 LIB_SRCS="src/alloc.c src/fields.c src/source/*.c src/io/*.c src/cache/*.c
           src/image.c src/codec/*.c src/ops/*.c"
 LIBS="-lxxhash -lzstd -lsnappy -lz -ljansson -ljpeg -lspng -lcurl -lpthread -lm"

@@ -386,6 +386,13 @@ static int set_retries(stk_options *o, const char *v, uint64_t n)
     return STK_OK;
 }
 
+static int set_listing_ttl(stk_options *o, const char *v, uint64_t n)
+{
+    (void)v;
+    o->listing_ttl = n ? n : UINT64_MAX; /* 0 is "list every open", not "default" */
+    return STK_OK;
+}
+
 static int set_trace(stk_options *o, const char *v, uint64_t n)
 {
     (void)n;
@@ -585,6 +592,12 @@ static const opt_entry table[] = {
         set_cache_dir_entry),
     OPT("cache_limit", SIZE, 1, PB, NULL, NULL, "90% of the free space when the loader opens",
         "size limit of the disk cache", REMOTE, OFF(cache_limit), ST_U64, NULL, NULL),
+    /* S3 has no bucket-level ETag that says a prefix changed: a listing is
+     * trusted for a time (src/source/listcache.c, docs/remote.md). */
+    OPT("listing_ttl", UINT, 0, (uint64_t)1 << 40, NULL, "seconds", "86400 (a day)",
+        "unpacked objects in a bucket: seconds the listing kept in cache_dir is reused "
+        "instead of listing the prefix again; 0: list on every open",
+        REMOTE, 0, ST_NONE, NULL, set_listing_ttl),
     /* Diagnosis (docs/diagnosis.md). */
     OPT("trace", STRING, 0, 0, NULL, "a file name", "none (\"\" turns it off)",
         "Chrome trace-event JSON file written at close", TRACE, 0, ST_NONE, NULL, set_trace),
@@ -821,6 +834,8 @@ static size_t entry_text(const stk_options *o, const opt_entry *e, char *buf, si
         if (o->depth_auto)
             s = "auto";
         v = o->depth;
+    } else if (!strcmp(name, "listing_ttl")) {
+        v = o->listing_ttl == UINT64_MAX ? 0 : o->listing_ttl ? o->listing_ttl : 86400;
     } else if (!strcmp(name, "fetch_retries")) {
         v = o->fetch_retries == UINT32_MAX ? 0 : o->fetch_retries ? o->fetch_retries : 6;
     } else if (!strcmp(name, "device")) {
@@ -929,6 +944,8 @@ int stk_options_reset(stk_options *o, const char *key)
         o->device_id = d.device_id;
     } else if (!strcmp(name, "fetch_retries")) {
         o->fetch_retries = d.fetch_retries;
+    } else if (!strcmp(name, "listing_ttl")) {
+        o->listing_ttl = d.listing_ttl;
     } else if (!strcmp(name, "cache_dir") || !strcmp(name, "trace") || e->store == ST_STR) {
         char **p = !strcmp(name, "cache_dir") ? &o->cache_dir
                    : !strcmp(name, "trace")   ? &o->trace
@@ -985,4 +1002,5 @@ void stk__options_source_params(const stk_options *o, stk__source_params *prm,
     prm->remote = rcfg;
     prm->cache_dir = o->cache_dir;
     prm->cache_limit = o->cache_limit;
+    prm->listing_ttl = o->listing_ttl;
 }

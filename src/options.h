@@ -40,6 +40,7 @@ struct stk_options {
     uint64_t fetch_lookahead;   /* samples planned ahead (0 = 4096) */
     char *cache_dir;
     uint64_t cache_limit;
+    uint64_t listing_ttl; /* seconds (0 = a day; UINT64_MAX: 0 set, relist each open) */
     /* The first remote option set by stk_options_set (the table's name), and
      * whether cache_limit was: an open refuses them where they would change
      * nothing (a local path; no cache_dir). */

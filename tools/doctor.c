@@ -488,9 +488,85 @@ static verdict judge(const doctor *d)
     return v;
 }
 
+/* ---- Unpacked objects in a bucket ------------------------------------------ */
+
+/* What reading unpacked objects (one GET a sample) costs against the same
+ * samples packed. Measured: the storage level's samples/s, its requests'
+ * mean time and time to the first byte, the mean object size. Estimated:
+ * the packed rate. A request's time is a fixed part (the time to its first
+ * byte: the round trip and the store's per-request work) plus a per-byte
+ * part (the rest); a packed dataset read by ranges of block_bytes (--order
+ * blocks, or whole shards with --order shards and a cache) pays the fixed
+ * part once a range instead of once a sample, with the same requests in
+ * flight and the same per-byte time. Bandwidth beyond what was measured is
+ * not modelled, so the estimate is of storage alone, and an upper one. */
+typedef struct unpacked {
+    bool known;          /* the storage level measured requests */
+    double measured;     /* samples/s */
+    double request_s;    /* mean request time */
+    double first_byte_s; /* of it, to the first byte */
+    double object_bytes; /* mean */
+    double range_bytes;  /* the packed read's request size */
+    double per_request;  /* samples a packed request would carry */
+    double packed;       /* estimated samples/s */
+    double ratio;        /* packed / measured */
+    /* The pipeline: the full level's samples/s, and what it would do with
+     * storage at the packed estimate and the workers as measured (decode and
+     * batching levels; 0 when those were not measured). */
+    double pipeline, pipeline_packed;
+    char command[1024]; /* the pack command */
+} unpacked;
+
+static bool is_bucket(const doctor *d)
+{
+    return d->source_kind && !strcmp(d->source_kind, "bucket");
+}
+
+static unpacked unpacked_estimate(const doctor *d)
+{
+    unpacked u = {0};
+    const level *lv = &d->storage;
+    char ep[1024], num[64];
+    opt(d, "endpoint", ep, sizeof ep);
+    /* stk_pack takes no options: a custom endpoint goes by environment. */
+    snprintf(u.command, sizeof u.command, "%s%s%sstoker pack %s OUT",
+             *ep ? "AWS_ENDPOINT_URL=" : "", ep, *ep ? " " : "", d->a.path);
+    const stk_fetch_stats *f = &lv->fetch;
+    if (!lv->done || !lv->remote || !f->completed || !lv->samples || lv->rate <= 0)
+        return u;
+    u.measured = lv->rate;
+    u.request_s = (double)f->request_ns * 1e-9 / (double)f->completed;
+    u.first_byte_s = (double)f->first_byte_ns * 1e-9 / (double)f->completed;
+    if (u.first_byte_s > u.request_s)
+        u.first_byte_s = u.request_s;
+    u.object_bytes = (double)lv->bytes / (double)lv->samples;
+    uint64_t block = 0;
+    if (!stoker_parse_size(opt(d, "block_bytes", num, sizeof num), &block) || !block)
+        block = 5u << 20;
+    u.range_bytes = (double)block;
+    u.per_request = u.object_bytes > 0 ? u.range_bytes / u.object_bytes : 1;
+    if (u.per_request < 1)
+        u.per_request = 1; /* objects over a range: one request each either way */
+    double packed_cost = u.first_byte_s / u.per_request + (u.request_s - u.first_byte_s);
+    if (u.request_s <= 0 || packed_cost <= 0)
+        return u;
+    u.ratio = u.request_s / packed_cost;
+    u.packed = u.measured * u.ratio;
+    u.known = true;
+    double work = 0;
+    if (d->decode.done && d->decode.rate > 0)
+        work += 1.0 / d->decode.rate;
+    if (d->batching.done && d->batching.rate > 0)
+        work += 1.0 / d->batching.rate;
+    u.pipeline = d->full.done ? d->full.rate : 0;
+    if (work > 0)
+        u.pipeline_packed = fmin(u.packed, 1.0 / work);
+    return u;
+}
+
 typedef struct advice {
     const char *stage, *action;
-    char why[512];
+    char why[2560];
     double expected; /* samples/s after the change, 0 = not estimated */
 } advice;
 
@@ -543,6 +619,29 @@ static size_t advise(const doctor *d, const verdict *v, advice *out, size_t max)
             "each sample is a file of its own (an open, a read and a close each): `stoker pack "
             "%s OUT` writes .stk shards read as byte ranges of few large files (docs/shards.md)",
             d->a.path);
+    if (is_bucket(d)) {
+        /* Said whatever bounds: the cost of a request per sample is paid in
+         * every epoch, and the user asked to be told (issue 21). */
+        unpacked u = unpacked_estimate(d);
+        if (u.known)
+            ADD("storage", "stoker pack",
+                storage_bound && u.pipeline_packed > full ? u.pipeline_packed : 0,
+                "the dataset is unpacked objects, one GET per sample: storage measured %.0f "
+                "samples/s (%.1f ms a request, %.1f ms of it to the first byte, %.0f KB an "
+                "object); packed as .stk and read by %.0f MiB ranges (--order blocks, or "
+                "--order shards --cache-dir DIR) a request carries about %.0f samples: "
+                "estimated %.0f samples/s from storage, %.1fx (an estimate from the measured "
+                "latency and per-byte time with the same requests in flight, not a "
+                "measurement). Pack once: `%s` (docs/remote.md)",
+                u.measured, u.request_s * 1e3, u.first_byte_s * 1e3, u.object_bytes / 1e3,
+                u.range_bytes / 1048576.0, u.per_request, u.packed, u.ratio, u.command);
+        else
+            ADD("storage", "stoker pack", 0,
+                "the dataset is unpacked objects, one GET per sample (the storage level measured "
+                "no requests, so no estimate of the difference): packed shards take a request "
+                "per many samples. Pack once: `%s` (docs/remote.md)",
+                u.command);
+    }
     if (storage_bound && d->storage.remote) {
         char order[16], cache[8];
         if (strcmp(opt(d, "order", order, sizeof order), "shards") ||
@@ -649,6 +748,82 @@ static void text_level(const char *name, const level *lv, bool bytes)
     printf("\n");
 }
 
+/* The report as one JSON object (--json). */
+static void report_json(doctor *d, const verdict *vp, const advice *adv, size_t nadv,
+                        const char *shown, const char *fields)
+{
+    verdict v = *vp;
+    printf("{\"path\":");
+    stoker_json_str(stdout, shown);
+    printf(",\"source\":\"%s\",\"samples\":%" PRIu64 ",\"transform\":",
+           d->source_kind ? d->source_kind : "unknown", d->num_samples);
+    stoker_json_str(stdout, d->a.transform ? d->a.transform : "none");
+    if (*fields) {
+        printf(",\"fields\":");
+        stoker_json_str(stdout, fields);
+    }
+    if (is_bucket(d)) {
+        unpacked u = unpacked_estimate(d);
+        printf(",\"unpacked\":{\"objects\":%" PRIu64 ",\"pack_command\":", d->num_samples);
+        stoker_json_str(stdout, u.command);
+        if (u.known)
+            printf(",\"measured_samples_per_s\":%.3f,\"request_mean_s\":%.6f,"
+                   "\"first_byte_mean_s\":%.6f,\"mean_object_bytes\":%.1f,"
+                   "\"packed_range_bytes\":%.0f,\"samples_per_packed_request\":%.2f,"
+                   "\"estimated_packed_samples_per_s\":%.3f,\"estimated_speedup\":%.3f",
+                   u.measured, u.request_s, u.first_byte_s, u.object_bytes, u.range_bytes,
+                   u.per_request, u.packed, u.ratio);
+        if (u.known && u.pipeline > 0 && u.pipeline_packed > 0)
+            printf(",\"pipeline_samples_per_s\":%.3f,\"estimated_packed_pipeline_samples_per_s\":"
+                   "%.3f,\"estimated_pipeline_speedup\":%.3f",
+                   u.pipeline, u.pipeline_packed, u.pipeline_packed / u.pipeline);
+        printf("}");
+    }
+    printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%"
+           ".2f,"
+           "\"levels\":{",
+           d->threads, d->cpus, d->batch_size, d->depth, d->secs);
+    json_level("storage", &d->storage, false);
+    json_level("storage_warm", &d->storage2, true);
+    json_level("decode", &d->decode, true);
+    json_level("batching", &d->batching, true);
+    json_level("full", &d->full, true);
+    printf("},\"sweep\":[");
+    for (unsigned i = 0; i < d->nsweep; i++)
+        printf("%s{\"threads\":%u,\"samples_per_s\":%.3f,\"cpu_percent\":%.1f,"
+               "\"efficiency\":%.4f}",
+               i ? "," : "", d->sweep[i].threads, d->sweep[i].rate, 100 * d->sweep[i].cpu,
+               d->sweep[i].eff);
+    printf("],\"verdict\":{\"bound\":");
+    if (v.bound)
+        printf("\"%s\"", v.bound);
+    else
+        printf("null");
+    printf(",\"shares\":{\"storage\":%.4f,\"decode\":%.4f,\"batching\":%.4f},"
+           "\"predicted_samples_per_s\":%.3f,\"storage_overlaps\":%s,\"headroom\":{",
+           v.share[0], v.share[1], v.share[2], v.predicted, v.overlapped ? "true" : "false");
+    const level *lv[3] = {&d->storage, &d->decode, &d->batching};
+    bool first = true;
+    for (int i = 0; i < 3; i++)
+        if (lv[i]->done && d->full.done && d->full.rate > 0) {
+            printf("%s\"%s\":%.3f", first ? "" : ",", stage_names[i], lv[i]->rate / d->full.rate);
+            first = false;
+        }
+    printf("}},\"memory\":{\"bound_bytes\":%" PRIu64 ",\"doctor_peak_rss_bytes\":%ld,"
+           "\"available_bytes\":%" PRIu64 "},\"advice\":[",
+           d->full.memory_bound, stoker_peak_rss(), d->mem_available);
+    for (size_t i = 0; i < nadv; i++) {
+        printf("%s{\"stage\":\"%s\",\"action\":\"%s\",\"why\":", i ? "," : "", adv[i].stage,
+               adv[i].action);
+        stoker_json_str(stdout, adv[i].why);
+        if (adv[i].expected > 0)
+            printf(",\"expected_samples_per_s\":%.1f}", adv[i].expected);
+        else
+            printf(",\"expected_samples_per_s\":null}");
+    }
+    printf("]}\n");
+}
+
 static void report(doctor *d)
 {
     verdict v = judge(d);
@@ -659,59 +834,7 @@ static void report(doctor *d)
     char fields[1024];
     opt(d, "fields", fields, sizeof fields);
     if (d->a.json) {
-        printf("{\"path\":");
-        stoker_json_str(stdout, shown);
-        printf(",\"source\":\"%s\",\"samples\":%" PRIu64 ",\"transform\":",
-               d->source_kind ? d->source_kind : "unknown", d->num_samples);
-        stoker_json_str(stdout, d->a.transform ? d->a.transform : "none");
-        if (*fields) {
-            printf(",\"fields\":");
-            stoker_json_str(stdout, fields);
-        }
-        printf(",\"threads\":%u,\"cpus\":%u,\"batch_size\":%zu,\"depth\":%u,\"seconds_per_level\":%"
-               ".2f,"
-               "\"levels\":{",
-               d->threads, d->cpus, d->batch_size, d->depth, d->secs);
-        json_level("storage", &d->storage, false);
-        json_level("storage_warm", &d->storage2, true);
-        json_level("decode", &d->decode, true);
-        json_level("batching", &d->batching, true);
-        json_level("full", &d->full, true);
-        printf("},\"sweep\":[");
-        for (unsigned i = 0; i < d->nsweep; i++)
-            printf("%s{\"threads\":%u,\"samples_per_s\":%.3f,\"cpu_percent\":%.1f,"
-                   "\"efficiency\":%.4f}",
-                   i ? "," : "", d->sweep[i].threads, d->sweep[i].rate, 100 * d->sweep[i].cpu,
-                   d->sweep[i].eff);
-        printf("],\"verdict\":{\"bound\":");
-        if (v.bound)
-            printf("\"%s\"", v.bound);
-        else
-            printf("null");
-        printf(",\"shares\":{\"storage\":%.4f,\"decode\":%.4f,\"batching\":%.4f},"
-               "\"predicted_samples_per_s\":%.3f,\"storage_overlaps\":%s,\"headroom\":{",
-               v.share[0], v.share[1], v.share[2], v.predicted, v.overlapped ? "true" : "false");
-        const level *lv[3] = {&d->storage, &d->decode, &d->batching};
-        bool first = true;
-        for (int i = 0; i < 3; i++)
-            if (lv[i]->done && d->full.done && d->full.rate > 0) {
-                printf("%s\"%s\":%.3f", first ? "" : ",", stage_names[i],
-                       lv[i]->rate / d->full.rate);
-                first = false;
-            }
-        printf("}},\"memory\":{\"bound_bytes\":%" PRIu64 ",\"doctor_peak_rss_bytes\":%ld,"
-               "\"available_bytes\":%" PRIu64 "},\"advice\":[",
-               d->full.memory_bound, stoker_peak_rss(), d->mem_available);
-        for (size_t i = 0; i < nadv; i++) {
-            printf("%s{\"stage\":\"%s\",\"action\":\"%s\",\"why\":", i ? "," : "", adv[i].stage,
-                   adv[i].action);
-            stoker_json_str(stdout, adv[i].why);
-            if (adv[i].expected > 0)
-                printf(",\"expected_samples_per_s\":%.1f}", adv[i].expected);
-            else
-                printf(",\"expected_samples_per_s\":null}");
-        }
-        printf("]}\n");
+        report_json(d, &v, adv, nadv, shown, fields);
         return;
     }
     printf("stoker doctor: %s (%s, %" PRIu64 " samples, %" PRIu64 " classes)\n", shown,
@@ -750,6 +873,22 @@ static void report(doctor *d)
         printf("  remote: rate budget %s, %" PRIu64 " answers 503/429 (throttled); %" PRIu64
                " slow requests hedged, %" PRIu64 " hedges answered first\n",
                rate, f->throttled, f->hedges, f->hedge_wins);
+    }
+    if (is_bucket(d)) {
+        unpacked u = unpacked_estimate(d);
+        if (u.known) {
+            printf("  unpacked objects: %" PRIu64 " objects of %.1f KB on average, one GET each; "
+                   "storage measured %.0f samples/s, packed shards estimated at %.0f from "
+                   "storage (%.1fx; an estimate, see the advice)\n",
+                   d->num_samples, u.object_bytes / 1e3, u.measured, u.packed, u.ratio);
+            if (u.pipeline > 0 && u.pipeline_packed > 0)
+                printf("  unpacked objects: the full pipeline ran at %.0f samples/s; packed, with "
+                       "the workers as measured, about %.0f (%.1fx, estimated)\n",
+                       u.pipeline, u.pipeline_packed, u.pipeline_packed / u.pipeline);
+        } else
+            printf("  unpacked objects: %" PRIu64 " objects, one GET each (no requests measured: "
+                   "no estimate)\n",
+                   d->num_samples);
     }
     if (d->nsweep) {
         printf("\n  thread sweep (decode+augment from memory)\n");

@@ -289,6 +289,62 @@ static uint64_t header_u64(CURL *e, const char *name, bool *ok)
     return v;
 }
 
+/* judge() for an attempt that failed below HTTP (res not CURLE_OK): a
+ * final error (q->rc set), or 1 to retry. */
+static int judge_transport(stk__req *q, CURLcode res)
+{
+    if (q->retry_after_s_ == -2) {
+        q->rc = STK_EIO;
+        return q->rc;
+    }
+    if (q->retry_after_s_ == -4) {
+        q->rc = STK_ETOOBIG;
+        return q->rc;
+    }
+    if (q->retry_after_s_ == -5) {
+        stk__fmt(q->err, sizeof q->err, "out of memory for the response");
+        q->rc = STK_ENOMEM;
+        return q->rc;
+    }
+    if (q->retry_after_s_ == -6)
+        return 1; /* past the attempt's deadline (on_progress wrote why) */
+    const char *detail = q->cerr_[0] ? q->cerr_ : curl_easy_strerror(res);
+    switch (res) {
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+        /* The resolver has its own retries; ours would only make a
+         * misspelt host take a quarter of a minute to report. */
+        stk__fmt(q->err, sizeof q->err,
+                 "%s (not retried: check the host name in the URL or the endpoint)", detail);
+        return q->rc = STK_EIO;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+        /* A handshake fails the same way each time (a plain-HTTP server,
+         * an untrusted or expired certificate, no common protocol). */
+        stk__fmt(q->err, sizeof q->err,
+                 "TLS connection failed: %s (not retried: a handshake fails the same way "
+                 "each time; check that the server speaks https on this port and that its "
+                 "certificate is trusted)",
+                 detail);
+        return q->rc = STK_EIO;
+    case CURLE_UNSUPPORTED_PROTOCOL:
+        stk__fmt(q->err, sizeof q->err,
+                 "%s (a redirect to another protocol is refused, and one from https to "
+                 "http always is)",
+                 detail);
+        return q->rc = STK_EIO;
+    default: break;
+    }
+    stk__fmt(q->err, sizeof q->err, "%s", curl_easy_strerror(res));
+    return retryable_curl(res) ? 1 : (q->rc = STK_EIO);
+}
+
 /* Evaluates a finished attempt: STK_OK, a final error, or "retry" (1). */
 static int judge(stk__remote *r, stk__req *q, CURLcode res)
 {
@@ -299,58 +355,8 @@ static int judge(stk__remote *r, stk__req *q, CURLcode res)
     char what[256];
     if (res == CURLE_WRITE_ERROR && q->retry_after_s_ == -3)
         res = CURLE_OK; /* we stopped a whole-object reply once we had the range */
-    if (res != CURLE_OK) {
-        if (q->retry_after_s_ == -2) {
-            q->rc = STK_EIO;
-            return q->rc;
-        }
-        if (q->retry_after_s_ == -4) {
-            q->rc = STK_ETOOBIG;
-            return q->rc;
-        }
-        if (q->retry_after_s_ == -5) {
-            stk__fmt(q->err, sizeof q->err, "out of memory for the response");
-            q->rc = STK_ENOMEM;
-            return q->rc;
-        }
-        if (q->retry_after_s_ == -6)
-            return 1; /* past the attempt's deadline (on_progress wrote why) */
-        const char *detail = q->cerr_[0] ? q->cerr_ : curl_easy_strerror(res);
-        switch (res) {
-        case CURLE_COULDNT_RESOLVE_HOST:
-        case CURLE_COULDNT_RESOLVE_PROXY:
-            /* The resolver has its own retries; ours would only make a
-             * misspelt host take a quarter of a minute to report. */
-            stk__fmt(q->err, sizeof q->err,
-                     "%s (not retried: check the host name in the URL or the endpoint)", detail);
-            return q->rc = STK_EIO;
-        case CURLE_SSL_CONNECT_ERROR:
-        case CURLE_PEER_FAILED_VERIFICATION:
-        case CURLE_SSL_CERTPROBLEM:
-        case CURLE_SSL_CIPHER:
-        case CURLE_SSL_CACERT_BADFILE:
-        case CURLE_SSL_ISSUER_ERROR:
-        case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
-        case CURLE_SSL_INVALIDCERTSTATUS:
-            /* A handshake fails the same way each time (a plain-HTTP server,
-             * an untrusted or expired certificate, no common protocol). */
-            stk__fmt(q->err, sizeof q->err,
-                     "TLS connection failed: %s (not retried: a handshake fails the same way "
-                     "each time; check that the server speaks https on this port and that its "
-                     "certificate is trusted)",
-                     detail);
-            return q->rc = STK_EIO;
-        case CURLE_UNSUPPORTED_PROTOCOL:
-            stk__fmt(q->err, sizeof q->err,
-                     "%s (a redirect to another protocol is refused, and one from https to "
-                     "http always is)",
-                     detail);
-            return q->rc = STK_EIO;
-        default: break;
-        }
-        stk__fmt(q->err, sizeof q->err, "%s", curl_easy_strerror(res));
-        return retryable_curl(res) ? 1 : (q->rc = STK_EIO);
-    }
+    if (res != CURLE_OK)
+        return judge_transport(q, res);
     if (st == 200 || st == 206) {
         struct curl_header *vh = NULL;
         if ((curl_easy_header(e, "ETag", 0, CURLH_HEADER, -1, &vh) == CURLHE_OK ||

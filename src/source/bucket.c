@@ -77,7 +77,9 @@ static int bk_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             return rc == STK_ENOENT ? STK_EIO : rc;
         }
     }
-    if ((rc = bk_accept(s, i, buf, (size_t)q.got, label, err, errlen)))
+    /* A ranged GET of the listed size answers that many bytes of a grown
+     * object: its Content-Range total tells (as the fetch stage checks). */
+    if ((rc = bk_accept(s, i, buf, (size_t)(q.total ? q.total : q.got), label, err, errlen)))
         return rc;
     *data = buf;
     *len = (size_t)n;

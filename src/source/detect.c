@@ -681,12 +681,26 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         r = NULL;
         goto out;
     }
+    /* Unpacked objects in a bucket listed by an earlier open, kept in the
+     * cache directory: no listing at all (listcache.c). */
+    if ((rc = stk__listing_load(r, prm, &lnames, &lsizes, &ln)) == STK_OK &&
+        stk__bucket_samples(lnames, ln)) {
+        rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
+        r = NULL;
+        goto out;
+    }
+    if (rc == STK_ENOMEM)
+        goto out;
+    stk__remote_list_free(lnames, lsizes, ln);
+    lnames = NULL;
+    lsizes = NULL;
+    ln = 0;
     if ((rc = stk__remote_list(r, &lnames, &lsizes, &ln, err, errlen))) {
         /* A plain HTTP server: no listing of shards, but maybe index pages
          * of class folders (nginx autoindex). */
         char why[STK_ERRMSG_MAX];
         if (rc != STK_EUNSUPPORTED ||
-            stk__remote_list_tree(r, &lnames, &lsizes, &ln, why, sizeof why) ||
+            stk__listing_tree(r, prm, &lnames, &lsizes, &ln, why, sizeof why) ||
             !stk__bucket_samples(lnames, ln))
             goto out; /* the first message says what a plain HTTP URL may name */
         rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);
@@ -703,7 +717,7 @@ static int open_url(stk__source *s, const char *url, const stk__source_params *p
         lnames = NULL;
         lsizes = NULL;
         ln = 0;
-        if ((rc = stk__remote_list_tree(r, &lnames, &lsizes, &ln, err, errlen)))
+        if ((rc = stk__listing_tree(r, prm, &lnames, &lsizes, &ln, err, errlen)))
             goto out;
         if (stk__bucket_samples(lnames, ln)) {
             rc = stk__source_bucket_open(s, r, lnames, lsizes, ln, err, errlen);

@@ -33,6 +33,8 @@
  *   tfrecord.c parquet.c    datasets through remote_files.c
  *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
  *                           each a one-sample shard of the fetch stage
+ *   listcache.c             bucket.c's listing kept in cache_dir for the next
+ *                           open (listing_ttl)
  *   dataset.h, detect.c     which kind a path names, opening it, describing
  *                           an open source (info, pack); calls the readers,
  *                           which never call it
@@ -236,7 +238,14 @@ typedef struct stk__source_params {
     /* .stk over a URL: open each shard, never from the consolidated index
      * (stoker verify checks the shards' own bytes). */
     bool no_index;
+    /* Unpacked objects in a bucket: seconds a listing kept in cache_dir is
+     * trusted (listcache.c); 0: STK__LISTING_TTL_DEFAULT; STK__LISTING_RELIST:
+     * list on every open. */
+    uint64_t listing_ttl;
 } stk__source_params;
+
+#define STK__LISTING_TTL_DEFAULT 86400u
+#define STK__LISTING_RELIST      UINT64_MAX
 
 /* ---- The files a dataset names (remote_files.c) ------------------------
  * A reader whose index names its files (MDS, LitData) or that is given a
@@ -345,6 +354,23 @@ int stk__source_tfrecord_open(stk__source *s, const char *const *paths, const ch
  * the source, also on failure). STK_EEMPTY when no object is a sample. */
 int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *names,
                             const uint64_t *sizes, size_t n, char *err, size_t errlen);
+/* The listing of the prefix below r kept in prm->cache_dir (listcache.c),
+ * when there is one, whole and younger than prm->listing_ttl: STK_OK with
+ * the arrays (the caller's, stk__remote_list_free); STK_ENOENT (none, stale,
+ * relist asked, or damaged: a warning on stderr says so); STK_ENOMEM. */
+int stk__listing_load(struct stk__remote *r, const stk__source_params *prm, char ***names,
+                      uint64_t **sizes, size_t *n);
+/* Parses a kept listing's whole file (buf, len; listcache.c has the layout),
+ * which must name the prefix id, into new arrays (stk__remote_list_free) and
+ * the time it was listed: STK_OK; STK_EFORMAT (why says what is wrong);
+ * STK_ENOMEM. */
+int stk__listing_parse(const uint8_t *buf, size_t len, const char *id, uint64_t *listed_at,
+                       char ***names, uint64_t **sizes, size_t *n, char *why, size_t wn);
+/* stk__remote_list_tree, kept in prm->cache_dir when it is a bucket's
+ * (stk__bucket_samples) for the next open; one rank of the node lists while
+ * the others wait for its file. */
+int stk__listing_tree(struct stk__remote *r, const stk__source_params *prm, char ***names,
+                      uint64_t **sizes, size_t *n, char *err, size_t errlen);
 /* Whether a listing is mostly CLASS/NAME image objects (an ImageFolder). */
 int stk__bucket_samples(char *const *names, size_t n);
 /* Parquet files (one, or a directory's *.parquet sorted by name): paths

@@ -81,6 +81,7 @@ static struct {
     char *seen[MAX_KEYS];
     int nseen;
     atomic_int requests, whole_gets;
+    atomic_int listings;         /* directory requests: S3 listings (.listing.xml) */
     atomic_int payloads, stalls; /* F_STALL_SOME: payload ranges seen, stalled */
     atomic_int plain_gets;       /* GETs without a Range, of any object */
     atomic_ullong big_bytes;     /* bytes of ranged replies over 1 MiB */
@@ -194,6 +195,7 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
         /* A directory: its .listing.xml (an S3 bucket's listing, path-style
          * GET /BUCKET?list-type=2..., whatever the query). */
         close(f);
+        atomic_fetch_add(&srv.listings, 1);
         strncat(file, "/.listing.xml", sizeof file - strlen(file) - 1);
         f = open(file, O_RDONLY);
     }
@@ -2968,6 +2970,196 @@ static void test_bucket_of_class_folders(void)
     unlink(dir);
 }
 
+/* The cache file of the bucket listing under dir (the one .stklist in
+ * DIR/stoker-listing/), into path; false when there is none. */
+static bool listing_file(const char *dir, char *path, size_t n)
+{
+    char sub[2200];
+    snprintf(sub, sizeof sub, "%s/stoker-listing", dir);
+    DIR *d = opendir(sub);
+    struct dirent *e;
+    bool found = false;
+    while (d && (e = readdir(d)))
+        if (strlen(e->d_name) > 8 && !strcmp(e->d_name + strlen(e->d_name) - 8, ".stklist")) {
+            snprintf(path, n, "%s/%s", sub, e->d_name);
+            found = true;
+        }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+/* Runs the loader over url (epochs, cache_dir), with stderr into a file:
+ * the listings the server answered, and whether stderr said `says`. */
+static int listings_of(const char *path, const char *cache, int epochs, const run_out *want,
+                       const char *says)
+{
+    char errf[2048];
+    snprintf(errf, sizeof errf, "%s", tu_path("listing-stderr.txt"));
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    int fd = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(saved >= 0 && fd >= 0);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+    int before = atomic_load(&srv.listings);
+    run_out r = run(path, 2, cache, NULL, STK_ON_ERROR_RAISE, epochs);
+    int n = atomic_load(&srv.listings) - before;
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    size_t len = 0;
+    char *text = tu_read_file(errf, &len);
+    if (r.open_rc)
+        fprintf(stderr, "    %s\n", r.msg);
+    CHECK_EQ(r.open_rc, STK_OK);
+    if (want)
+        CHECK(r.hash == want->hash && r.samples == want->samples);
+    if (says) {
+        CHECK(text && strstr(text, says));
+        if (!text || !strstr(text, says))
+            fprintf(stderr, "    stderr: %s\n", text ? text : "(none)");
+    }
+    free(text);
+    return n;
+}
+
+/* The listing of unpacked objects is kept in cache_dir (listcache.c): a
+ * second open makes no listing request at all and gives the same batches;
+ * listing_ttl 0 lists again; a cached listing damaged on disk is ignored
+ * with a warning and replaced; a listing kept while objects changed fails
+ * the removed and the resized one by name, and the others are read. */
+static void test_bucket_listing_cached(void)
+{
+    const char *classes[] = {"ant", "bee"};
+    char dir[2048], xml[65536], p[4096];
+    size_t xl = (size_t)snprintf(xml, sizeof xml,
+                                 "<?xml version=\"1.0\"?><ListBucketResult><Name>lbk</Name>");
+    int n = 0;
+    for (int c = 0; c < 2; c++) {
+        snprintf(dir, sizeof dir, "%s/lbk/imgs/%s", g_www, classes[c]);
+        tu_mkdirs(dir);
+        for (int k = 0; k < 5; k++, n++) {
+            uint8_t rgb[16 * 12 * 3];
+            for (size_t j = 0; j < sizeof rgb; j++)
+                rgb[j] = (uint8_t)(j * 5 + (size_t)n * 17);
+            size_t jn = 0;
+            uint8_t *jpg = tu_jpeg(rgb, 16, 12, 90, &jn);
+            snprintf(p, sizeof p, "%s/%03d.jpg", dir, k);
+            tu_write_file(p, jpg, jn);
+            free(jpg);
+            xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                                   "<Contents><Key>imgs/%s/%03d.jpg</Key><Size>%zu</Size>"
+                                   "</Contents>",
+                                   classes[c], k, jn);
+        }
+    }
+    xl += (size_t)snprintf(xml + xl, sizeof xml - xl,
+                           "<IsTruncated>false</IsTruncated></ListBucketResult>");
+    snprintf(dir, sizeof dir, "%s/lbk/.listing.xml", g_www);
+    tu_write_file(dir, xml, xl);
+    server_start(g_www, F_NONE);
+    char ep[128], cache[2048], lf[4096];
+    snprintf(ep, sizeof ep, "http://127.0.0.1:%d", srv.port);
+    snprintf(cache, sizeof cache, "%s", tu_path("listing-cache"));
+    setenv("AWS_ACCESS_KEY_ID", "AKIDTEST", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "secretkey", 1);
+    g_extra[0] = "endpoint";
+    g_extra[1] = ep;
+    /* No cache directory: listed on every open (the shallow listing and the
+     * tree), and nothing kept. */
+    run_out ref = run("s3://lbk/imgs", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK_EQ(ref.open_rc, STK_OK);
+    CHECK_EQ(ref.samples, (uint64_t)n);
+    CHECK(listings_of("s3://lbk/imgs", NULL, 1, &ref, NULL) >= 2);
+    /* First open with a cache: lists and keeps; the second lists nothing. */
+    CHECK(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL) >= 2);
+    CHECK(listing_file(cache, lf, sizeof lf));
+    CHECK_EQ(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL), 0);
+    CHECK_EQ(listings_of("s3://lbk/imgs", cache, 0, NULL, NULL), 0);
+    /* TTL 0: listed again (and the kept copy rewritten). */
+    g_extra[2] = "listing_ttl";
+    g_extra[3] = "0";
+    CHECK(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL) >= 1);
+    g_extra[2] = NULL;
+    CHECK_EQ(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL), 0);
+    /* A TTL shorter than the listing's age: listed again. */
+    sleep(2);
+    g_extra[2] = "listing_ttl";
+    g_extra[3] = "1";
+    CHECK(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL) >= 1);
+    g_extra[2] = NULL;
+    /* Damaged on disk: a byte flipped in the middle, then cut short; each is
+     * ignored with a warning naming the file, and listed again. */
+    size_t len = 0;
+    uint8_t *bytes = tu_read_file(lf, &len);
+    REQUIRE(bytes && len > 40);
+    bytes[len / 2] ^= 0x20;
+    tu_write_file(lf, bytes, len);
+    CHECK(listings_of("s3://lbk/imgs", cache, 1, &ref, "checksum does not match") >= 1);
+    CHECK_EQ(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL), 0);
+    tu_write_file(lf, bytes, 20);
+    CHECK(listings_of("s3://lbk/imgs", cache, 1, &ref, "not a stoker listing") >= 1);
+    CHECK_EQ(listings_of("s3://lbk/imgs", cache, 1, &ref, NULL), 0);
+    free(bytes);
+    /* What can go stale: objects changed after the listing was kept. Read
+     * through the dataset API (one GET each, no disk cache of objects): the
+     * removed and the resized objects fail by name, the others are read,
+     * and no listing is made. */
+    char gone[4096], grown[4096];
+    snprintf(gone, sizeof gone, "%s/lbk/imgs/ant/001.jpg", g_www);
+    snprintf(grown, sizeof grown, "%s/lbk/imgs/bee/003.jpg", g_www);
+    size_t gl = 0, wl = 0;
+    uint8_t *gone_b = tu_read_file(gone, &gl), *grown_b = tu_read_file(grown, &wl);
+    REQUIRE(gone_b && grown_b);
+    unlink(gone);
+    uint8_t *big = malloc(wl + 100);
+    REQUIRE(big);
+    memcpy(big, grown_b, wl);
+    memset(big + wl, 0, 100);
+    tu_write_file(grown, big, wl + 100);
+    stk_options *o;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_set(o, "endpoint", ep) == STK_OK);
+    REQUIRE(stk_options_set(o, "cache_dir", cache) == STK_OK);
+    stk_dataset *d = NULL;
+    char err[1024];
+    int before = atomic_load(&srv.listings);
+    int rc = stk_dataset_open(&d, "s3://lbk/imgs", o, err, sizeof err);
+    CHECK_EQ(rc, STK_OK);
+    CHECK_EQ(atomic_load(&srv.listings) - before, 0);
+    int ok = 0, removed = 0, resized = 0;
+    for (uint64_t i = 0; d && i < (uint64_t)n; i++) {
+        const void *data;
+        size_t dl;
+        int64_t label;
+        rc = stk_dataset_read(d, i, &data, &dl, &label, err, sizeof err);
+        if (rc == STK_OK)
+            ok++;
+        else if (strstr(err, "ant/001.jpg"))
+            removed++;
+        else if (strstr(err, "bee/003.jpg") && strstr(err, "the listing says"))
+            resized++;
+        else
+            fprintf(stderr, "    unexpected: %s\n", err);
+    }
+    CHECK_EQ(ok, n - 2);
+    CHECK_EQ(removed, 1);
+    CHECK_EQ(resized, 1);
+    stk_dataset_close(d);
+    stk_options_destroy(o);
+    tu_write_file(gone, gone_b, gl);
+    tu_write_file(grown, grown_b, wl);
+    free(gone_b);
+    free(grown_b);
+    free(big);
+    memset(g_extra, 0, sizeof g_extra);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    server_stop();
+    unlink(dir);
+}
+
 /* nginx's index pages (src/io/httplist.c): names percent-decoded from HTML
  * links and taken as they are from JSON, sizes in bytes; links that leave
  * the directory (absolute, "..", a scheme, an encoded '/') or carry a query
@@ -3067,6 +3259,7 @@ int main(void)
     RUN_IF(test_formats_remote_bad_shards);
     RUN_IF(test_formats_remote_oom_sweep);
     RUN_IF(test_bucket_of_class_folders);
+    RUN_IF(test_bucket_listing_cached);
     RUN_IF(test_unused_remote_options_are_refused);
     RUN_IF(test_url_display);
     RUN_IF(test_secrets_never_in_messages);

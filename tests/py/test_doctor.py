@@ -351,3 +351,47 @@ def test_depth_auto_from_a_memory_budget(small):
                       memory_budget=need1 - 1)
     with pytest.raises(TypeError, match="depth"):
         stoker.Loader(str(small), 4, depth="deep")
+
+
+def test_doctor_on_unpacked_objects_says_so_and_suggests_pack(tmp_path):
+    # Unpacked objects (an ImageFolder behind nginx's autoindex, issue 21
+    # item 5), each GET waiting 50 ms before its first byte behind the
+    # delaying proxy: the report says the dataset is unpacked objects, what
+    # storage measured, an estimate of packed shards (larger: a request per
+    # many samples), and the exact pack command.
+    _jpegs(tmp_path / "www" / "imgs", 12, 40, 48, classes=2, quality=90)
+    with stk_servers.Nginx(tmp_path / "www", autoindex="json") as ngx:
+        with stk_servers.DelayProxy("127.0.0.1", ngx.port, 25) as px:
+            url = f"http://127.0.0.1:{px.port}/imgs"
+            rep = _doctor(url, "--batch-size", "4", "--fetch-concurrency", "4",
+                          "--transform", "imagenet-train", "--size", "32")
+            text = subprocess.run([STOKER, "doctor", url, "--seconds", "1", "--batch-size", "4",
+                                   "--fetch-concurrency", "4"],
+                                  capture_output=True, text=True, timeout=180)
+    assert rep["source"] == "bucket", rep["source"]
+    u = rep["unpacked"]
+    assert u["objects"] == 24 and u["pack_command"] == f"stoker pack {url} OUT"
+    st = rep["levels"]["storage"]
+    assert u["measured_samples_per_s"] == pytest.approx(st["samples_per_s"])
+    # Every request paid the 50 ms round trip before its first byte.
+    assert u["first_byte_mean_s"] >= 0.045 and u["request_mean_s"] >= u["first_byte_mean_s"]
+    assert 1000 < u["mean_object_bytes"] < 20000
+    assert u["samples_per_packed_request"] > 100
+    # At 50 ms a request for a few KB, packing is estimated far faster.
+    assert u["estimated_speedup"] > 5
+    assert u["estimated_packed_samples_per_s"] == pytest.approx(
+        u["measured_samples_per_s"] * u["estimated_speedup"], rel=1e-3)
+    # The pipeline's gain is bounded by the workers as measured.
+    assert u["pipeline_samples_per_s"] == pytest.approx(rep["levels"]["full"]["samples_per_s"])
+    work = 1 / (1 / rep["levels"]["decode"]["samples_per_s"] +
+                1 / rep["levels"]["batching"]["samples_per_s"])
+    assert u["estimated_packed_pipeline_samples_per_s"] == pytest.approx(
+        min(work, u["estimated_packed_samples_per_s"]), rel=1e-3)
+    adv = [a for a in rep["advice"] if a["action"] == "stoker pack"]
+    assert len(adv) == 1 and u["pack_command"] in adv[0]["why"], rep["advice"]
+    assert "estimate" in adv[0]["why"] and "unpacked objects" in adv[0]["why"]
+    assert text.returncode == 0, text.stderr
+    assert "unpacked objects: 24 objects" in text.stdout, text.stdout
+    assert f"`stoker pack {url} OUT`" in text.stdout
+    # A local folder gets no such section.
+    assert "unpacked" not in _doctor(str(tmp_path / "www" / "imgs"))

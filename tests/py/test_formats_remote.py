@@ -165,3 +165,64 @@ def test_s3_bucket_of_class_folders(aws_env, tmp_path):
            if r["status"] not in (200, 206) or r["range"] != f"bytes=0-{sizes[r['path']] - 1}"]
     assert bad == []
     assert any("list-type" in r["uri"] for r in reqs)
+
+
+def test_http_bucket_listing_kept_in_the_cache(tmp_path, capfd):
+    """nginx autoindex pages (issue 21 item 5): with cache_dir the listing
+    is kept, and the next open fetches no index page; listing_ttl=0 lists
+    again; a damaged kept listing is ignored with a warning and replaced."""
+    from PIL import Image
+    import numpy as np
+    src = tmp_path / "www" / "folder"
+    for c in ("cat", "dog"):
+        (src / c).mkdir(parents=True)
+        for k in range(3):
+            Image.fromarray(np.full((8, 8, 3), 40 * k, np.uint8)).save(src / c / f"{k}.jpg")
+    cache = tmp_path / "cache"
+    with stk_servers.Nginx(tmp_path / "www", autoindex="json") as web:
+        url = f"{web.url}/folder"
+
+        def pages(**kw):
+            web.clear_requests()
+            with stoker.Loader(url, 2, threads=1, transform="RandomResizedCrop(4)",
+                               output="numpy", cache_dir=str(cache), **kw) as L:
+                assert L.num_samples == 6
+                assert sum(len(y) for _, y in L) == 6
+            # The index pages (the manifest's and index.json's probes are
+            # GETs of objects, made on every open).
+            return [r for r in web.requests()
+                    if r["path"].endswith("/") or r["path"] == "/folder"]
+
+        assert len(pages()) >= 3  # the folder's page (and its redirect), each class's
+        assert pages() == []
+        assert len(pages(options={"listing_ttl": "0"})) >= 3
+        assert pages() == []
+        kept = list((cache / "stoker-listing").glob("*.stklist"))
+        assert len(kept) == 1
+        kept[0].write_bytes(kept[0].read_bytes()[:-1] + b"\0")
+        capfd.readouterr()
+        assert len(pages()) >= 3
+        assert "cached listing" in capfd.readouterr().err
+        assert pages() == []
+        # Objects changed under a kept listing, read through the fetch stage
+        # (a fresh object cache beside the kept listing): the removed one and
+        # the resized one fail by name, the others are delivered, and nothing
+        # is listed.
+        import shutil
+        (src / "cat" / "1.jpg").unlink()
+        with open(src / "dog" / "2.jpg", "ab") as f:
+            f.write(b"\0" * 50)
+        fresh = [tmp_path / "fresh1", tmp_path / "fresh2"]
+        for d in fresh:
+            shutil.copytree(cache / "stoker-listing", d / "stoker-listing")
+        web.clear_requests()
+        with stoker.Loader(url, 2, threads=1, transform="RandomResizedCrop(4)", output="numpy",
+                           cache_dir=str(fresh[0]), on_error="skip") as L:
+            assert L.num_samples == 6
+            assert sum(len(y) for _, y in L) == 4
+        with pytest.raises(Exception, match=r"/folder/cat/1\.jpg.*404"):
+            with stoker.Loader(url, 1, threads=1, transform="RandomResizedCrop(4)",
+                               output="numpy", cache_dir=str(fresh[1]), shuffle=False) as L:
+                for _ in L:
+                    pass
+        assert [r for r in web.requests() if r["path"].endswith("/")] == []
