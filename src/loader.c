@@ -627,7 +627,9 @@ static int start_device(core *c, char *err, size_t errlen)
 
 static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
 {
-    if (!c->src.remote || !c->src.ops->locate)
+    /* A remote source, or a mixture with remote children (its shard table
+     * names their stores; its local children's samples are read by it). */
+    if ((!c->src.remote && !c->src.shard_remote) || !c->src.ops->locate)
         return STK_OK;
     stk__fetch_plan plan;
     stk__schedule_plan(&c->sched, &plan);
@@ -697,7 +699,7 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
             budget = (uint64_t)1 << 30; /* no /proc: 1 GiB */
     }
     uint64_t extra = 0;
-    if (c->src.remote)
+    if (c->src.remote || c->src.shard_remote)
         extra += o->fetch_buffer ? o->fetch_buffer : (uint64_t)64 << 20;
     if (o->trace)
         extra += stk__trace_bytes(o->trace_events);

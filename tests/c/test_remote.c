@@ -463,6 +463,21 @@ static const char *g_order = "global";
 static const char *g_extra[8];
 /* The consumer's time per batch in run(), in milliseconds. */
 static unsigned g_consumer_ms;
+/* A mixture for the next opens instead of `path` (NULL ends): its sources'
+ * paths and weights (test_mixture_*). */
+static const char *g_mix[4];
+static double g_mix_w[4];
+
+/* Whether a run reads a URL (a mixture: any of its sources). */
+static bool run_is_remote(const char *path)
+{
+    if (!g_mix[0])
+        return strstr(path, "://") != NULL;
+    bool any = false;
+    for (int k = 0; g_mix[k]; k++)
+        any |= strstr(g_mix[k], "://") != NULL;
+    return any;
+}
 
 static stk_loader *open_url(const char *path, unsigned threads, const char *cache_dir,
                             const char *limit, int on_error, int *rc)
@@ -470,14 +485,18 @@ static stk_loader *open_url(const char *path, unsigned threads, const char *cach
     stk_options *o;
     stk_loader *l = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
-    stk_options_set_source(o, path);
+    if (g_mix[0])
+        for (int k = 0; g_mix[k]; k++)
+            REQUIRE(stk_options_add_source(o, g_mix[k], g_mix_w[k], 0) == STK_OK);
+    else
+        stk_options_set_source(o, path);
     stk_options_set_batch_size(o, 8);
     stk_options_set_threads(o, threads);
     stk_options_set_seed(o, 11);
     stk_options_set_on_error(o, on_error);
     /* The local reference runs take the same options but the remote ones,
      * which a local path refuses (they would change nothing). */
-    bool remote = strstr(path, "://") != NULL;
+    bool remote = run_is_remote(path);
     if (remote) {
         REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
         REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
@@ -534,7 +553,7 @@ static run_out run(const char *path, unsigned threads, const char *cache_dir, co
     int frc = stk_loader_fetch_stats(l, &r.fs);
     if (strstr(path, ".tar"))
         (void)frc; /* remote tar shards are read from the cache, with no fetch stage */
-    else if (strstr(path, "://"))
+    else if (run_is_remote(path))
         CHECK_EQ(frc, STK_OK);
     else
         CHECK_EQ(frc, STK_EUNSUPPORTED);
@@ -2135,6 +2154,167 @@ static void test_open_against_a_hung_server_is_parallel(void)
     server_stop();
 }
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
+/* ---- mixtures with remote sources (docs/mixing.md) ------------------------------ */
+
+#define MIX_FILES 20
+static char g_mixdir[1024], g_ds2[1100];
+static char g_mix_url[2][1200];
+
+/* A local folder of MIX_FILES files (bytes that are no image: read as
+ * stored), and a second remote .stk set (other bytes, the same sizes). */
+static void make_mix_sets(void)
+{
+    snprintf(g_mixdir, sizeof g_mixdir, "%s", tu_path("mixf"));
+    for (int i = 0; i < MIX_FILES; i++) {
+        char path[1200];
+        uint8_t data[400];
+        snprintf(path, sizeof path, "%s/c%d/f%02d.jpg", g_mixdir, i % 2, i);
+        tu_mkdirs(path);
+        rmdir(path); /* tu_mkdirs made the file's own name a directory */
+        size_t n = 50 + (size_t)i * 13;
+        for (size_t j = 0; j < n; j++)
+            data[j] = (uint8_t)(i * 3 + j);
+        tu_write_file(path, data, n);
+    }
+    snprintf(g_ds2, sizeof g_ds2, "%s/ds2", g_www);
+    make_dataset_at(g_ds2, 5);
+}
+
+/* The mixture folder 0.3 + ds 0.4 + ds2 0.3 (quotas 75, 100, 75 of 250),
+ * the .stk sets local or by URL. */
+static void set_mix(bool remote)
+{
+    snprintf(g_mix_url[0], sizeof g_mix_url[0], "%s", url("ds"));
+    snprintf(g_mix_url[1], sizeof g_mix_url[1], "%s", url("ds2"));
+    g_mix[0] = g_mixdir;
+    g_mix[1] = remote ? g_mix_url[0] : g_ds;
+    g_mix[2] = remote ? g_mix_url[1] : g_ds2;
+    g_mix[3] = NULL;
+    g_mix_w[0] = 0.3, g_mix_w[1] = 0.4, g_mix_w[2] = 0.3;
+}
+
+#define MIX_N      250
+#define MIX_REMOTE 175 /* remote samples an epoch */
+
+/* A mixture of a local folder and two remote .stk sets reads the remote
+ * samples through the fetch stage (merged ranged requests, far fewer than
+ * samples; the disk cache), local ones directly, and gives the batches of
+ * the same mixture read from local copies, bit for bit. */
+static void test_mixture_remote_as_local(void)
+{
+    set_mix(false);
+    run_out local = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, 2 * MIX_N);
+    server_start(g_www, F_NONE);
+    set_mix(true);
+    /* A plan longer than the run: the whole of it is planned at the start
+     * and merged. (In steady state the planner adds a sample as one is
+     * consumed, whatever the source: merging then needs neighbours planned
+     * together, which the shard-aware order gives a single source.) */
+    g_extra[0] = "fetch_lookahead";
+    g_extra[1] = "1024";
+    run_out opened = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 0);
+    CHECK_EQ(opened.open_rc, STK_OK);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out r = run("mix", t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK_EQ(r.samples, 2 * MIX_N);
+        CHECK_EQ(r.fs.failures, 0);
+        /* Every remote sample, and only those, came through the stage (the
+         * ring's read-ahead into the third epoch adds at most a few
+         * batches; local samples would add 150)... */
+        CHECK(r.fs.samples >= 2 * MIX_REMOTE && r.fs.samples < 2 * MIX_REMOTE + 64);
+        /* ...by merged requests: a sample-by-sample read makes one each,
+         * besides the open's (headers, indexes: about 45 here). */
+        fprintf(stderr, "mixture: %llu requests in all (%llu by an open and its first "
+                "batches) for %llu remote samples\n",
+                (unsigned long long)r.fs.requests, (unsigned long long)opened.fs.requests,
+                (unsigned long long)r.fs.samples);
+        CHECK(r.fs.requests > opened.fs.requests && r.fs.requests * 2 < r.fs.samples);
+    }
+    /* With the disk cache: cold, then warm (no payload request at all). */
+    run_out cold = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK(cold.hash == local.hash);
+    CHECK(cold.fs.cache_misses > 0);
+    run_out opened_c = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 0);
+    run_out warm = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK(warm.hash == local.hash);
+    CHECK_EQ(warm.fs.cache_misses, 0);
+    CHECK(warm.fs.cache_hits > 0);
+    CHECK_EQ(warm.fs.requests, opened_c.fs.requests);
+    fprintf(stderr, "mixture cache: cold %llu requests %llu misses, warm %llu requests %llu hits\n",
+            (unsigned long long)cold.fs.requests, (unsigned long long)cold.fs.cache_misses,
+            (unsigned long long)warm.fs.requests, (unsigned long long)warm.fs.cache_hits);
+    memset(g_extra, 0, sizeof g_extra);
+    server_stop();
+    g_mix[0] = NULL;
+}
+
+/* Faults on a mixture's remote sources are retried like a single source's. */
+static void test_mixture_faults_are_retried(void)
+{
+    set_mix(false);
+    run_out local = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    int faults[] = {F_503_FIRST, F_RESET_FIRST};
+    for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
+        server_start(g_www, faults[k]);
+        set_mix(true);
+        run_out r = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK(r.fs.retries > 0);
+        CHECK_EQ(r.fs.failures, 0);
+        server_stop();
+    }
+    g_mix[0] = NULL;
+}
+
+/* Under skip, the samples of a remote source's failing shard are skipped
+ * and listed under that source's URL; the others all arrive. */
+static void test_mixture_errors_name_the_source(void)
+{
+    server_start(g_www, F_500_PAYLOAD);
+    snprintf(srv.fault_path, sizeof srv.fault_path, "ds2/part-000002.stk");
+    srv.payload_end = g_index_off[2];
+    set_mix(true);
+    g_extra[0] = "fetch_retries";
+    g_extra[1] = "2";
+    int rc;
+    stk_loader *l = open_url("mix", 2, NULL, NULL, STK_ON_ERROR_SKIP, &rc);
+    REQUIRE(rc == STK_OK);
+    stk_batch *b;
+    uint64_t delivered = 0;
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        REQUIRE(rc == STK_OK);
+        delivered += b->size;
+        stk_batch_release(b);
+    }
+    uint64_t got[3], failed[3];
+    for (size_t s = 0; s < 3; s++)
+        CHECK_EQ(stk_loader_source_stats(l, s, &got[s], &failed[s]), STK_OK);
+    CHECK_EQ(failed[0], 0);
+    CHECK_EQ(failed[1], 0);
+    CHECK(failed[2] > 0);
+    CHECK_EQ(got[2] + failed[2], 75);
+    CHECK_EQ(delivered, MIX_N - failed[2]);
+    size_t ne = stk_loader_error_count(l);
+    CHECK_EQ(ne, failed[2]);
+    for (size_t k = 0; k < ne; k++) {
+        stk_sample_error e;
+        REQUIRE(stk_loader_error_get(l, k, &e) == STK_OK);
+        CHECK(strstr(e.path, "/ds2/part-000002.stk") != NULL);
+        CHECK(strstr(e.reason, "HTTP 500") != NULL);
+        if (k == 0)
+            fprintf(stderr, "mixture skip: %s: %s\n", e.path, e.reason);
+    }
+    stk_loader_close(l);
+    memset(g_extra, 0, sizeof g_extra);
+    server_stop();
+    g_mix[0] = NULL;
+}
+
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
         const char *only_ = getenv("STK_TEST_ONLY");                                               \
@@ -2177,6 +2357,10 @@ int main(void)
     }
     RUN_IF(test_cold_cache_reads_while_downloading);
     RUN_IF(test_cold_download_cut_midway);
+    make_mix_sets();
+    RUN_IF(test_mixture_remote_as_local);
+    RUN_IF(test_mixture_faults_are_retried);
+    RUN_IF(test_mixture_errors_name_the_source);
     make_tars(tu_path("www/tars"));
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
