@@ -467,3 +467,9 @@ size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max)
         sizes[k] = m->kids[k].count;
     return m->n;
 }
+
+const stk__source *stk__source_mix_child(const stk__source *s, size_t k)
+{
+    const mixsrc *m = s->impl;
+    return &m->kids[k];
+}
