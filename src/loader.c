@@ -770,21 +770,27 @@ static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
 /* Order "shards" / "blocks" in a mixture: each source with shards reads its
  * k-th samples in its own shard-aware order over its shards (blocks), so a
  * remote source keeps its cache's working set to a window of shards; a
- * source without shards keeps its global permutation (docs/mixing.md). */
+ * source without shards keeps its global permutation (docs/mixing.md).
+ * With blocks, the fetch stage also gets the sources' blocks as one table
+ * in the mixture's ids (a source without blocks one unit, never fetched as
+ * a block: its samples are local), so that a remote source's block is
+ * fetched whole by one request, as for one dataset. */
 static int mixture_orders(core *c, const stk_options *o, char *err, size_t errlen)
 {
     unsigned window = o->shard_window ? o->shard_window : 8;
-    for (size_t k = 0; k < o->nmix; k++) {
+    bool blocks_order = o->order == STK__ORDER_BLOCKS;
+    uint64_t *flat = NULL, base = 0;
+    size_t nflat = 0, cap = 0;
+    int rc = STK_OK;
+    for (size_t k = 0; k < o->nmix && rc == STK_OK; k++) {
         const stk__source *ch = stk__source_mix_child(&c->src, k);
-        if (!ch->nshards || !ch->shard_first)
-            continue; /* no shards (a folder): its global permutation */
         uint64_t *blocks = NULL;
         size_t nblocks = 0;
-        char why[STK_ERRMSG_MAX];
-        int rc = STK_OK;
-        if (o->order == STK__ORDER_BLOCKS)
+        char why[STK_ERRMSG_MAX] = "";
+        bool sharded = ch->nshards && ch->shard_first;
+        if (sharded && blocks_order)
             rc = stk__blocks_make(ch, o->block_bytes, &blocks, &nblocks, why, sizeof why);
-        if (rc == STK_OK) {
+        if (rc == STK_OK && sharded) {
             rc = stk__mix_set_order(c->sched.mix, k, blocks ? blocks : ch->shard_first,
                                     blocks ? nblocks : ch->nshards, window);
             if (rc)
@@ -792,14 +798,31 @@ static int mixture_orders(core *c, const stk_options *o, char *err, size_t errle
                          rc == STK_ENOMEM ? "out of memory for its shard-aware order"
                                           : "its shard table cannot order its samples");
         }
-        stk__free(blocks);
-        if (rc) {
-            stk__fmt(err, errlen, "mixture source %zu (%s): order \"%s\": %s", k,
-                     o->mix[k].shown, o->order == STK__ORDER_BLOCKS ? "blocks" : "shards", why);
-            return rc;
+        /* This source's units of the flat table: its blocks, else itself. */
+        size_t units = blocks ? nblocks : 1;
+        if (rc == STK_OK && blocks_order &&
+            stk__grow((void **)&flat, &cap, nflat + units + 1, sizeof *flat)) {
+            rc = STK_ENOMEM;
+            stk__fmt(why, sizeof why, "out of memory for the table of its blocks");
         }
+        if (rc == STK_OK && blocks_order) {
+            for (size_t b = 0; b < units; b++)
+                flat[nflat++] = base + (blocks ? blocks[b] : 0);
+        }
+        stk__free(blocks);
+        base += ch->count;
+        if (rc)
+            stk__fmt(err, errlen, "mixture source %zu (%s): order \"%s\": %s", k,
+                     o->mix[k].shown, blocks_order ? "blocks" : "shards", why);
     }
-    return STK_OK;
+    if (rc == STK_OK && flat) {
+        flat[nflat] = base;
+        c->sched.block_first = flat;
+        c->sched.nblocks = nflat;
+        flat = NULL;
+    }
+    stk__free(flat);
+    return rc;
 }
 
 static int open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,

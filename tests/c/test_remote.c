@@ -2357,7 +2357,8 @@ static int shards_of_first(const uint64_t *ids, size_t n, int s, int first)
  * window of its shards at a time (shard_window 2 here: its first 46
  * samples come from 2 shards), the folder its global permutation; a remote
  * mixture gives the local one's batches, through a cache of about two
- * shards per source; order "blocks" likewise. */
+ * shards per source; order "blocks" likewise, each block of a remote
+ * source fetched by one request. */
 static void test_mixture_shard_order(void)
 {
     set_mix(false);
@@ -2395,13 +2396,31 @@ static void test_mixture_shard_order(void)
             "evictions, %llu fallbacks\n",
             (unsigned long long)c.fs.requests, (unsigned long long)c.fs.cache_misses,
             (unsigned long long)c.fs.cache_evictions, (unsigned long long)c.fs.cache_fallbacks);
+    /* Blocks of about 5 samples: each fetched whole by one request (the
+     * plan of 24 samples alone would merge few neighbours). */
     g_order = "blocks";
+    g_extra[0] = "block_bytes";
+    g_extra[1] = "8K";
     set_mix(false);
-    run_out bl = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    run_out bl = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
     CHECK_EQ(bl.open_rc, STK_OK);
     set_mix(true);
-    run_out br = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
-    CHECK(br.hash == bl.hash && br.samples == MIX_N);
+    run_out bo = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 0);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out br = run("mix", t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK(br.hash == bl.hash && br.samples == 2 * MIX_N);
+        CHECK_EQ(br.fs.failures, 0);
+        fprintf(stderr, "mixture blocks order: %llu requests (%llu by an open), %llu remote "
+                "samples, %llu bytes for %llu\n",
+                (unsigned long long)br.fs.requests, (unsigned long long)bo.fs.requests,
+                (unsigned long long)br.fs.samples, (unsigned long long)br.fs.bytes,
+                (unsigned long long)br.fs.sample_bytes);
+        /* About 5 blocks a shard, 10 remote shards, each block fetched once
+         * an epoch (sample by sample: 350 requests and more). */
+        CHECK(br.fs.requests <= bo.fs.requests + 2 * 2 * SHARDS * 8);
+        CHECK(br.fs.requests * 2 < br.fs.samples);
+    }
+    g_extra[0] = NULL;
     g_order = "global";
     server_stop();
     g_mix[0] = NULL;
