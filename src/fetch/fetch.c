@@ -770,18 +770,16 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         return STK_ENOMEM;
     f->src = src;
     f->remote = src->remote;
-    /* The distinct stores (one, or a mixture's remote children's). */
+    /* The distinct stores (one, or a mixture's remote children's: each
+     * child's shards are consecutive in the table, so a store is new when
+     * it is not the last one's). */
     if (!(f->stores = stk__calloc(src->shard_remote ? src->nshards : 1, sizeof *f->stores))) {
-        stk__free(f->stores);
         stk__free(f);
         return STK_ENOMEM;
     }
     for (size_t k = 0; k < (src->shard_remote ? src->nshards : 1); k++) {
         stk__remote *r = src->shard_remote ? src->shard_remote[k] : src->remote;
-        bool seen = !r;
-        for (size_t j = 0; j < f->nstores && !seen; j++)
-            seen = f->stores[j] == r;
-        if (!seen)
+        if (r && (!f->nstores || f->stores[f->nstores - 1] != r))
             f->stores[f->nstores++] = r;
     }
     f->plan = *plan;
