@@ -279,6 +279,10 @@ static int merge_fields(stk__source *s, mixsrc *m, char *err, size_t errlen)
             int id = find_field(s, d->name);
             if (id < 0) {
                 id = stk__source_add_field(s, d->name, strlen(d->name), d->kind, d->samples);
+                if (id < 0 && s->nfields < STK__MAX_FIELDS) {
+                    stk__fmt(err, errlen, "out of memory for the mixture's fields");
+                    return STK_ENOMEM;
+                }
                 if (id < 0) {
                     stk__fmt(err, errlen,
                              "the mixture's sources have more than %d distinct fields in all",
@@ -299,6 +303,10 @@ static int merge_fields(stk__source *s, mixsrc *m, char *err, size_t errlen)
     m->source_field = -1;
     if (find_field(s, "source") < 0) {
         int id = stk__source_add_field(s, "source", 6, STK_FIELD_INT, s->count);
+        if (id < 0 && s->nfields < STK__MAX_FIELDS) {
+            stk__fmt(err, errlen, "out of memory for the mixture's fields");
+            return STK_ENOMEM;
+        }
         if (id < 0) {
             stk__fmt(err, errlen, "the mixture's sources have more than %d distinct fields in all",
                      STK__MAX_FIELDS - 1);
@@ -374,6 +382,7 @@ int stk__source_mix_open(stk__source *s, const char *const *paths, const char *c
     for (size_t k = 0; k < n; k++) {
         if (!(m->shown[k] = stk__strdup(shown[k]))) {
             stk__fmt(err, errlen, "out of memory while opening a mixture of %zu sources", n);
+            rc = STK_ENOMEM; /* (rc holds the last child's open: STK_OK) */
             goto fail;
         }
         char why[STK_ERRMSG_MAX];

@@ -1576,6 +1576,13 @@ static void test_huge_lookahead(void)
  * (test_oom.c's sweep, for the fetch stage and the disk cache): open, two
  * epochs, close. Returns open's code. Once open, nothing may be lost: an
  * allocation failure while reading ahead is no fault of a sample. */
+#define MIX_FILES 20
+static char g_mixdir[1024];
+
+/* g_oom_mix: the session reads a mixture (the folder of test_mixture_*, and
+ * one shard of each remote set), each sample once an epoch. */
+static bool g_oom_mix;
+
 static int oom_session(const char *cache_dir, long n, bool *reached)
 {
     stk_options *o = NULL;
@@ -1583,7 +1590,15 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     long c0 = stk__alloc_count();
     stk__alloc_fail_after(n);
     int rc = stk_options_create(&o);
-    if (rc == STK_OK && (rc = stk_options_set_source(o, url("ds/part-000003.stk"))) == STK_OK) {
+    uint64_t total = g_oom_mix ? MIX_FILES + 2 * PER_SHARD : PER_SHARD;
+    if (rc == STK_OK && g_oom_mix) {
+        if ((rc = stk_options_add_source(o, g_mixdir, 0, 0)) == STK_OK &&
+            (rc = stk_options_add_source(o, url("ds/part-000003.stk"), 0, 0)) == STK_OK)
+            rc = stk_options_add_source(o, url("ds2/part-000001.stk"), 0, 0);
+    } else if (rc == STK_OK) {
+        rc = stk_options_set_source(o, url("ds/part-000003.stk"));
+    }
+    if (rc == STK_OK) {
         stk_options_set_batch_size(o, 5);
         stk_options_set_threads(o, 2);
         stk_options_set_seed(o, 3);
@@ -1594,7 +1609,8 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     }
     if (rc == STK_OK) {
         for (int e = 0; e < 2; e++) {
-            uint64_t seen = 0, count = 0;
+            uint8_t seen[MIX_FILES + 2 * PER_SHARD] = {0};
+            uint64_t count = 0;
             stk_batch *b;
             int r;
             while ((r = stk_loader_next(l, &b)) != STK_END) {
@@ -1606,13 +1622,13 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
                 }
                 for (size_t k = 0; k < b->size; k++) {
                     uint64_t i = b->indices[k];
-                    CHECK(i < PER_SHARD && !(seen & (1ULL << i)));
-                    seen |= 1ULL << i;
+                    CHECK(i < total && !seen[i < total ? i : 0]);
+                    seen[i < total ? i : 0] = 1;
                     count++;
                 }
                 stk_batch_release(b);
             }
-            CHECK_EQ(count, PER_SHARD);
+            CHECK_EQ(count, total);
         }
     } else if (rc != STK_ENOMEM) {
         fprintf(stderr, "    n=%ld: open: %s (%s)\n", n, stk_strerror(rc),
@@ -1625,8 +1641,9 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     return rc;
 }
 
-/* The allocation-failure sweep over a remote source, without and with the
- * disk cache: every session ends (a request completed at once for want of
+/* The allocation-failure sweep over a remote source (g_oom_mix: a mixture
+ * of a local folder and two remote shards), without and with the disk
+ * cache: every session ends (a request completed at once for want of
  * memory used to deadlock the fetch stage, whose lock its callback takes),
  * opens or fails with STK_ENOMEM, delivers each sample once per epoch, and
  * leaks nothing. */
@@ -1662,8 +1679,8 @@ static void test_oom_sweep(void)
             if (!reached)
                 break;
         }
-        printf("    %s: %ld allocation points, %d failed to open with ENOMEM\n",
-               cached ? "cached" : "ranged", n, nomem);
+        printf("    %s%s: %ld allocation points, %d failed to open with ENOMEM\n",
+               g_oom_mix ? "mixture, " : "", cached ? "cached" : "ranged", n, nomem);
         CHECK(n > 20 && n < 20000);
     }
     server_stop();
@@ -2156,8 +2173,7 @@ static void test_open_against_a_hung_server_is_parallel(void)
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
 /* ---- mixtures with remote sources (docs/mixing.md) ------------------------------ */
 
-#define MIX_FILES 20
-static char g_mixdir[1024], g_ds2[1100];
+static char g_ds2[1100];
 static char g_mix_url[2][1200];
 
 /* A local folder of MIX_FILES files (bytes that are no image: read as
@@ -2473,6 +2489,9 @@ int main(void)
     RUN_IF(test_mixture_faults_are_retried);
     RUN_IF(test_mixture_errors_name_the_source);
     RUN_IF(test_mixture_shard_order);
+    g_oom_mix = true;
+    RUN_IF(test_oom_sweep);
+    g_oom_mix = false;
     make_tars(tu_path("www/tars"));
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
