@@ -24,7 +24,8 @@
  * sample in that table, and SIZE_MAX for any other child's sample (local,
  * or a remote tar read from its own cache), which the stage does not plan
  * but reads through `read`. shard_first stays NULL: the table covers only
- * some samples, and the mixture's order is not shard-aware.
+ * some samples; a shard-aware order is per child, over the child's own
+ * table (stk__source_mix_child, schedule/mix.h).
  */
 #include "source/dataset.h"
 #include "io/remote.h"
