@@ -373,7 +373,9 @@ static int start_device(core *c, char *err, size_t errlen)
 
 static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
 {
-    if (!c->src.remote || !c->src.ops->locate)
+    /* A remote source, or a mixture with remote children (its shard table
+     * names their stores; its local children's samples are read by it). */
+    if ((!c->src.remote && !c->src.shard_remote) || !c->src.ops->locate)
         return STK_OK;
     stk__fetch_plan plan;
     stk__schedule_plan(&c->sched, &plan);
@@ -442,7 +444,7 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
             budget = (uint64_t)1 << 30; /* no /proc: 1 GiB */
     }
     uint64_t extra = 0;
-    if (c->src.remote)
+    if (c->src.remote || c->src.shard_remote)
         extra += o->fetch_buffer ? o->fetch_buffer : (uint64_t)64 << 20;
     if (o->trace)
         extra += stk__trace_bytes(o->trace_events);
@@ -510,6 +512,64 @@ static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
 /* The mixture (docs/mixing.md): the composite source over o's sources, the
  * schedule's quotas and tree, the fingerprint a resume checks, and the
  * per-source counters. */
+/* Order "shards" / "blocks" in a mixture: each source with shards reads its
+ * k-th samples in its own shard-aware order over its shards (blocks), so a
+ * remote source keeps its cache's working set to a window of shards; a
+ * source without shards keeps its global permutation (docs/mixing.md).
+ * With blocks, the fetch stage also gets the sources' blocks as one table
+ * in the mixture's ids (a source without blocks one unit, never fetched as
+ * a block: its samples are local), so that a remote source's block is
+ * fetched whole by one request, as for one dataset. */
+static int mixture_orders(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    unsigned window = o->shard_window ? o->shard_window : 8;
+    bool blocks_order = o->order == STK__ORDER_BLOCKS;
+    uint64_t *flat = NULL, base = 0;
+    size_t nflat = 0, cap = 0;
+    int rc = STK_OK;
+    for (size_t k = 0; k < o->nmix && rc == STK_OK; k++) {
+        const stk__source *ch = stk__source_mix_child(&c->src, k);
+        uint64_t *blocks = NULL;
+        size_t nblocks = 0;
+        char why[STK_ERRMSG_MAX] = "";
+        bool sharded = ch->nshards && ch->shard_first;
+        if (sharded && blocks_order)
+            rc = stk__blocks_make(ch, o->block_bytes, &blocks, &nblocks, why, sizeof why);
+        if (rc == STK_OK && sharded) {
+            rc = stk__mix_set_order(c->sched.mix, k, blocks ? blocks : ch->shard_first,
+                                    blocks ? nblocks : ch->nshards, window);
+            if (rc)
+                stk__fmt(why, sizeof why, "%s",
+                         rc == STK_ENOMEM ? "out of memory for its shard-aware order"
+                                          : "its shard table cannot order its samples");
+        }
+        /* This source's units of the flat table: its blocks, else itself. */
+        size_t units = blocks ? nblocks : 1;
+        if (rc == STK_OK && blocks_order &&
+            stk__grow((void **)&flat, &cap, nflat + units + 1, sizeof *flat)) {
+            rc = STK_ENOMEM;
+            stk__fmt(why, sizeof why, "out of memory for the table of its blocks");
+        }
+        if (rc == STK_OK && blocks_order) {
+            for (size_t b = 0; b < units; b++)
+                flat[nflat++] = base + (blocks ? blocks[b] : 0);
+        }
+        stk__free(blocks);
+        base += ch->count;
+        if (rc)
+            stk__fmt(err, errlen, "mixture source %zu (%s): order \"%s\": %s", k, o->mix[k].shown,
+                     blocks_order ? "blocks" : "shards", why);
+    }
+    if (rc == STK_OK && flat) {
+        flat[nflat] = base;
+        c->sched.block_first = flat;
+        c->sched.nblocks = nflat;
+        flat = NULL;
+    }
+    stk__free(flat);
+    return rc;
+}
+
 static int open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,
                         size_t errlen)
 {
@@ -526,14 +586,6 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
         shown[k] = o->mix[k].shown;
         w[k] = o->mix[k].weight;
         fixed[k] = o->mix[k].samples;
-    }
-    if (o->order != STK__ORDER_GLOBAL) {
-        stk__fmt(err, errlen,
-                 "order \"%s\" is not available for a mixture in this version: a mixture reads "
-                 "each source in its own global order (docs/mixing.md)",
-                 o->order == STK__ORDER_SHARDS ? "shards" : "blocks");
-        rc = STK_EUNSUPPORTED;
-        goto out;
     }
     if ((rc = stk__source_mix_open(&c->src, paths, shown, n, sp, err, errlen)))
         goto out;
@@ -565,7 +617,7 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
     if ((rc = stk__mix_quotas(w, fixed, sizes, n, &N, quota, err, errlen)))
         goto out;
     rc = STK_ENOMEM;
-    if (!(c->sched.mix = stk__malloc(sizeof *c->sched.mix)) ||
+    if (!(c->sched.mix = stk__calloc(1, sizeof *c->sched.mix)) ||
         !(c->src_samples = stk__calloc(n, sizeof *c->src_samples)) ||
         !(c->src_failed = stk__calloc(n, sizeof *c->src_failed)))
         goto out;
@@ -573,6 +625,8 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
         goto out;
     c->sched.mix->block = B;
     c->sched.mix->N *= B;
+    if (o->order != STK__ORDER_GLOBAL && (rc = mixture_orders(c, o, err, errlen)))
+        goto out;
     c->nsrc = n;
     c->mix_new = o->mix_resume == 1;
     /* The fingerprint: what decides which sample each position reads. As
@@ -587,6 +641,16 @@ static int open_mixture(core *c, const stk_options *o, const stk__source_params 
         h = fnv1a_bytes(h, line, strlen(line));
         if (o->mix[k].transform) /* with the image options, as the loader's */
             h = fnv1a_bytes(h ^ stk__transform_hash_spec(o, o->mix[k].transform), "|t", 2);
+    }
+    if (o->order != STK__ORDER_GLOBAL) {
+        /* The per-source orders decide the samples too (global hashes as
+         * before, so earlier states still resume). */
+        char line[96];
+        stk__fmt(line, sizeof line, "|order %s|%u|%llu|",
+                 o->order == STK__ORDER_BLOCKS ? "blocks" : "shards",
+                 o->shard_window ? o->shard_window : 8,
+                 (unsigned long long)(o->order == STK__ORDER_BLOCKS ? o->block_bytes : 0));
+        h = fnv1a_bytes(h, line, strlen(line));
     }
     c->mix_hash = h ? h : 1;
     rc = STK_OK;
@@ -726,7 +790,8 @@ static int open_core(stk_loader *l, const stk_options *o)
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;
-    if (o->order != STK__ORDER_GLOBAL && (rc = setup_order(c, o, err, errlen)))
+    /* (A mixture's sources have their orders already: mixture_orders.) */
+    if (o->order != STK__ORDER_GLOBAL && !o->nmix && (rc = setup_order(c, o, err, errlen)))
         goto fail;
     if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
         stk__fmt(err, errlen,

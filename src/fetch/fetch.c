@@ -49,7 +49,10 @@
 
 #define WAIT_SLICE_NS 100000000ULL
 
-enum { E_FREE = 0, E_LIVE, E_FAILED };
+/* E_LOCAL: a sample the source does not fetch (locate's shard SIZE_MAX: a
+ * mixture's sample of a local child), read by the source's read op when
+ * reached; planned only to keep the ring's order. */
+enum { E_FREE = 0, E_LIVE, E_FAILED, E_LOCAL };
 /* C_ADMIT: a cache admission decided under the lock, its reservation
  * (stk__cache_begin: directory lock, scan, evictions, fallocate) not yet
  * made; entries wait on it as on a download. */
@@ -109,7 +112,9 @@ struct stk__fetch {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     stk__source *src;
-    stk__remote *remote;
+    stk__remote *remote;  /* the source's store; NULL with src->shard_remote */
+    stk__remote **stores; /* every distinct store (stats, the memory bound) */
+    size_t nstores;
     stk__fetch_plan plan;
     stk__fetch_cfg cfg;
     bool cancel;
@@ -139,6 +144,13 @@ struct stk__fetch {
 };
 
 /* ---- chunks ---------------------------------------------------------------- */
+
+/* The store shard k is read from: its own (a mixture's children each have
+ * theirs), else the source's. */
+static stk__remote *store_of(const stk__fetch *f, size_t k)
+{
+    return f->src->shard_remote ? f->src->shard_remote[k] : f->remote;
+}
 
 static chunk *chunk_new(stk__fetch *f, uint8_t kind, uint32_t shard)
 {
@@ -221,7 +233,7 @@ static void unlock_and_submit_ex(stk__fetch *f, bool admit)
     pthread_mutex_unlock(&f->lock);
     while (c) {
         chunk *n = c->next_submit; /* c may be freed by its completion */
-        stk__remote_submit(f->remote, &c->req);
+        stk__remote_submit(store_of(f, c->shard), &c->req);
         c = n;
     }
 }
@@ -689,6 +701,10 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
             f->src->ops->locate(f->src, i, &shard, &off, &len);
             e->sample = i;
             e->len = (uint32_t)len;
+            if (shard == SIZE_MAX) {
+                e->state = E_LOCAL; /* read by the source when reached */
+                continue;
+            }
             if (f->cache && plan_cached(f, e, (uint32_t)shard, off)) {
                 e->off = off;
                 continue;
@@ -750,7 +766,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
                       const stk__fetch_cfg *cfg, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!src->remote || !src->ops->locate || !src->ops->accept || !src->shard_objs) {
+    if ((!src->remote && !src->shard_remote) || !src->ops->locate || !src->ops->accept ||
+        !src->shard_objs) {
         stk__fmt(err, errlen, "this source cannot be fetched ahead");
         return STK_EUNSUPPORTED;
     }
@@ -764,6 +781,18 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         return STK_ENOMEM;
     f->src = src;
     f->remote = src->remote;
+    /* The distinct stores (one, or a mixture's remote children's: each
+     * child's shards are consecutive in the table, so a store is new when
+     * it is not the last one's). */
+    if (!(f->stores = stk__calloc(src->shard_remote ? src->nshards : 1, sizeof *f->stores))) {
+        stk__free(f);
+        return STK_ENOMEM;
+    }
+    for (size_t k = 0; k < (src->shard_remote ? src->nshards : 1); k++) {
+        stk__remote *r = src->shard_remote ? src->shard_remote[k] : src->remote;
+        if (r && (!f->nstores || f->stores[f->nstores - 1] != r))
+            f->stores[f->nstores++] = r;
+    }
     f->plan = *plan;
     f->cfg = *cfg;
     if (!f->cfg.buffer_bytes)
@@ -798,6 +827,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
     while (f->cap < need)
         f->cap <<= 1;
     if (pthread_mutex_init(&f->lock, NULL)) {
+        stk__free(f->stores);
         stk__free(f);
         return STK_ENOMEM;
     }
@@ -806,6 +836,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         if (!r)
             pthread_cond_destroy(&f->cond);
         pthread_mutex_destroy(&f->lock);
+        stk__free(f->stores);
         stk__free(f);
         return STK_ENOMEM;
     }
@@ -814,6 +845,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f->ring);
             pthread_cond_destroy(&f->cond);
             pthread_mutex_destroy(&f->lock);
+            stk__free(f->stores);
             stk__free(f);
             return STK_ENOMEM;
         }
@@ -837,6 +869,7 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f->blk);
             pthread_cond_destroy(&f->cond);
             pthread_mutex_destroy(&f->lock);
+            stk__free(f->stores);
             stk__free(f);
             return rc;
         }
@@ -852,12 +885,13 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f->blk);
             pthread_cond_destroy(&f->cond);
             pthread_mutex_destroy(&f->lock);
+            stk__free(f->stores);
             stk__free(f);
             return STK_ENOMEM;
         }
         for (size_t k = 0; k < src->nshards; k++) {
             char where[4096];
-            stk__remote_object_id(f->remote, src->shard_objs[k], where, sizeof where);
+            stk__remote_object_id(store_of(f, k), src->shard_objs[k], where, sizeof where);
             const char *tag = src->shard_tags ? src->shard_tags[k] : NULL;
             if (!tag && src->shard_ids)
                 tag = src->shard_ids[k]; /* no ETag known: the shard's content */
@@ -907,6 +941,7 @@ void stk__fetch_destroy(stk__fetch *f)
     stk__free(f->blk);
     pthread_cond_destroy(&f->cond);
     pthread_mutex_destroy(&f->lock);
+    stk__free(f->stores);
     stk__free(f);
 }
 
@@ -988,13 +1023,21 @@ static int deliver(stk__fetch *f, uint64_t i, stk__sink *sink, const uint8_t *sr
  * one (cancel re-checked), for a sample the plan does not hold or whose
  * planned read failed for a reason that is not the sample's. Only when even
  * that request cannot be set up for want of memory does it fall back to the
- * source's own (blocking) read. No lock held. */
+ * source's own (blocking) read. A sample the source does not fetch (E_LOCAL)
+ * is read by the source (*local set). No lock held. */
 static int read_alone(stk__fetch *f, uint64_t i, stk__sink *sink, uint8_t **data, uint32_t *len,
-                      int64_t *label, char *err, size_t errlen)
+                      int64_t *label, bool *local, char *err, size_t errlen)
 {
     size_t shard;
     uint64_t off, n;
     f->src->ops->locate(f->src, i, &shard, &off, &n);
+    if (shard == SIZE_MAX) { /* not fetched: the source reads it */
+        *local = true;
+        size_t got = 0;
+        int rc = f->src->ops->read(f->src, i, sink, data, &got, label, err, errlen);
+        *len = (uint32_t)got;
+        return rc;
+    }
     pthread_mutex_lock(&f->lock);
     chunk *c = range_chunk(f, shard, off, off + n);
     if (c)
@@ -1058,6 +1101,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     uint64_t off = 0;
     uint32_t n = 0;
     bool partial = false; /* read from a download in progress */
+    bool local = false;   /* not fetched: read by the source (E_LOCAL) */
     if (e) {
         c = e->state == E_LIVE ? e->ch : NULL;
         uint64_t end = c && c->kind == K_CACHE ? e->off + e->len : 0;
@@ -1149,7 +1193,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
         }
     }
     if (alone) {
-        rc = read_alone(f, i, sink, &buf, &n, label, err, errlen);
+        rc = read_alone(f, i, sink, &buf, &n, label, &local, err, errlen);
         if (rc != STK_OK && why[0]) {
             char tmp[STK_ERRMSG_MAX];
             stk__fmt(tmp, sizeof tmp, "%s", err);
@@ -1159,7 +1203,7 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     pthread_mutex_lock(&f->lock);
     if (c)
         chunk_put(f, c);
-    if (rc == STK_OK) {
+    if (rc == STK_OK && !local) {
         f->samples++;
         f->sample_bytes += n;
     }
@@ -1175,22 +1219,32 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
 void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
 {
     memset(st, 0, sizeof *st);
-    stk__remote_counters rc;
-    stk__remote_counters_get(f->remote, &rc);
-    st->requests = rc.requests;
-    st->retries = rc.retries;
-    st->failures = rc.failures;
-    st->bytes = rc.bytes;
-    st->inflight = rc.inflight;
-    st->inflight_peak = rc.inflight_peak;
-    st->io_busy_ns = rc.busy_ns;
-    st->completed = rc.completed;
-    st->request_ns = rc.request_ns;
-    st->first_byte_ns = rc.first_byte_ns;
-    st->throttled = rc.throttled;
-    st->rate = rc.rate;
-    st->hedges = rc.hedges;
-    st->hedge_wins = rc.hedge_wins;
+    /* Summed over the stores (a mixture's remote children have one each):
+     * the peak of requests in flight is then the sum of each store's peak,
+     * a bound on the peak of them all; the rate, the governors' rates
+     * together (0, none, when any store has none). */
+    bool unlimited = false;
+    for (size_t k = 0; k < f->nstores; k++) {
+        stk__remote_counters rc;
+        stk__remote_counters_get(f->stores[k], &rc);
+        st->requests += rc.requests;
+        st->retries += rc.retries;
+        st->failures += rc.failures;
+        st->bytes += rc.bytes;
+        st->inflight += rc.inflight;
+        st->inflight_peak += rc.inflight_peak;
+        st->io_busy_ns += rc.busy_ns;
+        st->completed += rc.completed;
+        st->request_ns += rc.request_ns;
+        st->first_byte_ns += rc.first_byte_ns;
+        st->throttled += rc.throttled;
+        unlimited |= rc.rate == 0;
+        st->rate += rc.rate;
+        st->hedges += rc.hedges;
+        st->hedge_wins += rc.hedge_wins;
+    }
+    if (unlimited)
+        st->rate = 0;
     pthread_mutex_lock(&f->lock);
     st->samples = f->samples;
     st->sample_bytes = f->sample_bytes;
@@ -1225,7 +1279,9 @@ uint64_t stk__fetch_memory_bound(const stk__fetch *f)
     uint64_t chunks = f->cap * (sizeof(chunk) + 64);
     uint64_t slack = f->block_max > f->cfg.max_request ? f->block_max : f->cfg.max_request;
     /* A hedged request (io/remote.c) receives into a copy of its buffer. */
-    uint64_t hedges = (uint64_t)stk__remote_hedge_slots(f->remote) * slack;
+    uint64_t hedges = 0;
+    for (size_t k = 0; k < f->nstores; k++)
+        hedges += (uint64_t)stk__remote_hedge_slots(f->stores[k]) * slack;
     return f->cfg.buffer_bytes + slack + hedges + forced + f->cap * sizeof(entry) + chunks +
            f->cfg.nblocks * sizeof *f->blk + sizeof *f;
 }

@@ -200,6 +200,16 @@ uint64_t stk__mix_kth(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k, u
 {
     uint64_t n = m->size[s];
     *pass = k / n;
+    if (m->sorder[s]) {
+        /* The source's shard-aware order, its table keyed by (epoch, pass)
+         * in place of the epoch (pass 0: the epoch itself; the cache holds
+         * two such tables, refilled in place, so a lookup never fails). */
+        uint64_t key =
+            *pass ? stk__mix64(epoch ^ *pass * 0x9e3779b97f4a7c15ULL) | (1ULL << 63) : epoch;
+        uint64_t i = 0;
+        stk__shard_orders_at(m->sorder[s], key, k % n, &i);
+        return i;
+    }
     stk__order o;
     /* A permutation per (seed, source, pass) of each epoch. */
     uint64_t seed = stk__mix64(m->seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL) ^
@@ -257,4 +267,20 @@ size_t stk__mix_source_of(const stk__mix *m, uint64_t i)
             hi = mid;
     }
     return lo;
+}
+
+int stk__mix_set_order(stk__mix *m, size_t s, const uint64_t *units, size_t nunits, unsigned window)
+{
+    /* Keyed by the source too: two sources of as many shards must not walk
+     * their shards in step. */
+    uint64_t seed = stk__mix64(m->seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL);
+    return stk__shard_orders_init(&m->sorder[s], units, nunits, window, seed, m->shuffle);
+}
+
+void stk__mix_free_orders(stk__mix *m)
+{
+    for (size_t s = 0; m && s < m->nsrc; s++) {
+        stk__shard_orders_destroy(m->sorder[s]);
+        m->sorder[s] = NULL;
+    }
 }

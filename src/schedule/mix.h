@@ -21,7 +21,10 @@
  * sample perm_{seed, e, s, p}(k % size[s]) (order.h's permutation): a quota
  * below the size takes a prefix of the epoch's permutation, a larger one
  * repeats with a fresh permutation per pass, so each pass reads each sample
- * exactly once.
+ * exactly once. With order "shards" (or "blocks") that permutation is the
+ * source's own shard-aware order over its shards (blocks) instead, keyed by
+ * (seed, s) and by (e, p): the source's k-th samples then walk a window of
+ * its shards at a time, whatever the other sources do.
  *
  * Positions: the schedule gives mixture positions t, not the epoch order's
  * positions directly. A rank reads epoch positions with a stride (order.h's
@@ -65,6 +68,10 @@ typedef struct stk__mix {
      * "per_source" the batch size (quota and N then count batches, and a
      * whole batch of consecutive positions comes from one source). */
     uint64_t block;
+    /* Order "shards" / "blocks": per source, its shard-aware order over its
+     * shards (or blocks), or NULL: its global permutation (a source of no
+     * shards, or order "global"). Set after init (stk__mix_set_order). */
+    stk__shard_orders *sorder[STK__MIX_MAX_SOURCES];
 } stk__mix;
 
 /* Per-source quotas of an epoch of N positions (N 0: the default, see
@@ -91,6 +98,14 @@ void stk__mix_at(const stk__mix *m, uint64_t epoch, uint64_t t, size_t *src, uin
 /* The k-th sample of source s in epoch `epoch` (k < quota[s]): its local
  * index in the source and its pass. */
 uint64_t stk__mix_kth(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k, uint64_t *pass);
+
+/* Order "shards"/"blocks" for source s: units has nunits + 1 entries (its
+ * shards' or blocks' first local samples, order.h's shard_first; copied),
+ * window shards per window. STK_EINVAL/STK_ENOMEM (order.h). After init. */
+int stk__mix_set_order(stk__mix *m, size_t s, const uint64_t *units, size_t nunits,
+                       unsigned window);
+/* Frees the per-source orders (before m itself). */
+void stk__mix_free_orders(stk__mix *m);
 
 /* The epoch's first layout: n positions, world ranks in nodes of `local`,
  * per_rank samples each (order.h's partition). */

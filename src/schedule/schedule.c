@@ -85,6 +85,7 @@ void stk__schedule_free(stk__schedule *s)
     s->sorder = NULL;
     stk__free(s->block_first);
     s->block_first = NULL;
+    stk__mix_free_orders(s->mix);
     stk__free(s->mix);
     s->mix = NULL;
     for (stk__resumed *r = s->resumed_all, *n; r; r = n) {

@@ -38,6 +38,8 @@ void stk__source_free_common(stk__source *s)
     stk__free(s->shard_ids);
     stk__free(s->shard_bytes);
     stk__free(s->shard_first);
+    stk__free(s->shard_remote); /* the stores are others' (a mixture's children) */
+    s->shard_remote = NULL;
     for (size_t k = 0; k < s->npins; k++)
         stk__cache_unpin(s->pins[k]);
     stk__free(s->pins);

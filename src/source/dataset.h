@@ -39,5 +39,9 @@ int stk__source_mix_check_field(const stk__source *s, const char *name, const ui
                                 size_t nids, char *err, size_t errlen);
 /* Children's sample counts into sizes (up to max); returns the children. */
 size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max);
+/* Child k of mixture s (k below its number of sources): its shard table
+ * (nshards, shard_first, locate) in its own sample ids, for the per-source
+ * shard-aware order. */
+const stk__source *stk__source_mix_child(const stk__source *s, size_t k);
 
 #endif

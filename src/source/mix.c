@@ -12,12 +12,23 @@
  * loader checks that each child has every requested field
  * (stk__source_mix_check_field).
  *
- * Children are read sample by sample through their read op: a remote child
- * works (its reads go to its store), but without the fetch stage's read-ahead
- * in this version; the mixture has no locate, so the loader makes no fetch
- * stage for it.
+ * Remote children (docs/remote.md): a child whose samples are byte ranges
+ * of shards in an object store (a remote .stk: remote, locate, accept and
+ * shard_objs set) is read through the loader's one fetch stage, with its
+ * read-ahead, ranged merging, disk cache, hedging and governor. The mixture
+ * offers the stage a flattened shard table: the fetched children's shards
+ * one after another (child k's shard j is the mixture's shard_off[k] + j),
+ * with shard_objs, shard_bytes, shard_tags and shard_ids borrowed from the children and
+ * shard_remote naming each shard's store (each child keeps its own store:
+ * its endpoint, credentials and governor). locate gives a fetched child's
+ * sample in that table, and SIZE_MAX for any other child's sample (local,
+ * or a remote tar read from its own cache), which the stage does not plan
+ * but reads through `read`. shard_first stays NULL: the table covers only
+ * some samples; a shard-aware order is per child, over the child's own
+ * table (stk__source_mix_child, schedule/mix.h).
  */
 #include "source/dataset.h"
+#include "io/remote.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -28,6 +39,8 @@ typedef struct mixsrc {
     char **shown;                     /* each child's path for messages */
     uint64_t *offset;                 /* n + 1 */
     uint32_t (*map)[STK__MAX_FIELDS]; /* child field id -> mixture field id */
+    size_t *shard_off;                /* n + 1: child k's first shard in the flattened table */
+    bool *fetched;                    /* per child: its samples are fetched (see above) */
     int source_field;                 /* the mixture's "source" field, -1: none */
     bool want_source;                 /* selected */
     bool selected;
@@ -53,6 +66,30 @@ static int mix_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
     size_t k = child_of(m, i);
     stk__source *c = &m->kids[k];
     return c->ops->read(c, i - m->offset[k], sink, data, len, label, err, errlen);
+}
+
+static void mix_locate(const stk__source *s, uint64_t i, size_t *shard, uint64_t *off,
+                       uint64_t *len)
+{
+    const mixsrc *m = s->impl;
+    size_t k = child_of(m, i);
+    const stk__source *c = &m->kids[k];
+    if (!m->fetched[k]) {
+        *shard = SIZE_MAX;
+        *off = *len = 0;
+        return;
+    }
+    c->ops->locate(c, i - m->offset[k], shard, off, len);
+    *shard += m->shard_off[k];
+}
+
+static int mix_accept(const stk__source *s, uint64_t i, const uint8_t *bytes, size_t len,
+                      int64_t *label, char *err, size_t errlen)
+{
+    const mixsrc *m = s->impl;
+    size_t k = child_of(m, i);
+    const stk__source *c = &m->kids[k];
+    return c->ops->accept(c, i - m->offset[k], bytes, len, label, err, errlen);
 }
 
 /* The child's name, which for files already holds the child's path; other
@@ -164,6 +201,13 @@ static void mix_free(mixsrc *m)
 {
     if (!m)
         return;
+    /* Every store first: closing one completes its requests, whose
+     * callbacks (the fetch stage's) read the flattened table, which points
+     * into every fetched child's names. */
+    for (size_t k = 0; m->kids && k < m->n; k++) {
+        stk__remote_close(m->kids[k].remote);
+        m->kids[k].remote = NULL;
+    }
     for (size_t k = 0; m->kids && k < m->n; k++)
         stk__source_close(&m->kids[k]);
     for (size_t k = 0; m->shown && k < m->n; k++)
@@ -172,9 +216,14 @@ static void mix_free(mixsrc *m)
     stk__free(m->shown);
     stk__free(m->offset);
     stk__free(m->map);
+    stk__free(m->shard_off);
+    stk__free(m->fetched);
     stk__free(m);
 }
 
+/* The flattened table's arrays are the mixture's (stk__source_free_common
+ * frees them after this), their strings and stores the children's: no
+ * string is freed by the mixture (nshards_objs_ stays 0). */
 static void mix_close(stk__source *s)
 {
     mix_free(s->impl);
@@ -186,6 +235,8 @@ static const stk__source_ops mix_ops_images = {
     .read = mix_read,
     .name = mix_name,
     .close = mix_close,
+    .locate = mix_locate,
+    .accept = mix_accept,
     .select = mix_select,
     .fields = mix_fields,
     .flags = STK__SRC_IMAGES,
@@ -200,6 +251,8 @@ static const stk__source_ops mix_ops_bytes = {
     .read = mix_read,
     .name = mix_name,
     .close = mix_close,
+    .locate = mix_locate,
+    .accept = mix_accept,
     .select = mix_select,
     .fields = mix_fields,
     .flags = 0,
@@ -227,6 +280,10 @@ static int merge_fields(stk__source *s, mixsrc *m, char *err, size_t errlen)
             int id = find_field(s, d->name);
             if (id < 0) {
                 id = stk__source_add_field(s, d->name, strlen(d->name), d->kind, d->samples);
+                if (id < 0 && s->nfields < STK__MAX_FIELDS) {
+                    stk__fmt(err, errlen, "out of memory for the mixture's fields");
+                    return STK_ENOMEM;
+                }
                 if (id < 0) {
                     stk__fmt(err, errlen,
                              "the mixture's sources have more than %d distinct fields in all",
@@ -247,6 +304,10 @@ static int merge_fields(stk__source *s, mixsrc *m, char *err, size_t errlen)
     m->source_field = -1;
     if (find_field(s, "source") < 0) {
         int id = stk__source_add_field(s, "source", 6, STK_FIELD_INT, s->count);
+        if (id < 0 && s->nfields < STK__MAX_FIELDS) {
+            stk__fmt(err, errlen, "out of memory for the mixture's fields");
+            return STK_ENOMEM;
+        }
         if (id < 0) {
             stk__fmt(err, errlen, "the mixture's sources have more than %d distinct fields in all",
                      STK__MAX_FIELDS - 1);
@@ -254,6 +315,54 @@ static int merge_fields(stk__source *s, mixsrc *m, char *err, size_t errlen)
         }
         m->source_field = id;
     }
+    return STK_OK;
+}
+
+/* The flattened shard table of the fetched children (see the top). A
+ * mixture with none has no table, no locate use: the loader makes no fetch
+ * stage for it. */
+static int flatten_shards(stk__source *s, mixsrc *m, char *err, size_t errlen)
+{
+    size_t total = 0;
+    bool tags = false, ids = false;
+    for (size_t k = 0; k < m->n; k++) {
+        const stk__source *c = &m->kids[k];
+        m->fetched[k] = c->remote && c->ops->locate && c->ops->accept && c->shard_objs &&
+                        c->shard_bytes && c->nshards;
+        m->shard_off[k] = total;
+        if (m->fetched[k]) {
+            total += c->nshards;
+            tags |= c->shard_tags != NULL;
+            ids |= c->shard_ids != NULL;
+        }
+    }
+    m->shard_off[m->n] = total;
+    if (!total)
+        return STK_OK;
+    if (!(s->shard_objs = stk__calloc(total, sizeof *s->shard_objs)) ||
+        !(s->shard_bytes = stk__calloc(total, sizeof *s->shard_bytes)) ||
+        !(s->shard_remote = stk__calloc(total, sizeof *s->shard_remote)) ||
+        (tags && !(s->shard_tags = stk__calloc(total, sizeof *s->shard_tags))) ||
+        (ids && !(s->shard_ids = stk__calloc(total, sizeof *s->shard_ids)))) {
+        stk__fmt(err, errlen, "out of memory for the mixture's table of %zu remote shards", total);
+        return STK_ENOMEM;
+    }
+    for (size_t k = 0; k < m->n; k++) {
+        const stk__source *c = &m->kids[k];
+        if (!m->fetched[k])
+            continue;
+        for (size_t j = 0; j < c->nshards; j++) {
+            size_t x = m->shard_off[k] + j;
+            s->shard_objs[x] = c->shard_objs[j];
+            s->shard_bytes[x] = c->shard_bytes[j];
+            s->shard_remote[x] = c->remote;
+            if (s->shard_tags)
+                s->shard_tags[x] = c->shard_tags ? c->shard_tags[j] : NULL;
+            if (s->shard_ids) /* a child opened from its stoker.index: the cache key */
+                s->shard_ids[x] = c->shard_ids ? c->shard_ids[j] : NULL;
+        }
+    }
+    s->nshards = total;
     return STK_OK;
 }
 
@@ -266,7 +375,9 @@ int stk__source_mix_open(stk__source *s, const char *const *paths, const char *c
     if (!m || !(m->kids = stk__calloc(n, sizeof *m->kids)) ||
         !(m->shown = stk__calloc(n, sizeof *m->shown)) ||
         !(m->offset = stk__calloc(n + 1, sizeof *m->offset)) ||
-        !(m->map = stk__calloc(n, sizeof *m->map))) {
+        !(m->map = stk__calloc(n, sizeof *m->map)) ||
+        !(m->shard_off = stk__calloc(n + 1, sizeof *m->shard_off)) ||
+        !(m->fetched = stk__calloc(n, sizeof *m->fetched))) {
         stk__fmt(err, errlen, "out of memory while opening a mixture of %zu sources", n);
         goto fail;
     }
@@ -275,6 +386,7 @@ int stk__source_mix_open(stk__source *s, const char *const *paths, const char *c
     for (size_t k = 0; k < n; k++) {
         if (!(m->shown[k] = stk__strdup(shown[k]))) {
             stk__fmt(err, errlen, "out of memory while opening a mixture of %zu sources", n);
+            rc = STK_ENOMEM; /* (rc holds the last child's open: STK_OK) */
             goto fail;
         }
         char why[STK_ERRMSG_MAX];
@@ -318,7 +430,7 @@ int stk__source_mix_open(stk__source *s, const char *const *paths, const char *c
     s->ops = images ? &mix_ops_images : &mix_ops_bytes;
     s->impl = m;
     s->count = m->offset[n];
-    if ((rc = merge_fields(s, m, err, errlen))) {
+    if ((rc = merge_fields(s, m, err, errlen)) || (rc = flatten_shards(s, m, err, errlen))) {
         stk__source_close(s);
         return rc;
     }
@@ -366,4 +478,10 @@ size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max)
     for (size_t k = 0; k < m->n && k < max; k++)
         sizes[k] = m->kids[k].count;
     return m->n;
+}
+
+const stk__source *stk__source_mix_child(const stk__source *s, size_t k)
+{
+    const mixsrc *m = s->impl;
+    return &m->kids[k];
 }

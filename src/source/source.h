@@ -121,7 +121,9 @@ typedef struct stk__source_ops {
     void (*name)(const stk__source *s, uint64_t i, char *buf, size_t n);
     void (*close)(stk__source *s);
     /* Optional, for sources whose samples are byte ranges of shards (the
-     * fetch stage reads them ahead of the workers): where sample i lives. */
+     * fetch stage reads them ahead of the workers): where sample i lives.
+     * *shard SIZE_MAX: sample i is not fetched but read by `read` (a
+     * mixture's sample of a local child). */
     void (*locate)(const stk__source *s, uint64_t i, size_t *shard, uint64_t *off, uint64_t *len);
     /* Optional, with locate: checks the bytes fetched for sample i (checksum)
      * and gives its label. STK_EFORMAT with the reason in err. */
@@ -195,6 +197,11 @@ struct stk__source {
      * response's validator. */
     char **shard_ids;
     size_t nshards_objs_;
+    /* NULL, or per shard the store it is read from (NULL: a shard read by the
+     * source's own read op, never fetched): a mixture's flattened table of
+     * its children's shards (source/mix.c), whose stores the children own.
+     * The fetch stage uses it instead of `remote` when set. */
+    struct stk__remote **shard_remote;
     /* Cache entries pinned for the source's life (open descriptors holding
      * shared locks), and the cache they belong to. */
     int *pins;

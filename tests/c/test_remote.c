@@ -479,6 +479,21 @@ static const char *g_order = "global";
 static const char *g_extra[8];
 /* The consumer's time per batch in run(), in milliseconds. */
 static unsigned g_consumer_ms;
+/* A mixture for the next opens instead of `path` (NULL ends): its sources'
+ * paths and weights (test_mixture_*). */
+static const char *g_mix[4];
+static double g_mix_w[4];
+
+/* Whether a run reads a URL (a mixture: any of its sources). */
+static bool run_is_remote(const char *path)
+{
+    if (!g_mix[0])
+        return strstr(path, "://") != NULL;
+    bool any = false;
+    for (int k = 0; g_mix[k]; k++)
+        any |= strstr(g_mix[k], "://") != NULL;
+    return any;
+}
 
 static stk_loader *open_url(const char *path, unsigned threads, const char *cache_dir,
                             const char *limit, int on_error, int *rc)
@@ -486,14 +501,18 @@ static stk_loader *open_url(const char *path, unsigned threads, const char *cach
     stk_options *o;
     stk_loader *l = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
-    stk_options_set_source(o, path);
+    if (g_mix[0])
+        for (int k = 0; g_mix[k]; k++)
+            REQUIRE(stk_options_add_source(o, g_mix[k], g_mix_w[k], 0) == STK_OK);
+    else
+        stk_options_set_source(o, path);
     stk_options_set_batch_size(o, 8);
     stk_options_set_threads(o, threads);
     stk_options_set_seed(o, 11);
     stk_options_set_on_error(o, on_error);
     /* The local reference runs take the same options but the remote ones,
      * which a local path refuses (they would change nothing). */
-    bool remote = strstr(path, "://") != NULL;
+    bool remote = run_is_remote(path);
     if (remote) {
         REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
         REQUIRE(stk_options_set(o, "fetch_concurrency", "8") == STK_OK);
@@ -550,7 +569,7 @@ static run_out run(const char *path, unsigned threads, const char *cache_dir, co
     int frc = stk_loader_fetch_stats(l, &r.fs);
     if (strstr(path, ".tar"))
         (void)frc; /* remote tar shards are read from the cache, with no fetch stage */
-    else if (strstr(path, "://"))
+    else if (run_is_remote(path))
         CHECK_EQ(frc, STK_OK);
     else
         CHECK_EQ(frc, STK_EUNSUPPORTED);
@@ -1573,6 +1592,13 @@ static void test_huge_lookahead(void)
  * (test_oom.c's sweep, for the fetch stage and the disk cache): open, two
  * epochs, close. Returns open's code. Once open, nothing may be lost: an
  * allocation failure while reading ahead is no fault of a sample. */
+#define MIX_FILES 20
+static char g_mixdir[1024];
+
+/* g_oom_mix: the session reads a mixture (the folder of test_mixture_*, and
+ * one shard of each remote set), each sample once an epoch. */
+static bool g_oom_mix;
+
 static int oom_session(const char *cache_dir, long n, bool *reached)
 {
     stk_options *o = NULL;
@@ -1580,7 +1606,15 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     long c0 = stk__alloc_count();
     stk__alloc_fail_after(n);
     int rc = stk_options_create(&o);
-    if (rc == STK_OK && (rc = stk_options_set_source(o, url("ds/part-000003.stk"))) == STK_OK) {
+    uint64_t total = g_oom_mix ? MIX_FILES + 2 * PER_SHARD : PER_SHARD;
+    if (rc == STK_OK && g_oom_mix) {
+        if ((rc = stk_options_add_source(o, g_mixdir, 0, 0)) == STK_OK &&
+            (rc = stk_options_add_source(o, url("ds/part-000003.stk"), 0, 0)) == STK_OK)
+            rc = stk_options_add_source(o, url("ds2/part-000001.stk"), 0, 0);
+    } else if (rc == STK_OK) {
+        rc = stk_options_set_source(o, url("ds/part-000003.stk"));
+    }
+    if (rc == STK_OK) {
         stk_options_set_batch_size(o, 5);
         stk_options_set_threads(o, 2);
         stk_options_set_seed(o, 3);
@@ -1591,7 +1625,8 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     }
     if (rc == STK_OK) {
         for (int e = 0; e < 2; e++) {
-            uint64_t seen = 0, count = 0;
+            uint8_t seen[MIX_FILES + 2 * PER_SHARD] = {0};
+            uint64_t count = 0;
             stk_batch *b;
             int r;
             while ((r = stk_loader_next(l, &b)) != STK_END) {
@@ -1603,13 +1638,13 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
                 }
                 for (size_t k = 0; k < b->size; k++) {
                     uint64_t i = b->indices[k];
-                    CHECK(i < PER_SHARD && !(seen & (1ULL << i)));
-                    seen |= 1ULL << i;
+                    CHECK(i < total && !seen[i < total ? i : 0]);
+                    seen[i < total ? i : 0] = 1;
                     count++;
                 }
                 stk_batch_release(b);
             }
-            CHECK_EQ(count, PER_SHARD);
+            CHECK_EQ(count, total);
         }
     } else if (rc != STK_ENOMEM) {
         fprintf(stderr, "    n=%ld: open: %s (%s)\n", n, stk_strerror(rc),
@@ -1622,8 +1657,9 @@ static int oom_session(const char *cache_dir, long n, bool *reached)
     return rc;
 }
 
-/* The allocation-failure sweep over a remote source, without and with the
- * disk cache: every session ends (a request completed at once for want of
+/* The allocation-failure sweep over a remote source (g_oom_mix: a mixture
+ * of a local folder and two remote shards), without and with the disk
+ * cache: every session ends (a request completed at once for want of
  * memory used to deadlock the fetch stage, whose lock its callback takes),
  * opens or fails with STK_ENOMEM, delivers each sample once per epoch, and
  * leaks nothing. */
@@ -1659,8 +1695,8 @@ static void test_oom_sweep(void)
             if (!reached)
                 break;
         }
-        printf("    %s: %ld allocation points, %d failed to open with ENOMEM\n",
-               cached ? "cached" : "ranged", n, nomem);
+        printf("    %s%s: %ld allocation points, %d failed to open with ENOMEM\n",
+               g_oom_mix ? "mixture, " : "", cached ? "cached" : "ranged", n, nomem);
         CHECK(n > 20 && n < 20000);
     }
     server_stop();
@@ -3208,6 +3244,280 @@ static void test_autoindex_pages(void)
 }
 
 /* STK_TEST_ONLY=name runs that test alone (with the dataset). */
+/* ---- mixtures with remote sources (docs/mixing.md) ------------------------------ */
+
+static char g_ds2[1100];
+static char g_mix_url[2][1200];
+
+/* A local folder of MIX_FILES files (bytes that are no image: read as
+ * stored), and a second remote .stk set (other bytes, the same sizes). */
+static void make_mix_sets(void)
+{
+    snprintf(g_mixdir, sizeof g_mixdir, "%s", tu_path("mixf"));
+    for (int i = 0; i < MIX_FILES; i++) {
+        char path[1200];
+        uint8_t data[400];
+        snprintf(path, sizeof path, "%s/c%d/f%02d.jpg", g_mixdir, i % 2, i);
+        tu_mkdirs(path);
+        rmdir(path); /* tu_mkdirs made the file's own name a directory */
+        size_t n = 50 + (size_t)i * 13;
+        for (size_t j = 0; j < n; j++)
+            data[j] = (uint8_t)(i * 3 + j);
+        tu_write_file(path, data, n);
+    }
+    snprintf(g_ds2, sizeof g_ds2, "%s/ds2", g_www);
+    make_dataset_at(g_ds2, 5);
+}
+
+/* The mixture folder 0.3 + ds 0.4 + ds2 0.3 (quotas 75, 100, 75 of 250),
+ * the .stk sets local or by URL. */
+static void set_mix(bool remote)
+{
+    snprintf(g_mix_url[0], sizeof g_mix_url[0], "%s", url("ds"));
+    snprintf(g_mix_url[1], sizeof g_mix_url[1], "%s", url("ds2"));
+    g_mix[0] = g_mixdir;
+    g_mix[1] = remote ? g_mix_url[0] : g_ds;
+    g_mix[2] = remote ? g_mix_url[1] : g_ds2;
+    g_mix[3] = NULL;
+    g_mix_w[0] = 0.3, g_mix_w[1] = 0.4, g_mix_w[2] = 0.3;
+}
+
+#define MIX_N      250
+#define MIX_REMOTE 175 /* remote samples an epoch */
+
+/* A mixture of a local folder and two remote .stk sets reads the remote
+ * samples through the fetch stage (merged ranged requests, far fewer than
+ * samples; the disk cache), local ones directly, and gives the batches of
+ * the same mixture read from local copies, bit for bit. */
+static void test_mixture_remote_as_local(void)
+{
+    set_mix(false);
+    run_out local = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(local.open_rc, STK_OK);
+    CHECK_EQ(local.samples, 2 * MIX_N);
+    server_start(g_www, F_NONE);
+    set_mix(true);
+    /* A plan longer than the run: the whole of it is planned at the start
+     * and merged. (In steady state the planner adds a sample as one is
+     * consumed, whatever the source: merging then needs neighbours planned
+     * together, which the shard-aware order gives a single source.) */
+    g_extra[0] = "fetch_lookahead";
+    g_extra[1] = "1024";
+    run_out opened = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 0);
+    CHECK_EQ(opened.open_rc, STK_OK);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out r = run("mix", t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK_EQ(r.samples, 2 * MIX_N);
+        CHECK_EQ(r.fs.failures, 0);
+        /* Every remote sample, and only those, came through the stage (the
+         * ring's read-ahead into the third epoch adds at most a few
+         * batches; local samples would add 150)... */
+        CHECK(r.fs.samples >= 2 * MIX_REMOTE && r.fs.samples < 2 * MIX_REMOTE + 64);
+        /* ...by merged requests: a sample-by-sample read makes one each,
+         * besides the open's (headers, indexes: about 45 here). */
+        fprintf(stderr,
+                "mixture: %llu requests in all (%llu by an open and its first "
+                "batches) for %llu remote samples\n",
+                (unsigned long long)r.fs.requests, (unsigned long long)opened.fs.requests,
+                (unsigned long long)r.fs.samples);
+        CHECK(r.fs.requests > opened.fs.requests && r.fs.requests * 2 < r.fs.samples);
+    }
+    /* With the disk cache: cold, then warm (no payload request at all). */
+    run_out cold = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK(cold.hash == local.hash);
+    CHECK(cold.fs.cache_misses > 0);
+    run_out opened_c = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 0);
+    run_out warm = run("mix", 2, tu_path("mixcache"), NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK(warm.hash == local.hash);
+    CHECK_EQ(warm.fs.cache_misses, 0);
+    CHECK(warm.fs.cache_hits > 0);
+    CHECK_EQ(warm.fs.requests, opened_c.fs.requests);
+    fprintf(stderr, "mixture cache: cold %llu requests %llu misses, warm %llu requests %llu hits\n",
+            (unsigned long long)cold.fs.requests, (unsigned long long)cold.fs.cache_misses,
+            (unsigned long long)warm.fs.requests, (unsigned long long)warm.fs.cache_hits);
+    memset(g_extra, 0, sizeof g_extra);
+    server_stop();
+    g_mix[0] = NULL;
+}
+
+/* Faults on a mixture's remote sources are retried like a single source's. */
+static void test_mixture_faults_are_retried(void)
+{
+    set_mix(false);
+    run_out local = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+    int faults[] = {F_503_FIRST, F_RESET_FIRST};
+    for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
+        server_start(g_www, faults[k]);
+        set_mix(true);
+        run_out r = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 1);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK(r.fs.retries > 0);
+        CHECK_EQ(r.fs.failures, 0);
+        server_stop();
+    }
+    g_mix[0] = NULL;
+}
+
+/* Under skip, the samples of a remote source's failing shard are skipped
+ * and listed under that source's URL; the others all arrive. */
+static void test_mixture_errors_name_the_source(void)
+{
+    server_start(g_www, F_500_PAYLOAD);
+    snprintf(srv.fault_path, sizeof srv.fault_path, "ds2/part-000002.stk");
+    srv.payload_end = g_index_off[2];
+    set_mix(true);
+    g_extra[0] = "fetch_retries";
+    g_extra[1] = "2";
+    int rc;
+    stk_loader *l = open_url("mix", 2, NULL, NULL, STK_ON_ERROR_SKIP, &rc);
+    REQUIRE(rc == STK_OK);
+    stk_batch *b;
+    uint64_t delivered = 0;
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        REQUIRE(rc == STK_OK);
+        delivered += b->size;
+        stk_batch_release(b);
+    }
+    uint64_t got[3], failed[3];
+    for (size_t s = 0; s < 3; s++)
+        CHECK_EQ(stk_loader_source_stats(l, s, &got[s], &failed[s]), STK_OK);
+    CHECK_EQ(failed[0], 0);
+    CHECK_EQ(failed[1], 0);
+    CHECK(failed[2] > 0);
+    CHECK_EQ(got[2] + failed[2], 75);
+    CHECK_EQ(delivered, MIX_N - failed[2]);
+    size_t ne = stk_loader_error_count(l);
+    CHECK_EQ(ne, failed[2]);
+    for (size_t k = 0; k < ne; k++) {
+        stk_sample_error e;
+        REQUIRE(stk_loader_error_get(l, k, &e) == STK_OK);
+        CHECK(strstr(e.path, "/ds2/part-000002.stk") != NULL);
+        CHECK(strstr(e.reason, "HTTP 500") != NULL);
+        if (k == 0)
+            fprintf(stderr, "mixture skip: %s: %s\n", e.path, e.reason);
+    }
+    stk_loader_close(l);
+    memset(g_extra, 0, sizeof g_extra);
+    server_stop();
+    g_mix[0] = NULL;
+}
+
+/* Epoch 0's sample ids of the mixture (g_mix) in batch order. */
+static size_t mix_epoch_ids(uint64_t *ids, size_t max)
+{
+    int rc;
+    stk_loader *l = open_url("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, &rc);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    size_t n = 0;
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        REQUIRE(rc == STK_OK);
+        for (size_t k = 0; k < b->size && n < max; k++)
+            ids[n++] = b->indices[k];
+        stk_batch_release(b);
+    }
+    stk_loader_close(l);
+    return n;
+}
+
+/* The distinct shards among source s's first `first` samples of ids
+ * (source 1: ds, ids [MIX_FILES, MIX_FILES + 115); 2: ds2 after it). */
+static int shards_of_first(const uint64_t *ids, size_t n, int s, int first)
+{
+    uint64_t lo = MIX_FILES + (uint64_t)(s - 1) * SHARDS * PER_SHARD;
+    bool seen[SHARDS] = {false};
+    int got = 0, distinct = 0;
+    for (size_t k = 0; k < n && got < first; k++) {
+        if (ids[k] < lo || ids[k] >= lo + SHARDS * PER_SHARD)
+            continue;
+        int sh = (int)((ids[k] - lo) / PER_SHARD);
+        distinct += !seen[sh];
+        seen[sh] = true;
+        got++;
+    }
+    return distinct;
+}
+
+/* Order "shards" in a mixture: each source with shards reads its samples a
+ * window of its shards at a time (shard_window 2 here: its first 46
+ * samples come from 2 shards), the folder its global permutation; a remote
+ * mixture gives the local one's batches, through a cache of about two
+ * shards per source; order "blocks" likewise, each block of a remote
+ * source fetched by one request. */
+static void test_mixture_shard_order(void)
+{
+    set_mix(false);
+    uint64_t ids[MIX_N];
+    g_order = "global";
+    size_t n = mix_epoch_ids(ids, MIX_N);
+    CHECK_EQ(n, MIX_N);
+    /* (Under the global order the first 46 span every shard: the check
+     * below can fail.) */
+    CHECK(shards_of_first(ids, n, 1, 2 * PER_SHARD) > 2);
+    g_order = "shards";
+    n = mix_epoch_ids(ids, MIX_N);
+    CHECK_EQ(n, MIX_N);
+    CHECK_EQ(shards_of_first(ids, n, 1, 2 * PER_SHARD), 2);
+    CHECK_EQ(shards_of_first(ids, n, 2, 2 * PER_SHARD), 2);
+    /* Each source's epoch still reads each of its samples at most once
+     * (quota 100 and 75 of 115: one pass). */
+    bool seen[MIX_N] = {false};
+    for (size_t k = 0; k < n; k++) {
+        if (ids[k] >= MIX_FILES) {
+            CHECK(!seen[ids[k] - MIX_FILES]);
+            seen[ids[k] - MIX_FILES] = true;
+        }
+    }
+    run_out local = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    server_start(g_www, F_NONE);
+    set_mix(true);
+    run_out r = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK(r.hash == local.hash && r.samples == local.samples);
+    run_out c = run("mix", 2, tu_path("mixshards"), "200K", STK_ON_ERROR_RAISE, 2);
+    CHECK(c.hash == local.hash && c.samples == local.samples);
+    CHECK(c.fs.cache_evictions > 0);
+    fprintf(stderr,
+            "mixture shards order, cache of 200K: %llu requests, %llu misses, %llu "
+            "evictions, %llu fallbacks\n",
+            (unsigned long long)c.fs.requests, (unsigned long long)c.fs.cache_misses,
+            (unsigned long long)c.fs.cache_evictions, (unsigned long long)c.fs.cache_fallbacks);
+    /* Blocks of about 5 samples: each fetched whole by one request (the
+     * plan of 24 samples alone would merge few neighbours). */
+    g_order = "blocks";
+    g_extra[0] = "block_bytes";
+    g_extra[1] = "8K";
+    set_mix(false);
+    run_out bl = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    CHECK_EQ(bl.open_rc, STK_OK);
+    set_mix(true);
+    run_out bo = run("mix", 2, NULL, NULL, STK_ON_ERROR_RAISE, 0);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out br = run("mix", t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK(br.hash == bl.hash && br.samples == 2 * MIX_N);
+        CHECK_EQ(br.fs.failures, 0);
+        fprintf(stderr,
+                "mixture blocks order: %llu requests (%llu by an open), %llu remote "
+                "samples, %llu bytes for %llu\n",
+                (unsigned long long)br.fs.requests, (unsigned long long)bo.fs.requests,
+                (unsigned long long)br.fs.samples, (unsigned long long)br.fs.bytes,
+                (unsigned long long)br.fs.sample_bytes);
+        /* About 5 blocks a shard, 10 remote shards, each block fetched once
+         * an epoch (sample by sample: 350 requests and more). */
+        CHECK(br.fs.requests <= bo.fs.requests + 2 * 2 * SHARDS * 8);
+        CHECK(br.fs.requests * 2 < br.fs.samples);
+    }
+    g_extra[0] = NULL;
+    g_order = "global";
+    server_stop();
+    g_mix[0] = NULL;
+}
+
 #define RUN_IF(fn)                                                                                 \
     do {                                                                                           \
         const char *only_ = getenv("STK_TEST_ONLY");                                               \
@@ -3217,7 +3527,7 @@ static void test_autoindex_pages(void)
 
 int main(void)
 {
-    tu_begin("test_remote", 300);
+    tu_begin("test_remote", 580);
     RUN_IF(test_s3_list_page);
     RUN_IF(test_s3_list_pages_grow);
     RUN_IF(test_xml_unescape);
@@ -3251,6 +3561,14 @@ int main(void)
     }
     RUN_IF(test_cold_cache_reads_while_downloading);
     RUN_IF(test_cold_download_cut_midway);
+    make_mix_sets();
+    RUN_IF(test_mixture_remote_as_local);
+    RUN_IF(test_mixture_faults_are_retried);
+    RUN_IF(test_mixture_errors_name_the_source);
+    RUN_IF(test_mixture_shard_order);
+    g_oom_mix = true;
+    RUN_IF(test_oom_sweep);
+    g_oom_mix = false;
     make_tars(tu_path("www/tars"));
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);

@@ -351,6 +351,36 @@ def test_s3_endpoint_option_and_profile_credentials(packed, s3, aws_env, tmp_pat
         _same(_batches(r), _batches(l))
 
 
+def test_mixture_of_http_s3_and_local_sources_gives_the_local_batches(packed, s3, aws_env,
+                                                                    tmp_path):
+    """A mixture of a local folder, a dataset over HTTP and the same over S3
+    (two stores, one fetch stage, one disk cache) gives the batches of the
+    mixture read from local copies, bit for bit (docs/mixing.md)."""
+    aws_env.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    folder = packed["www"].parent / "src"
+
+    def mix(a, b):
+        return [stoker.Source(str(folder), weight=0.2), stoker.Source(str(a), weight=0.4),
+                stoker.Source(str(b), weight=0.3)]
+
+    with _loader(mix(packed["local"], packed["local"])) as l:
+        want = [_batches(l)]
+        l.set_epoch(1)
+        want.append(_batches(l))
+    with stk_servers.Nginx(packed["www"]) as srv:
+        for cache in (None, tmp_path / "cache", tmp_path / "cache"):
+            opts = {"cache_dir": str(cache)} if cache else {}
+            with _loader(mix(f"{srv.url}/ds", "s3://bkt/sets/ds"), options=opts) as r:
+                for epoch in range(2):
+                    r.set_epoch(epoch)
+                    _same(_batches(r), want[epoch])
+                st = r.stats()["fetch"]
+            assert st["failures"] == 0 and st["sample_bytes"] > 0
+        # The warm run asked the stores for no sample.
+        assert st["cache_misses"] == 0 and st["cache_hits"] > 0
+        assert any(r["range"] for r in srv.requests())
+
+
 def test_s3_wrong_secret_fails_fast_naming_bucket_and_code(s3, aws_env):
     aws_env.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     t0 = time.time()
