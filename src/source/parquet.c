@@ -122,14 +122,17 @@ typedef struct pqfield {
     uint32_t col;
 } pqfield;
 
-/* A decoded column chunk: row r's value is data[off[r], off[r + 1]), null
- * when isnull[r]. Numbers are decimal text. */
+/* A decoded column chunk: row r's value is data[off[r], off[r + 1]), or,
+ * when len is set, len[r] bytes at data + off[r] (a PLAIN byte-array page
+ * kept as it decompressed: see decode_chunk); null when isnull[r]. Numbers
+ * are decimal text. Read values through dec_ptr and dec_len. */
 typedef struct pqdec {
     uint64_t key;
     uint32_t refs;
     struct pqdec *prev, *next;
     uint64_t rows;
     uint64_t *off;
+    uint32_t *len;
     uint8_t *isnull;
     uint8_t *data;
     size_t dlen, dcap;
@@ -150,6 +153,17 @@ typedef struct pqpage {
     size_t len; /* header and body */
     uint64_t rows;
 } pqpage;
+
+/* Row r's value in a decoded chunk (not null). */
+static inline const uint8_t *dec_ptr(const pqdec *e, uint64_t r)
+{
+    return e->data + e->off[r];
+}
+
+static inline size_t dec_len(const pqdec *e, uint64_t r)
+{
+    return e->len ? e->len[r] : (size_t)(e->off[r + 1] - e->off[r]);
+}
 
 typedef struct pq {
     pqfile *files;
@@ -1128,7 +1142,7 @@ static int vit_next(vit *v, pqdec *o, char *why, size_t wn)
                      d->rows);
             return STK_EFORMAT;
         }
-        return dec_append(o, d->data + d->off[ix], (size_t)(d->off[ix + 1] - d->off[ix]));
+        return dec_append(o, dec_ptr(d, ix), dec_len(d, ix));
     }
     case EN_RLE: {
         uint32_t b;
@@ -1367,6 +1381,27 @@ static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t
             return STK_EFORMAT;
         }
     }
+    if (o->len) {
+        /* In place (decode_chunk): the page is o->data, PLAIN byte arrays
+         * (u32 length, bytes); a row's value is where it lies. */
+        for (uint64_t k = 0; k < n; k++) {
+            uint64_t r = o->rows + k;
+            o->isnull[r] = lv && lv[k] != c->max_def;
+            o->off[r] = (uint64_t)(p - o->data);
+            o->len[r] = 0;
+            if (o->isnull[r])
+                continue;
+            if (end - p < 4 || stk__le32(p) > (uint64_t)(end - p - 4)) {
+                stk__fmt(why, wn, "the page's values end before its level count says");
+                return STK_EFORMAT;
+            }
+            o->len[r] = stk__le32(p);
+            o->off[r] += 4;
+            p += 4 + o->len[r];
+        }
+        o->rows += n;
+        return STK_OK;
+    }
     uint64_t nonnull = 0;
     for (uint64_t k = 0; k < n; k++)
         nonnull += !lv || lv[k] == c->max_def;
@@ -1393,6 +1428,7 @@ static void dec_free(pqdec *o)
     stk__free(o->pages);
     stk__free(o->why);
     stk__free(o->off);
+    stk__free(o->len);
     stk__free(o->isnull);
     stk__free(o->data);
     stk__free(o);
@@ -1535,19 +1571,37 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             }
             continue;
         }
+        /* A PLAIN byte-array page holding all the rows (load_page's one
+         * page: the usual image column) is kept as it decompressed, each
+         * row's value found where it lies, rather than copied value by
+         * value into a second buffer of the same size. */
+        if (c->type == T_BYTE_ARRAY && h.enc == EN_PLAIN && h.type == P_DATA && !o->rows &&
+            !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
+            if (!(o->len = stk__malloc(rows ? rows * sizeof *o->len : 1))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+            o->data = page;
+            o->dcap = pcap;
+            o->dlen = us;
+            page = NULL;
+            pcap = 0;
+        }
         /* A page's byte arrays take at most its decompressed size: reserve it
          * once rather than grow (and copy) the values buffer as they come. */
-        if ((c->type == T_BYTE_ARRAY || c->type == T_FIXED) && !dict.have &&
-            us > o->dcap - o->dlen &&
-            (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
+        else if ((c->type == T_BYTE_ARRAY || c->type == T_FIXED) && !dict.have &&
+                 us > o->dcap - o->dlen &&
+                 (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
             goto out;
-        if ((rc = data_page(c, &h, page, us, &dict, o, rows, &lv, &lvcap, pw, sizeof pw))) {
+        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o, rows, &lv, &lvcap, pw,
+                            sizeof pw))) {
             stk__fmt(why, wn, "the data page at offset %" PRIu64 ": %s", at, pw);
             goto out;
         }
     }
     o->off[rows] = o->dlen;
-    o->bytes = sizeof *o + (rows + 1) * sizeof *o->off + rows + o->dcap;
+    o->bytes = sizeof *o + (rows + 1) * sizeof *o->off + rows + o->dcap +
+               (o->len ? rows * sizeof *o->len : 0);
 out:
     stk__free(page);
     stk__free(lv);
@@ -1954,7 +2008,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        need += 8 + (e->isnull[rr[k]] ? 0 : (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]));
+        need += 8 + (e->isnull[rr[k]] ? 0 : dec_len(e, rr[k]));
     }
     if (d->label >= 0) {
         size_t k = 0;
@@ -1962,8 +2016,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             k++;
         const pqdec *e = dec[k];
         int64_t v;
-        if (!e->isnull[rr[k]] &&
-            text_int(e->data + e->off[rr[k]], (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]), &v))
+        if (!e->isnull[rr[k]] && text_int(dec_ptr(e, rr[k]), dec_len(e, rr[k]), &v))
             *label = v;
     }
     uint8_t *buf = stk__sink_reserve(sink, need, &rc);
@@ -1990,8 +2043,8 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             rc = STK_EFORMAT;
             goto out;
         }
-        size_t n = (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
-        memcpy(buf, e->data + e->off[rr[k]], n);
+        size_t n = dec_len(e, rr[k]);
+        memcpy(buf, dec_ptr(e, rr[k]), n);
         *data = buf;
         *len = n;
         goto out;
@@ -2007,13 +2060,13 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
+        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)dec_len(e, rr[k]);
         uint32_t id = (uint32_t)f;
         memcpy(buf + at, &id, 4);
         memcpy(buf + at + 4, &n, 4);
         at += 8;
         if (n != UINT32_MAX) {
-            memcpy(buf + at, e->data + e->off[rr[k]], n);
+            memcpy(buf + at, dec_ptr(e, rr[k]), n);
             at += n;
         }
         cnt++;
@@ -2375,8 +2428,7 @@ static int scan_labels(pq *d, int64_t *maxl)
             int64_t v;
             if (e->isnull[r])
                 continue;
-            if (!text_int(e->data + e->off[r], (size_t)(e->off[r + 1] - e->off[r]), &v) || v < 0 ||
-                v > INT32_MAX) {
+            if (!text_int(dec_ptr(e, r), dec_len(e, r), &v) || v < 0 || v > INT32_MAX) {
                 d->label = -1;
                 *maxl = -1;
                 break;
