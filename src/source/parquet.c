@@ -61,6 +61,7 @@
 #define PQ_CHUNK_MAX    (1ull << 32) /* bytes of one column chunk as stored */
 #define PQ_RG_ROWS_MAX  (1ull << 26) /* rows of one row group */
 #define PQ_CACHE_BYTES  (64u << 20)  /* decoded column chunks kept */
+#define PQ_SPARE_MAX    (8u << 20)   /* the read buffer kept between page loads */
 #define PQ_THRIFT_DEPTH 24
 #define PQ_MAX_COLUMNS  4096
 #define PQ_MAX_RGS      (1u << 24)
@@ -188,6 +189,12 @@ typedef struct pq {
     bool mu_ok;
     pqdec *head, *tail;
     size_t cached, budget;
+    /* A page's stored bytes are read into a buffer that is kept for the
+     * next page load (under mu; at most PQ_SPARE_MAX, counted in
+     * index_bytes): a fresh one of a few MB would be page-faulted in
+     * each time, which costs more than its decompression. */
+    uint8_t *spare;
+    size_t spare_cap;
 } pq;
 
 /* ---- Reading bytes --------------------------------------------------------------- */
@@ -1697,7 +1704,7 @@ typedef struct loadarg {
     uint32_t page;
 } loadarg;
 
-typedef int (*load_fn)(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen);
+typedef int (*load_fn)(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen);
 
 /* The cache entry under key, made by load when missing, pinned (also when
  * it failed to load: then its error is returned): release with put_chunk. */
@@ -1752,7 +1759,7 @@ static int cache_get(pq *d, uint64_t key, load_fn load, const loadarg *a, pqdec 
 /* Walks chunk (g, c)'s page headers (one small read each, the bodies are
  * not read): where each data page lies and which rows it holds, and where
  * the dictionary page is. */
-static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+static int load_index(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
 {
     const pqrg *rg = &d->rgs[a->g];
     const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
@@ -1858,17 +1865,52 @@ out:
     return rc;
 }
 
+/* A buffer of at least n bytes for a page's stored bytes: the spare one
+ * when it is large enough (its capacity in *cap). */
+static uint8_t *buf_take(pq *d, size_t n, size_t *cap)
+{
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&d->mu);
+    if (d->spare && d->spare_cap >= n) {
+        b = d->spare;
+        *cap = d->spare_cap;
+        d->spare = NULL;
+        d->spare_cap = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!b) {
+        *cap = n ? n : 1;
+        b = stk__malloc(*cap);
+    }
+    return b;
+}
+
+/* Gives a buffer from buf_take back: kept as the spare if it is the larger
+ * (and not over PQ_SPARE_MAX), else freed. */
+static void buf_give(pq *d, uint8_t *b, size_t cap)
+{
+    pthread_mutex_lock(&d->mu);
+    if (cap <= PQ_SPARE_MAX && (!d->spare || d->spare_cap < cap)) {
+        uint8_t *old = d->spare;
+        d->spare = b;
+        d->spare_cap = cap;
+        b = old;
+    }
+    pthread_mutex_unlock(&d->mu);
+    stk__free(b);
+}
+
 /* Reads and decodes one data page (after the chunk's dictionary page, when
  * it has one). */
-static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+static int load_page(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
 {
     const pqrg *rg = &d->rgs[a->g];
     const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
     const pqfile *f = &d->files[rg->file];
     const pqpage *pg = &a->idx->pages[a->page];
-    size_t dl = a->idx->dict_len, total = dl + pg->len;
+    size_t dl = a->idx->dict_len, total = dl + pg->len, cap;
     char why[STK_ERRMSG_MAX];
-    uint8_t *buf = stk__malloc(total ? total : 1);
+    uint8_t *buf = buf_take(d, total, &cap);
     *out = NULL;
     if (!buf)
         return STK_ENOMEM;
@@ -1883,7 +1925,7 @@ static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size
         stk__fmt(err, errlen,
                  "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64 "): %s", rg->index,
                  d->cols[a->c].path, ch->start, why);
-    stk__free(buf);
+    buf_give(d, buf, cap);
     return rc;
 }
 
@@ -2178,6 +2220,7 @@ static void pq_free(pq *d)
     free_cols(d->cols, d->ncols);
     stk__free(d->rgs);
     stk__free(d->chunks);
+    stk__free(d->spare);
     if (d->mu_ok)
         pthread_mutex_destroy(&d->mu);
     stk__free(d);
@@ -2488,6 +2531,11 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
         s->index_bytes += strlen(d->files[k].path) + strlen(d->files[k].name) + 2;
     for (size_t c = 0; c < d->ncols; c++)
         s->index_bytes += strlen(d->cols[c].path) + 1;
+    uint64_t big = 0; /* the spare read buffer: a chunk's stored bytes at most */
+    for (size_t k = 0; k < d->nrgs * d->ncols; k++)
+        if (d->chunks[k].size > big)
+            big = d->chunks[k].size;
+    s->index_bytes += (size_t)(big < PQ_SPARE_MAX ? big : PQ_SPARE_MAX);
     return STK_OK;
 }
 
