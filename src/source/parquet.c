@@ -61,6 +61,7 @@
 #define PQ_CHUNK_MAX    (1ull << 32) /* bytes of one column chunk as stored */
 #define PQ_RG_ROWS_MAX  (1ull << 26) /* rows of one row group */
 #define PQ_CACHE_BYTES  (64u << 20)  /* decoded column chunks kept */
+#define PQ_SPARE_MAX    (8u << 20)   /* the read buffer kept between page loads */
 #define PQ_THRIFT_DEPTH 24
 #define PQ_MAX_COLUMNS  4096
 #define PQ_MAX_RGS      (1u << 24)
@@ -122,14 +123,17 @@ typedef struct pqfield {
     uint32_t col;
 } pqfield;
 
-/* A decoded column chunk: row r's value is data[off[r], off[r + 1]), null
- * when isnull[r]. Numbers are decimal text. */
+/* A decoded column chunk: row r's value is data[off[r], off[r + 1]), or,
+ * when len is set, len[r] bytes at data + off[r] (a PLAIN byte-array page
+ * kept as it decompressed: see decode_chunk); null when isnull[r]. Numbers
+ * are decimal text. Read values through dec_ptr and dec_len. */
 typedef struct pqdec {
     uint64_t key;
     uint32_t refs;
     struct pqdec *prev, *next;
     uint64_t rows;
     uint64_t *off;
+    uint32_t *len;
     uint8_t *isnull;
     uint8_t *data;
     size_t dlen, dcap;
@@ -150,6 +154,17 @@ typedef struct pqpage {
     size_t len; /* header and body */
     uint64_t rows;
 } pqpage;
+
+/* Row r's value in a decoded chunk (not null). */
+static inline const uint8_t *dec_ptr(const pqdec *e, uint64_t r)
+{
+    return e->data + e->off[r];
+}
+
+static inline size_t dec_len(const pqdec *e, uint64_t r)
+{
+    return e->len ? e->len[r] : (size_t)(e->off[r + 1] - e->off[r]);
+}
 
 typedef struct pq {
     pqfile *files;
@@ -174,6 +189,12 @@ typedef struct pq {
     bool mu_ok;
     pqdec *head, *tail;
     size_t cached, budget;
+    /* A page's stored bytes are read into a buffer that is kept for the
+     * next page load (under mu; at most PQ_SPARE_MAX, counted in
+     * index_bytes): a fresh one of a few MB would be page-faulted in
+     * each time, which costs more than its decompression. */
+    uint8_t *spare;
+    size_t spare_cap;
 } pq;
 
 /* ---- Reading bytes --------------------------------------------------------------- */
@@ -1128,7 +1149,7 @@ static int vit_next(vit *v, pqdec *o, char *why, size_t wn)
                      d->rows);
             return STK_EFORMAT;
         }
-        return dec_append(o, d->data + d->off[ix], (size_t)(d->off[ix + 1] - d->off[ix]));
+        return dec_append(o, dec_ptr(d, ix), dec_len(d, ix));
     }
     case EN_RLE: {
         uint32_t b;
@@ -1367,6 +1388,27 @@ static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t
             return STK_EFORMAT;
         }
     }
+    if (o->len) {
+        /* In place (decode_chunk): the page is o->data, PLAIN byte arrays
+         * (u32 length, bytes); a row's value is where it lies. */
+        for (uint64_t k = 0; k < n; k++) {
+            uint64_t r = o->rows + k;
+            o->isnull[r] = lv && lv[k] != c->max_def;
+            o->off[r] = (uint64_t)(p - o->data);
+            o->len[r] = 0;
+            if (o->isnull[r])
+                continue;
+            if (end - p < 4 || stk__le32(p) > (uint64_t)(end - p - 4)) {
+                stk__fmt(why, wn, "the page's values end before its level count says");
+                return STK_EFORMAT;
+            }
+            o->len[r] = stk__le32(p);
+            o->off[r] += 4;
+            p += 4 + o->len[r];
+        }
+        o->rows += n;
+        return STK_OK;
+    }
     uint64_t nonnull = 0;
     for (uint64_t k = 0; k < n; k++)
         nonnull += !lv || lv[k] == c->max_def;
@@ -1393,6 +1435,7 @@ static void dec_free(pqdec *o)
     stk__free(o->pages);
     stk__free(o->why);
     stk__free(o->off);
+    stk__free(o->len);
     stk__free(o->isnull);
     stk__free(o->data);
     stk__free(o);
@@ -1535,19 +1578,37 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             }
             continue;
         }
+        /* A PLAIN byte-array page holding all the rows (load_page's one
+         * page: the usual image column) is kept as it decompressed, each
+         * row's value found where it lies, rather than copied value by
+         * value into a second buffer of the same size. */
+        if (c->type == T_BYTE_ARRAY && h.enc == EN_PLAIN && h.type == P_DATA && !o->rows &&
+            !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
+            if (!(o->len = stk__malloc(rows ? rows * sizeof *o->len : 1))) {
+                rc = STK_ENOMEM;
+                goto out;
+            }
+            o->data = page;
+            o->dcap = pcap;
+            o->dlen = us;
+            page = NULL;
+            pcap = 0;
+        }
         /* A page's byte arrays take at most its decompressed size: reserve it
          * once rather than grow (and copy) the values buffer as they come. */
-        if ((c->type == T_BYTE_ARRAY || c->type == T_FIXED) && !dict.have &&
-            us > o->dcap - o->dlen &&
-            (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
+        else if ((c->type == T_BYTE_ARRAY || c->type == T_FIXED) && !dict.have &&
+                 us > o->dcap - o->dlen &&
+                 (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
             goto out;
-        if ((rc = data_page(c, &h, page, us, &dict, o, rows, &lv, &lvcap, pw, sizeof pw))) {
+        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o, rows, &lv, &lvcap, pw,
+                            sizeof pw))) {
             stk__fmt(why, wn, "the data page at offset %" PRIu64 ": %s", at, pw);
             goto out;
         }
     }
     o->off[rows] = o->dlen;
-    o->bytes = sizeof *o + (rows + 1) * sizeof *o->off + rows + o->dcap;
+    o->bytes = sizeof *o + (rows + 1) * sizeof *o->off + rows + o->dcap +
+               (o->len ? rows * sizeof *o->len : 0);
 out:
     stk__free(page);
     stk__free(lv);
@@ -1643,7 +1704,7 @@ typedef struct loadarg {
     uint32_t page;
 } loadarg;
 
-typedef int (*load_fn)(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen);
+typedef int (*load_fn)(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen);
 
 /* The cache entry under key, made by load when missing, pinned (also when
  * it failed to load: then its error is returned): release with put_chunk. */
@@ -1698,7 +1759,7 @@ static int cache_get(pq *d, uint64_t key, load_fn load, const loadarg *a, pqdec 
 /* Walks chunk (g, c)'s page headers (one small read each, the bodies are
  * not read): where each data page lies and which rows it holds, and where
  * the dictionary page is. */
-static int load_index(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+static int load_index(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
 {
     const pqrg *rg = &d->rgs[a->g];
     const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
@@ -1804,17 +1865,52 @@ out:
     return rc;
 }
 
+/* A buffer of at least n bytes for a page's stored bytes: the spare one
+ * when it is large enough (its capacity in *cap). */
+static uint8_t *buf_take(pq *d, size_t n, size_t *cap)
+{
+    uint8_t *b = NULL;
+    pthread_mutex_lock(&d->mu);
+    if (d->spare && d->spare_cap >= n) {
+        b = d->spare;
+        *cap = d->spare_cap;
+        d->spare = NULL;
+        d->spare_cap = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!b) {
+        *cap = n ? n : 1;
+        b = stk__malloc(*cap);
+    }
+    return b;
+}
+
+/* Gives a buffer from buf_take back: kept as the spare if it is the larger
+ * (and not over PQ_SPARE_MAX), else freed. */
+static void buf_give(pq *d, uint8_t *b, size_t cap)
+{
+    pthread_mutex_lock(&d->mu);
+    if (cap <= PQ_SPARE_MAX && (!d->spare || d->spare_cap < cap)) {
+        uint8_t *old = d->spare;
+        d->spare = b;
+        d->spare_cap = cap;
+        b = old;
+    }
+    pthread_mutex_unlock(&d->mu);
+    stk__free(b);
+}
+
 /* Reads and decodes one data page (after the chunk's dictionary page, when
  * it has one). */
-static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+static int load_page(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
 {
     const pqrg *rg = &d->rgs[a->g];
     const pqchunk *ch = &d->chunks[a->g * d->ncols + a->c];
     const pqfile *f = &d->files[rg->file];
     const pqpage *pg = &a->idx->pages[a->page];
-    size_t dl = a->idx->dict_len, total = dl + pg->len;
+    size_t dl = a->idx->dict_len, total = dl + pg->len, cap;
     char why[STK_ERRMSG_MAX];
-    uint8_t *buf = stk__malloc(total ? total : 1);
+    uint8_t *buf = buf_take(d, total, &cap);
     *out = NULL;
     if (!buf)
         return STK_ENOMEM;
@@ -1829,7 +1925,7 @@ static int load_page(const pq *d, const loadarg *a, pqdec **out, char *err, size
         stk__fmt(err, errlen,
                  "row group %" PRIu32 ", column '%s' (chunk at offset %" PRIu64 "): %s", rg->index,
                  d->cols[a->c].path, ch->start, why);
-    stk__free(buf);
+    buf_give(d, buf, cap);
     return rc;
 }
 
@@ -1954,7 +2050,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        need += 8 + (e->isnull[rr[k]] ? 0 : (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]));
+        need += 8 + (e->isnull[rr[k]] ? 0 : dec_len(e, rr[k]));
     }
     if (d->label >= 0) {
         size_t k = 0;
@@ -1962,8 +2058,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             k++;
         const pqdec *e = dec[k];
         int64_t v;
-        if (!e->isnull[rr[k]] &&
-            text_int(e->data + e->off[rr[k]], (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]), &v))
+        if (!e->isnull[rr[k]] && text_int(dec_ptr(e, rr[k]), dec_len(e, rr[k]), &v))
             *label = v;
     }
     uint8_t *buf = stk__sink_reserve(sink, need, &rc);
@@ -1990,8 +2085,8 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             rc = STK_EFORMAT;
             goto out;
         }
-        size_t n = (size_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
-        memcpy(buf, e->data + e->off[rr[k]], n);
+        size_t n = dec_len(e, rr[k]);
+        memcpy(buf, dec_ptr(e, rr[k]), n);
         *data = buf;
         *len = n;
         goto out;
@@ -2007,13 +2102,13 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         while (cols[k] != d->fields[f].col)
             k++;
         const pqdec *e = dec[k];
-        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)(e->off[rr[k] + 1] - e->off[rr[k]]);
+        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)dec_len(e, rr[k]);
         uint32_t id = (uint32_t)f;
         memcpy(buf + at, &id, 4);
         memcpy(buf + at + 4, &n, 4);
         at += 8;
         if (n != UINT32_MAX) {
-            memcpy(buf + at, e->data + e->off[rr[k]], n);
+            memcpy(buf + at, dec_ptr(e, rr[k]), n);
             at += n;
         }
         cnt++;
@@ -2125,6 +2220,7 @@ static void pq_free(pq *d)
     free_cols(d->cols, d->ncols);
     stk__free(d->rgs);
     stk__free(d->chunks);
+    stk__free(d->spare);
     if (d->mu_ok)
         pthread_mutex_destroy(&d->mu);
     stk__free(d);
@@ -2375,8 +2471,7 @@ static int scan_labels(pq *d, int64_t *maxl)
             int64_t v;
             if (e->isnull[r])
                 continue;
-            if (!text_int(e->data + e->off[r], (size_t)(e->off[r + 1] - e->off[r]), &v) || v < 0 ||
-                v > INT32_MAX) {
+            if (!text_int(dec_ptr(e, r), dec_len(e, r), &v) || v < 0 || v > INT32_MAX) {
                 d->label = -1;
                 *maxl = -1;
                 break;
@@ -2436,6 +2531,11 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
         s->index_bytes += strlen(d->files[k].path) + strlen(d->files[k].name) + 2;
     for (size_t c = 0; c < d->ncols; c++)
         s->index_bytes += strlen(d->cols[c].path) + 1;
+    uint64_t big = 0; /* the spare read buffer: a chunk's stored bytes at most */
+    for (size_t k = 0; k < d->nrgs * d->ncols; k++)
+        if (d->chunks[k].size > big)
+            big = d->chunks[k].size;
+    s->index_bytes += (size_t)(big < PQ_SPARE_MAX ? big : PQ_SPARE_MAX);
     return STK_OK;
 }
 
