@@ -1458,6 +1458,43 @@ static uint64_t span_at(const pqspan *sp, uint64_t pos)
 
 /* Decodes the rows values of column c from the pages in buf (the span
  * sp): a whole chunk, or a dictionary page and one data page. */
+/* decode_chunk's dictionary page (h, its us decompressed bytes at page):
+ * its values into *dict. A dictionary after data (rows_done) or a second
+ * one is refused. The reason in why. */
+static int dict_page(const pqcol *c, const pghdr *h, const uint8_t *page, size_t us,
+                     uint64_t rows_done, pqdict *dict, uint64_t at, char *why, size_t wn)
+{
+    char pw[256];
+    int rc = STK_OK;
+    if (dict->have || rows_done) {
+        stk__fmt(why, wn, "a second dictionary page, or one after data, at offset %" PRIu64, at);
+        return STK_EFORMAT;
+    }
+    if (h->nvalues < 0 || (uint64_t)h->nvalues > (uint64_t)us * 8 + 8 ||
+        (h->enc != EN_PLAIN && h->enc != EN_PLAIN_DICT)) {
+        stk__fmt(why, wn,
+                 "the dictionary page at offset %" PRIu64 " has %" PRId64 " values in encoding %d",
+                 at, h->nvalues, h->enc);
+        return STK_EFORMAT;
+    }
+    uint64_t dn = (uint64_t)h->nvalues;
+    if (!(dict->v.off = stk__malloc((dn + 1) * sizeof *dict->v.off)) ||
+        !(dict->v.isnull = stk__malloc(dn ? dn : 1)))
+        return STK_ENOMEM;
+    vit v;
+    vit_init(&v, c, EN_PLAIN, page, page + us, NULL, dn, pw, sizeof pw);
+    for (uint64_t k = 0; k < dn && !rc; k++) {
+        dict->v.off[k] = dict->v.dlen;
+        rc = vit_next(&v, &dict->v, pw, sizeof pw);
+    }
+    dict->v.off[dn] = dict->v.dlen;
+    dict->v.rows = dn;
+    dict->have = true;
+    if (rc)
+        stk__fmt(why, wn, "the dictionary page at offset %" PRIu64 ": %s", at, pw);
+    return rc;
+}
+
 static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, uint64_t rows,
                         uint64_t rows_max, uint64_t page_max, pqdec **out, char *why, size_t wn)
 {
@@ -1542,40 +1579,8 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
             goto out;
         }
         if (h.type == P_DICT) {
-            if (dict.have || o->rows) {
-                stk__fmt(why, wn, "a second dictionary page, or one after data, at offset %" PRIu64,
-                         at);
-                rc = STK_EFORMAT;
+            if ((rc = dict_page(c, &h, page, us, o->rows, &dict, at, why, wn)))
                 goto out;
-            }
-            if (h.nvalues < 0 || (uint64_t)h.nvalues > (uint64_t)us * 8 + 8 ||
-                (h.enc != EN_PLAIN && h.enc != EN_PLAIN_DICT)) {
-                stk__fmt(why, wn,
-                         "the dictionary page at offset %" PRIu64 " has %" PRId64
-                         " values in encoding %d",
-                         at, h.nvalues, h.enc);
-                rc = STK_EFORMAT;
-                goto out;
-            }
-            uint64_t dn = (uint64_t)h.nvalues;
-            if (!(dict.v.off = stk__malloc((dn + 1) * sizeof *dict.v.off)) ||
-                !(dict.v.isnull = stk__malloc(dn ? dn : 1))) {
-                rc = STK_ENOMEM;
-                goto out;
-            }
-            vit v;
-            vit_init(&v, c, EN_PLAIN, page, page + us, NULL, dn, pw, sizeof pw);
-            for (uint64_t k = 0; k < dn && !rc; k++) {
-                dict.v.off[k] = dict.v.dlen;
-                rc = vit_next(&v, &dict.v, pw, sizeof pw);
-            }
-            dict.v.off[dn] = dict.v.dlen;
-            dict.v.rows = dn;
-            dict.have = true;
-            if (rc) {
-                stk__fmt(why, wn, "the dictionary page at offset %" PRIu64 ": %s", at, pw);
-                goto out;
-            }
             continue;
         }
         /* A PLAIN byte-array page holding all the rows (load_page's one
