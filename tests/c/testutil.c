@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <jpeglib.h>
 #include <setjmp.h>
@@ -67,7 +68,11 @@ void tu_run(const char *name, void (*fn)(void))
 {
     int before = tu_failures;
     long live = stk__alloc_live();
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     fn();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     if (stk__alloc_live() != live) {
         fprintf(stderr, "%s: leaked %ld library allocations\n", name, stk__alloc_live() - live);
         tu_failures++;
@@ -75,7 +80,7 @@ void tu_run(const char *name, void (*fn)(void))
     g_tests++;
     if (tu_failures != before)
         g_tests_failed++;
-    printf("  %-44s %s\n", name, tu_failures == before ? "ok" : "FAILED");
+    printf("  %-44s %s (%.1f s)\n", name, tu_failures == before ? "ok" : "FAILED", secs);
 }
 
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *f)
