@@ -514,7 +514,7 @@ typedef struct unpacked {
      * storage at the packed estimate and the workers as measured (decode and
      * batching levels; 0 when those were not measured). */
     double pipeline, pipeline_packed;
-    char command[1024]; /* the pack command */
+    char command[1600]; /* the pack command */
 } unpacked;
 
 static bool is_bucket(const doctor *d)
@@ -526,11 +526,16 @@ static unpacked unpacked_estimate(const doctor *d)
 {
     unpacked u = {0};
     const level *lv = &d->storage;
-    char ep[1024], num[64];
+    char ep[512], num[64], shown[1024];
     opt(d, "endpoint", ep, sizeof ep);
+    /* The path as messages show it: a URL's password or a presigned
+     * signature is never printed. */
+    stoker_display_path(d->a.path, shown, sizeof shown);
     /* stk_pack takes no options: a custom endpoint goes by environment. */
-    snprintf(u.command, sizeof u.command, "%s%s%sstoker pack %s OUT",
-             *ep ? "AWS_ENDPOINT_URL=" : "", ep, *ep ? " " : "", d->a.path);
+    int w = snprintf(u.command, sizeof u.command, "%s%s%sstoker pack %s OUT",
+                     *ep ? "AWS_ENDPOINT_URL=" : "", ep, *ep ? " " : "", shown);
+    if (w < 0 || (size_t)w >= sizeof u.command)
+        snprintf(u.command, sizeof u.command, "stoker pack PATH OUT");
     const stk_fetch_stats *f = &lv->fetch;
     if (!lv->done || !lv->remote || !f->completed || !lv->samples || lv->rate <= 0)
         return u;
