@@ -110,4 +110,8 @@ uint8_t *tu_jpeg(const uint8_t *rgb, uint32_t w, uint32_t h, int quality, size_t
 /* A JPEG's size from its header (libjpeg); 0x0 if it does not parse. */
 void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h);
 
+/* The SHA-256 of n bytes as 64 lowercase hex digits (the format readers'
+ * tests compare image bytes with the fixtures' manifests by it). */
+void tu_sha256_hex(const void *data, size_t n, char out[65]);
+
 #endif
