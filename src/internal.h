@@ -124,6 +124,22 @@ uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc);
 /* snprintf into buf of size n, always terminated, never overflowing. */
 void stk__fmt(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Which run of a partition holds i: the last k < n with first[k] <= i,
+ * first ascending with first[0] <= i (shards' first samples, a mixture's
+ * sources' first ids, blocks' first samples). O(log n). */
+static inline size_t stk__run_of(const uint64_t *first, size_t n, uint64_t i)
+{
+    size_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (first[mid] <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* ---- Counter-based randomness ------------------------------------------
  * Every random decision for sample i in epoch e comes from a generator keyed by
  * (seed, epoch, i): SplitMix64's output function applied to key + counter *

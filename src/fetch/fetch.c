@@ -592,15 +592,7 @@ static chunk *range_chunk(stk__fetch *f, size_t k, uint64_t start, uint64_t end)
 /* The block holding sample i (order "blocks"). */
 static size_t block_of(const stk__fetch *f, uint64_t i)
 {
-    size_t lo = 0, hi = f->cfg.nblocks;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (f->cfg.block_first[mid] <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
+    return stk__run_of(f->cfg.block_first, f->cfg.nblocks, i);
 }
 
 /* Order "blocks": entry e (sample i at [off, off + len) of shard k) takes

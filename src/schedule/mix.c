@@ -258,15 +258,7 @@ uint64_t stk__mix_sample(const stk__mix *m, const stk__mix_geom *g, uint64_t epo
 
 size_t stk__mix_source_of(const stk__mix *m, uint64_t i)
 {
-    size_t lo = 0, hi = m->nsrc; /* the last s with offset[s] <= i */
-    while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        if (m->offset[mid] <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
+    return stk__run_of(m->offset, m->nsrc, i);
 }
 
 int stk__mix_set_order(stk__mix *m, size_t s, const uint64_t *units, size_t nunits, unsigned window)

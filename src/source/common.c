@@ -272,15 +272,7 @@ int stk__pread_at(int fd, const char *path, void *buf, size_t n, uint64_t off, c
 
 size_t stk__source_shard_of(const stk__source *s, uint64_t i)
 {
-    size_t lo = 0, hi = s->nshards;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->shard_first[mid] <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
+    return stk__run_of(s->shard_first, s->nshards, i);
 }
 
 int stk__write_full(int fd, const void *buf, size_t n)

@@ -48,15 +48,7 @@ typedef struct mixsrc {
 
 static size_t child_of(const mixsrc *m, uint64_t i)
 {
-    size_t lo = 0, hi = m->n;
-    while (hi - lo > 1) {
-        size_t mid = (lo + hi) / 2;
-        if (m->offset[mid] <= i)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return lo;
+    return stk__run_of(m->offset, m->n, i);
 }
 
 static int mix_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
