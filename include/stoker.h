@@ -250,17 +250,32 @@ STK_API int stk_options_set_source(stk_options *o, const char *path);
  * 256 sources), STK_ENOMEM. */
 STK_API int stk_options_add_source(stk_options *o, const char *path, double weight,
                                    uint64_t samples);
-/* Source `source`'s own image transform (a spec, docs/transforms.md):
- * samples of that source go through it instead of the loader's transform.
- * field must be NULL (the first image field, the batch's data) in this
- * version. The loader must have a transform too, and the source's must give
- * batches of the same kind: the same output shape and dtype when the
- * loader's is dense (checked at open). "" or "none" removes it. The spec is
- * copied and checked at open. Returns STK_OK, STK_EINVAL (no such source,
- * NULL transform), STK_EUNSUPPORTED (a field other than the first image;
- * stk_options_errmsg says why), STK_ENOMEM. */
+/* Source `source`'s own transform (a spec, docs/transforms.md) of an image
+ * field: samples of that source go through it instead of the loader's
+ * transform of that field. field NULL or "" is the first image field (the
+ * batch's data); a name is one of the loader's image fields (resolved at
+ * open: the first image field's name means the same as NULL; a name that
+ * is no image field of the loader fails the open, naming it). A field the
+ * source names no transform for takes the loader's transform of that
+ * field. That field must have a transform in the loader too, and the
+ * source's must give batches of the same kind: the same output shape and
+ * dtype when the loader's is dense (checked at open). "" or "none" removes
+ * it. The spec is copied and checked at open. Returns STK_OK, STK_EINVAL
+ * (no such source, NULL transform), STK_ENOMEM. */
 STK_API int stk_options_source_transform(stk_options *o, size_t source, const char *field,
                                          const char *transform);
+/* Source `source`'s own value of an option that is meaningful per source
+ * (docs/mixing.md), as stk_options_set takes it: "order" (global, shards or
+ * blocks: that source's samples in its own shard-aware order, whatever the
+ * loader's), "shard_window", "block_bytes", and "transform" (as
+ * stk_options_source_transform with field NULL). A source without its own
+ * takes the loader's. Every other option is the loader's (one ring, one
+ * fetch stage, one disk cache for all the sources): STK_EUNSUPPORTED, with
+ * stk_options_errmsg naming the source and the key. STK_OK; STK_EINVAL (no
+ * such source, an unknown key, a bad value: the reason on
+ * stk_options_errmsg); STK_ENOMEM. */
+STK_API int stk_options_source_set(stk_options *o, size_t source, const char *key,
+                                   const char *value);
 
 /* Declares the source file as fixed-size records: each record is
  * record_bytes long, the file starts with header_bytes to skip, and the first
@@ -575,9 +590,10 @@ typedef struct stk_state {
                                   "local_world_size"); world_size: one node */
     uint32_t history_len;
     stk_state_generation history[STK_STATE_HISTORY];
-    /* Added with mixtures (docs/mixing.md): 64-bit FNV-1a of the mixture's
-     * sources (paths, weights, samples, sizes) and samples_per_epoch; 0
-     * without a mixture. */
+    /* Added with mixtures (docs/mixing.md): 64-bit FNV-1a of what decides
+     * the mixture's schedule (each source's weight or samples, size, quota,
+     * own transforms and order, samples_per_epoch, batching; not its path,
+     * so a moved dataset resumes); 0 without a mixture. */
     uint64_t mixture;
 } stk_state;
 
@@ -710,7 +726,9 @@ STK_API int stk_loader_get_state(stk_loader *l, stk_state *st);
  * training every rank's state is the same (save it from rank 0 alone). At
  * most STK_STATE_HISTORY changes of world in one epoch. Fields appended in
  * later versions are read only when st->struct_size covers them. A mixture's
- * fingerprint (sources, weights, samples_per_epoch) must match too, unless
+ * fingerprint (weights, sizes, samples_per_epoch: stk_state.mixture; a
+ * fingerprint of the first version, with the paths, is taken too) must
+ * match too, unless
  * the option mix_resume is "new": then the position (epoch, batch) is kept
  * and the new mixture applies from it (docs/mixing.md).
  * STK_OK, STK_EINVAL, STK_EMISUSE. */

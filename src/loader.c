@@ -23,8 +23,8 @@
  * (next, release, the device's waits) is loader_next.c; the parts live in
  * schedule/ (which sample sits at each position), ring/ (buffer states,
  * claim, publish, arenas, autotune), loader_worker.c, loader_errors.c,
- * loader_held.c, loader_next.c, loader_state.c and loader_stats.c (loader_core.h: the
- * shared state). docs/architecture.md draws the whole.
+ * loader_held.c, loader_next.c, loader_state.c, loader_stats.c and loader_mix.c (a
+ * mixture's setup; loader_core.h: the shared state). docs/architecture.md draws the whole.
  */
 #include "loader_core.h"
 #include "ring/ring.h"
@@ -56,6 +56,10 @@ void stk__core_free(core *c)
     stk__errors_clear(c);
     stk__free(c->errors);
     stk__imgpipe_destroy(c->pipe);
+    /* (before the plan, which says how many fields there are) */
+    for (size_t k = 0; c->src_fpipes && k < c->nsrc * c->nfplan; k++)
+        stk__imgpipe_destroy(c->src_fpipes[k]);
+    stk__free(c->src_fpipes);
     stk__fields_free(c);
     /* Closing the source closes its store, which completes the fetch
      * stage's requests still in flight; only then can the stage go. */
@@ -502,247 +506,6 @@ static int setup_order(core *c, const stk_options *o, char *err, size_t errlen)
                                   o->shuffle);
 }
 
-static uint64_t fnv1a_bytes(uint64_t h, const void *p, size_t n)
-{
-    for (size_t k = 0; k < n; k++)
-        h = (h ^ ((const uint8_t *)p)[k]) * 0x100000001b3ULL;
-    return h;
-}
-
-/* The mixture (docs/mixing.md): the composite source over o's sources, the
- * schedule's quotas and tree, the fingerprint a resume checks, and the
- * per-source counters. */
-/* Order "shards" / "blocks" in a mixture: each source with shards reads its
- * k-th samples in its own shard-aware order over its shards (blocks), so a
- * remote source keeps its cache's working set to a window of shards; a
- * source without shards keeps its global permutation (docs/mixing.md).
- * With blocks, the fetch stage also gets the sources' blocks as one table
- * in the mixture's ids (a source without blocks one unit, never fetched as
- * a block: its samples are local), so that a remote source's block is
- * fetched whole by one request, as for one dataset. */
-static int mixture_orders(core *c, const stk_options *o, char *err, size_t errlen)
-{
-    unsigned window = o->shard_window ? o->shard_window : 8;
-    bool blocks_order = o->order == STK__ORDER_BLOCKS;
-    uint64_t *flat = NULL, base = 0;
-    size_t nflat = 0, cap = 0;
-    int rc = STK_OK;
-    for (size_t k = 0; k < o->nmix && rc == STK_OK; k++) {
-        const stk__source *ch = stk__source_mix_child(&c->src, k);
-        uint64_t *blocks = NULL;
-        size_t nblocks = 0;
-        char why[STK_ERRMSG_MAX] = "";
-        bool sharded = ch->nshards && ch->shard_first;
-        if (sharded && blocks_order)
-            rc = stk__blocks_make(ch, o->block_bytes, &blocks, &nblocks, why, sizeof why);
-        if (rc == STK_OK && sharded) {
-            rc = stk__mix_set_order(c->sched.mix, k, blocks ? blocks : ch->shard_first,
-                                    blocks ? nblocks : ch->nshards, window);
-            if (rc)
-                stk__fmt(why, sizeof why, "%s",
-                         rc == STK_ENOMEM ? "out of memory for its shard-aware order"
-                                          : "its shard table cannot order its samples");
-        }
-        /* This source's units of the flat table: its blocks, else itself. */
-        size_t units = blocks ? nblocks : 1;
-        if (rc == STK_OK && blocks_order &&
-            stk__grow((void **)&flat, &cap, nflat + units + 1, sizeof *flat)) {
-            rc = STK_ENOMEM;
-            stk__fmt(why, sizeof why, "out of memory for the table of its blocks");
-        }
-        if (rc == STK_OK && blocks_order) {
-            for (size_t b = 0; b < units; b++)
-                flat[nflat++] = base + (blocks ? blocks[b] : 0);
-        }
-        stk__free(blocks);
-        base += ch->count;
-        if (rc)
-            stk__fmt(err, errlen, "mixture source %zu (%s): order \"%s\": %s", k, o->mix[k].shown,
-                     blocks_order ? "blocks" : "shards", why);
-    }
-    if (rc == STK_OK && flat) {
-        flat[nflat] = base;
-        c->sched.block_first = flat;
-        c->sched.nblocks = nflat;
-        flat = NULL;
-    }
-    stk__free(flat);
-    return rc;
-}
-
-static int open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,
-                        size_t errlen)
-{
-    int rc = STK_ENOMEM;
-    size_t n = o->nmix;
-    const char **paths = stk__calloc(n, sizeof *paths), **shown = stk__calloc(n, sizeof *shown);
-    double *w = stk__calloc(n, sizeof *w);
-    uint64_t *fixed = stk__calloc(n, sizeof *fixed), *sizes = stk__calloc(n, sizeof *sizes),
-             *quota = stk__calloc(n, sizeof *quota);
-    if (!paths || !shown || !w || !fixed || !sizes || !quota)
-        goto out;
-    for (size_t k = 0; k < n; k++) {
-        paths[k] = o->mix[k].path;
-        shown[k] = o->mix[k].shown;
-        w[k] = o->mix[k].weight;
-        fixed[k] = o->mix[k].samples;
-    }
-    if ((rc = stk__source_mix_open(&c->src, paths, shown, n, sp, err, errlen)))
-        goto out;
-    stk__source_mix_sizes(&c->src, sizes, n);
-    uint64_t N = o->samples_per_epoch;
-    /* per_source: the schedule's unit is a batch: quotas in batches. */
-    uint64_t B = o->mix_batching == 1 ? o->batch_size : 1;
-    if (B > 1) {
-        if (!N) {
-            for (size_t k = 0; k < n; k++)
-                N += fixed[k] ? fixed[k] : sizes[k];
-        }
-        bool ok = N % B == 0;
-        for (size_t k = 0; k < n; k++) {
-            ok &= fixed[k] % B == 0;
-            fixed[k] /= B;
-        }
-        if (!ok) {
-            stk__fmt(err, errlen,
-                     "mix_batching \"per_source\" takes whole batches from each source: "
-                     "samples_per_epoch (%llu) and every source's fixed samples must be "
-                     "multiples of the batch size %llu",
-                     (unsigned long long)N, (unsigned long long)B);
-            rc = STK_EINVAL;
-            goto out;
-        }
-        N /= B;
-    }
-    if ((rc = stk__mix_quotas(w, fixed, sizes, n, &N, quota, err, errlen)))
-        goto out;
-    rc = STK_ENOMEM;
-    if (!(c->sched.mix = stk__calloc(1, sizeof *c->sched.mix)) ||
-        !(c->src_samples = stk__calloc(n, sizeof *c->src_samples)) ||
-        !(c->src_failed = stk__calloc(n, sizeof *c->src_failed)))
-        goto out;
-    if ((rc = stk__mix_init(c->sched.mix, quota, sizes, n, o->seed, o->shuffle)))
-        goto out;
-    c->sched.mix->block = B;
-    c->sched.mix->N *= B;
-    if (o->order != STK__ORDER_GLOBAL && (rc = mixture_orders(c, o, err, errlen)))
-        goto out;
-    c->nsrc = n;
-    c->mix_new = o->mix_resume == 1;
-    /* The fingerprint: what decides which sample each position reads. As
-     * text, so it is the same on every build. */
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t k = 0; k < n; k++) {
-        char line[96];
-        stk__fmt(line, sizeof line, "|%.17g|%llu|%llu|%llu|%llu|", w[k],
-                 (unsigned long long)fixed[k], (unsigned long long)sizes[k],
-                 (unsigned long long)quota[k], (unsigned long long)B);
-        h = fnv1a_bytes(h, paths[k], strlen(paths[k]));
-        h = fnv1a_bytes(h, line, strlen(line));
-        if (o->mix[k].transform) /* with the image options, as the loader's */
-            h = fnv1a_bytes(h ^ stk__transform_hash_spec(o, o->mix[k].transform), "|t", 2);
-    }
-    if (o->order != STK__ORDER_GLOBAL) {
-        /* The per-source orders decide the samples too (global hashes as
-         * before, so earlier states still resume). */
-        char line[96];
-        stk__fmt(line, sizeof line, "|order %s|%u|%llu|",
-                 o->order == STK__ORDER_BLOCKS ? "blocks" : "shards",
-                 o->shard_window ? o->shard_window : 8,
-                 (unsigned long long)(o->order == STK__ORDER_BLOCKS ? o->block_bytes : 0));
-        h = fnv1a_bytes(h, line, strlen(line));
-    }
-    c->mix_hash = h ? h : 1;
-    rc = STK_OK;
-out:
-    stk__free(paths);
-    stk__free(shown);
-    stk__free(w);
-    stk__free(fixed);
-    stk__free(sizes);
-    stk__free(quota);
-    return rc;
-}
-
-/* Per-source transforms: a pipeline each, giving batches of the loader's
- * kind (the same dense shape and dtype), so one batch holds them all. */
-static int setup_source_pipes(core *c, const stk_options *o, char *err, size_t errlen)
-{
-    size_t first = o->nmix;
-    for (size_t k = o->nmix; k-- > 0;)
-        if (o->mix[k].transform)
-            first = k;
-    if (first == o->nmix)
-        return STK_OK;
-    if (!c->pipe) {
-        stk__fmt(err, errlen,
-                 "mixture source %zu (%s) has its own transform, but the loader has none: set "
-                 "the loader's transform too (the sources without their own use it), so every "
-                 "sample of a batch is an image",
-                 first, o->mix[first].shown);
-        return STK_EINVAL;
-    }
-    if (o->device != STK_DEVICE_CPU) {
-        stk__fmt(err, errlen,
-                 "per-source transforms are delivered in host memory in this "
-                 "version; drop the device option (docs/mixing.md)");
-        return STK_EUNSUPPORTED;
-    }
-    if (!(c->src_pipes = stk__calloc(o->nmix, sizeof *c->src_pipes)))
-        return STK_ENOMEM;
-    for (size_t k = 0; k < o->nmix; k++) {
-        if (!o->mix[k].transform)
-            continue;
-        char why[STK_ERRMSG_MAX];
-        int rc =
-            stk__imgpipe_from_options(&c->src_pipes[k], o->mix[k].transform, o, why, sizeof why);
-        if (rc) {
-            stk__fmt(err, errlen, "mixture source %zu (%s): transform: %s", k, o->mix[k].shown,
-                     why);
-            return rc;
-        }
-        stk__imgpipe *p = c->src_pipes[k];
-        if (c->src.raw_c)
-            stk__imgpipe_set_raw(p, c->src.raw_h, c->src.raw_w, c->src.raw_c, c->src.raw_chw);
-        unsigned ndim = 0;
-        int64_t shape[4] = {0, 0, 0, 0};
-        int dtype = 0;
-        size_t sb = 0;
-        bool dense = stk__imgpipe_dense(p, &ndim, shape, &dtype, &sb);
-        bool same = c->kind == STK_BATCH_DENSE
-                        ? dense && ndim == c->ndim && dtype == c->dtype && sb == c->sample_bytes &&
-                              !memcmp(shape, c->shape, ndim * sizeof *shape)
-                        : !dense;
-        if (!same) {
-            stk__fmt(err, errlen,
-                     "mixture source %zu (%s): its transform gives %s than the loader's: a "
-                     "batch holds one kind of sample, so give it the same output size and "
-                     "dtype (or both variable sizes)",
-                     k, o->mix[k].shown,
-                     dense ? "samples of another shape or dtype" : "samples of varying size");
-            return STK_EINVAL;
-        }
-    }
-    return STK_OK;
-}
-
-/* Every source of a mixture must give each requested field that is not
- * optional (an alternative of it). */
-static int check_mixture_fields(core *c, char *err, size_t errlen)
-{
-    if (!c->sched.mix)
-        return STK_OK;
-    for (size_t k = 0; k < c->nfplan; k++) {
-        const stk__fplan *p = &c->fplan[k];
-        if (p->spec->flags & STK_FIELD_OPTIONAL)
-            continue;
-        int rc = stk__source_mix_check_field(&c->src, p->spec->name, p->alt, p->nalt, err, errlen);
-        if (rc)
-            return rc;
-    }
-    return STK_OK;
-}
-
 static int open_core(stk_loader *l, const stk_options *o)
 {
     char *err = l->errmsg;
@@ -782,11 +545,12 @@ static int open_core(stk_loader *l, const stk_options *o)
     stk__remote_cfg rcfg;
     stk__source_params sp;
     stk__options_source_params(o, &sp, &rcfg);
-    if ((rc = o->nmix ? open_mixture(c, o, &sp, err, errlen)
+    if ((rc = o->nmix ? stk__open_mixture(c, o, &sp, err, errlen)
                       : stk__source_open(&c->src, o->source, &sp, err, errlen)))
         goto fail;
-    if ((rc = setup_output(c, o, err, errlen)) || (rc = check_mixture_fields(c, err, errlen)) ||
-        (rc = setup_source_pipes(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
+    if ((rc = setup_output(c, o, err, errlen)) ||
+        (rc = stk__check_mixture_fields(c, err, errlen)) ||
+        (rc = stk__setup_source_pipes(c, o, err, errlen)) || (rc = setup_device(c, o, err, errlen)))
         goto fail;
     c->batch_memory = o->batch_memory;
     c->max_sample = o->max_sample_bytes;

@@ -138,10 +138,14 @@ struct core {
      * resumes (mix_resume "new"), and per source the samples delivered and
      * failed (lock held). */
     uint64_t mix_hash;
+    uint64_t mix_hash_v1; /* the first version's (with paths) a state may hold; 0: none */
     bool mix_new;
     size_t nsrc;
     uint64_t *src_samples, *src_failed;
     stk__imgpipe **src_pipes; /* per source: its own transform, or NULL */
+    /* Per source and field (nsrc x nfplan, NULL: none at all): its own
+     * transform of a further image field, or NULL (the field's). */
+    stk__imgpipe **src_fpipes;
     int on_error;
     int kind, dtype;
     unsigned ndim;
@@ -246,6 +250,28 @@ static inline stk__imgpipe *stk__pipe_for(const core *c, uint64_t i)
     }
     return c->pipe;
 }
+
+/* The pipeline of further image field k (fplan) of sample i: its source's
+ * own in a mixture with per-source field transforms, else the field's. */
+static inline stk__imgpipe *stk__field_pipe_for(const core *c, size_t k, uint64_t i)
+{
+    if (c->src_fpipes) {
+        stk__imgpipe *p = c->src_fpipes[stk__mix_source_of(c->sched.mix, i) * c->nfplan + k];
+        if (p)
+            return p;
+    }
+    return c->fplan[k].pipe;
+}
+
+/* ---- loader_mix.c: a mixture at open (docs/mixing.md) ---- */
+/* The composite source over o's sources, the schedule, the per-source
+ * orders, counters and fingerprints. */
+int stk__open_mixture(core *c, const stk_options *o, const stk__source_params *sp, char *err,
+                      size_t errlen);
+/* After the output and fields: the per-source transforms' pipelines. */
+int stk__setup_source_pipes(core *c, const stk_options *o, char *err, size_t errlen);
+/* Every source gives each requested field that is not optional. */
+int stk__check_mixture_fields(core *c, char *err, size_t errlen);
 
 /* ---- loader_fields.c ---- */
 /* Resolves o's fields against the source, chooses each one's column and

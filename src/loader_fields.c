@@ -456,7 +456,10 @@ static int make_image(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch
     int64_t *sh = col->shapes ? &col->shapes[s * SHAPE_STRIDE] : NULL;
     if (sh)
         memset(sh, 0, SHAPE_STRIDE * sizeof *sh);
-    if (!p->pipe)
+    /* A mixture source's own transform of this field, else the field's (a
+     * source has one only where the field has one). */
+    stk__imgpipe *pipe = stk__field_pipe_for(c, (size_t)(p - c->fplan), i);
+    if (!pipe)
         return put_bytes(c, b, col, s, p->spec->name, r->data, r->len, err, errlen);
     stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
     rng.key = stk__mix64(rng.key ^ p->rng_salt);
@@ -471,7 +474,7 @@ static int make_image(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch
     uint8_t *out = NULL;
     size_t len = 0;
     int32_t dims[3] = {0, 0, 0};
-    int rc = stk__imgpipe_run_sink(p->pipe, r->data, r->len, &rng, &w->dec,
+    int rc = stk__imgpipe_run_sink(pipe, r->data, r->len, &rng, &w->dec,
                                    col->dense ? &slot : &arena, &out, &len, dims, err, errlen);
     if (rc == STK_ETOOBIG && arena.why[0])
         stk__fmt(err, errlen, "%s", arena.why);

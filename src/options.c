@@ -55,6 +55,11 @@ void stk_options_destroy(stk_options *o)
         stk__free(o->mix[k].path);
         stk__free(o->mix[k].shown);
         stk__free(o->mix[k].transform);
+        for (size_t t = 0; t < o->mix[k].ntfs; t++) {
+            stk__free(o->mix[k].tfs[t].field);
+            stk__free(o->mix[k].tfs[t].spec);
+        }
+        stk__free(o->mix[k].tfs);
     }
     stk__free(o->mix);
     stk__free(o);
@@ -116,7 +121,8 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
     o->mix = grown;
     if (stk__url_display(path, shown, n) != shown)
         stk__fmt(shown, n, "%s", path);
-    o->mix[o->nmix++] = (stk__mix_spec){copy, shown, NULL, weight, samples};
+    o->mix[o->nmix++] = (stk__mix_spec){
+        .path = copy, .shown = shown, .weight = weight, .samples = samples, .order = -1};
     if (!o->source) {
         /* Messages of the open name the loader's source by this. */
         char what[64];
@@ -130,27 +136,106 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
     return STK_OK;
 }
 
+/* Source `source`'s transform of the named image field: replaced, added,
+ * or (spec NULL) removed. */
+static int set_field_transform(stk__mix_spec *m, const char *field, char *spec)
+{
+    size_t t = 0;
+    while (t < m->ntfs && strcmp(m->tfs[t].field, field))
+        t++;
+    if (t < m->ntfs) {
+        stk__free(m->tfs[t].spec);
+        if (spec) {
+            m->tfs[t].spec = spec;
+        } else {
+            stk__free(m->tfs[t].field);
+            m->tfs[t] = m->tfs[--m->ntfs];
+        }
+        return STK_OK;
+    }
+    if (!spec)
+        return STK_OK;
+    char *name = stk__strdup(field);
+    stk__mix_tf *grown = name ? stk__realloc(m->tfs, (m->ntfs + 1) * sizeof *grown) : NULL;
+    if (!grown) {
+        stk__free(name);
+        stk__free(spec);
+        return STK_ENOMEM;
+    }
+    m->tfs = grown;
+    m->tfs[m->ntfs++] = (stk__mix_tf){name, spec};
+    return STK_OK;
+}
+
 int stk_options_source_transform(stk_options *o, size_t source, const char *field,
                                  const char *transform)
 {
     if (!o || source >= o->nmix || !transform)
         return STK_EINVAL;
     o->errmsg[0] = '\0';
-    if (field && *field) {
-        /* Only the first image field (the batch's data) in this version: the
-         * other fields' pipelines are the loader's. */
-        stk__fmt(o->errmsg, sizeof o->errmsg,
-                 "a source's transform applies to the first image field (field NULL) in this "
-                 "version; '%s' cannot have one per source",
-                 field);
-        return STK_EUNSUPPORTED;
-    }
     char *copy = NULL;
     if (*transform && strcmp(transform, "none") && !(copy = stk__strdup(transform)))
         return STK_ENOMEM;
+    /* A named field is resolved against the loader's fields at open (the
+     * first image field's name means the same as NULL). */
+    if (field && *field)
+        return set_field_transform(&o->mix[source], field, copy);
     stk__free(o->mix[source].transform);
     o->mix[source].transform = copy;
     return STK_OK;
+}
+
+int stk_options_source_set(stk_options *o, size_t source, const char *key, const char *value)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->errmsg[0] = '\0';
+    if (source >= o->nmix || !key || !value) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "%s",
+                 source >= o->nmix ? "no such mixture source"
+                                   : "a source option needs a key and a value");
+        return STK_EINVAL;
+    }
+    stk__mix_spec *m = &o->mix[source];
+    if (!strcmp(key, "transform"))
+        return stk_options_source_transform(o, source, NULL, value);
+    bool ord = !strcmp(key, "order"), win = !strcmp(key, "shard_window"),
+         blk = !strcmp(key, "block_bytes");
+    if (!ord && !win && !blk) {
+        /* Everything else is the loader's: one ring, one memory bound, one
+         * fetch stage and one disk cache shared by the sources (the stage
+         * admits whole shards of its one table to the cache, whichever
+         * source they belong to). */
+        bool cache = !strcmp(key, "cache") || !strncmp(key, "cache_", 6);
+        bool known = cache || stk_option_by_name(key) != NULL;
+        stk__fmt(o->errmsg, sizeof o->errmsg,
+                 "mixture source %zu (%s): %s '%.64s' %s; per source are order, shard_window, "
+                 "block_bytes and transform (docs/mixing.md)",
+                 source, m->shown, known ? "the option" : "unknown option", key,
+                 !known  ? "(the options: docs/options.md)"
+                 : cache ? "is the loader's: its remote sources share one disk cache (cache_dir), "
+                           "and local ones never use it"
+                         : "is the loader's, not per source");
+        return known ? STK_EUNSUPPORTED : STK_EINVAL;
+    }
+    /* The loader's parser checks the value, with its messages. */
+    stk_options *tmp = NULL;
+    int rc = stk_options_create(&tmp);
+    if (rc)
+        return rc;
+    rc = stk_options_set(tmp, key, value);
+    if (rc) {
+        stk__fmt(o->errmsg, sizeof o->errmsg, "mixture source %zu (%s): %s", source, m->shown,
+                 tmp->errmsg);
+    } else if (ord) {
+        m->order = tmp->order;
+    } else if (win) {
+        m->shard_window = tmp->shard_window;
+    } else {
+        m->block_bytes = tmp->block_bytes;
+    }
+    stk_options_destroy(tmp);
+    return rc;
 }
 
 int stk_options_set_records(stk_options *o, size_t record_bytes, size_t header_bytes,

@@ -73,12 +73,24 @@ struct stk_options {
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };
 
+/* A source's own transform of a named image field (field NULL: the first). */
+typedef struct stk__mix_tf {
+    char *field, *spec;
+} stk__mix_tf;
+
 /* One source of a mixture. */
 typedef struct stk__mix_spec {
     char *path, *shown;
-    char *transform; /* the source's own image transform, or NULL */
+    char *transform; /* the source's own transform of the first image, or NULL */
     double weight;
     uint64_t samples;
+    stk__mix_tf *tfs; /* its own transforms of other image fields, by name */
+    size_t ntfs;
+    /* Its own sample order (stk_options_source_set), or the loader's:
+     * order -1, shard_window 0, block_bytes 0. */
+    int order;
+    unsigned shard_window;
+    uint64_t block_bytes;
 } stk__mix_spec;
 
 enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };

@@ -43,5 +43,7 @@ size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max);
  * (nshards, shard_first, locate) in its own sample ids, for the per-source
  * shard-aware order. */
 const stk__source *stk__source_mix_child(const stk__source *s, size_t k);
+/* Whether child k's samples are read through the fetch stage (see mix.c). */
+bool stk__source_mix_fetched(const stk__source *s, size_t k);
 
 #endif

@@ -477,3 +477,9 @@ const stk__source *stk__source_mix_child(const stk__source *s, size_t k)
     const mixsrc *m = s->impl;
     return &m->kids[k];
 }
+
+bool stk__source_mix_fetched(const stk__source *s, size_t k)
+{
+    const mixsrc *m = s->impl;
+    return m->fetched[k];
+}
