@@ -1215,6 +1215,48 @@ static int set_or_raise(int rc, const char *what)
     return set_or_raise_o(NULL, rc, what);
 }
 
+/* A mixture's source k (docs/mixing.md): (path, weight, samples[,
+ * transforms[, options]]), transforms a list of (field or None, spec),
+ * options a list of (key, value) for stk_options_source_set. 0, or -1 with
+ * the exception set. */
+static int add_mix_source(stk_options *o, size_t k, PyObject *item)
+{
+    PyObject *path_obj = NULL, *tfs = Py_None, *opts = Py_None;
+    double weight;
+    unsigned long long samples;
+    if (!PyArg_ParseTuple(item, "O&dK|OO:sources", PyUnicode_FSConverter, &path_obj, &weight,
+                          &samples, &tfs, &opts))
+        return -1;
+    int rc = stk_options_add_source(o, PyBytes_AS_STRING(path_obj), weight, samples);
+    Py_DECREF(path_obj);
+    if (set_or_raise(rc, "sources (a path, a weight >= 0; at most 256)"))
+        return -1;
+    PyObject *lists[2] = {tfs, opts};
+    for (int w = 0; w < 2; w++) {
+        if (lists[w] == Py_None)
+            continue;
+        PyObject *seq = PySequence_Fast(lists[w], "a source's transforms and options are lists");
+        if (!seq)
+            return -1;
+        for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
+            const char *key, *value;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), w ? "ss:options" : "zs:transforms",
+                                  &key, &value)) {
+                Py_DECREF(seq);
+                return -1;
+            }
+            rc = w ? stk_options_source_set(o, k, key, value)
+                   : stk_options_source_transform(o, k, key, value);
+            if (set_or_raise_o(o, rc, w ? "a source's option" : "a source's transform")) {
+                Py_DECREF(seq);
+                return -1;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    return 0;
+}
+
 /* Engine(source, batch_size, shuffle, seed, drop_last, transform, threads,
  *        depth, on_error_skip, rank, world_size, records, options,
  *        max_sample_bytes)
@@ -1432,26 +1474,12 @@ static int Engine_init(EngineObject *self, PyObject *args, PyObject *kwargs)
         goto out;
     }
     if (sources != Py_None) {
-        /* A mixture (docs/mixing.md): a list of (path, weight, samples[,
-         * transform spec]). */
+        /* A mixture (docs/mixing.md): a list of sources (add_mix_source). */
         PyObject *seq = PySequence_Fast(sources, "sources must be a list");
         if (!seq)
             goto out;
         for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
-            PyObject *path_obj = NULL;
-            double weight;
-            unsigned long long samples;
-            const char *tf = NULL;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, k), "O&dK|z:sources",
-                                  PyUnicode_FSConverter, &path_obj, &weight, &samples, &tf)) {
-                Py_DECREF(seq);
-                goto out;
-            }
-            rc = stk_options_add_source(o, PyBytes_AS_STRING(path_obj), weight, samples);
-            Py_DECREF(path_obj);
-            if (set_or_raise(rc, "sources (a path, a weight >= 0; at most 256)") ||
-                (tf && set_or_raise(stk_options_source_transform(o, (size_t)k, NULL, tf),
-                                    "a source's transform"))) {
+            if (add_mix_source(o, (size_t)k, PySequence_Fast_GET_ITEM(seq, k))) {
                 Py_DECREF(seq);
                 goto out;
             }

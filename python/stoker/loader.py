@@ -119,14 +119,20 @@ class Source:
     (shares are normalised over the weighted sources); samples: instead, a
     fixed number of samples per epoch. Neither: in proportion to its size.
     A share above the source's size repeats it (a fresh permutation per
-    pass); below, each epoch takes a prefix of a fresh permutation."""
+    pass); below, each epoch takes a prefix of a fresh permutation.
 
-    def __init__(self, path, weight=None, samples=None, transform=None):
+    transform: its own transform of the (first) image, a spec or a
+    stoker.transforms pipeline as Loader's transform=; or a dict naming image
+    fields of the loader's fields= ({"image": tf1, "depth": tf2}). A field
+    it names no transform for takes the loader's. options: its own value of
+    what is per source: order ("global", "shards", "blocks"), shard_window,
+    block_bytes; anything else is the loader's and refused, naming the
+    source and the key."""
+
+    def __init__(self, path, weight=None, samples=None, transform=None, **options):
         self.path = os.fspath(path)
-        # Its own transform of the (first) image: a spec or a
-        # stoker.transforms pipeline, as Loader's transform=; the loader's
-        # applies to the sources without one.
         self.transform = transform
+        self.options = dict(options)
         if weight is not None and samples is not None:
             raise ValueError("Source: give a weight or a number of samples, not both")
         if weight is not None:
@@ -138,15 +144,44 @@ class Source:
         self.samples = None if samples is None else _int(samples, "Source: samples", 1,
                                                             _U64_MAX)
 
+    def __setstate__(self, st):
+        self.__dict__.update(st)
+        self.__dict__.setdefault("options", {})   # pickled before options existed
+
+    def _engine(self):
+        """The Engine's tuple: (path, weight, samples, [(field, spec)],
+        [(key, value)])."""
+        t = self.transform
+        if t is None:
+            tfs = []
+        elif isinstance(t, dict):
+            tfs = []
+            for name, tf in t.items():
+                if not isinstance(name, str):
+                    raise TypeError(f"Source({_display(self.path)!r}): transform= keys are "
+                                    f"field names (str), got {_describe(name)}")
+                tfs.append((name, to_spec(tf) or "none"))
+        else:
+            tfs = [(None, to_spec(t) or "none")]
+        opts = []
+        for k, v in self.options.items():
+            if _is_bool(v):
+                v = "1" if v else "0"
+            elif hasattr(type(v), "__index__"):
+                v = str(operator.index(v))
+            opts.append((k, v if isinstance(v, str) else str(v)))
+        return (self.path, self.weight or 0.0, self.samples or 0, tfs, opts)
+
     def __repr__(self):
         extra = (f", weight={self.weight!r}" if self.weight is not None else "") + \
-                (f", samples={self.samples!r}" if self.samples is not None else "")
+                (f", samples={self.samples!r}" if self.samples is not None else "") + \
+                "".join(f", {k}={v!r}" for k, v in self.options.items())
         return f"stoker.Source({_display(self.path)!r}{extra})"
 
     def __eq__(self, other):
         return (isinstance(other, Source) and
-                (self.path, self.weight, self.samples, self.transform) ==
-                (other.path, other.weight, other.samples, other.transform))
+                (self.path, self.weight, self.samples, self.transform, self.options) ==
+                (other.path, other.weight, other.samples, other.transform, other.options))
 
 
 class Records:
@@ -255,7 +290,8 @@ _RANK_SETTINGS = {"seed": "seed", "shuffle": "shuffle", "drop_last": "drop_last"
 def _mixture_shares(mixture, firsts, num_samples, samples_per_epoch, mix_batching):
     """What decides a mixture's schedule, as text the ranks compare at open
     (None without a mixture): per source its weight or fixed samples and its
-    size, the epoch length and the batching. Ranks that differ here lay out
+    size and its own order options, the epoch length and the batching.
+    Ranks that differ here lay out
     different schedules, so their shares overlap and miss samples. Paths and
     per-source transforms are not compared, as for one dataset (a rank may
     read its node's copy; transforms change pixels, not the shares)."""
@@ -265,6 +301,7 @@ def _mixture_shares(mixture, firsts, num_samples, samples_per_epoch, mix_batchin
     parts = [f"{'weight ' + repr(m.weight) if m.weight is not None else ''}"
              f"{str(m.samples) + ' samples' if m.samples is not None else ''}"
              f"{'by size' if m.weight is None and m.samples is None else ''} of {size}"
+             f"{''.join(f', {k} {v}' for k, v in sorted(m._engine()[4]))}"
              for m, size in zip(mixture, sizes)]
     spe = "default" if samples_per_epoch is None else str(samples_per_epoch)
     return (f"{len(mixture)} sources ({'; '.join(parts)}), samples_per_epoch {spe}" +
@@ -642,9 +679,7 @@ class Loader:
             opts["local_world_size"] = str(local_world_size)
         engine_sources = None
         if mixture is not None:
-            engine_sources = [(m.path, m.weight or 0.0, m.samples or 0,
-                               None if m.transform is None else to_spec(m.transform))
-                              for m in mixture]
+            engine_sources = [m._engine() for m in mixture]
             if samples_per_epoch is not None:
                 opts["samples_per_epoch"] = str(_int(samples_per_epoch, "samples_per_epoch", 1,
                                                      2 ** 62))

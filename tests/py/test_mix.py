@@ -295,3 +295,121 @@ def test_cli_bench_mix(sets):
     bad = subprocess.run([_STOKER, "bench", str(sets[0]), "--mix", str(sets[1])],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "not both" in bad.stderr
+
+
+def ramp_jpeg(w, h, k, blue):
+    """A left-to-right ramp: mirrored, it differs from itself."""
+    img = np.zeros((h, w, 3), np.uint8)
+    img[:, :, 0] = (np.arange(w) * 255 // w)[None, :]
+    img[:, :, 1] = 40 + 20 * k
+    img[:, :, 2] = blue
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ramps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ramps")
+    out = []
+    for s, (w, h, n) in enumerate(((24, 16, 8), (32, 20, 6))):
+        d = root / f"r{s}" / "c0"
+        d.mkdir(parents=True)
+        for k in range(n):
+            (d / f"{k:02d}.jpg").write_bytes(ramp_jpeg(w, h, k, 30 + 170 * s))
+        out.append(root / f"r{s}")
+    return out
+
+
+FLIP = "|RandomHorizontalFlip(p=1)"
+
+
+def _ramp_run(ramps, tf0=None, tf1=None, view2="Resize((6, 6))"):
+    fields = {"image": "image", "view2": stoker.Field("image", kind="image")}
+    with stoker.Loader([stoker.Source(ramps[0], weight=0.5, transform=tf0),
+                        stoker.Source(ramps[1], weight=0.5, transform=tf1)], 7,
+                       fields=fields, transform={"image": "Resize((8, 8))", "view2": view2},
+                       samples_per_epoch=28, seed=5, threads=2) as ld:
+        return [(int(s), b["image"][k].clone(), b["view2"][k].clone())
+                for b in ld for k, s in enumerate(b["source"])]
+
+
+def test_per_source_transforms_of_every_image_field(ramps):
+    """Source 1 flips its "image", source 0 its "view2" (transform= dicts
+    naming fields): exactly those fields of those samples are mirrored pixel
+    for pixel against the run without them; the rest take the loader's."""
+    ref = _ramp_run(ramps)
+    got = _ramp_run(ramps, tf0={"view2": "Resize((6, 6))" + FLIP},
+                    tf1={"image": "Resize((8, 8))" + FLIP})
+    assert len(got) == len(ref) == 28
+    assert sorted(s for s, _, _ in got) == [0] * 14 + [1] * 14
+    for (s, img, v2), (rs, rimg, rv2) in zip(got, ref):
+        assert s == rs
+        assert not torch.equal(rimg, rimg.flip(-1))
+        if s == 1:
+            assert torch.equal(img, rimg.flip(-1)) and torch.equal(v2, rv2)
+        else:
+            assert torch.equal(img, rimg) and torch.equal(v2, rv2.flip(-1))
+
+
+def test_per_source_transform_output_sizes(ramps):
+    """A variable-size field (HWC): each source's own size lands on its samples."""
+    got = _ramp_run(ramps, tf1={"view2": "Resize(4)"}, view2="Resize(12)")
+    for s, _, v2 in got:
+        assert min(v2.shape[:2]) == (4 if s == 1 else 12), (s, v2.shape)   # HWC
+    # Refusals name the source and the field.
+    with pytest.raises(ValueError, match=r"mixture source 0 .*field 'view2'.*another shape"):
+        _ramp_run(ramps, tf0={"view2": "Resize((4, 4))"})
+    with pytest.raises(ValueError, match=r"mixture source 1 .*'nosuch'.*'view2'"):
+        _ramp_run(ramps, tf1={"nosuch": "Resize((4, 4))"})
+
+
+def test_per_source_options(sets):
+    """order= per source: the loader's order "shards" (folders have none:
+    they keep the global order) is the tar's own; what is the loader's is
+    refused naming the source and the key."""
+    def run(srcs, **kw):
+        with stoker.Loader(srcs, 10, fields={"image": "image;jpg"}, return_indices=True,
+                           transform="Resize((8, 8))", samples_per_epoch=60, seed=2,
+                           **kw) as ld:
+            return [b["__index__"].tolist() for b in ld]
+    plain = [stoker.Source(p, weight=w) for p, w in zip(sets, (0.5, 0.3, 0.2))]
+    own = plain[:2] + [stoker.Source(sets[2], weight=0.2, order="shards", shard_window=1)]
+    assert run(own) == run(plain, order="shards", options={"shard_window": 1})
+    assert "order='shards'" in repr(own[2])
+    assert pickle.loads(pickle.dumps(own[2])) == own[2]
+    with pytest.raises(ValueError, match=r"mixture source 0 .*order \"shards\".*none"):
+        run([stoker.Source(sets[0], weight=0.5, order="shards"), *plain[1:]])
+    with pytest.raises(ValueError, match=r"mixture source 1 .*'cache'.*one disk cache"):
+        run([plain[0], stoker.Source(sets[1], weight=0.3, cache=False), plain[2]])
+    with pytest.raises(ValueError, match=r"mixture source 2 .*'fetch_retries' is the loader's"):
+        run([*plain[:2], stoker.Source(sets[2], weight=0.2, fetch_retries=3)])
+
+
+def test_moved_dataset_resumes(sets, tmp_path):
+    """The fingerprint leaves the paths out: a state saved before the
+    datasets moved resumes at their new paths, with the batches the
+    uninterrupted run had."""
+    import shutil
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    for p in sets:
+        (shutil.copytree if p.is_dir() else shutil.copy)(p, a / p.name)
+
+    def make(root):
+        return stoker.Loader([stoker.Source(root / p.name, weight=w)
+                              for p, w in zip(sets, (0.5, 0.3, 0.2))], 10,
+                             fields={"image": "image;jpg"}, transform="Resize((8, 8))",
+                             samples_per_epoch=60, seed=6, threads=2)
+    with make(a) as ld:
+        it = iter(ld)
+        for _ in range(2):
+            next(it)
+        state = ld.state_dict()
+        rest = [x["image"].clone() for x in it]
+    shutil.move(str(a), str(b))
+    with make(b) as ld:
+        ld.load_state_dict(state)
+        got = [x["image"].clone() for x in ld]
+    assert len(got) == len(rest) == 4
+    assert all(torch.equal(x, y) for x, y in zip(got, rest))
