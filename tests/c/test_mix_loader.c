@@ -6,7 +6,12 @@
  * elastic resume onto other worlds and batch sizes giving the same multiset
  * of samples as an uninterrupted epoch, the refusal of a changed mixture (and
  * mix_resume "new"), the "source" field, a missing field naming its source,
- * and a failing source under raise and skip naming the source and sample. */
+ * and a failing source under raise and skip naming the source and sample.
+ * Per source: transforms of each image field landing on exactly its samples
+ * (pixel-exact flips), its own order (equal to the loader's where they
+ * agree) and the refusal of what is the loader's, an allocation-failure
+ * sweep over them; and a moved dataset resuming (the fingerprint has no
+ * paths; the first version's fingerprint still resumes). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -559,7 +564,7 @@ static void test_open_errors(void)
  * without per-source transforms (same seed, same schedule), exactly those
  * samples' fields are mirrored pixel for pixel, every other field equal. */
 
-static char g_img[2][1024];
+static char g_img[2][1024], g_imgtar[1024];
 
 static void make_image_sets(void)
 {
@@ -585,6 +590,26 @@ static void make_image_sets(void)
             free(jpg);
         }
     }
+    /* The second set's images again, as a tar (a source with a shard). */
+    uint8_t *t = NULL;
+    size_t tn = 0;
+    for (int i = 0; i < 6; i++) {
+        char path[1200], name[32];
+        snprintf(path, sizeof path, "%s/c0/i%02d.jpg", g_img[1], i);
+        size_t n;
+        void *jpg = tu_read_file(path, &n);
+        snprintf(name, sizeof name, "k%03d.jpg", i);
+        tu_tar_add(&t, &tn, name, jpg, n);
+        free(jpg);
+    }
+    uint8_t zeros[1024] = {0};
+    t = realloc(t, tn + sizeof zeros);
+    REQUIRE(t);
+    memcpy(t + tn, zeros, sizeof zeros);
+    tn += sizeof zeros;
+    snprintf(g_imgtar, sizeof g_imgtar, "%s", tu_path("mix-img.tar"));
+    tu_write_file(g_imgtar, t, tn);
+    free(t);
 }
 
 /* A mixture of the two image folders with fields image and view2; tf[s][f]:
@@ -940,6 +965,71 @@ static void test_moved_dataset_resumes(void)
     stk_loader_close(b);
 }
 
+/* One session: options with per-source transforms of two fields and a
+ * per-source order, open, an epoch; allocation n failing (-1: none).
+ * STK_OK, or the failure, which must be STK_ENOMEM. */
+static int oom_session(long n)
+{
+    const char *flip = "Resize((8, 8))|RandomHorizontalFlip(p=1)";
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    stk__alloc_fail_after(n);
+    int rc = stk_options_create(&o);
+    for (size_t s = 0; rc == STK_OK && s < 2; s++)
+        rc = stk_options_add_source(o, s ? g_imgtar : g_img[0], 0.5, 0);
+    if (rc == STK_OK)
+        rc = stk_options_set_transform(o, "Resize((8, 8))");
+    if (rc == STK_OK)
+        rc = stk_options_set_fields(o, "image=image;jpg,view2=image;jpg:image");
+    if (rc == STK_OK)
+        rc = stk_options_source_transform(o, 0, "view2", flip);
+    if (rc == STK_OK)
+        rc = stk_options_source_transform(o, 1, "image", flip);
+    if (rc == STK_OK)
+        rc = stk_options_source_set(o, 1, "order", "shards");
+    if (rc == STK_OK)
+        rc = stk_options_set(o, "samples_per_epoch", "20");
+    if (rc == STK_OK)
+        rc = stk_options_set_threads(o, 1);
+    if (rc == STK_OK)
+        rc = stk_loader_open(&l, o);
+    size_t got = 0;
+    stk_batch *b;
+    while (rc == STK_OK && (rc = stk_loader_next(l, &b)) == STK_OK) {
+        got += b->size;
+        stk_batch_release(b);
+    }
+    if (rc == STK_END) {
+        CHECK_EQ(got, 20);
+        rc = STK_OK;
+    } else if (rc == STK_ESAMPLE) { /* a worker's allocation: the sample fails */
+        stk_error_info info = {.struct_size = sizeof info};
+        CHECK_EQ(stk_loader_last_error(l, &info), STK_OK);
+        rc = info.sample_code;
+    }
+    stk__alloc_fail_after(-1);
+    if (rc != STK_OK && rc != STK_ENOMEM)
+        fprintf(stderr, "    allocation %ld: rc %d: %s\n", n, rc,
+                l ? stk_loader_errmsg(l) : stk_options_errmsg(o));
+    stk_loader_close(l);
+    stk_options_destroy(o);
+    return rc;
+}
+
+/* Every allocation of such a session failing in turn: STK_ENOMEM (or a
+ * failure the code absorbs) and no leak. */
+static void test_per_source_oom(void)
+{
+    long before = stk__alloc_count();
+    REQUIRE(oom_session(-1) == STK_OK);
+    long total = stk__alloc_count() - before;
+    for (long n = 0; n < total; n++) {
+        int rc = oom_session(n);
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+    }
+    fprintf(stderr, "    %ld allocation failures swept\n", total);
+}
+
 int main(void)
 {
     tu_begin("test_mix_loader", 240);
@@ -955,5 +1045,6 @@ int main(void)
     RUN(test_per_source_field_transforms);
     RUN(test_per_source_options);
     RUN(test_moved_dataset_resumes);
+    RUN(test_per_source_oom);
     return tu_end();
 }
