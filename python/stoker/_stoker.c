@@ -1240,8 +1240,8 @@ static int add_mix_source(stk_options *o, size_t k, PyObject *item)
             return -1;
         for (Py_ssize_t j = 0; j < PySequence_Fast_GET_SIZE(seq); j++) {
             const char *key, *value;
-            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), w ? "ss:options" : "zs:transforms",
-                                  &key, &value)) {
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j),
+                                  w ? "ss:options" : "zs:transforms", &key, &value)) {
                 Py_DECREF(seq);
                 return -1;
             }
