@@ -413,3 +413,38 @@ def test_moved_dataset_resumes(sets, tmp_path):
         got = [x["image"].clone() for x in ld]
     assert len(got) == len(rest) == 4
     assert all(torch.equal(x, y) for x, y in zip(got, rest))
+
+
+def test_per_source_blocks_over_http(sets, tmp_path):
+    """A remote .stk with its own order="blocks" (the loader's order global)
+    is read through the fetch stage exactly as under the loader's blocks
+    order, and as the same .stk read locally."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "servers"))
+    import stk_servers
+    www = tmp_path / "www"
+    www.mkdir()
+    assert stoker.pack(sets[1], www / "green", threads=2)["samples"] == 30
+
+    def run(green, own, **kw):
+        srcs = [stoker.Source(sets[0], weight=0.5),
+                stoker.Source(green, weight=0.5,
+                              **({"order": "blocks", "block_bytes": "8K"} if own else {}))]
+        with stoker.Loader(srcs, 10, fields={"image": "image;jpg"}, return_indices=True,
+                           transform="Resize((8, 8))", samples_per_epoch=40, seed=8,
+                           threads=2, **kw) as ld:
+            return [(b["__index__"].clone(), b["image"].clone()) for b in ld]
+
+    def same(a, b):
+        return len(a) == len(b) and all(torch.equal(i1, i2) and torch.equal(x1, x2)
+                                        for (i1, x1), (i2, x2) in zip(a, b))
+
+    want = run(www / "green", own=False, order="blocks", options={"block_bytes": "8K"})
+    assert len(want) == 4
+    assert same(run(www / "green", own=True), want)
+    assert not same(run(www / "green", own=False), want)   # the order shows
+    with stk_servers.Nginx(www) as http:
+        got = run(f"{http.url}/green", own=True)
+        assert any(q["path"].endswith(".stk") for q in http.requests())
+    assert same(got, want)
