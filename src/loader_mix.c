@@ -73,6 +73,21 @@ static int mixture_orders(core *c, const stk_options *o, uint64_t *h, char *err,
                      ch->ops->kind);
             rc = STK_EINVAL;
         }
+        const stk__mix_spec *m = &o->mix[k];
+        if ((m->shard_window && !sharded) ||
+            (m->block_bytes && !(sharded && ord == STK__ORDER_BLOCKS))) {
+            /* As any option that would change nothing: refused. */
+            stk__fmt(why, sizeof why,
+                     "its own %s applies to its samples read in order \"%s\" over its shards, "
+                     "and it reads them in the %s order: give it its own order, or drop it",
+                     m->block_bytes && !(sharded && ord == STK__ORDER_BLOCKS) ? "block_bytes"
+                                                                              : "shard_window",
+                     m->block_bytes && !(sharded && ord == STK__ORDER_BLOCKS)
+                         ? "blocks"
+                         : "shards\" or \"blocks",
+                     sharded ? "shard-aware" : "global");
+            rc = STK_EINVAL;
+        }
         if (blocks_order && ord != STK__ORDER_BLOCKS && stk__source_mix_fetched(&c->src, k)) {
             /* The stage reads every fetched sample with its whole block. */
             stk__fmt(why, sizeof why,
@@ -112,7 +127,10 @@ static int mixture_orders(core *c, const stk_options *o, uint64_t *h, char *err,
         base += ch->count;
         if (rc)
             stk__fmt(err, errlen, "mixture source %zu (%s): order \"%s\": %s", k, o->mix[k].shown,
-                     ord == STK__ORDER_BLOCKS ? "blocks" : "shards", why);
+                     ord == STK__ORDER_BLOCKS   ? "blocks"
+                     : ord == STK__ORDER_SHARDS ? "shards"
+                                                : "global",
+                     why);
     }
     if (rc == STK_OK && flat) {
         flat[nflat] = base;

@@ -866,6 +866,17 @@ static void test_per_source_options(void)
     CHECK_EQ(sa.mixture, sb.mixture);
     stk_loader_close(a);
     stk_loader_close(b);
+    /* A source's own window or block size that its order does not use
+     * would change nothing: refused, naming it. */
+    stk_loader *l = NULL;
+    CHECK_EQ(open_ordered(&l, NULL, NULL, "shard_window", "2", NULL), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "mixture source 1") != NULL);
+    CHECK(strstr(stk_loader_errmsg(l), "shard_window") != NULL);
+    CHECK(strstr(stk_loader_errmsg(l), "global order") != NULL);
+    stk_loader_close(l);
+    CHECK_EQ(open_ordered(&l, NULL, "shards", "block_bytes", "8K", NULL), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "block_bytes") != NULL);
+    stk_loader_close(l);
     /* What is not per source is refused, naming the source and the key. */
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
@@ -887,7 +898,6 @@ static void test_per_source_options(void)
     CHECK_EQ(stk_options_source_set(o, 1, "transform", "none"), STK_OK);
     /* A source of no shards cannot take its own shard order. */
     REQUIRE(stk_options_source_set(o, 0, "order", "shards") == STK_OK);
-    stk_loader *l = NULL;
     CHECK_EQ(stk_loader_open(&l, o), STK_EINVAL);
     CHECK(strstr(stk_loader_errmsg(l), "mixture source 0") != NULL);
     CHECK(strstr(stk_loader_errmsg(l), "order \"shards\"") != NULL);
