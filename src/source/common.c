@@ -10,6 +10,7 @@
 #include "io/file.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+void stk__warn(const stk__source_params *prm, const char *fmt, ...)
+{
+    char msg[STK_ERRMSG_MAX * 4];
+    va_list ap;
+    va_start(ap, fmt);
+    if (vsnprintf(msg, sizeof msg, fmt, ap) < 0)
+        msg[0] = '\0';
+    va_end(ap);
+    if (prm && prm->warn)
+        prm->warn(prm->warn_user, msg);
+    else
+        fprintf(stderr, "stoker: warning: %s\n", msg);
+}
 
 void stk__source_free_common(stk__source *s)
 {

@@ -249,7 +249,19 @@ typedef struct stk__source_params {
      * trusted (listcache.c); 0: STK__LISTING_TTL_DEFAULT; STK__LISTING_RELIST:
      * list on every open. */
     uint64_t listing_ttl;
+    /* Where the open's warnings go (stk_options_set_warning; NULL: stderr).
+     * Sources warn through stk__warn, never by printing. */
+    stk_warning_fn warn;
+    void *warn_user;
 } stk__source_params;
+
+/* A warning (a condition the open goes on after) to prm's channel: its
+ * function, or the line "stoker: warning: MSG" on stderr when prm or its
+ * function is NULL. The message is formatted into STK_ERRMSG_MAX * 4
+ * bytes (cut beyond). Call in the thread of the open that prm belongs to,
+ * while it runs (stk_options_set_warning's contract). */
+void stk__warn(const stk__source_params *prm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #define STK__LISTING_TTL_DEFAULT 86400u
 #define STK__LISTING_RELIST      UINT64_MAX
@@ -364,7 +376,7 @@ int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *
 /* The listing of the prefix below r kept in prm->cache_dir (listcache.c),
  * when there is one, whole and younger than prm->listing_ttl: STK_OK with
  * the arrays (the caller's, stk__remote_list_free); STK_ENOENT (none, stale,
- * relist asked, or damaged: a warning on stderr says so); STK_ENOMEM. */
+ * relist asked, or damaged: a warning through stk__warn says so); STK_ENOMEM. */
 int stk__listing_load(struct stk__remote *r, const stk__source_params *prm, char ***names,
                       uint64_t **sizes, size_t *n);
 /* Parses a kept listing's whole file (buf, len; listcache.c has the layout),
