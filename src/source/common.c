@@ -33,6 +33,20 @@ void stk__warn(const stk__source_params *prm, const char *fmt, ...)
         fprintf(stderr, "stoker: warning: %s\n", msg);
 }
 
+int stk__open_regular(const char *path, const char *shown, struct stat *st, char *err,
+                      size_t errlen)
+{
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
+    int sr = fd < 0 ? -1 : stk__fstat(fd, st);
+    if (sr == 0 && S_ISREG(st->st_mode))
+        return fd;
+    int e = errno;
+    stk__fmt(err, errlen, "%s: %s", shown, sr ? strerror(e) : "not a regular file");
+    if (fd >= 0)
+        stk__close(fd);
+    return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
+}
+
 void stk__source_free_common(stk__source *s)
 {
     /* The I/O thread first: a download finishing now runs its completion,

@@ -309,6 +309,14 @@ void stk__files_close(stk__files *f);
 typedef int (*stk__files_open_fn)(stk__source *s, const char *const *paths,
                                   const char *const *shown, size_t n, char *err, size_t errlen);
 
+struct stat;
+/* Opens the regular file path to read (shown: its name for messages): the
+ * descriptor, with its stat in *st; or a negative code with "SHOWN: why" in
+ * err: STK_ENOENT (no such file), STK_EIO (any other failure, or not a
+ * regular file). */
+int stk__open_regular(const char *path, const char *shown, struct stat *st, char *err,
+                      size_t errlen);
+
 void stk__source_close(stk__source *s);
 /* Frees what every source may hold besides its impl (shard tables, the
  * remote store) and zeroes those fields: for failure paths. */

@@ -1141,15 +1141,9 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
                  (unsigned long long)e->off, (unsigned long long)t->bytes);
         return STK_EFORMAT;
     }
-    uint8_t *buf = stk__sink_reserve(sink, e->len, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", e->len,
-                     sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %u bytes", e->len);
+    uint8_t *buf = stk__sink_take(sink, e->len, "sample", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     int fd = t->fd;
     if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
@@ -1243,15 +1237,10 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             rc = STK_ENOMEM;
             goto out;
         }
-        int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-        if (sr != 0 || !S_ISREG(st.st_mode)) {
-            int e = errno;
-            stk__fmt(err, errlen, "%s: %s", t->path, sr ? strerror(e) : "not a file");
-            rc = fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-            if (fd >= 0)
-                stk__close(fd);
+        int fd = stk__open_regular(t->path, t->path, &st, err, errlen);
+        if (fd < 0) {
+            rc = fd;
             goto out;
         }
         t->bytes = (uint64_t)st.st_size;

@@ -704,15 +704,9 @@ static int tf_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
     if (rc)
         return rc;
     size_t n = (size_t)r->len + 16;
-    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "record of %zu bytes does not fit its %zu-byte budget", n,
-                     sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %zu bytes", n);
+    uint8_t *buf = stk__sink_take(sink, n, "record", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     int fd = t->fd;
     if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open %s: %s", t->path, strerror(errno));
@@ -1370,15 +1364,9 @@ static int open_file(tfr *d, tfile *t, const char *src, size_t k, bool keep, cha
     } else if (!(t->path = stk__strdup(src))) {
         return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
+    int fd = stk__open_regular(t->path, t->shown, &st, err, errlen);
+    if (fd < 0)
+        return fd;
     t->bytes = (uint64_t)st.st_size;
     rc = index_file(t, src, fd, &fst, err, errlen);
     if (keep && !rc)
