@@ -237,26 +237,7 @@ static void test_fields_uncompressed(void)
 /* Without fields: an image pipeline over the image column and the labels. */
 static void test_images_without_fields(void)
 {
-    json_t *m = manifest("snappy");
-    tu_cfg c = {.path = fixture("snappy"), .bs = 8, .threads = 3, .transform = "imagenet-val"};
-    stk_loader *l = NULL;
-    int rc = tu_open_cfg(&l, &c);
-    if (rc)
-        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
-    REQUIRE(rc == STK_OK);
-    stk_batch *b;
-    size_t got = 0;
-    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        CHECK_EQ(b->kind, STK_BATCH_DENSE);
-        for (size_t k = 0; k < b->size; k++)
-            CHECK_EQ(b->labels[k], tu_json_int(tu_manifest_sample(m, b->indices[k]), "label"));
-        got += b->size;
-        stk_batch_release(b);
-    }
-    CHECK_EQ(rc, STK_END);
-    CHECK_EQ(got, 60);
-    stk_loader_close(l);
-    json_decref(m);
+    tu_check_images_without_fields("parquet", "snappy");
 }
 
 /* A field the files lack: the open says which fields there are. */

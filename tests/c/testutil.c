@@ -234,7 +234,7 @@ long tu_rss_bytes(void)
     return status_kb("VmRSS:");
 }
 
-int tu_open_cfg(stk_loader **l, const tu_cfg *c)
+stk_options *tu_cfg_options(const tu_cfg *c)
 {
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
@@ -255,6 +255,12 @@ int tu_open_cfg(stk_loader **l, const tu_cfg *c)
         REQUIRE(stk_options_set_transform(o, c->transform) == STK_OK);
     for (int k = 0; k + 1 < 8 && c->options[k]; k += 2)
         REQUIRE(stk_options_set(o, c->options[k], c->options[k + 1]) == STK_OK);
+    return o;
+}
+
+int tu_open_cfg(stk_loader **l, const tu_cfg *c)
+{
+    stk_options *o = tu_cfg_options(c);
     int rc = stk_loader_open(l, o);
     stk_options_destroy(o);
     return rc;
@@ -395,11 +401,8 @@ void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
     jpeg_destroy_decompress(&ci);
 }
 
-void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
+void tu_tar_header(uint8_t h[512], const char *name, size_t len)
 {
-    size_t pad = (512 - len % 512) % 512;
-    *t = realloc(*t, *tn + 512 + len + pad);
-    uint8_t *h = *t + *tn;
     memset(h, 0, 512);
     snprintf((char *)h, 100, "%s", name);
     memcpy(h + 100, "0000644", 8);
@@ -417,6 +420,14 @@ void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, siz
     for (int k = 0; k < 512; k++)
         sum += h[k];
     snprintf((char *)h + 148, 8, "%06o", sum);
+}
+
+void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
+{
+    size_t pad = (512 - len % 512) % 512;
+    *t = realloc(*t, *tn + 512 + len + pad);
+    uint8_t *h = *t + *tn;
+    tu_tar_header(h, name, len);
     memcpy(h + 512, data, len);
     memset(h + 512 + len, 0, pad);
     *tn += 512 + len + pad;
@@ -628,6 +639,32 @@ bool tu_text_is(const stk_field *f, size_t k, const char *want)
 {
     return f->lengths[k] == strlen(want) &&
            !memcmp((const char *)f->data + f->offsets[k], want, strlen(want));
+}
+
+void tu_check_images_without_fields(const char *format, const char *variant)
+{
+    json_t *m = tu_fixture_manifest(format, variant);
+    size_t n = json_array_size(json_object_get(m, "samples"));
+    tu_cfg c = {
+        .path = tu_fixture(format, variant), .bs = 8, .threads = 3, .transform = "imagenet-val"};
+    stk_loader *l = NULL;
+    int rc = tu_open_cfg(&l, &c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    stk_batch *b;
+    size_t got = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        CHECK_EQ(b->kind, STK_BATCH_DENSE);
+        for (size_t k = 0; k < b->size; k++)
+            CHECK_EQ(b->labels[k], tu_json_int(tu_manifest_sample(m, b->indices[k]), "label"));
+        got += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(got, n);
+    stk_loader_close(l);
+    json_decref(m);
 }
 
 void tu_expect_open(const char *path, int want, const char *n1, const char *n2)

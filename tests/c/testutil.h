@@ -89,6 +89,9 @@ typedef struct tu_cfg {
     const char *options[8]; /* key, value pairs for stk_options_set; NULL ends */
 } tu_cfg;
 
+/* The options c names (every setter must accept its value); the caller
+ * destroys them. */
+stk_options *tu_cfg_options(const tu_cfg *c);
 /* Opens *l from c (every setter must accept its value). Returns
  * stk_loader_open's code; *l must be closed either way. */
 int tu_open_cfg(stk_loader **l, const tu_cfg *c);
@@ -106,6 +109,8 @@ uint64_t tu_hash_files(const char *dir, char (*names)[256], int n);
 /* Appends a tar member (ustar header, data, zero padding to 512 bytes) to the
  * growing buffer *t of *tn bytes. */
 void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len);
+/* Writes the ustar header of a member name of len bytes into h. */
+void tu_tar_header(uint8_t h[512], const char *name, size_t len);
 
 uint8_t *tu_jpeg(const uint8_t *rgb, uint32_t w, uint32_t h, int quality, size_t *n);
 /* A JPEG's size from its header (libjpeg); 0x0 if it does not parse. */
@@ -152,6 +157,11 @@ void tu_tmpdir_restore(char *old);
 const stk_field *tu_field(const stk_batch *b, const char *name);
 /* Whether variable field f's sample k is the text want. */
 bool tu_text_is(const stk_field *f, size_t k, const char *want);
+
+/* A loader without fields over fixture format/variant (its first image
+ * through "imagenet-val", 3 threads, batches of 8) delivers every sample
+ * once, in dense batches, with the manifest's labels. */
+void tu_check_images_without_fields(const char *format, const char *variant);
 
 /* stk_dataset_open(path) returns want and its message holds n1 and n2
  * (each may be NULL). */
