@@ -311,16 +311,7 @@ static void store(const char *path, const char *id, char *const *names, const ui
         at += 12 + nl;
     }
     put_u64(buf + at, stk__xxh3(buf, at));
-    char tmp[4500];
-    stk__fmt(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        bool ok = stk__write_full(fd, buf, len) == STK_OK;
-        if (stk__close(fd) != 0)
-            ok = false;
-        if (!ok || rename(tmp, path) != 0)
-            stk__unlink(tmp);
-    }
+    (void)stk__write_replace(path, buf, len); /* best effort: the next open lists again */
     stk__free(buf);
     char dir[4400];
     stk__fmt(dir, sizeof dir, "%s", path);

@@ -317,6 +317,19 @@ struct stat;
 int stk__open_regular(const char *path, const char *shown, struct stat *st, char *err,
                       size_t errlen);
 
+/* Writes n bytes to path whole or not at all: into a temporary file whose
+ * name no other writer uses (the pid, a counter, the time: two loaders of a
+ * process, or processes with one pid in containers sharing the folder),
+ * renamed over path. STK_OK; STK_EIO (the temporary file removed). */
+int stk__write_replace(const char *path, const void *buf, size_t n);
+
+/* Reads a file a reader sealed for itself (an index kept on disk): whole,
+ * of min to 2^40 bytes, starting with the 8 bytes of magic and ending in
+ * the XXH3-64 of all before it (stk__put64). STK_OK with *buf (stk__free)
+ * and its *n bytes; STK_ENOENT when it cannot be opened; STK_EFORMAT when
+ * it is no such file, or cannot be read; STK_ENOMEM. */
+int stk__sealed_read(const char *path, const char *magic, size_t min, uint8_t **buf, size_t *n);
+
 void stk__source_close(stk__source *s);
 /* Frees what every source may hold besides its impl (shard tables, the
  * remote store) and zeroes those fields: for failure paths. */

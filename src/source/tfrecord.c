@@ -1072,25 +1072,17 @@ static bool index_valid(const tfile *t, uint64_t size)
  * state) | features (type, multi, samples, min, max) | names | xxh3. */
 static int cache_load(const char *cpath, const struct stat *fst, uint64_t size, tfile *t)
 {
-    int rc = STK_EFORMAT;
     uint8_t *buf = NULL;
-    char why[128];
     uint8_t want[TF_HEAD] = {0};
     put_stat(want, fst);
-    int fd = stk__open(cpath, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return STK_ENOENT;
-    struct stat st;
-    if (stk__fstat(fd, &st) != 0 || st.st_size < TF_HEAD + 8 || st.st_size > (1LL << 40))
+    size_t n;
+    int rc = stk__sealed_read(cpath, TF_MAGIC, TF_HEAD + 8, &buf, &n);
+    if (rc == STK_ENOENT)
+        return rc;
+    if (rc)
         goto out;
-    size_t n = (size_t)st.st_size;
-    if (!(buf = stk__malloc(n))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    if (stk__pread_full(fd, buf, n, 0, why, sizeof why) || memcmp(buf, TF_MAGIC, 8) ||
-        memcmp(buf + 8, want + 8, 56) || stk__get64(buf + 64) != size ||
-        stk__get64(buf + n - 8) != stk__xxh3(buf, n - 8))
+    rc = STK_EFORMAT;
+    if (memcmp(buf + 8, want + 8, 56) || stk__get64(buf + 64) != size)
         goto out;
     uint64_t count = stk__get64(buf + 72), nfeat = stk__get64(buf + 80);
     uint64_t nb = stk__get64(buf + 88), body = n - TF_HEAD - 8;
@@ -1134,7 +1126,6 @@ out:
         t->nfeat = 0;
     }
     stk__free(buf);
-    stk__close(fd);
     return rc;
 }
 
@@ -1172,24 +1163,8 @@ static int cache_store(const char *cpath, const struct stat *fst, uint64_t size,
         p += l;
     }
     stk__put64(buf + n - 8, stk__xxh3(buf, n - 8));
-    /* A private temporary name, renamed into place: readers never see a
-     * half-written cache, and two writers never share a file. */
-    static atomic_uint seq;
-    unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
-    char tmp[4200];
-    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
-             (unsigned long long)stk__now_ns());
-    int rc = STK_EIO;
-    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        rc = stk__write_full(fd, buf, n);
-        if (stk__close(fd) != 0)
-            rc = STK_EIO;
-        if (rc == STK_OK && rename(tmp, cpath) != 0)
-            rc = STK_EIO;
-        if (rc)
-            unlink(tmp);
-    }
+    /* Renamed into place: readers never see a half-written cache. */
+    int rc = stk__write_replace(cpath, buf, n);
     stk__free(buf);
     return rc;
 }
