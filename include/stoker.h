@@ -320,6 +320,22 @@ STK_API int stk_options_set_drop_last(stk_options *o, int on);
 /* rank < world_size, world_size >= 1. */
 STK_API int stk_options_set_partition(stk_options *o, unsigned rank, unsigned world_size);
 STK_API int stk_options_set_on_error(stk_options *o, int policy); /* enum stk_on_error */
+/* Receives the library's warnings: conditions an open goes on after, which
+ * no return code would show (today: a remote dataset's consolidated index
+ * that is missing, damaged or does not fit, so each shard is opened
+ * instead; a bucket listing kept in cache_dir that is damaged, so the
+ * objects are listed again). msg is one line without a prefix or a newline,
+ * borrowed for the call only. */
+typedef void (*stk_warning_fn)(void *user, const char *msg);
+/* Where the warnings of opens from o go: fn(user, msg). The default (and fn
+ * NULL) writes the line "stoker: warning: MSG" on stderr; to drop them, give
+ * a function that does nothing. fn is called in the thread that made the
+ * call that meets the condition, while that call runs (today only during
+ * stk_loader_open, stk_dataset_open and stk_dataset_verify): user must stay
+ * valid until it returns, and fn must not call into the library on the
+ * handle being opened. Loaders and datasets keep neither after their open.
+ * STK_OK; STK_EINVAL for NULL o. */
+STK_API int stk_options_set_warning(stk_options *o, stk_warning_fn fn, void *user);
 /* Variable-size batches (raw bytes, images decoded at their own size) keep
  * their samples in one arena per batch, taking exactly the bytes each sample
  * needs, up to stk_options_set(o, "batch_memory", N) for the whole batch

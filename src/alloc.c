@@ -251,3 +251,14 @@ uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc)
     *rc = STK_OK;
     return s->dst;
 }
+
+uint8_t *stk__sink_take(stk__sink *s, size_t n, const char *what, int *rc, char *err, size_t errlen)
+{
+    uint8_t *buf = stk__sink_reserve(s, n, rc);
+    if (!buf && *rc == STK_ETOOBIG)
+        stk__fmt(err, errlen, "%s of %zu bytes does not fit its %zu-byte budget", what, n,
+                 s->grow ? s->grow->limit : s->cap);
+    else if (!buf)
+        stk__fmt(err, errlen, "out of memory for %zu bytes", n);
+    return buf;
+}

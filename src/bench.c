@@ -59,9 +59,9 @@ static void bench_item(void *arg, unsigned worker, uint64_t i, uint64_t slot)
                               c->sample_bytes, &len, dims, err, sizeof err);
     } else {
         stk__sink sink = {.grow = &w->out};
-        uint8_t *outp = NULL;
+        stk__imgpipe_result res;
         rc = stk__imgpipe_run_sink(c->pipe, c->samples[k], c->lens[k], &rng, &w->scratch, &sink,
-                                   &outp, &len, dims, err, sizeof err);
+                                   &res, err, sizeof err);
     }
     c->rc[slot] = rc;
 }

@@ -1333,8 +1333,6 @@ typedef struct layout {
     size_t dec, tmp, orient, stage, rest_buf, rest_aux, total;
 } layout;
 
-_Thread_local uint64_t stk__imgpipe_decoded_at;
-
 /* ---- Running the pipeline on one image --------------------------------------
  * stk__imgpipe_run goes through named phases sharing one context:
  *   open_image   - pick the codec, read the header, check the size, orientation
@@ -1375,6 +1373,7 @@ typedef struct run_ctx {
     uint8_t *m_dec, *m_tmp, *m_orient, *m_stage, *m_rest0, *m_rest1, *m_aux;
     stk__view cur;
     int hf, vf;
+    uint64_t decoded_at; /* stk__imgpipe_result.decoded_at */
 } run_ctx;
 
 static int open_image(run_ctx *x)
@@ -1564,13 +1563,13 @@ static int decode(run_ctx *x, uint8_t *out, stk__view *dec)
     if (x->direct) {
         if ((rc = x->codec->read(x->st, out, (size_t)x->r.w * 3, x->m_tmp, x->err, x->errlen)))
             return rc;
-        stk__imgpipe_decoded_at = stk__now_ns();
+        x->decoded_at = stk__now_ns();
         return STK_OK;
     }
     *dec = (stk__view){x->m_dec, (size_t)x->r.w * 3, x->r.w, x->r.h};
     if ((rc = x->codec->read(x->st, dec->p, dec->stride, x->m_tmp, x->err, x->errlen)))
         return rc;
-    stk__imgpipe_decoded_at = stk__now_ns();
+    x->decoded_at = stk__now_ns();
     x->codec->close(x->st);
     x->st = NULL;
     return STK_OK;
@@ -1671,44 +1670,46 @@ int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk_
                      int32_t dims[3], char *err, size_t errlen)
 {
     stk__sink sink = {out, out_cap, NULL, NULL, NULL, ""};
-    uint8_t *unused;
-    return stk__imgpipe_run_sink(p, bytes, n, rng, scratch, &sink, &unused, out_len, dims, err,
-                                 errlen);
+    stk__imgpipe_result res;
+    int rc = stk__imgpipe_run_sink(p, bytes, n, rng, scratch, &sink, &res, err, errlen);
+    *out_len = res.len;
+    memcpy(dims, res.dims, sizeof res.dims);
+    return rc;
 }
 
 int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
-                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp, size_t *out_len,
-                          int32_t dims[3], char *err, size_t errlen)
+                          stk__scratch *scratch, stk__sink *sink, stk__imgpipe_result *res,
+                          char *err, size_t errlen)
 {
     run_ctx x;
     uint8_t *out = NULL;
     memset(&x, 0, sizeof x);
+    memset(res, 0, sizeof *res);
     x.p = p;
     x.bytes = bytes;
     x.n = n;
     x.err = err;
     x.errlen = errlen;
-    *out_len = 0;
     stk__view dec;
     int rc;
-    *outp = NULL;
     if ((rc = open_image(&x)) || (rc = plan_stage(&x, rng, sink, &out)))
         goto out;
-    *outp = out;
+    res->out = out;
     size_rest(&x);
     if ((rc = start_decode(&x, scratch)) || (rc = decode(&x, out, &dec)))
         goto out;
     if (x.direct) {
-        dims[0] = (int32_t)x.r.h;
-        dims[1] = (int32_t)x.r.w;
-        dims[2] = 3;
-        *out_len = (size_t)x.r.w * x.r.h * 3;
+        res->dims[0] = (int32_t)x.r.h;
+        res->dims[1] = (int32_t)x.r.w;
+        res->dims[2] = 3;
+        res->len = (size_t)x.r.w * x.r.h * 3;
         goto out;
     }
     run_stage(&x, &dec);
     run_rest(&x);
-    write_out(&x, out, out_len, dims);
+    write_out(&x, out, &res->len, res->dims);
 out:
+    res->decoded_at = x.decoded_at;
     if (x.codec && x.st)
         x.codec->close(x.st);
     return rc;

@@ -76,19 +76,25 @@ void stk__imgpipe_set_host_uint8(stk__imgpipe *p);
  * (GIF, BMP, TIFF, WebP, AVIF, HEIC/HEIF, JPEG 2000, JPEG XL, QOI), or NULL. */
 const char *stk__image_other_format(const uint8_t *b, size_t n);
 
-/* When the calling thread's last stk__imgpipe_run finished decoding (before
- * its transforms), on stk__now_ns's clock: the trace splits a sample's
- * processing into decode and transform with it. */
-extern _Thread_local uint64_t stk__imgpipe_decoded_at;
-
 int stk__imgpipe_run(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
                      stk__scratch *scratch, uint8_t *out, size_t out_cap, size_t *out_len,
                      int32_t dims[3], char *err, size_t errlen);
+/* What stk__imgpipe_run_sink made. */
+typedef struct stk__imgpipe_result {
+    uint8_t *out;    /* where the output went (NULL if the sink gave nothing) */
+    size_t len;      /* its bytes */
+    int32_t dims[3]; /* {h, w, c} */
+    /* When the decode finished, before the transforms, on stk__now_ns's
+     * clock (0: the run failed before): the trace splits a sample's
+     * processing into decode and transform with it. */
+    uint64_t decoded_at;
+} stk__imgpipe_result;
+
 /* The same, writing into memory the sink gives once the output's size is
- * known (*outp: where the output went): a variable batch's arena takes
- * exactly the bytes each image needs. */
+ * known: a variable batch's arena takes exactly the bytes each image needs.
+ * *res is filled (zeroed first); errors as stk__imgpipe_run. */
 int stk__imgpipe_run_sink(const stk__imgpipe *p, const uint8_t *bytes, size_t n, stk__rng *rng,
-                          stk__scratch *scratch, stk__sink *sink, uint8_t **outp, size_t *out_len,
-                          int32_t dims[3], char *err, size_t errlen);
+                          stk__scratch *scratch, stk__sink *sink, stk__imgpipe_result *res,
+                          char *err, size_t errlen);
 
 #endif

@@ -119,6 +119,12 @@ typedef struct stk__sink {
  * STK_ETOOBIG if n exceeds the budget, STK_ENOMEM. Asking again for no more
  * than the last answer gives the same buffer. */
 uint8_t *stk__sink_reserve(stk__sink *s, size_t n, int *rc);
+/* stk__sink_reserve for a reader's sample, with the message the read fails
+ * with in err: "WHAT of N bytes does not fit its B-byte budget"
+ * (STK_ETOOBIG), "out of memory for N bytes" (STK_ENOMEM). what: "sample",
+ * "record", ... */
+uint8_t *stk__sink_take(stk__sink *s, size_t n, const char *what, int *rc, char *err,
+                        size_t errlen);
 
 /* ---- Messages ----------------------------------------------------------- */
 /* snprintf into buf of size n, always terminated, never overflowing. */

@@ -406,9 +406,12 @@ static int make_primary(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epo
     int rc;
     if (c->pipe) {
         stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
-        stk__imgpipe_decoded_at = 0;
+        stk__imgpipe_result res;
         rc = stk__imgpipe_run_sink(stk__pipe_for(c, i), r->data, r->len, &rng, &w->dec,
-                                   variable ? &arena : &slot_sink, &out, &len, dims, err, errlen);
+                                   variable ? &arena : &slot_sink, &res, err, errlen);
+        out = res.out;
+        len = res.len;
+        memcpy(dims, res.dims, sizeof dims);
     } else if (!variable) {
         if (r->len != c->sample_bytes) {
             stk__fmt(err, errlen, "sample is %zu bytes, expected %zu", r->len, c->sample_bytes);
@@ -471,20 +474,18 @@ static int make_image(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoch
                       NULL,
                       NULL,
                       ""};
-    uint8_t *out = NULL;
-    size_t len = 0;
-    int32_t dims[3] = {0, 0, 0};
+    stk__imgpipe_result res;
     int rc = stk__imgpipe_run_sink(pipe, r->data, r->len, &rng, &w->dec,
-                                   col->dense ? &slot : &arena, &out, &len, dims, err, errlen);
+                                   col->dense ? &slot : &arena, &res, err, errlen);
     if (rc == STK_ETOOBIG && arena.why[0])
         stk__fmt(err, errlen, "%s", arena.why);
     if (rc)
         return rc;
     if (!col->dense) {
-        col->offsets[s] = (uint64_t)(out - b->farena);
-        col->lengths[s] = len;
+        col->offsets[s] = (uint64_t)(res.out - b->farena);
+        col->lengths[s] = res.len;
         sh[0] = 3;
-        sh[1] = dims[0], sh[2] = dims[1], sh[3] = dims[2];
+        sh[1] = res.dims[0], sh[2] = res.dims[1], sh[3] = res.dims[2];
     }
     return STK_OK;
 }

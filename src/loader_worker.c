@@ -52,7 +52,6 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
     if (c->trace)
         stk__trace_event(c->trace, 1 + w->id, STK__TR_READ, t0, t1, i, b->g, (uint32_t)s);
     if (rc == STK_OK && c->nfplan) {
-        stk__imgpipe_decoded_at = 0;
         rc = stk__fields_make(w, b, s, i, epoch, bytes, len, label, err, sizeof err, &field);
         uint64_t t2 = stk__now_ns();
         stage_add(w, STK_STAGE_PROCESS, t2 - t1);
@@ -60,19 +59,19 @@ static int make_sample(worker *w, buffer *b, size_t s, uint64_t i, uint64_t epoc
             stk__trace_event(c->trace, 1 + w->id, STK__TR_PROCESS, t1, t2, i, b->g, (uint32_t)s);
     } else if (rc == STK_OK && c->pipe) {
         stk__rng rng = stk__rng_for(c->sched.seed, epoch, i);
-        stk__imgpipe_decoded_at = 0;
-        size_t out_len = 0;
         /* Into the dense slot, or exactly the bytes the image needs from
          * the variable batch's arena. */
         stk__sink slot_sink = {slot, c->sample_bytes, NULL, NULL, NULL, ""};
+        stk__imgpipe_result res;
         rc = stk__imgpipe_run_sink(stk__pipe_for(c, i), bytes, len, &rng, &w->dec,
-                                   variable ? &arena : &slot_sink, &out, &out_len, dims, err,
-                                   sizeof err);
-        len = out_len;
+                                   variable ? &arena : &slot_sink, &res, err, sizeof err);
+        out = res.out;
+        len = res.len;
+        memcpy(dims, res.dims, sizeof dims);
         uint64_t t2 = stk__now_ns();
         stage_add(w, STK_STAGE_PROCESS, t2 - t1);
         if (c->trace) {
-            uint64_t td = stk__imgpipe_decoded_at;
+            uint64_t td = res.decoded_at;
             if (td >= t1 && td <= t2) {
                 stk__trace_event(c->trace, 1 + w->id, STK__TR_DECODE, t1, td, i, b->g, (uint32_t)s);
                 stk__trace_event(c->trace, 1 + w->id, STK__TR_TRANSFORM, td, t2, i, b->g,

@@ -339,6 +339,15 @@ int stk_options_set_on_error(stk_options *o, int policy)
     return STK_OK;
 }
 
+int stk_options_set_warning(stk_options *o, stk_warning_fn fn, void *user)
+{
+    if (!o)
+        return STK_EINVAL;
+    o->warn = fn;
+    o->warn_user = fn ? user : NULL;
+    return STK_OK;
+}
+
 int stk_options_set_max_sample_bytes(stk_options *o, size_t n)
 {
     if (!o)
@@ -1088,4 +1097,6 @@ void stk__options_source_params(const stk_options *o, stk__source_params *prm,
     prm->cache_dir = o->cache_dir;
     prm->cache_limit = o->cache_limit;
     prm->listing_ttl = o->listing_ttl;
+    prm->warn = o->warn;
+    prm->warn_user = o->warn_user;
 }

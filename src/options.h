@@ -68,7 +68,9 @@ struct stk_options {
     uint64_t samples_per_epoch; /* 0: the default (mix.h) */
     int mix_resume;             /* 0 strict, 1 new: a changed mixture resumes */
     int mix_batching;           /* 0 mixed, 1 per_source */
-    int device;                 /* enum stk_device of the batches (docs/gpu.md) */
+    stk_warning_fn warn;        /* stk_options_set_warning (NULL: stderr) */
+    void *warn_user;
+    int device; /* enum stk_device of the batches (docs/gpu.md) */
     int device_id;
     char errmsg[512]; /* why the last stk_options_set failed (stk_options_errmsg) */
 };

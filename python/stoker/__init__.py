@@ -11,7 +11,7 @@ API reference.
 """
 
 from . import _stoker, transforms
-from ._stoker import Error, SampleError
+from ._stoker import Error, SampleError, StokerWarning
 from .loader import Loader, Records, Source
 from .fields import Field, Ragged
 from .diagnose import diagnose, Diagnosis
@@ -19,5 +19,5 @@ from .packing import Writer, pack
 
 __version__ = _stoker.version()
 
-__all__ = ["Loader", "Records", "Source", "Field", "Ragged", "pack", "Writer", "diagnose", "Diagnosis", "Error", "SampleError",
+__all__ = ["Loader", "Records", "Source", "Field", "Ragged", "pack", "Writer", "diagnose", "Diagnosis", "Error", "SampleError", "StokerWarning",
            "transforms", "__version__"]

@@ -138,6 +138,7 @@ static int vtype_of_dtype(int dtype)
 /* ---- module state: exception types -------------------------------------- */
 static PyObject *g_Error;       /* stoker.Error(RuntimeError) */
 static PyObject *g_SampleError; /* stoker.SampleError(stoker.Error) */
+static PyObject *g_Warning;     /* stoker.StokerWarning(RuntimeWarning) */
 
 /* A code's name as Python shows it: the library's (stk_errname) without the
  * C prefix, STK_EIO -> "EIO". */
@@ -1274,10 +1275,45 @@ typedef struct opener {
     stk_loader *l;
     int rc;
     int done, abandoned;
+    /* The open's warnings (warn_queue), each ending in '\0'. */
+    char *warnings;
+    size_t warn_len;
 } opener;
+
+/* The most bytes of warnings one open keeps (more are dropped). */
+#define WARN_QUEUE_MAX (64u << 10)
+
+/* The open's warning channel (stk_options_set_warning). It runs on the
+ * opener's thread without the GIL, so it only queues the message (under
+ * op->mu); the Python thread turns the queue into stoker.StokerWarning
+ * after the open (warn_deliver). */
+static void warn_queue(void *user, const char *msg)
+{
+    opener *op = user;
+    size_t n = strlen(msg) + 1;
+    pthread_mutex_lock(&op->mu);
+    char *p = op->warn_len + n <= WARN_QUEUE_MAX ? realloc(op->warnings, op->warn_len + n) : NULL;
+    if (p) {
+        memcpy(p + op->warn_len, msg, n);
+        op->warnings = p;
+        op->warn_len += n;
+    }
+    pthread_mutex_unlock(&op->mu);
+}
+
+/* Issues the n bytes of queued warnings w as stoker.StokerWarning, in
+ * order. Returns 0, or -1 with the exception a filter made of one. */
+static int warn_deliver(const char *w, size_t n)
+{
+    for (size_t at = 0; at < n; at += strlen(w + at) + 1)
+        if (PyErr_WarnEx(g_Warning, w + at, 2) < 0) /* the line that made the Loader */
+            return -1;
+    return 0;
+}
 
 static void opener_free(opener *op)
 {
+    free(op->warnings);
     stk_options_destroy(op->o);
     pthread_cond_destroy(&op->cv);
     pthread_mutex_destroy(&op->mu);
@@ -1305,7 +1341,9 @@ static void *opener_main(void *arg)
 
 /* Opens a loader from *o (which it takes: *o is NULL after), interruptibly.
  * Returns 0 with *rc and *out set, or -1 with a Python exception (the
- * signal's, or MemoryError). */
+ * signal's, MemoryError, or a warning a filter turned into an error: the
+ * loader is closed then). The open's warnings are issued as
+ * stoker.StokerWarning before it returns. */
 static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
 {
     opener *op = calloc(1, sizeof *op);
@@ -1328,6 +1366,7 @@ static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
     }
     op->o = *o;
     *o = NULL;
+    stk_options_set_warning(op->o, warn_queue, op);
     int started = !pthread_attr_init(&attr);
     if (started) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -1370,6 +1409,12 @@ static int open_interruptibly(stk_options **o, stk_loader **out, int *rc)
             }
             return -1;
         }
+    }
+    /* The thread is done: the queue is the Python thread's alone. */
+    if (warn_deliver(op->warnings, op->warn_len) < 0) {
+        stk_loader_close(op->l);
+        opener_free(op);
+        return -1;
     }
     *out = op->l;
     *rc = op->rc;
@@ -2695,8 +2740,16 @@ PyMODINIT_FUNC PyInit__stoker(void)
                             : NULL;
     if (!g_SampleError)
         goto fail;
+    g_Warning = PyErr_NewExceptionWithDoc(
+        "stoker.StokerWarning",
+        "A condition the library went on after (a remote dataset's damaged stoker.index, a "
+        "damaged cached bucket listing): the library's warning channel, never stderr.",
+        PyExc_RuntimeWarning, NULL);
+    if (!g_Warning)
+        goto fail;
     Py_INCREF(g_Error);
     Py_INCREF(g_SampleError);
+    Py_INCREF(g_Warning);
     Py_INCREF(&Engine_Type);
     Py_INCREF(&Batch_Type);
     Py_INCREF(&View_Type);
@@ -2704,6 +2757,7 @@ PyMODINIT_FUNC PyInit__stoker(void)
     if (PyModule_AddObject(m, "Error", g_Error) < 0 ||
         PyModule_AddObject(m, "ShardWriter", (PyObject *)&ShardWriter_Type) < 0 ||
         PyModule_AddObject(m, "SampleError", g_SampleError) < 0 ||
+        PyModule_AddObject(m, "StokerWarning", g_Warning) < 0 ||
         PyModule_AddObject(m, "Engine", (PyObject *)&Engine_Type) < 0 ||
         PyModule_AddObject(m, "Batch", (PyObject *)&Batch_Type) < 0 ||
         PyModule_AddObject(m, "View", (PyObject *)&View_Type) < 0 ||

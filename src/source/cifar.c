@@ -58,12 +58,9 @@ static int cifar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **dat
     uint64_t rec = CIFAR_IMAGE + c->label_bytes;
     uint8_t lab[2];
     int rc;
-    uint8_t *buf = stk__sink_reserve(sink, CIFAR_IMAGE, &rc);
-    if (!buf) {
-        stk__fmt(err, errlen, "CIFAR image of %d bytes does not fit its %zu-byte budget",
-                 CIFAR_IMAGE, sink->grow ? sink->grow->limit : sink->cap);
+    uint8_t *buf = stk__sink_take(sink, CIFAR_IMAGE, "CIFAR image", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     if ((rc = stk__pread_full(f->fd, lab, c->label_bytes, j * rec, err, errlen)) ||
         (rc = stk__pread_full(f->fd, buf, CIFAR_IMAGE, j * rec + c->label_bytes, err, errlen)))
         return rc;

@@ -10,6 +10,8 @@
 #include "io/file.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,89 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+void stk__warn(const stk__source_params *prm, const char *fmt, ...)
+{
+    char msg[STK_ERRMSG_MAX * 4];
+    va_list ap;
+    va_start(ap, fmt);
+    if (vsnprintf(msg, sizeof msg, fmt, ap) < 0)
+        msg[0] = '\0';
+    va_end(ap);
+    if (prm && prm->warn)
+        prm->warn(prm->warn_user, msg);
+    else
+        fprintf(stderr, "stoker: warning: %s\n", msg);
+}
+
+int stk__open_regular(const char *path, const char *shown, struct stat *st, char *err,
+                      size_t errlen)
+{
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
+    int sr = fd < 0 ? -1 : stk__fstat(fd, st);
+    if (sr == 0 && S_ISREG(st->st_mode))
+        return fd;
+    int e = errno;
+    stk__fmt(err, errlen, "%s: %s", shown, sr ? strerror(e) : "not a regular file");
+    if (fd >= 0)
+        stk__close(fd);
+    return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
+}
+
+int stk__write_replace(const char *path, const void *buf, size_t n)
+{
+    static atomic_uint seq;
+    unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed); /* a name only */
+    char tmp[4200];
+    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", path, (long)getpid(), writer,
+             (unsigned long long)stk__now_ns());
+    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return STK_EIO;
+    int rc = stk__write_full(fd, buf, n);
+    if (stk__close(fd) != 0)
+        rc = STK_EIO;
+    if (rc == STK_OK && rename(tmp, path) != 0)
+        rc = STK_EIO;
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
+int stk__sealed_read(const char *path, const char *magic, size_t min, uint8_t **buf, size_t *n)
+{
+    int rc = STK_EFORMAT;
+    char why[128];
+    *buf = NULL;
+    *n = 0;
+    int fd = stk__open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return STK_ENOENT;
+    struct stat st;
+    if (stk__fstat(fd, &st) != 0 || st.st_size < (off_t)min || st.st_size < 16 ||
+        st.st_size > (1LL << 40))
+        goto out;
+    size_t len = (size_t)st.st_size;
+    uint8_t *b = stk__malloc(len);
+    if (!b) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    uint64_t sum = 0; /* the trailer, little-endian */
+    bool whole = stk__pread_full(fd, b, len, 0, why, sizeof why) == STK_OK;
+    for (int k = 0; whole && k < 8; k++)
+        sum |= (uint64_t)b[len - 8 + (size_t)k] << (8 * k);
+    if (!whole || memcmp(b, magic, 8) || sum != (uint64_t)XXH3_64bits(b, len - 8)) {
+        stk__free(b);
+        goto out;
+    }
+    *buf = b;
+    *n = len;
+    rc = STK_OK;
+out:
+    stk__close(fd);
+    return rc;
+}
 
 void stk__source_free_common(stk__source *s)
 {

@@ -97,11 +97,10 @@ static void listing_path(stk__remote *r, const stk__source_params *prm, char *id
              (unsigned long long)stk__xxh3(id, strlen(id)));
 }
 
-static void warn(const char *path, const char *why)
+static void warn(const stk__source_params *prm, const char *path, const char *why)
 {
-    /* The open goes on (it lists again): no caller would see a message. */
-    fprintf(stderr, "stoker: warning: cached listing %s: %s; listing the objects again\n", path,
-            why);
+    /* The open goes on (it lists again): no return code would show it. */
+    stk__warn(prm, "cached listing %s: %s; listing the objects again", path, why);
 }
 
 int stk__listing_parse(const uint8_t *buf, size_t len, const char *id, uint64_t *listed_at,
@@ -178,10 +177,10 @@ out:
 }
 
 /* The cached listing at path when it is whole and younger than the TTL:
- * STK_OK; STK_ENOENT (none, stale, or damaged: warned when loud);
- * STK_ENOMEM. */
-static int load(const char *path, const char *id, uint64_t ttl, bool loud, char ***names,
-                uint64_t **sizes, size_t *n)
+ * STK_OK; STK_ENOENT (none, stale, or damaged: warned through loud's
+ * channel, quietly when loud is NULL); STK_ENOMEM. */
+static int load(const char *path, const char *id, uint64_t ttl, const stk__source_params *loud,
+                char ***names, uint64_t **sizes, size_t *n)
 {
     int rc = STK_ENOENT;
     uint8_t *buf = NULL;
@@ -226,7 +225,7 @@ static int load(const char *path, const char *id, uint64_t ttl, bool loud, char 
     rc = STK_OK;
 out:
     if (rc == STK_ENOENT && why[0] && loud)
-        warn(path, why);
+        warn(loud, path, why);
     stk__free(buf);
     stk__close(fd);
     return rc;
@@ -244,7 +243,7 @@ int stk__listing_load(stk__remote *r, const stk__source_params *prm, char ***nam
     if (!enabled(prm) || prm->listing_ttl == STK__LISTING_RELIST)
         return STK_ENOENT;
     listing_path(r, prm, id, sizeof id, path, sizeof path);
-    return load(path, id, ttl_of(prm), true, names, sizes, n);
+    return load(path, id, ttl_of(prm), prm, names, sizes, n);
 }
 
 /* Keeps at most LISTINGS_MAX listings: the oldest others go. */
@@ -312,16 +311,7 @@ static void store(const char *path, const char *id, char *const *names, const ui
         at += 12 + nl;
     }
     put_u64(buf + at, stk__xxh3(buf, at));
-    char tmp[4500];
-    stk__fmt(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid());
-    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        bool ok = stk__write_full(fd, buf, len) == STK_OK;
-        if (stk__close(fd) != 0)
-            ok = false;
-        if (!ok || rename(tmp, path) != 0)
-            stk__unlink(tmp);
-    }
+    (void)stk__write_replace(path, buf, len); /* best effort: the next open lists again */
     stk__free(buf);
     char dir[4400];
     stk__fmt(dir, sizeof dir, "%s", path);
@@ -358,7 +348,7 @@ int stk__listing_tree(stk__remote *r, const stk__source_params *prm, char ***nam
     /* Listed by another rank while this one waited (quiet: a damaged file
      * was reported by the first look). A relist (TTL 0) lists anyway. */
     if (prm->listing_ttl != STK__LISTING_RELIST &&
-        (rc = load(path, id, ttl_of(prm), false, names, sizes, n)) != STK_ENOENT)
+        (rc = load(path, id, ttl_of(prm), NULL, names, sizes, n)) != STK_ENOENT)
         goto out;
     if ((rc = stk__remote_list_tree(r, names, sizes, n, err, errlen)))
         goto out;

@@ -567,21 +567,11 @@ static int ld_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
 {
     const ld *d = s->impl;
     const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
-    uint64_t j = i - t->first, off;
+    uint64_t off;
     size_t n;
-    int rc = stk__ot_range(t, j, &off, &n, &k_ld_words, err, errlen);
+    uint8_t *buf;
+    int rc = stk__ot_read(t, i - t->first, &k_ld_words, sink, &buf, &n, &off, err, errlen);
     if (rc)
-        return rc;
-    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "item of %zu bytes does not fit its %zu-byte budget", n,
-                     sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %zu bytes", n);
-        return rc;
-    }
-    if ((rc = stk__pread_at(t->fd, t->path, buf, n, off, err, errlen)))
         return rc;
     size_t pos[STK__MAX_FIELDS], ll[STK__MAX_FIELDS];
     char why[STK_ERRMSG_MAX];
@@ -653,7 +643,7 @@ static void ld_name(const stk__source *s, uint64_t i, char *buf, size_t n)
 {
     const ld *d = s->impl;
     const lchunk *t = &d->chunks[stk__source_shard_of(s, i)];
-    stk__fmt(buf, n, "%s#%" PRIu64, t->shown, i - t->first);
+    stk__ot_name(t, i - t->first, buf, n);
 }
 
 static void ld_describe(const stk__source *s, stk__dataset_info *di)

@@ -87,15 +87,9 @@ int stk__ot_open(stk__otshard *t, uint64_t want, bool keep, const stk__otwords *
                  size_t errlen)
 {
     struct stat st;
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
+    int fd = stk__open_regular(t->path, t->shown, &st, err, errlen);
+    if (fd < 0)
+        return fd;
     t->bytes = (uint64_t)st.st_size;
     if (!t->stored) /* not decompressed: the file read is the one stored */
         t->stored = t->bytes;
@@ -129,4 +123,20 @@ void stk__ot_free(stk__otshard *t, size_t n)
         stk__free(t[k].path);
         stk__free(t[k].off);
     }
+}
+
+int stk__ot_read(const stk__otshard *t, uint64_t j, const stk__otwords *w, stk__sink *sink,
+                 uint8_t **buf, size_t *n, uint64_t *off, char *err, size_t errlen)
+{
+    int rc = stk__ot_range(t, j, off, n, w, err, errlen);
+    if (rc)
+        return rc;
+    if (!(*buf = stk__sink_take(sink, *n, w->item, &rc, err, errlen)))
+        return rc;
+    return stk__pread_at(t->fd, t->path, *buf, *n, *off, err, errlen);
+}
+
+void stk__ot_name(const stk__otshard *t, uint64_t j, char *buf, size_t n)
+{
+    stk__fmt(buf, n, "%s#%" PRIu64, t->shown, j);
 }

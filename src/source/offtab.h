@@ -55,6 +55,15 @@ int stk__ot_head(const stk__otrd *r, uint64_t want, stk__otshard *t, const stk__
 int stk__ot_range(const stk__otshard *t, uint64_t j, uint64_t *off, size_t *len,
                   const stk__otwords *w, char *why, size_t wn);
 
+/* Reads item j of t into memory the sink gives: *buf, its *n bytes, at
+ * *off in the file. Errors as stk__ot_range, stk__sink_take (the item
+ * named by w) and stk__pread_at. */
+int stk__ot_read(const stk__otshard *t, uint64_t j, const stk__otwords *w, stk__sink *sink,
+                 uint8_t **buf, size_t *n, uint64_t *off, char *err, size_t errlen);
+
+/* Item j of t for messages: "SHOWN#j". */
+void stk__ot_name(const stk__otshard *t, uint64_t j, char *buf, size_t n);
+
 /* Opens t->path (a regular file) and reads its offsets table (want items);
  * sets t->bytes, and t->stored when still 0. keep: t->fd stays open, else
  * reads open the file each time. Errors name t->shown. */

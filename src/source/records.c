@@ -28,12 +28,9 @@ static int records_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **d
     records *r = s->impl;
     size_t n = r->record_bytes - r->label_bytes;
     int rc;
-    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
-    if (!buf) {
-        stk__fmt(err, errlen, "record of %zu bytes does not fit its %zu-byte budget", n,
-                 sink->grow ? sink->grow->limit : sink->cap);
+    uint8_t *buf = stk__sink_take(sink, n, "record", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     uint8_t lab[8] = {0};
     struct iovec iov[2] = {{lab, r->label_bytes}, {buf, n}};
     off_t off = (off_t)(r->header_bytes + i * r->record_bytes);
@@ -119,18 +116,10 @@ int stk__source_records_open(stk__source *s, const char *path, const stk__source
     r->record_bytes = prm->record_bytes;
     r->header_bytes = prm->header_bytes;
     r->label_bytes = lb;
-    r->fd = stk__open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", path, strerror(e));
-        rc = e == ENOENT ? STK_ENOENT : STK_EIO;
-        goto out;
-    }
     struct stat st;
-    int sr = stk__fstat(r->fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        stk__fmt(err, errlen, "%s: %s", path, sr ? strerror(errno) : "not a regular file");
-        rc = STK_EIO;
+    if ((r->fd = stk__open_regular(path, path, &st, err, errlen)) < 0) {
+        rc = r->fd;
+        r->fd = -1;
         goto out;
     }
     size_t size = (size_t)st.st_size;

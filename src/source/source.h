@@ -249,7 +249,19 @@ typedef struct stk__source_params {
      * trusted (listcache.c); 0: STK__LISTING_TTL_DEFAULT; STK__LISTING_RELIST:
      * list on every open. */
     uint64_t listing_ttl;
+    /* Where the open's warnings go (stk_options_set_warning; NULL: stderr).
+     * Sources warn through stk__warn, never by printing. */
+    stk_warning_fn warn;
+    void *warn_user;
 } stk__source_params;
+
+/* A warning (a condition the open goes on after) to prm's channel: its
+ * function, or the line "stoker: warning: MSG" on stderr when prm or its
+ * function is NULL. The message is formatted into STK_ERRMSG_MAX * 4
+ * bytes (cut beyond). Call in the thread of the open that prm belongs to,
+ * while it runs (stk_options_set_warning's contract). */
+void stk__warn(const stk__source_params *prm, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 #define STK__LISTING_TTL_DEFAULT 86400u
 #define STK__LISTING_RELIST      UINT64_MAX
@@ -296,6 +308,27 @@ void stk__files_close(stk__files *f);
  * reader on a local list or a remote one alike (K_* table there). */
 typedef int (*stk__files_open_fn)(stk__source *s, const char *const *paths,
                                   const char *const *shown, size_t n, char *err, size_t errlen);
+
+struct stat;
+/* Opens the regular file path to read (shown: its name for messages): the
+ * descriptor, with its stat in *st; or a negative code with "SHOWN: why" in
+ * err: STK_ENOENT (no such file), STK_EIO (any other failure, or not a
+ * regular file). */
+int stk__open_regular(const char *path, const char *shown, struct stat *st, char *err,
+                      size_t errlen);
+
+/* Writes n bytes to path whole or not at all: into a temporary file whose
+ * name no other writer uses (the pid, a counter, the time: two loaders of a
+ * process, or processes with one pid in containers sharing the folder),
+ * renamed over path. STK_OK; STK_EIO (the temporary file removed). */
+int stk__write_replace(const char *path, const void *buf, size_t n);
+
+/* Reads a file a reader sealed for itself (an index kept on disk): whole,
+ * of min to 2^40 bytes, starting with the 8 bytes of magic and ending in
+ * the XXH3-64 of all before it (stk__put64). STK_OK with *buf (stk__free)
+ * and its *n bytes; STK_ENOENT when it cannot be opened; STK_EFORMAT when
+ * it is no such file, or cannot be read; STK_ENOMEM. */
+int stk__sealed_read(const char *path, const char *magic, size_t min, uint8_t **buf, size_t *n);
 
 void stk__source_close(stk__source *s);
 /* Frees what every source may hold besides its impl (shard tables, the
@@ -364,7 +397,7 @@ int stk__source_bucket_open(stk__source *s, struct stk__remote *r, char *const *
 /* The listing of the prefix below r kept in prm->cache_dir (listcache.c),
  * when there is one, whole and younger than prm->listing_ttl: STK_OK with
  * the arrays (the caller's, stk__remote_list_free); STK_ENOENT (none, stale,
- * relist asked, or damaged: a warning on stderr says so); STK_ENOMEM. */
+ * relist asked, or damaged: a warning through stk__warn says so); STK_ENOMEM. */
 int stk__listing_load(struct stk__remote *r, const stk__source_params *prm, char ***names,
                       uint64_t **sizes, size_t *n);
 /* Parses a kept listing's whole file (buf, len; listcache.c has the layout),

@@ -882,11 +882,11 @@ out:
  * sample: 16 GiB is some 200 million samples). */
 #define INDEX_MAX (16ull << 30)
 
-/* A warning the open goes on after: the library's only output of its own,
- * on stderr, since the open succeeds and no caller would see a message. */
-static void open_warning(const char *msg)
+/* A warning the open goes on after, to the caller's warning channel: the
+ * open succeeds, so no message would show it. */
+static void open_warning(const stk__source_params *prm, const char *msg)
 {
-    fprintf(stderr, "stoker: warning: %s\n", msg);
+    stk__warn(prm, "%s", msg);
 }
 
 /* The cache file of the index named by id and sum, in DIR/stoker-index/. */
@@ -1015,7 +1015,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         stk__fmt(msg, sizeof msg,
                  "%s: the manifest gives it %llu bytes; opening each shard instead", where,
                  (unsigned long long)m->index_bytes);
-        open_warning(msg);
+        open_warning(prm, msg);
         return INDEX_FALLBACK;
     }
     if (prm && prm->cache_dir) {
@@ -1055,7 +1055,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
                      "%s: is more than twice the %llu bytes the manifest gives it; opening each "
                      "shard instead",
                      where, (unsigned long long)m->index_bytes);
-            open_warning(msg);
+            open_warning(prm, msg);
             rc = INDEX_FALLBACK;
             goto out;
         }
@@ -1063,7 +1063,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
             stk__fmt(msg, sizeof msg,
                      "%s: the manifest names it but it is not there; opening each shard instead",
                      where);
-            open_warning(msg);
+            open_warning(prm, msg);
             rc = INDEX_FALLBACK;
             goto out;
         }
@@ -1077,7 +1077,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         if (rc == STK_ENOMEM)
             goto out;
         stk__fmt(msg, sizeof msg, "%s: %s; opening each shard instead", where, why);
-        open_warning(msg);
+        open_warning(prm, msg);
         rc = INDEX_FALLBACK;
         goto out;
     }
@@ -1110,7 +1110,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         if ((rc = stk__stkindex_check_shard(&ix.sh[k], &s->h, &s->f, &s->maxl, why, sizeof why))) {
             stk__fmt(msg, sizeof msg, "%s: shard %s: %s; opening each shard instead", where,
                      d->shards[k].obj, why);
-            open_warning(msg);
+            open_warning(prm, msg);
             rc = INDEX_FALLBACK;
             goto out;
         }

@@ -712,23 +712,15 @@ static void put_entry(uint8_t *p, const tentry *e)
 
 static int cache_load(const char *cpath, const struct stat *tst, tshard *t)
 {
-    int rc = STK_EFORMAT;
     uint8_t *buf = NULL;
-    char why[128];
-    int fd = stk__open(cpath, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return STK_ENOENT;
-    struct stat st;
-    if (stk__fstat(fd, &st) != 0 || st.st_size < TIDX_HEAD + 8 || st.st_size > (1LL << 40))
+    size_t n;
+    int rc = stk__sealed_read(cpath, TIDX_MAGIC, TIDX_HEAD + 8, &buf, &n);
+    if (rc == STK_ENOENT)
+        return rc;
+    if (rc)
         goto out;
-    size_t n = (size_t)st.st_size;
-    if (!(buf = stk__malloc(n))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    if (stk__pread_full(fd, buf, n, 0, why, sizeof why) || memcmp(buf, TIDX_MAGIC, 8) ||
-        stk__get64(buf + n - 8) != stk__xxh3(buf, n - 8) ||
-        stk__get64(buf + 8) != (uint64_t)tst->st_size ||
+    rc = STK_EFORMAT;
+    if (stk__get64(buf + 8) != (uint64_t)tst->st_size ||
         (int64_t)stk__get64(buf + 16) != (int64_t)tst->st_mtim.tv_sec ||
         (int64_t)stk__get64(buf + 24) != (int64_t)tst->st_mtim.tv_nsec ||
         stk__get64(buf + 56) != (uint64_t)tst->st_ino ||
@@ -773,17 +765,14 @@ out:
     if (rc)
         shard_free_index(t);
     stk__free(buf);
-    stk__close(fd);
     return rc;
 }
 
 static int cache_store(const char *cpath, const struct stat *tst, const tshard *t)
 {
-    int rc = STK_EIO;
     size_t n = TIDX_HEAD + (size_t)t->count * TIDX_ENTRY + (size_t)t->nmem * TIDX_MEMBER +
                (size_t)t->exts_len + (size_t)t->keys_len + 8;
     uint8_t *buf = stk__malloc(n);
-    char tmp[4200];
     if (!buf)
         return STK_ENOMEM;
     memset(buf, 0, TIDX_HEAD);
@@ -816,23 +805,7 @@ static int cache_store(const char *cpath, const struct stat *tst, const tshard *
     if (t->keys_len)
         memcpy(p, t->keys, (size_t)t->keys_len);
     stk__put64(buf + n - 8, stk__xxh3(buf, n - 8));
-    /* Unique per writer: two loaders of one process (or two processes with
-     * the same pid in different containers sharing the directory) must not
-     * write or unlink each other's temporary file. */
-    static atomic_uint seq;
-    unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
-    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
-             (unsigned long long)stk__now_ns());
-    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        rc = stk__write_full(fd, buf, n);
-        if (stk__close(fd) != 0)
-            rc = STK_EIO;
-        if (rc == STK_OK && rename(tmp, cpath) != 0)
-            rc = STK_EIO;
-        if (rc)
-            unlink(tmp);
-    }
+    int rc = stk__write_replace(cpath, buf, n);
     stk__free(buf);
     return rc;
 }
@@ -1141,15 +1114,9 @@ static int tar_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data,
                  (unsigned long long)e->off, (unsigned long long)t->bytes);
         return STK_EFORMAT;
     }
-    uint8_t *buf = stk__sink_reserve(sink, e->len, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "sample of %u bytes does not fit its %zu-byte budget", e->len,
-                     sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %u bytes", e->len);
+    uint8_t *buf = stk__sink_take(sink, e->len, "sample", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     int fd = t->fd;
     if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
@@ -1243,15 +1210,10 @@ int stk__source_tar_open(stk__source *s, const char *const *paths, size_t n, cha
             rc = STK_ENOMEM;
             goto out;
         }
-        int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-        if (sr != 0 || !S_ISREG(st.st_mode)) {
-            int e = errno;
-            stk__fmt(err, errlen, "%s: %s", t->path, sr ? strerror(e) : "not a file");
-            rc = fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-            if (fd >= 0)
-                stk__close(fd);
+        int fd = stk__open_regular(t->path, t->path, &st, err, errlen);
+        if (fd < 0) {
+            rc = fd;
             goto out;
         }
         t->bytes = (uint64_t)st.st_size;

@@ -704,15 +704,9 @@ static int tf_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
     if (rc)
         return rc;
     size_t n = (size_t)r->len + 16;
-    uint8_t *buf = stk__sink_reserve(sink, n, &rc);
-    if (!buf) {
-        if (rc == STK_ETOOBIG)
-            stk__fmt(err, errlen, "record of %zu bytes does not fit its %zu-byte budget", n,
-                     sink->grow ? sink->grow->limit : sink->cap);
-        else
-            stk__fmt(err, errlen, "out of memory for %zu bytes", n);
+    uint8_t *buf = stk__sink_take(sink, n, "record", &rc, err, errlen);
+    if (!buf)
         return rc;
-    }
     int fd = t->fd;
     if (fd < 0 && (fd = stk__open(t->path, O_RDONLY | O_CLOEXEC)) < 0) {
         stk__fmt(err, errlen, "cannot open %s: %s", t->path, strerror(errno));
@@ -1078,25 +1072,17 @@ static bool index_valid(const tfile *t, uint64_t size)
  * state) | features (type, multi, samples, min, max) | names | xxh3. */
 static int cache_load(const char *cpath, const struct stat *fst, uint64_t size, tfile *t)
 {
-    int rc = STK_EFORMAT;
     uint8_t *buf = NULL;
-    char why[128];
     uint8_t want[TF_HEAD] = {0};
     put_stat(want, fst);
-    int fd = stk__open(cpath, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return STK_ENOENT;
-    struct stat st;
-    if (stk__fstat(fd, &st) != 0 || st.st_size < TF_HEAD + 8 || st.st_size > (1LL << 40))
+    size_t n;
+    int rc = stk__sealed_read(cpath, TF_MAGIC, TF_HEAD + 8, &buf, &n);
+    if (rc == STK_ENOENT)
+        return rc;
+    if (rc)
         goto out;
-    size_t n = (size_t)st.st_size;
-    if (!(buf = stk__malloc(n))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    if (stk__pread_full(fd, buf, n, 0, why, sizeof why) || memcmp(buf, TF_MAGIC, 8) ||
-        memcmp(buf + 8, want + 8, 56) || stk__get64(buf + 64) != size ||
-        stk__get64(buf + n - 8) != stk__xxh3(buf, n - 8))
+    rc = STK_EFORMAT;
+    if (memcmp(buf + 8, want + 8, 56) || stk__get64(buf + 64) != size)
         goto out;
     uint64_t count = stk__get64(buf + 72), nfeat = stk__get64(buf + 80);
     uint64_t nb = stk__get64(buf + 88), body = n - TF_HEAD - 8;
@@ -1140,7 +1126,6 @@ out:
         t->nfeat = 0;
     }
     stk__free(buf);
-    stk__close(fd);
     return rc;
 }
 
@@ -1178,24 +1163,8 @@ static int cache_store(const char *cpath, const struct stat *fst, uint64_t size,
         p += l;
     }
     stk__put64(buf + n - 8, stk__xxh3(buf, n - 8));
-    /* A private temporary name, renamed into place: readers never see a
-     * half-written cache, and two writers never share a file. */
-    static atomic_uint seq;
-    unsigned writer = atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed);
-    char tmp[4200];
-    stk__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%u.%llx", cpath, (long)getpid(), writer,
-             (unsigned long long)stk__now_ns());
-    int rc = STK_EIO;
-    int fd = stk__open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-        rc = stk__write_full(fd, buf, n);
-        if (stk__close(fd) != 0)
-            rc = STK_EIO;
-        if (rc == STK_OK && rename(tmp, cpath) != 0)
-            rc = STK_EIO;
-        if (rc)
-            unlink(tmp);
-    }
+    /* Renamed into place: readers never see a half-written cache. */
+    int rc = stk__write_replace(cpath, buf, n);
     stk__free(buf);
     return rc;
 }
@@ -1370,15 +1339,9 @@ static int open_file(tfr *d, tfile *t, const char *src, size_t k, bool keep, cha
     } else if (!(t->path = stk__strdup(src))) {
         return STK_ENOMEM;
     }
-    int fd = stk__open(t->path, O_RDONLY | O_CLOEXEC);
-    int sr = fd < 0 ? -1 : stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", t->shown, sr ? strerror(e) : "not a regular file");
-        if (fd >= 0)
-            stk__close(fd);
-        return fd < 0 && e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
+    int fd = stk__open_regular(t->path, t->shown, &st, err, errlen);
+    if (fd < 0)
+        return fd;
     t->bytes = (uint64_t)st.st_size;
     rc = index_file(t, src, fd, &fst, err, errlen);
     if (keep && !rc)

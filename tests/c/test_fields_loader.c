@@ -84,21 +84,7 @@ typedef struct fadd {
 static int open_f(stk_loader **l, const tu_cfg *c, const char *fields, const fadd *adds,
                   size_t nadds)
 {
-    stk_options *o = NULL;
-    REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_set_source(o, c->path) == STK_OK);
-    if (c->record)
-        REQUIRE(stk_options_set_records(o, c->record, c->header, c->label) == STK_OK);
-    REQUIRE(stk_options_set_batch_size(o, c->bs ? c->bs : 4) == STK_OK);
-    REQUIRE(stk_options_set_threads(o, c->threads ? c->threads : 2) == STK_OK);
-    REQUIRE(stk_options_set_depth(o, c->depth ? c->depth : 2) == STK_OK);
-    REQUIRE(stk_options_set_seed(o, c->seed) == STK_OK);
-    REQUIRE(stk_options_set_shuffle(o, c->shuffle) == STK_OK);
-    REQUIRE(stk_options_set_on_error(o, c->on_error) == STK_OK);
-    if (c->transform)
-        REQUIRE(stk_options_set_transform(o, c->transform) == STK_OK);
-    for (int k = 0; k + 1 < 8 && c->options[k]; k += 2)
-        REQUIRE(stk_options_set(o, c->options[k], c->options[k + 1]) == STK_OK);
+    stk_options *o = tu_cfg_options(c);
     if (fields && stk_options_set_fields(o, fields) != STK_OK) {
         fprintf(stderr, "    fields '%s': %s\n", fields, stk_options_errmsg(o));
         REQUIRE(0);

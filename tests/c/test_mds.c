@@ -14,18 +14,11 @@
 #endif
 #include "testutil.h"
 
-#include "io/file.h"
-
 #include <stdbool.h>
-
-long stk__alloc_live(void);
-void stk__alloc_fail_after(long n);
-long stk__alloc_count(void);
 
 #include <ctype.h>
 #include <dirent.h>
 #include <jansson.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,35 +33,12 @@ static const char *fixtures(void)
 
 static json_t *manifest(const char *variant)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s.manifest.json", fixtures(), variant);
-    json_error_t je;
-    json_t *m = json_load_file(p, JSON_DECODE_ANY, &je);
-    REQUIRE(m);
-    return m;
+    return tu_fixture_manifest("mds", variant);
 }
 
 static const char *fixture(const char *variant)
 {
-    static char p[4200];
-    snprintf(p, sizeof p, "%s/%s", fixtures(), variant);
-    return p;
-}
-
-/* The manifest's sample i. */
-static json_t *msample(json_t *m, size_t i)
-{
-    json_t *s = json_array_get(json_object_get(m, "samples"), i);
-    REQUIRE(s);
-    CHECK_EQ(json_integer_value(json_object_get(s, "index")), i);
-    return s;
-}
-
-static int64_t mint(json_t *s, const char *key)
-{
-    json_t *v = json_object_get(s, key);
-    REQUIRE(json_is_integer(v));
-    return json_integer_value(v);
+    return tu_fixture("mds", variant);
 }
 
 /* ---- the dataset API ----------------------------------------------------------- */
@@ -103,8 +73,8 @@ static void check_dataset(const char *variant, int image_kind)
     CHECK_EQ(di.bytes, stored);
     int64_t maxl = -1;
     for (size_t i = 0; i < n; i++)
-        if (mint(msample(m, i), "label") > maxl)
-            maxl = mint(msample(m, i), "label");
+        if (tu_json_int(tu_manifest_sample(m, i), "label") > maxl)
+            maxl = tu_json_int(tu_manifest_sample(m, i), "label");
     CHECK_EQ(di.classes, maxl + 1);
     /* stoker info's column list. */
     REQUIRE(stk_dataset_field_count(d) == 7);
@@ -119,16 +89,16 @@ static void check_dataset(const char *variant, int image_kind)
     }
     /* Without fields a sample is its image bytes and its label. */
     for (size_t i = 0; i < n; i++) {
-        json_t *s = msample(m, i);
+        json_t *s = tu_manifest_sample(m, i);
         const void *data;
         size_t len;
         int64_t label;
         REQUIRE(stk_dataset_read(d, i, &data, &len, &label, err, sizeof err) == STK_OK);
         char hex[65];
         tu_sha256_hex(data, len, hex);
-        CHECK_EQ(len, mint(s, "nbytes"));
+        CHECK_EQ(len, tu_json_int(s, "nbytes"));
         CHECK(!strcmp(hex, json_string_value(json_object_get(s, "sha256"))));
-        CHECK_EQ(label, mint(s, "label"));
+        CHECK_EQ(label, tu_json_int(s, "label"));
         char key[256];
         REQUIRE(stk_dataset_sample_key(d, i, key, sizeof key) == STK_OK);
         const char *file =
@@ -160,15 +130,6 @@ static void test_dataset_jpeg(void)
 
 /* ---- the loader with fields ---------------------------------------------------- */
 
-static const stk_field *field(const stk_batch *b, const char *name)
-{
-    for (size_t k = 0; k < b->nfields; k++)
-        if (!strcmp(b->fields[k].name, name))
-            return &b->fields[k];
-    REQUIRE(0);
-    return NULL;
-}
-
 /* One epoch with every column as a field; each sample compared with the
  * manifest; returns a hash of the batches (order included). */
 static uint64_t epoch_fields(const char *variant, unsigned threads)
@@ -193,9 +154,10 @@ static uint64_t epoch_fields(const char *variant, unsigned threads)
     uint64_t h = 0;
     stk_batch *b;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *img = field(b, "image"), *cap = field(b, "caption");
-        const stk_field *meta = field(b, "meta"), *lab = field(b, "label");
-        const stk_field *w = field(b, "width"), *ht = field(b, "height"), *asp = field(b, "aspect");
+        const stk_field *img = tu_field(b, "image"), *cap = tu_field(b, "caption");
+        const stk_field *meta = tu_field(b, "meta"), *lab = tu_field(b, "label");
+        const stk_field *w = tu_field(b, "width"), *ht = tu_field(b, "height"),
+                        *asp = tu_field(b, "aspect");
         CHECK_EQ(lab->kind, STK_FIELD_INT);
         CHECK_EQ(asp->kind, STK_FIELD_FLOAT);
         CHECK_EQ(cap->kind, STK_FIELD_TEXT);
@@ -206,7 +168,7 @@ static uint64_t epoch_fields(const char *variant, unsigned threads)
             REQUIRE(i < n);
             CHECK(!seen[i]);
             seen[i] = 1;
-            json_t *s = msample(m, i);
+            json_t *s = tu_manifest_sample(m, i);
             const uint8_t *ib = (const uint8_t *)img->data + img->offsets[k];
             char hex[65];
             tu_sha256_hex(ib, img->lengths[k], hex);
@@ -230,10 +192,10 @@ static uint64_t epoch_fields(const char *variant, unsigned threads)
                   !memcmp(dump, (const char *)meta->data + meta->offsets[k], meta->lengths[k]));
             free(dump);
             json_decref(got);
-            CHECK_EQ(((const int64_t *)lab->data)[k], mint(s, "label"));
-            CHECK_EQ(b->labels[k], mint(s, "label"));
-            CHECK_EQ(((const int64_t *)w->data)[k], mint(s, "width"));
-            CHECK_EQ(((const int64_t *)ht->data)[k], mint(s, "height"));
+            CHECK_EQ(((const int64_t *)lab->data)[k], tu_json_int(s, "label"));
+            CHECK_EQ(b->labels[k], tu_json_int(s, "label"));
+            CHECK_EQ(((const int64_t *)w->data)[k], tu_json_int(s, "width"));
+            CHECK_EQ(((const int64_t *)ht->data)[k], tu_json_int(s, "height"));
             float fa = ((const float *)asp->data)[k];
             CHECK(fa == (float)json_real_value(json_object_get(s, "aspect")));
             h = tu_hash(h, &i, sizeof i);
@@ -269,59 +231,27 @@ static void test_fields_jpeg(void)
 /* Without fields: an image pipeline over the image column and the labels. */
 static void test_images_without_fields(void)
 {
-    json_t *m = manifest("jpeg");
-    tu_cfg c = {.path = fixture("jpeg"), .bs = 8, .threads = 3, .transform = "imagenet-val"};
-    stk_loader *l = NULL;
-    int rc = tu_open_cfg(&l, &c);
-    if (rc)
-        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
-    REQUIRE(rc == STK_OK);
-    stk_batch *b;
-    size_t got = 0;
-    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        CHECK_EQ(b->kind, STK_BATCH_DENSE);
-        for (size_t k = 0; k < b->size; k++)
-            CHECK_EQ(b->labels[k], mint(msample(m, b->indices[k]), "label"));
-        got += b->size;
-        stk_batch_release(b);
-    }
-    CHECK_EQ(rc, STK_END);
-    CHECK_EQ(got, 60);
-    stk_loader_close(l);
-    json_decref(m);
+    tu_check_images_without_fields("mds", "jpeg");
 }
 
 /* .mds.zstd shards are decompressed into $TMPDIR/stoker-mds-*, removed at
  * close. */
 static int count_tmp(const char *dir)
 {
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, "stoker-mds-", 11);
-    if (d)
-        closedir(d);
-    return n;
+    return tu_count_prefixed(dir, "stoker-mds-");
 }
 
 static void test_zstd_temporary_area(void)
 {
     const char *tmp = tu_path("tmparea");
-    tu_mkdirs(tmp);
-    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
+    char *old = tu_tmpdir_use(tmp);
     stk_dataset *d = NULL;
     char err[512];
     REQUIRE(stk_dataset_open(&d, fixture("zstd"), NULL, err, sizeof err) == STK_OK);
     CHECK_EQ(count_tmp(tmp), 1);
     stk_dataset_close(d);
     CHECK_EQ(count_tmp(tmp), 0);
-    if (old)
-        setenv("TMPDIR", old, 1);
-    else
-        unsetenv("TMPDIR");
-    free(old);
+    tu_tmpdir_restore(old);
 }
 
 /* ---- datasets made here ---------------------------------------------------------- */
@@ -329,66 +259,22 @@ static void test_zstd_temporary_area(void)
 /* Copies fixture variant into the temporary directory as name. */
 static const char *copy_fixture(const char *variant, const char *name)
 {
-    static char dst[4][4200];
-    static int rot;
-    char *out = dst[rot++ % 4];
-    snprintf(out, 4200, "%s", tu_path(name));
-    tu_mkdirs(out);
-    DIR *d = opendir(fixture(variant));
-    REQUIRE(d);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[8400];
-        snprintf(p, sizeof p, "%s/%s", fixture(variant), e->d_name);
-        size_t n;
-        void *b = tu_read_file(p, &n);
-        REQUIRE(b);
-        snprintf(p, sizeof p, "%s/%s", out, e->d_name);
-        tu_write_file(p, b, n);
-        free(b);
-    }
-    closedir(d);
-    return out;
-}
-
-static char *file_in(const char *dir, const char *name)
-{
-    static char p[4][8400];
-    static int rot;
-    char *out = p[rot++ % 4];
-    snprintf(out, 8400, "%s/%s", dir, name);
-    return out;
+    return tu_copy_dir(fixture(variant), name);
 }
 
 /* Rewrites dir/index.json after edit(root) changed it. */
 static void edit_index(const char *dir, void (*edit)(json_t *))
 {
-    json_t *root = json_load_file(file_in(dir, "index.json"), 0, NULL);
+    json_t *root = json_load_file(tu_join(dir, "index.json"), 0, NULL);
     REQUIRE(root);
     edit(root);
-    REQUIRE(json_dump_file(root, file_in(dir, "index.json"), JSON_SORT_KEYS) == 0);
+    REQUIRE(json_dump_file(root, tu_join(dir, "index.json"), JSON_SORT_KEYS) == 0);
     json_decref(root);
 }
 
 static json_t *shard0(json_t *root)
 {
     return json_array_get(json_object_get(root, "shards"), 0);
-}
-
-/* Opens dir, expecting rc and every needle in the message. */
-static void expect_open(const char *dir, int want, const char *n1, const char *n2)
-{
-    stk_dataset *d = NULL;
-    char err[1024] = "";
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    CHECK_EQ(rc, want);
-    CHECK(!n1 || strstr(err, n1));
-    CHECK(!n2 || strstr(err, n2));
-    if ((n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)))
-        fprintf(stderr, "message lacks '%s' or '%s': %s\n", n1, n2 ? n2 : "", err);
-    stk_dataset_close(d);
 }
 
 static void lie_count(json_t *r)
@@ -437,84 +323,35 @@ static void test_index_lies(void)
 {
     const char *d = copy_fixture("plain", "count");
     edit_index(d, lie_count);
-    expect_open(d, STK_EFORMAT, "shard.00000.mds", "holds 18 samples, but index.json says 19");
+    tu_expect_open(d, STK_EFORMAT, "shard.00000.mds", "holds 18 samples, but index.json says 19");
     d = copy_fixture("plain", "size");
     edit_index(d, lie_size);
-    expect_open(d, STK_EFORMAT, "index.json", "column 'height' (uint16) has column_sizes entry 4");
+    tu_expect_open(d, STK_EFORMAT, "index.json",
+                   "column 'height' (uint16) has column_sizes entry 4");
     d = copy_fixture("plain", "pkl");
     edit_index(d, make_pkl);
-    expect_open(d, STK_EUNSUPPORTED, "index.json", "column 'meta' is encoded 'pkl'");
+    tu_expect_open(d, STK_EUNSUPPORTED, "index.json", "column 'meta' is encoded 'pkl'");
     d = copy_fixture("plain", "unknown");
     edit_index(d, make_unknown);
-    expect_open(d, STK_EUNSUPPORTED, "index.json", "'float128'");
+    tu_expect_open(d, STK_EUNSUPPORTED, "index.json", "'float128'");
     d = copy_fixture("plain", "gz");
     edit_index(d, make_gz);
-    expect_open(d, STK_EUNSUPPORTED, "index.json", "'gz'");
+    tu_expect_open(d, STK_EUNSUPPORTED, "index.json", "'gz'");
     d = copy_fixture("plain", "differ");
     edit_index(d, differ);
-    expect_open(d, STK_EUNSUPPORTED, "shard 1 (shard.00001.mds)", "other columns");
+    tu_expect_open(d, STK_EUNSUPPORTED, "shard 1 (shard.00001.mds)", "other columns");
     d = copy_fixture("zstd", "hash");
     edit_index(d, bad_hash);
-    expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "xxh64");
+    tu_expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "xxh64");
     d = copy_fixture("zstd", "bomb");
     edit_index(d, small_raw);
-    expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "more than the 1000 bytes");
+    tu_expect_open(d, STK_EFORMAT, "shard.00000.mds.zstd", "more than the 1000 bytes");
     d = copy_fixture("plain", "notjson");
-    tu_write_file(file_in(d, "index.json"), "{\"shards\": [{\"format\": \"mds\",", 30);
-    expect_open(d, STK_EFORMAT, "index.json", "not valid JSON (line 1");
+    tu_write_file(tu_join(d, "index.json"), "{\"shards\": [{\"format\": \"mds\",", 30);
+    tu_expect_open(d, STK_EFORMAT, "index.json", "not valid JSON (line 1");
     d = copy_fixture("plain", "missing");
-    REQUIRE(unlink(file_in(d, "shard.00002.mds")) == 0);
-    expect_open(d, STK_ENOENT, "shard.00002.mds", NULL);
-}
-
-static void patch(const char *path, long off, const void *b, size_t n)
-{
-    size_t len;
-    uint8_t *buf = tu_read_file(path, &len);
-    REQUIRE(buf && (size_t)off + n <= len);
-    memcpy(buf + off, b, n);
-    tu_write_file(path, buf, len);
-    free(buf);
-}
-
-static uint32_t rd32(const char *path, long off)
-{
-    size_t len;
-    uint8_t *b = tu_read_file(path, &len);
-    REQUIRE(b && (size_t)off + 4 <= len);
-    uint32_t v = (uint32_t)b[off] | (uint32_t)b[off + 1] << 8 | (uint32_t)b[off + 2] << 16 |
-                 (uint32_t)b[off + 3] << 24;
-    free(b);
-    return v;
-}
-
-/* Reads every sample of dir; returns the failures; the first message in
- * first (when not NULL). */
-static int read_all(const char *dir, char *first, size_t n)
-{
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "%s\n", err);
-    REQUIRE(rc == STK_OK);
-    stk_dataset_info di = {.struct_size = sizeof di};
-    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
-    int bad = 0;
-    if (first)
-        first[0] = '\0';
-    for (uint64_t i = 0; i < di.samples; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) != STK_OK) {
-            if (!bad && first)
-                snprintf(first, n, "%s", err);
-            bad++;
-        }
-    }
-    stk_dataset_close(d);
-    return bad;
+    REQUIRE(unlink(tu_join(d, "shard.00002.mds")) == 0);
+    tu_expect_open(d, STK_ENOENT, "shard.00002.mds", NULL);
 }
 
 static void test_truncated_shard(void)
@@ -523,11 +360,11 @@ static void test_truncated_shard(void)
      * after fail naming the shard and the offsets; the loader under skip
      * delivers the rest. */
     const char *d = copy_fixture("plain", "trunc");
-    const char *sh = file_in(d, "shard.00001.mds");
-    uint32_t off5 = rd32(sh, 4 + 4 * 5);
+    const char *sh = tu_join(d, "shard.00001.mds");
+    uint32_t off5 = tu_read_le32(sh, 4 + 4 * 5);
     REQUIRE(truncate(sh, off5 + 100) == 0);
     char msg[1024];
-    int bad = read_all(d, msg, sizeof msg);
+    int bad = tu_read_all(d, msg, sizeof msg, NULL);
     CHECK_EQ(bad, 16 - 5);
     CHECK(strstr(msg, "shard.00001.mds#5") != NULL);
     CHECK(strstr(msg, "truncated") != NULL);
@@ -564,32 +401,32 @@ static void test_truncated_shard(void)
     stk_loader_close(l);
     /* Cut inside the offsets table: the open fails naming the file. */
     d = copy_fixture("plain", "trunc2");
-    REQUIRE(truncate(file_in(d, "shard.00003.mds"), 20) == 0);
-    expect_open(d, STK_EFORMAT, "shard.00003.mds", "offsets table");
+    REQUIRE(truncate(tu_join(d, "shard.00003.mds"), 20) == 0);
+    tu_expect_open(d, STK_EFORMAT, "shard.00003.mds", "offsets table");
     /* A zstd shard cut off. */
     d = copy_fixture("zstd", "trunc3");
-    REQUIRE(truncate(file_in(d, "shard.00002.mds.zstd"), 5000) == 0);
-    expect_open(d, STK_EFORMAT, "shard.00002.mds.zstd", "cut off");
+    REQUIRE(truncate(tu_join(d, "shard.00002.mds.zstd"), 5000) == 0);
+    tu_expect_open(d, STK_EFORMAT, "shard.00002.mds.zstd", "cut off");
     /* A zstd shard with a flipped byte: the stream or the xxh64 says so. */
     d = copy_fixture("zstd", "flip");
-    patch(file_in(d, "shard.00001.mds.zstd"), 40000, "\xff\x00\xff", 3);
-    expect_open(d, STK_EFORMAT, "shard.00001.mds.zstd", NULL);
+    tu_patch(tu_join(d, "shard.00001.mds.zstd"), 40000, "\xff\x00\xff", 3);
+    tu_expect_open(d, STK_EFORMAT, "shard.00001.mds.zstd", NULL);
 }
 
 static void test_corrupt_records(void)
 {
     /* Offsets table going backwards: refused at open. */
     const char *d = copy_fixture("plain", "offs");
-    patch(file_in(d, "shard.00000.mds"), 4 + 4 * 3, "\x10\x00\x00\x00", 4);
-    expect_open(d, STK_EFORMAT, "shard.00000.mds", "offsets table is corrupt: entry 3");
+    tu_patch(tu_join(d, "shard.00000.mds"), 4 + 4 * 3, "\x10\x00\x00\x00", 4);
+    tu_expect_open(d, STK_EFORMAT, "shard.00000.mds", "offsets table is corrupt: entry 3");
     /* A record's size header lying about its caption: that sample fails,
      * naming its shard, position and offset; the others read. */
     d = copy_fixture("plain", "rec");
-    const char *sh = file_in(d, "shard.00002.mds");
-    uint32_t off7 = rd32(sh, 4 + 4 * 7);
-    patch(sh, (long)off7, "\xff\xff\x00\x00", 4);
+    const char *sh = tu_join(d, "shard.00002.mds");
+    uint32_t off7 = tu_read_le32(sh, 4 + 4 * 7);
+    tu_patch(sh, (long)off7, "\xff\xff\x00\x00", 4);
     char msg[1024];
-    CHECK_EQ(read_all(d, msg, sizeof msg), 1);
+    CHECK_EQ(tu_read_all(d, msg, sizeof msg, NULL), 1);
     char want[64];
     snprintf(want, sizeof want, "record at offset %u", off7);
     CHECK(strstr(msg, "shard.00002.mds#7") && strstr(msg, want) && strstr(msg, "caption"));
@@ -642,7 +479,7 @@ static void write_mds(const char *dir, const col *cols, size_t nc, uint8_t **rec
         }
     }
     memcpy(sh + 4 + 4 * (n + 1), ctext, cl);
-    tu_write_file(file_in(dir, "shard.00000.mds"), sh, total);
+    tu_write_file(tu_join(dir, "shard.00000.mds"), sh, total);
     json_t *shard = json_deep_copy(cfg);
     json_object_set_new(shard, "raw_data",
                         json_pack("{s:s,s:I,s:{}}", "basename", "shard.00000.mds", "bytes",
@@ -650,7 +487,7 @@ static void write_mds(const char *dir, const col *cols, size_t nc, uint8_t **rec
     json_object_set_new(shard, "samples", json_integer((json_int_t)n));
     json_object_set_new(shard, "zip_data", json_null());
     json_t *index = json_pack("{s:[o],s:i}", "shards", shard, "version", 2);
-    REQUIRE(json_dump_file(index, file_in(dir, "index.json"), JSON_SORT_KEYS) == 0);
+    REQUIRE(json_dump_file(index, tu_join(dir, "index.json"), JSON_SORT_KEYS) == 0);
     json_decref(index);
     json_decref(cfg);
     free(ctext);
@@ -770,83 +607,10 @@ static void test_more_encodings(void)
  * other sample equal to the fault-free one; nothing leaks (tu_end), and the
  * temporary area is gone after every close. */
 
-typedef struct sess {
-    int open_rc;
-    char msg[1024];
-    uint64_t hash[60];
-    int ok[60];
-} sess;
-
-static void io_session(const char *dir, sess *r)
-{
-    memset(r, 0, sizeof *r);
-    stk_dataset *d = NULL;
-    r->open_rc = stk_dataset_open(&d, dir, NULL, r->msg, sizeof r->msg);
-    if (r->open_rc)
-        return;
-    for (uint64_t i = 0; i < 60; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        char err[1024];
-        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
-            r->ok[i] = 1;
-            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
-        } else {
-            CHECK(err[0] != '\0');
-        }
-    }
-    stk_dataset_close(d);
-}
-
 static void sweep(const char *variant)
 {
-    const char *tmp = tu_path("sweeptmp");
-    tu_mkdirs(tmp);
-    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
-    static sess ref, r;
-    io_session(fixture(variant), &ref);
-    REQUIRE(ref.open_rc == STK_OK);
-    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
-    for (size_t kk = 0; kk < 3; kk++) {
-        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
-        stk__iofault_arm(kind, LONG_MAX, 0);
-        io_session(fixture(variant), &r);
-        long calls = stk__iofault_calls();
-        stk__iofault_arm(0, -1, 0);
-        CHECK(calls > 8);
-        for (long n = 0; n < calls + 2; n++) {
-            stk__iofault_arm(kind, n, 0);
-            io_session(fixture(variant), &r);
-            stk__iofault_arm(0, -1, 0);
-            CHECK_EQ(count_tmp(tmp), 0);
-            if (kind != STK__IOF_EIO) {
-                CHECK_EQ(r.open_rc, STK_OK);
-                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
-                continue;
-            }
-            if (r.open_rc) {
-                failed_open++;
-                CHECK_EQ(r.open_rc, STK_EIO);
-                CHECK(strstr(r.msg, "Input/output error") != NULL);
-                if (!strstr(r.msg, "Input/output error"))
-                    fprintf(stderr, "  %s EIO at %ld: %s\n", variant, n, r.msg);
-                continue;
-            }
-            for (int i = 0; i < 60; i++) {
-                failed_samples += !r.ok[i];
-                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
-            }
-        }
-        if (kind == STK__IOF_EIO)
-            CHECK(failed_open > 0 && failed_samples > 0);
-    }
-    if (old)
-        setenv("TMPDIR", old, 1);
-    else
-        unsetenv("TMPDIR");
-    free(old);
+    tu_sweep w = {.dir = fixture(variant), .samples = 60, .tmp_prefix = "stoker-mds-"};
+    tu_sweep_io_faults(&w);
 }
 
 static void test_io_faults_plain(void)
@@ -864,50 +628,10 @@ static void test_io_faults_zstd(void)
  * the session fails with STK_ENOMEM or succeeds, nothing leaks, and the
  * temporary area is gone after every close. */
 
-static int oom_session(const char *dir)
-{
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    for (uint64_t i = 0; rc == STK_OK && i < 60; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
-    }
-    stk_dataset_close(d);
-    return rc;
-}
-
 static void oom_sweep(const char *variant)
 {
-    const char *tmp = tu_path("oomtmp");
-    tu_mkdirs(tmp);
-    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
-    long live0 = stk__alloc_live();
-    int fds0 = tu_count_fds(), seen = 0;
-    long n;
-    for (n = 0; n < 5000; n++) {
-        long c0 = stk__alloc_count();
-        stk__alloc_fail_after(n);
-        int rc = oom_session(fixture(variant));
-        stk__alloc_fail_after(-1);
-        bool injected = stk__alloc_count() - c0 > n;
-        CHECK(rc == STK_OK || rc == STK_ENOMEM);
-        seen += rc == STK_ENOMEM;
-        CHECK_EQ(stk__alloc_live(), live0);
-        CHECK_EQ(tu_count_fds(), fds0);
-        CHECK_EQ(count_tmp(tmp), 0);
-        if (rc == STK_OK && !injected)
-            break;
-    }
-    CHECK(n < 5000 && seen > 5);
-    if (old)
-        setenv("TMPDIR", old, 1);
-    else
-        unsetenv("TMPDIR");
-    free(old);
+    tu_sweep w = {.dir = fixture(variant), .samples = 60, .tmp_prefix = "stoker-mds-"};
+    tu_sweep_oom(&w);
 }
 
 static void test_oom_plain(void)

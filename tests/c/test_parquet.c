@@ -20,10 +20,6 @@
 #include <limits.h>
 #include <stdbool.h>
 
-long stk__alloc_live(void);
-void stk__alloc_fail_after(long n);
-long stk__alloc_count(void);
-
 #include <dirent.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -35,60 +31,17 @@ long stk__alloc_count(void);
 
 static const char *fixtures(void)
 {
-    static char dir[4096];
-    const char *env = getenv("STOKER_FIXTURES");
-    const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
-                           "/work/shared/fixtures"};
-    for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
-        struct stat st;
-        if (!cands[k])
-            continue;
-        snprintf(dir, sizeof dir, "%s/parquet/snappy.manifest.json", cands[k]);
-        if (stat(dir, &st) == 0) {
-            snprintf(dir, sizeof dir, "%s/parquet", cands[k]);
-            return dir;
-        }
-    }
-    return NULL;
+    return tu_fixtures("parquet");
 }
 
 static json_t *manifest(const char *variant)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s.manifest.json", fixtures(), variant);
-    json_error_t je;
-    json_t *m = json_load_file(p, JSON_DECODE_ANY, &je);
-    REQUIRE(m);
-    return m;
+    return tu_fixture_manifest("parquet", variant);
 }
 
 static const char *fixture(const char *variant)
 {
-    static char p[4200];
-    snprintf(p, sizeof p, "%s/%s", fixtures(), variant);
-    return p;
-}
-
-static json_t *msample(json_t *m, size_t i)
-{
-    json_t *s = json_array_get(json_object_get(m, "samples"), i);
-    REQUIRE(s);
-    CHECK_EQ(json_integer_value(json_object_get(s, "index")), i);
-    return s;
-}
-
-static int64_t mint(json_t *s, const char *key)
-{
-    json_t *v = json_object_get(s, key);
-    REQUIRE(json_is_integer(v));
-    return json_integer_value(v);
-}
-
-static const char *mstr(json_t *s, const char *key)
-{
-    json_t *v = json_object_get(s, key);
-    REQUIRE(json_is_string(v));
-    return json_string_value(v);
+    return tu_fixture("parquet", variant);
 }
 
 /* ---- the dataset API ----------------------------------------------------------- */
@@ -121,8 +74,8 @@ static void check_dataset(const char *variant)
     CHECK_EQ(di.bytes, stored);
     int64_t maxl = -1;
     for (size_t i = 0; i < n; i++)
-        if (mint(msample(m, i), "label") > maxl)
-            maxl = mint(msample(m, i), "label");
+        if (tu_json_int(tu_manifest_sample(m, i), "label") > maxl)
+            maxl = tu_json_int(tu_manifest_sample(m, i), "label");
     CHECK_EQ(di.classes, maxl + 1);
     /* stoker info's field list. */
     REQUIRE(stk_dataset_field_count(d) == 8);
@@ -134,21 +87,21 @@ static void check_dataset(const char *variant)
     }
     /* Without fields a sample is its image bytes and its label. */
     for (size_t i = 0; i < n; i++) {
-        json_t *s = msample(m, i);
+        json_t *s = tu_manifest_sample(m, i);
         const void *data;
         size_t len;
         int64_t label;
         REQUIRE(stk_dataset_read(d, i, &data, &len, &label, err, sizeof err) == STK_OK);
         char hex[65];
         tu_sha256_hex(data, len, hex);
-        CHECK_EQ(len, mint(s, "nbytes"));
-        CHECK(!strcmp(hex, mstr(s, "sha256")));
-        CHECK_EQ(label, mint(s, "label"));
+        CHECK_EQ(len, tu_json_int(s, "nbytes"));
+        CHECK(!strcmp(hex, tu_json_str(s, "sha256")));
+        CHECK_EQ(label, tu_json_int(s, "label"));
         char key[256], want[256];
         REQUIRE(stk_dataset_sample_key(d, i, key, sizeof key) == STK_OK);
         json_t *loc = json_object_get(s, "location");
-        snprintf(want, sizeof want, "%s#%lld", mstr(loc, "file"),
-                 (long long)mint(loc, "index_in_file"));
+        snprintf(want, sizeof want, "%s#%lld", tu_json_str(loc, "file"),
+                 (long long)tu_json_int(loc, "index_in_file"));
         CHECK(!strcmp(key, want));
     }
     stk_dataset_close(d);
@@ -189,28 +142,13 @@ static void test_one_file(void)
         REQUIRE(stk_dataset_read(d, i, &data, &len, &label, err, sizeof err) == STK_OK);
         char hex[65];
         tu_sha256_hex(data, len, hex);
-        CHECK(!strcmp(hex, mstr(msample(m, 30 + i), "sha256")));
+        CHECK(!strcmp(hex, tu_json_str(tu_manifest_sample(m, 30 + i), "sha256")));
     }
     stk_dataset_close(d);
     json_decref(m);
 }
 
 /* ---- the loader with fields ---------------------------------------------------- */
-
-static const stk_field *field(const stk_batch *b, const char *name)
-{
-    for (size_t k = 0; k < b->nfields; k++)
-        if (!strcmp(b->fields[k].name, name))
-            return &b->fields[k];
-    REQUIRE(0);
-    return NULL;
-}
-
-static bool text_is(const stk_field *f, size_t k, const char *want)
-{
-    return f->lengths[k] == strlen(want) &&
-           !memcmp((const char *)f->data + f->offsets[k], want, strlen(want));
-}
 
 /* One epoch with every column as a field; each sample compared with the
  * manifest; returns a hash of the batches (order included). */
@@ -238,9 +176,10 @@ static uint64_t epoch_fields(const char *variant, unsigned threads, const char *
     uint64_t h = 0;
     stk_batch *b;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *img = field(b, "img"), *cap = field(b, "caption");
-        const stk_field *path = field(b, "path"), *lab = field(b, "label");
-        const stk_field *w = field(b, "width"), *ht = field(b, "height"), *asp = field(b, "aspect");
+        const stk_field *img = tu_field(b, "img"), *cap = tu_field(b, "caption");
+        const stk_field *path = tu_field(b, "path"), *lab = tu_field(b, "label");
+        const stk_field *w = tu_field(b, "width"), *ht = tu_field(b, "height"),
+                        *asp = tu_field(b, "aspect");
         CHECK_EQ(lab->kind, STK_FIELD_INT);
         CHECK_EQ(asp->kind, STK_FIELD_FLOAT);
         CHECK_EQ(cap->kind, STK_FIELD_TEXT);
@@ -251,18 +190,18 @@ static uint64_t epoch_fields(const char *variant, unsigned threads, const char *
             REQUIRE(i < n);
             CHECK(!seen[i]);
             seen[i] = 1;
-            json_t *s = msample(m, i);
+            json_t *s = tu_manifest_sample(m, i);
             const uint8_t *ib = (const uint8_t *)img->data + img->offsets[k];
             char hex[65];
             tu_sha256_hex(ib, img->lengths[k], hex);
-            CHECK(!strcmp(hex, mstr(s, "sha256")));
-            CHECK_EQ(img->lengths[k], mint(s, "nbytes"));
-            CHECK(text_is(cap, k, mstr(s, "caption")));
-            CHECK(text_is(path, k, mstr(s, "image_path")));
-            CHECK_EQ(((const int64_t *)lab->data)[k], mint(s, "label"));
-            CHECK_EQ(b->labels[k], mint(s, "label"));
-            CHECK_EQ(((const int64_t *)w->data)[k], mint(s, "width"));
-            CHECK_EQ(((const int64_t *)ht->data)[k], mint(s, "height"));
+            CHECK(!strcmp(hex, tu_json_str(s, "sha256")));
+            CHECK_EQ(img->lengths[k], tu_json_int(s, "nbytes"));
+            CHECK(tu_text_is(cap, k, tu_json_str(s, "caption")));
+            CHECK(tu_text_is(path, k, tu_json_str(s, "image_path")));
+            CHECK_EQ(((const int64_t *)lab->data)[k], tu_json_int(s, "label"));
+            CHECK_EQ(b->labels[k], tu_json_int(s, "label"));
+            CHECK_EQ(((const int64_t *)w->data)[k], tu_json_int(s, "width"));
+            CHECK_EQ(((const int64_t *)ht->data)[k], tu_json_int(s, "height"));
             float fa = ((const float *)asp->data)[k];
             CHECK(fa == (float)json_real_value(json_object_get(s, "aspect")));
             h = tu_hash(h, &i, sizeof i);
@@ -298,26 +237,7 @@ static void test_fields_uncompressed(void)
 /* Without fields: an image pipeline over the image column and the labels. */
 static void test_images_without_fields(void)
 {
-    json_t *m = manifest("snappy");
-    tu_cfg c = {.path = fixture("snappy"), .bs = 8, .threads = 3, .transform = "imagenet-val"};
-    stk_loader *l = NULL;
-    int rc = tu_open_cfg(&l, &c);
-    if (rc)
-        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
-    REQUIRE(rc == STK_OK);
-    stk_batch *b;
-    size_t got = 0;
-    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        CHECK_EQ(b->kind, STK_BATCH_DENSE);
-        for (size_t k = 0; k < b->size; k++)
-            CHECK_EQ(b->labels[k], mint(msample(m, b->indices[k]), "label"));
-        got += b->size;
-        stk_batch_release(b);
-    }
-    CHECK_EQ(rc, STK_END);
-    CHECK_EQ(got, 60);
-    stk_loader_close(l);
-    json_decref(m);
+    tu_check_images_without_fields("parquet", "snappy");
 }
 
 /* A field the files lack: the open says which fields there are. */
@@ -361,10 +281,12 @@ static void check_written(const char *seed, size_t n)
     REQUIRE(n <= sizeof seen);
     stk_batch *b;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *id = field(b, "id"), *lab = field(b, "label"), *cat = field(b, "cat");
-        const stk_field *note = field(b, "note"), *img = field(b, "img");
-        const stk_field *ip = field(b, "ipath"), *flag = field(b, "flag"), *f = field(b, "f");
-        const stk_field *score = field(b, "score"), *u = field(b, "u");
+        const stk_field *id = tu_field(b, "id"), *lab = tu_field(b, "label"),
+                        *cat = tu_field(b, "cat");
+        const stk_field *note = tu_field(b, "note"), *img = tu_field(b, "img");
+        const stk_field *ip = tu_field(b, "ipath"), *flag = tu_field(b, "flag"),
+                        *f = tu_field(b, "f");
+        const stk_field *score = tu_field(b, "score"), *u = tu_field(b, "u");
         for (size_t k = 0; k < b->size; k++) {
             uint64_t i = b->indices[k];
             REQUIRE(i < n);
@@ -372,15 +294,15 @@ static void check_written(const char *seed, size_t n)
             seen[i] = 1;
             CHECK_EQ(((const int64_t *)id->data)[k], (int64_t)i);
             CHECK_EQ(((const int64_t *)lab->data)[k], (int64_t)(i % 10));
-            CHECK(text_is(cat, k, cats[i % 3]));
+            CHECK(tu_text_is(cat, k, cats[i % 3]));
             char want[64];
             snprintf(want, sizeof want, "note %llu", (unsigned long long)i);
             CHECK_EQ(note->present[k], i % 3 != 0);
-            CHECK(i % 3 == 0 || text_is(note, k, want));
+            CHECK(i % 3 == 0 || tu_text_is(note, k, want));
             /* A null struct: neither member; a null bytes member: no image. */
             CHECK_EQ(ip->present[k], i % 11 != 0);
             snprintf(want, sizeof want, "img_%llu.jpg", (unsigned long long)i);
-            CHECK(i % 11 == 0 || text_is(ip, k, want));
+            CHECK(i % 11 == 0 || tu_text_is(ip, k, want));
             CHECK_EQ(img->present[k], i % 11 != 0 && i % 7 != 0);
             CHECK(!img->present[k] || img->lengths[k] == 16);
             CHECK_EQ(((const int64_t *)flag->data)[k], i % 2 == 0);
@@ -424,60 +346,7 @@ static void test_written_v2_uncompressed(void)
 
 static const char *copy_fixture(const char *variant, const char *name)
 {
-    static char dst[4][4200];
-    static int rot;
-    char *out = dst[rot++ % 4];
-    snprintf(out, 4200, "%s", tu_path(name));
-    tu_mkdirs(out);
-    DIR *d = opendir(fixture(variant));
-    REQUIRE(d);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[8400];
-        snprintf(p, sizeof p, "%s/%s", fixture(variant), e->d_name);
-        size_t n;
-        void *b = tu_read_file(p, &n);
-        REQUIRE(b);
-        snprintf(p, sizeof p, "%s/%s", out, e->d_name);
-        tu_write_file(p, b, n);
-        free(b);
-    }
-    closedir(d);
-    return out;
-}
-
-static char *file_in(const char *dir, const char *name)
-{
-    static char p[4][8400];
-    static int rot;
-    char *out = p[rot++ % 4];
-    snprintf(out, 8400, "%s/%s", dir, name);
-    return out;
-}
-
-static void expect_open(const char *path, int want, const char *n1, const char *n2)
-{
-    stk_dataset *d = NULL;
-    char err[1024] = "";
-    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
-    CHECK_EQ(rc, want);
-    CHECK(!n1 || strstr(err, n1));
-    CHECK(!n2 || strstr(err, n2));
-    if ((n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)))
-        fprintf(stderr, "message lacks '%s' or '%s': %s\n", n1, n2 ? n2 : "", err);
-    stk_dataset_close(d);
-}
-
-static void patch(const char *path, long off, const void *b, size_t n)
-{
-    size_t len;
-    uint8_t *buf = tu_read_file(path, &len);
-    REQUIRE(buf && (size_t)off + n <= len);
-    memcpy(buf + off, b, n);
-    tu_write_file(path, buf, len);
-    free(buf);
+    return tu_copy_dir(fixture(variant), name);
 }
 
 #define F0 "train-00000-of-00002.parquet"
@@ -519,28 +388,28 @@ static void test_footer_lies(void)
 {
     /* A footer length past the file. */
     const char *d = copy_fixture("snappy", "footlen");
-    const char *f = file_in(d, F0);
+    const char *f = tu_join(d, F0);
     struct stat st;
     REQUIRE(stat(f, &st) == 0);
-    patch(f, st.st_size - 8, "\x00\x00\x10\x00", 4);
-    expect_open(d, STK_EFORMAT, F0, "footer length 1048576");
+    tu_patch(f, st.st_size - 8, "\x00\x00\x10\x00", 4);
+    tu_expect_open(d, STK_EFORMAT, F0, "footer length 1048576");
     /* One that is too short: the metadata ends early. */
     d = copy_fixture("snappy", "footshort");
-    f = file_in(d, F1);
+    f = tu_join(d, F1);
     REQUIRE(stat(f, &st) == 0);
-    patch(f, st.st_size - 8, "\x40\x00\x00\x00", 4);
-    expect_open(d, STK_EFORMAT, F1, "footer at offset");
+    tu_patch(f, st.st_size - 8, "\x40\x00\x00\x00", 4);
+    tu_expect_open(d, STK_EFORMAT, F1, "footer at offset");
     /* No magic at the end. */
     d = copy_fixture("snappy", "magic");
-    f = file_in(d, F0);
+    f = tu_join(d, F0);
     REQUIRE(stat(f, &st) == 0);
-    patch(f, st.st_size - 4, "PAR2", 4);
-    expect_open(d, STK_EFORMAT, F0, "no PAR1 magic");
+    tu_patch(f, st.st_size - 4, "PAR2", 4);
+    tu_expect_open(d, STK_EFORMAT, F0, "no PAR1 magic");
     /* Every byte of the footer flipped in turn: an error or a dataset that
      * reads (a flip in a value the reader does not use), never a crash; and
      * every error names the file. */
     size_t n;
-    f = file_in(fixture("zstd"), F1);
+    f = tu_join(fixture("zstd"), F1);
     uint8_t *b = tu_read_file(f, &n);
     REQUIRE(b);
     uint32_t fl = (uint32_t)b[n - 8] | (uint32_t)b[n - 7] << 8 | (uint32_t)b[n - 6] << 16 |
@@ -574,33 +443,6 @@ static void test_footer_lies(void)
     free(b);
 }
 
-/* Reads every sample of path; returns the failures and the first message. */
-static int read_all(const char *path, char *first, size_t n)
-{
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "%s\n", err);
-    REQUIRE(rc == STK_OK);
-    stk_dataset_info di = {.struct_size = sizeof di};
-    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
-    int bad = 0;
-    first[0] = '\0';
-    for (uint64_t i = 0; i < di.samples; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) != STK_OK) {
-            if (!bad)
-                snprintf(first, n, "%s", err);
-            bad++;
-        }
-    }
-    stk_dataset_close(d);
-    return bad;
-}
-
 /* The first page of the file (the image column's, at offset 4) claims more
  * bytes than it has: row group 0's reads fail naming the file, the row
  * group, the column and the offset; the loader under skip delivers the
@@ -608,7 +450,7 @@ static int read_all(const char *path, char *first, size_t n)
 static void test_page_header_lies(void)
 {
     const char *d = copy_fixture("uncompressed", "page");
-    const char *f = file_in(d, F0);
+    const char *f = tu_join(d, F0);
     size_t n;
     uint8_t *b = tu_read_file(f, &n);
     REQUIRE(b);
@@ -627,7 +469,7 @@ static void test_page_header_lies(void)
     tu_write_file(f, b, n);
     free(b);
     char msg[1024];
-    CHECK_EQ(read_all(d, msg, sizeof msg), 25);
+    CHECK_EQ(tu_read_all(d, msg, sizeof msg, NULL), 25);
     CHECK(strstr(msg, F0 "#0") && strstr(msg, "row group 0") && strstr(msg, "image.bytes") &&
           strstr(msg, "offset 4"));
     if (!strstr(msg, "offset 4"))
@@ -671,12 +513,12 @@ static void test_bad_file_beside(void)
     const char *d = tu_path("mixed");
     tu_mkdirs(d);
     size_t n;
-    uint8_t *b = tu_read_file(file_in(fixture("snappy"), F0), &n);
+    uint8_t *b = tu_read_file(tu_join(fixture("snappy"), F0), &n);
     REQUIRE(b);
-    tu_write_file(file_in(d, "a.parquet"), b, n);
+    tu_write_file(tu_join(d, "a.parquet"), b, n);
     free(b);
-    tu_write_file(file_in(d, "b.parquet"), "PAR1 not really", 15);
-    expect_open(d, STK_EFORMAT, "b.parquet", NULL);
+    tu_write_file(tu_join(d, "b.parquet"), "PAR1 not really", 15);
+    tu_expect_open(d, STK_EFORMAT, "b.parquet", NULL);
 }
 
 /* ---- I/O faults ------------------------------------------------------------------
@@ -685,71 +527,10 @@ static void test_bad_file_beside(void)
  * with the OS reason, or fails only samples (each with a message), every
  * other sample equal to the fault-free one; nothing leaks (tu_end). */
 
-typedef struct sess {
-    int open_rc;
-    char msg[1024];
-    uint64_t hash[60];
-    int ok[60];
-} sess;
-
-static void io_session(const char *dir, sess *r)
-{
-    memset(r, 0, sizeof *r);
-    stk_dataset *d = NULL;
-    r->open_rc = stk_dataset_open(&d, dir, NULL, r->msg, sizeof r->msg);
-    if (r->open_rc)
-        return;
-    for (uint64_t i = 0; i < 60; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        char err[1024];
-        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
-            r->ok[i] = 1;
-            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
-        } else {
-            CHECK(err[0] != '\0');
-        }
-    }
-    stk_dataset_close(d);
-}
-
 static void test_io_faults(void)
 {
-    static sess ref, r;
-    io_session(fixture("zstd"), &ref);
-    REQUIRE(ref.open_rc == STK_OK);
-    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
-    for (size_t kk = 0; kk < 3; kk++) {
-        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
-        stk__iofault_arm(kind, LONG_MAX, 0);
-        io_session(fixture("zstd"), &r);
-        long calls = stk__iofault_calls();
-        stk__iofault_arm(0, -1, 0);
-        CHECK(calls > 8);
-        for (long n = 0; n < calls + 2; n++) {
-            stk__iofault_arm(kind, n, 0);
-            io_session(fixture("zstd"), &r);
-            stk__iofault_arm(0, -1, 0);
-            if (kind != STK__IOF_EIO) {
-                CHECK_EQ(r.open_rc, STK_OK);
-                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
-                continue;
-            }
-            if (r.open_rc) {
-                failed_open++;
-                CHECK_EQ(r.open_rc, STK_EIO);
-                CHECK(strstr(r.msg, "Input/output error") != NULL);
-                continue;
-            }
-            for (int i = 0; i < 60; i++) {
-                failed_samples += !r.ok[i];
-                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
-            }
-        }
-        if (kind == STK__IOF_EIO)
-            CHECK(failed_open > 0 && failed_samples > 0);
-    }
+    tu_sweep w = {.dir = fixture("zstd"), .samples = 60};
+    tu_sweep_io_faults(&w);
 }
 
 /* An I/O error is not remembered with the page: the next read retries. (A
@@ -773,42 +554,10 @@ static void test_io_error_is_retried(void)
 
 /* ---- allocation failures ----------------------------------------------------------- */
 
-static int oom_session(const char *dir)
-{
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    for (uint64_t i = 0; rc == STK_OK && i < 60; i += 7) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
-    }
-    stk_dataset_close(d);
-    return rc;
-}
-
 static void test_oom(void)
 {
-    long live0 = stk__alloc_live();
-    int fds0 = tu_count_fds(), seen = 0;
-    long n;
-    for (n = 0; n < 5000; n++) {
-        long c0 = stk__alloc_count();
-        stk__alloc_fail_after(n);
-        int rc = oom_session(fixture("snappy"));
-        stk__alloc_fail_after(-1);
-        bool injected = stk__alloc_count() - c0 > n;
-        CHECK(rc == STK_OK || rc == STK_ENOMEM);
-        if (rc != STK_OK && rc != STK_ENOMEM)
-            fprintf(stderr, "oom at %ld: rc %d\n", n, rc);
-        seen += rc == STK_ENOMEM;
-        CHECK_EQ(stk__alloc_live(), live0);
-        CHECK_EQ(tu_count_fds(), fds0);
-        if (rc == STK_OK && !injected)
-            break;
-    }
-    CHECK(n < 5000 && seen > 5);
+    tu_sweep w = {.dir = fixture("snappy"), .samples = 60, .step = 7};
+    tu_sweep_oom(&w);
 }
 
 int main(void)

@@ -662,8 +662,8 @@ static void test_many_tiny(void)
     size_t cap = (size_t)ns * 2 * 1024 + 1024, tn = 0;
     uint8_t *t = calloc(1, cap);
     REQUIRE(t);
-    /* tu_tar_add reallocs per member: write the headers here instead, from
-     * one template (only name, size and checksum change). */
+    /* tu_tar_add reallocs per member: write the members into one buffer
+     * here instead (its headers by tu_tar_header). */
     for (int k = 0; k < ns; k++) {
         for (int m = 0; m < 2; m++) {
             char name[32], body[16];
@@ -671,22 +671,7 @@ static void test_many_tiny(void)
             int bl = m ? snprintf(body, sizeof body, "t%d", k)
                        : snprintf(body, sizeof body, "%d", k % 10);
             uint8_t *h = t + tn;
-            snprintf((char *)h, 100, "%s", name);
-            memcpy(h + 100, "0000644", 8);
-            memcpy(h + 108, "0000000", 8);
-            memcpy(h + 116, "0000000", 8);
-            snprintf((char *)h + 124, 12, "%011o", (unsigned)bl);
-            snprintf((char *)h + 136, 12, "%011o", 0u);
-            h[156] = '0';
-            memcpy(h + 257,
-                   "ustar\0"
-                   "00",
-                   8);
-            memset(h + 148, ' ', 8);
-            unsigned sum = 0;
-            for (int q = 0; q < 512; q++)
-                sum += h[q];
-            snprintf((char *)h + 148, 8, "%06o", sum);
+            tu_tar_header(h, name, (size_t)bl);
             memcpy(h + 512, body, (size_t)bl);
             tn += 1024;
         }

@@ -25,9 +25,6 @@
 
 uint32_t stk__crc32c(const void *data, size_t n);
 uint32_t stk__crc32c_table(const void *data, size_t n);
-long stk__alloc_live(void);
-void stk__alloc_fail_after(long n);
-long stk__alloc_count(void);
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
@@ -38,79 +35,24 @@ static const char *fixtures(void)
 
 static json_t *manifest(const char *variant)
 {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/%s.manifest.json", fixtures(), variant);
-    json_error_t je;
-    json_t *m = json_load_file(p, JSON_DECODE_ANY, &je);
-    REQUIRE(m);
-    return m;
+    return tu_fixture_manifest("tfrecord", variant);
 }
 
 static const char *fixture(const char *variant)
 {
-    static char p[4200];
-    snprintf(p, sizeof p, "%s/%s", fixtures(), variant);
-    return p;
+    return tu_fixture("tfrecord", variant);
 }
 
-static json_t *msample(json_t *m, size_t i)
-{
-    json_t *s = json_array_get(json_object_get(m, "samples"), i);
-    REQUIRE(s);
-    CHECK_EQ(json_integer_value(json_object_get(s, "index")), i);
-    return s;
-}
-
-static int64_t mint(json_t *s, const char *key)
-{
-    json_t *v = json_object_get(s, key);
-    REQUIRE(json_is_integer(v));
-    return json_integer_value(v);
-}
-
-static char *file_in(const char *dir, const char *name)
-{
-    static char p[4][8400];
-    static int rot;
-    char *out = p[rot++ % 4];
-    snprintf(out, 8400, "%s/%s", dir, name);
-    return out;
-}
-
-/* Copies fixture variant (its idx/ folder too) into the temporary
- * directory as name. */
+/* Copies fixture variant (its idx/ folder too when idx and there is one)
+ * into the temporary directory as name. */
 static const char *copy_fixture(const char *variant, const char *name, bool idx)
 {
-    static char dst[4][4200];
-    static int rot;
-    char *out = dst[rot++ % 4];
-    snprintf(out, 4200, "%s", tu_path(name));
-    tu_mkdirs(out);
-    for (int sub = 0; sub < (idx ? 2 : 1); sub++) {
-        char from[4300], to[4300];
-        snprintf(from, sizeof from, "%s%s", fixture(variant), sub ? "/idx" : "");
-        snprintf(to, sizeof to, "%s%s", out, sub ? "/idx" : "");
-        tu_mkdirs(to);
-        DIR *d = opendir(from);
-        if (!d && sub)
-            continue; /* no idx/ (gzip) */
-        REQUIRE(d);
-        struct dirent *e;
-        while ((e = readdir(d))) {
-            char p[8400];
-            snprintf(p, sizeof p, "%s/%s", from, e->d_name);
-            struct stat st;
-            if (e->d_name[0] == '.' || stat(p, &st) || !S_ISREG(st.st_mode))
-                continue;
-            size_t n;
-            void *b = tu_read_file(p, &n);
-            REQUIRE(b);
-            snprintf(p, sizeof p, "%s/%s", to, e->d_name);
-            tu_write_file(p, b, n);
-            free(b);
-        }
-        closedir(d);
-    }
+    const char *out = tu_copy_dir(fixture(variant), name);
+    struct stat st;
+    char from[4300];
+    snprintf(from, sizeof from, "%s/idx", fixture(variant));
+    if (idx && stat(from, &st) == 0)
+        tu_copy_files(from, tu_join(out, "idx"));
     return out;
 }
 
@@ -118,17 +60,7 @@ static const char *copy_fixture(const char *variant, const char *name, bool idx)
 static long rec_off(json_t *m, size_t i)
 {
     return (long)json_integer_value(
-        json_object_get(json_object_get(msample(m, i), "location"), "offset"));
-}
-
-static void patch(const char *path, long off, const void *b, size_t n)
-{
-    size_t len;
-    uint8_t *buf = tu_read_file(path, &len);
-    REQUIRE(buf && (size_t)off + n <= len);
-    memcpy(buf + off, b, n);
-    tu_write_file(path, buf, len);
-    free(buf);
+        json_object_get(json_object_get(tu_manifest_sample(m, i), "location"), "offset"));
 }
 
 /* ---- the dataset API ----------------------------------------------------------- */
@@ -161,8 +93,8 @@ static void check_dataset(const char *path, json_t *m, uint64_t stored)
         CHECK_EQ(di.bytes, stored);
     int64_t maxl = -1;
     for (size_t i = 0; i < n; i++)
-        if (mint(msample(m, i), "label") > maxl)
-            maxl = mint(msample(m, i), "label");
+        if (tu_json_int(tu_manifest_sample(m, i), "label") > maxl)
+            maxl = tu_json_int(tu_manifest_sample(m, i), "label");
     CHECK_EQ(di.classes, maxl + 1);
     REQUIRE(stk_dataset_field_count(d) == 10);
     for (size_t k = 0; k < 10; k++) {
@@ -174,7 +106,7 @@ static void check_dataset(const char *path, json_t *m, uint64_t stored)
     }
     /* Without fields a sample is its image bytes and its label. */
     for (size_t i = 0; i < n; i++) {
-        json_t *s = msample(m, i);
+        json_t *s = tu_manifest_sample(m, i);
         const void *data;
         size_t len;
         int64_t label;
@@ -184,9 +116,9 @@ static void check_dataset(const char *path, json_t *m, uint64_t stored)
         REQUIRE(rc == STK_OK);
         char hex[65];
         tu_sha256_hex(data, len, hex);
-        CHECK_EQ(len, mint(s, "nbytes"));
+        CHECK_EQ(len, tu_json_int(s, "nbytes"));
         CHECK(!strcmp(hex, json_string_value(json_object_get(s, "sha256"))));
-        CHECK_EQ(label, mint(s, "label"));
+        CHECK_EQ(label, tu_json_int(s, "label"));
     }
     stk_dataset_close(d);
 }
@@ -243,21 +175,6 @@ static void test_file_and_pattern(void)
 
 /* ---- the loader with fields ---------------------------------------------------- */
 
-static const stk_field *field(const stk_batch *b, const char *name)
-{
-    for (size_t k = 0; k < b->nfields; k++)
-        if (!strcmp(b->fields[k].name, name))
-            return &b->fields[k];
-    REQUIRE(0);
-    return NULL;
-}
-
-static bool text_is(const stk_field *f, size_t k, const char *want)
-{
-    return f->lengths[k] == strlen(want) &&
-           !memcmp((const char *)f->data + f->offsets[k], want, strlen(want));
-}
-
 /* One epoch with every feature as a field; each sample compared with the
  * manifest; returns a hash of the batches (order included). */
 static uint64_t epoch_fields(const char *path, json_t *m, unsigned threads)
@@ -291,11 +208,11 @@ static uint64_t epoch_fields(const char *path, json_t *m, unsigned threads)
     uint64_t h = 0;
     stk_batch *b;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *img = field(b, "image"), *cap = field(b, "caption");
-        const stk_field *lab = field(b, "label"), *w = field(b, "width");
-        const stk_field *ht = field(b, "height"), *asp = field(b, "aspect");
-        const stk_field *sz = field(b, "size"), *fn = field(b, "filename");
-        const stk_field *fmt = field(b, "format"), *si = field(b, "sample_index");
+        const stk_field *img = tu_field(b, "image"), *cap = tu_field(b, "caption");
+        const stk_field *lab = tu_field(b, "label"), *w = tu_field(b, "width");
+        const stk_field *ht = tu_field(b, "height"), *asp = tu_field(b, "aspect");
+        const stk_field *sz = tu_field(b, "size"), *fn = tu_field(b, "filename");
+        const stk_field *fmt = tu_field(b, "format"), *si = tu_field(b, "sample_index");
         CHECK_EQ(img->kind, STK_FIELD_IMAGE);
         CHECK_EQ(lab->kind, STK_FIELD_INT);
         CHECK_EQ(asp->kind, STK_FIELD_FLOAT);
@@ -307,18 +224,18 @@ static uint64_t epoch_fields(const char *path, json_t *m, unsigned threads)
             REQUIRE(i < n);
             CHECK(!seen[i]);
             seen[i] = 1;
-            json_t *s = msample(m, i);
+            json_t *s = tu_manifest_sample(m, i);
             const uint8_t *ib = (const uint8_t *)img->data + img->offsets[k];
             char hex[65];
             tu_sha256_hex(ib, img->lengths[k], hex);
             CHECK(!strcmp(hex, json_string_value(json_object_get(s, "sha256"))));
-            CHECK(text_is(cap, k, json_string_value(json_object_get(s, "caption"))));
-            CHECK(text_is(fn, k, json_string_value(json_object_get(s, "filename"))));
-            CHECK(text_is(fmt, k, "jpeg"));
-            CHECK_EQ(((const int64_t *)lab->data)[k], mint(s, "label"));
-            CHECK_EQ(b->labels[k], mint(s, "label"));
-            CHECK_EQ(((const int64_t *)w->data)[k], mint(s, "width"));
-            CHECK_EQ(((const int64_t *)ht->data)[k], mint(s, "height"));
+            CHECK(tu_text_is(cap, k, json_string_value(json_object_get(s, "caption"))));
+            CHECK(tu_text_is(fn, k, json_string_value(json_object_get(s, "filename"))));
+            CHECK(tu_text_is(fmt, k, "jpeg"));
+            CHECK_EQ(((const int64_t *)lab->data)[k], tu_json_int(s, "label"));
+            CHECK_EQ(b->labels[k], tu_json_int(s, "label"));
+            CHECK_EQ(((const int64_t *)w->data)[k], tu_json_int(s, "width"));
+            CHECK_EQ(((const int64_t *)ht->data)[k], tu_json_int(s, "height"));
             float fa = ((const float *)asp->data)[k];
             CHECK(fa == (float)json_real_value(json_object_get(s, "aspect")));
             /* Multi-valued int64 lists: JSON arrays equal to the manifest's. */
@@ -363,26 +280,7 @@ static void test_fields_gzip(void)
 /* Without fields: an image pipeline over image/encoded and the labels. */
 static void test_images_without_fields(void)
 {
-    json_t *m = manifest("plain");
-    tu_cfg c = {.path = fixture("plain"), .bs = 8, .threads = 3, .transform = "imagenet-val"};
-    stk_loader *l = NULL;
-    int rc = tu_open_cfg(&l, &c);
-    if (rc)
-        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
-    REQUIRE(rc == STK_OK);
-    stk_batch *b;
-    size_t got = 0;
-    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        CHECK_EQ(b->kind, STK_BATCH_DENSE);
-        for (size_t k = 0; k < b->size; k++)
-            CHECK_EQ(b->labels[k], mint(msample(m, b->indices[k]), "label"));
-        got += b->size;
-        stk_batch_release(b);
-    }
-    CHECK_EQ(rc, STK_END);
-    CHECK_EQ(got, 60);
-    stk_loader_close(l);
-    json_decref(m);
+    tu_check_images_without_fields("tfrecord", "plain");
 }
 
 /* ---- the index: DALI idx files, the cache, the temporary area ------------------- */
@@ -415,7 +313,7 @@ static void test_crc32c(void)
 static void test_dali_idx_used(void)
 {
     const char *d = copy_fixture("plain", "dali", true);
-    const char *ip = file_in(d, "idx/train-00000-of-00002.idx");
+    const char *ip = tu_join(d, "idx/train-00000-of-00002.idx");
     size_t n;
     char *t = tu_read_file(ip, &n);
     REQUIRE(t);
@@ -443,7 +341,7 @@ static void test_dali_idx_used(void)
     stk_dataset_close(ds);
     /* A DALI index that disagrees with the file's size is not used. */
     d = copy_fixture("plain", "dali2", true);
-    tu_write_file(file_in(d, "idx/train-00000-of-00002.idx"), "0 16055\n", 8);
+    tu_write_file(tu_join(d, "idx/train-00000-of-00002.idx"), "0 16055\n", 8);
     REQUIRE(stk_dataset_open(&ds, d, NULL, err, sizeof err) == STK_OK);
     REQUIRE(stk_dataset_describe(ds, &di) == STK_OK);
     CHECK_EQ(di.samples, 60);
@@ -455,7 +353,7 @@ static void test_dali_idx_used(void)
 static void test_index_cache(void)
 {
     const char *d = copy_fixture("plain", "cache", false);
-    const char *f = file_in(d, "train-00000-of-00002.tfrecord");
+    const char *f = tu_join(d, "train-00000-of-00002.tfrecord");
     char cp[8500];
     snprintf(cp, sizeof cp, "%s.stkidx", f);
     stk_dataset *ds = NULL;
@@ -480,7 +378,7 @@ static void test_index_cache(void)
     CHECK(strstr(err, "runs past the end") != NULL);
     stk_dataset_close(ds);
     /* A damaged cache is rebuilt, never trusted. */
-    patch(cp, 200, "\xff\xff\xff\xff", 4);
+    tu_patch(cp, 200, "\xff\xff\xff\xff", 4);
     REQUIRE(stk_dataset_open(&ds, d, NULL, err, sizeof err) == STK_OK);
     stk_dataset_info di = {.struct_size = sizeof di};
     REQUIRE(stk_dataset_describe(ds, &di) == STK_OK);
@@ -490,22 +388,13 @@ static void test_index_cache(void)
 
 static int count_tmp(const char *dir)
 {
-    DIR *d = opendir(dir);
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += !strncmp(e->d_name, "stoker-tfrecord-", 16);
-    if (d)
-        closedir(d);
-    return n;
+    return tu_count_prefixed(dir, "stoker-tfrecord-");
 }
 
 static void test_gzip_temporary_area(void)
 {
     const char *tmp = tu_path("tmparea");
-    tu_mkdirs(tmp);
-    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
+    char *old = tu_tmpdir_use(tmp);
     stk_dataset *d = NULL;
     char err[512];
     REQUIRE(stk_dataset_open(&d, fixture("gzip"), NULL, err, sizeof err) == STK_OK);
@@ -514,48 +403,15 @@ static void test_gzip_temporary_area(void)
     CHECK_EQ(count_tmp(tmp), 0);
     /* A gzip file cut short: the open says so, naming it. */
     const char *g = copy_fixture("gzip", "gzcut", false);
-    REQUIRE(truncate(file_in(g, "train-00001-of-00002.tfrecord.gz"), 5000) == 0);
+    REQUIRE(truncate(tu_join(g, "train-00001-of-00002.tfrecord.gz"), 5000) == 0);
     CHECK_EQ(stk_dataset_open(&d, g, NULL, err, sizeof err), STK_EFORMAT);
     CHECK(strstr(err, "train-00001-of-00002.tfrecord.gz") && strstr(err, "cut off"));
     stk_dataset_close(d);
     CHECK_EQ(count_tmp(tmp), 0);
-    if (old)
-        setenv("TMPDIR", old, 1);
-    else
-        unsetenv("TMPDIR");
-    free(old);
+    tu_tmpdir_restore(old);
 }
 
 /* ---- bad input ------------------------------------------------------------------- */
-
-/* Reads every sample of dir; returns the failures, the first message in
- * first; *count the samples. */
-static int read_all(const char *dir, char *first, size_t n, uint64_t *count)
-{
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    if (rc)
-        fprintf(stderr, "%s\n", err);
-    REQUIRE(rc == STK_OK);
-    stk_dataset_info di = {.struct_size = sizeof di};
-    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
-    *count = di.samples;
-    int bad = 0;
-    first[0] = '\0';
-    for (uint64_t i = 0; i < di.samples; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) != STK_OK) {
-            if (!bad)
-                snprintf(first, n, "%s", err);
-            bad++;
-        }
-    }
-    stk_dataset_close(d);
-    return bad;
-}
 
 /* One epoch of dir with fields under policy; returns the samples delivered;
  * *errs the errors counted (skip) or the failing rc (raise). */
@@ -593,7 +449,7 @@ static void expect_bad(const char *dir, size_t want_samples, const char *n1, con
 {
     char msg[1024];
     uint64_t count;
-    CHECK_EQ(read_all(dir, msg, sizeof msg, &count), 1);
+    CHECK_EQ(tu_read_all(dir, msg, sizeof msg, &count), 1);
     CHECK_EQ(count, want_samples);
     if (!strstr(msg, n1) || !strstr(msg, n2))
         fprintf(stderr, "message lacks '%s' or '%s': %s\n", n1, n2, msg);
@@ -612,7 +468,7 @@ static void test_data_crc(void)
 {
     json_t *m = manifest("plain");
     const char *d = copy_fixture("plain", "crc", false);
-    patch(file_in(d, "train-00000-of-00002.tfrecord"), rec_off(m, 3) + 12 + 500, "\x5a", 1);
+    tu_patch(tu_join(d, "train-00000-of-00002.tfrecord"), rec_off(m, 3) + 12 + 500, "\x5a", 1);
     expect_bad(d, 60, "train-00000-of-00002.tfrecord#3", "data CRC does not match");
     json_decref(m);
 }
@@ -623,7 +479,7 @@ static void test_length_crc(void)
      * record 5, which fails; file 1 is read whole. */
     json_t *m = manifest("plain");
     const char *d = copy_fixture("plain", "lcrc", false);
-    patch(file_in(d, "train-00000-of-00002.tfrecord"), rec_off(m, 5) + 9, "\x00", 1);
+    tu_patch(tu_join(d, "train-00000-of-00002.tfrecord"), rec_off(m, 5) + 9, "\x00", 1);
     expect_bad(d, 36, "train-00000-of-00002.tfrecord#5", "length's CRC does not match");
     json_decref(m);
 }
@@ -633,11 +489,11 @@ static void test_truncated(void)
     json_t *m = manifest("plain");
     /* Cut inside record 10 of file 1: records 0..9 read, 10 fails. */
     const char *d = copy_fixture("plain", "trunc", false);
-    REQUIRE(truncate(file_in(d, "train-00001-of-00002.tfrecord"), rec_off(m, 40) + 100) == 0);
+    REQUIRE(truncate(tu_join(d, "train-00001-of-00002.tfrecord"), rec_off(m, 40) + 100) == 0);
     expect_bad(d, 41, "train-00001-of-00002.tfrecord#10", "runs past the end of the file");
     /* Cut inside record 10's header. */
     d = copy_fixture("plain", "trunc2", false);
-    REQUIRE(truncate(file_in(d, "train-00001-of-00002.tfrecord"), rec_off(m, 40) + 5) == 0);
+    REQUIRE(truncate(tu_join(d, "train-00001-of-00002.tfrecord"), rec_off(m, 40) + 5) == 0);
     expect_bad(d, 41, "train-00001-of-00002.tfrecord#10", "truncated");
     /* A length that runs past the end (with a good CRC over it). */
     d = copy_fixture("plain", "long", false);
@@ -649,7 +505,7 @@ static void test_truncated(void)
     c = ((c >> 15) | (c << 17)) + 0xa282ead8u;
     for (int k = 0; k < 4; k++)
         h[8 + k] = (uint8_t)(c >> (8 * k));
-    patch(file_in(d, "train-00000-of-00002.tfrecord"), rec_off(m, 20), h, 12);
+    tu_patch(tu_join(d, "train-00000-of-00002.tfrecord"), rec_off(m, 20), h, 12);
     expect_bad(d, 51, "train-00000-of-00002.tfrecord#20", "runs past the end of the file");
     json_decref(m);
 }
@@ -673,20 +529,20 @@ static void test_malformed_example(void)
 {
     json_t *m = manifest("plain");
     const char *d = copy_fixture("plain", "malformed", false);
-    const char *f = file_in(d, "train-00000-of-00002.tfrecord");
+    const char *f = tu_join(d, "train-00000-of-00002.tfrecord");
     size_t len = (size_t)json_integer_value(
-        json_object_get(json_object_get(msample(m, 7), "location"), "data_length"));
+        json_object_get(json_object_get(tu_manifest_sample(m, 7), "location"), "data_length"));
     uint8_t *junk = malloc(len);
     memset(junk, 0xff, len);
     put_record_data(f, rec_off(m, 7), junk, len);
     expect_bad(d, 60, "train-00000-of-00002.tfrecord#7", "not a tf.train.Example");
     /* A length-delimited field claiming more than the record holds. */
     d = copy_fixture("plain", "malformed2", false);
-    f = file_in(d, "train-00000-of-00002.tfrecord");
+    f = tu_join(d, "train-00000-of-00002.tfrecord");
     size_t n;
     uint8_t *b = tu_read_file(f, &n);
     len = (size_t)json_integer_value(
-        json_object_get(json_object_get(msample(m, 8), "location"), "data_length"));
+        json_object_get(json_object_get(tu_manifest_sample(m, 8), "location"), "data_length"));
     junk = realloc(junk, len);
     memcpy(junk, b + rec_off(m, 8) + 12, len);
     free(b);
@@ -759,7 +615,7 @@ static void test_written_here(void)
 {
     const char *dir = tu_path("written");
     tu_mkdirs(dir);
-    FILE *f = fopen(file_in(dir, "a.tfrecord"), "wb");
+    FILE *f = fopen(tu_join(dir, "a.tfrecord"), "wb");
     REQUIRE(f);
     for (int r = 0; r < 3; r++) {
         pbuf ints = {.n = 0}, floats = {.n = 0}, bytes = {.n = 0}, neg = {.n = 0};
@@ -790,7 +646,7 @@ static void test_written_here(void)
     fclose(f);
     stk_dataset *ds = NULL;
     char err[512];
-    int rc = stk_dataset_open(&ds, file_in(dir, "a.tfrecord"), NULL, err, sizeof err);
+    int rc = stk_dataset_open(&ds, tu_join(dir, "a.tfrecord"), NULL, err, sizeof err);
     if (rc)
         fprintf(stderr, "%s\n", err);
     REQUIRE(rc == STK_OK);
@@ -813,19 +669,20 @@ static void test_written_here(void)
         CHECK_EQ(label, (int64_t)i + 1);
     }
     stk_dataset_close(ds);
-    tu_cfg c = {.path = file_in(dir, "a.tfrecord"), .bs = 3, .threads = 1};
+    tu_cfg c = {.path = tu_join(dir, "a.tfrecord"), .bs = 3, .threads = 1};
     c.options[0] = "fields";
     c.options[1] = "vec,neg,label,blob";
     stk_loader *l = NULL;
     REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
     stk_batch *b;
     REQUIRE(stk_loader_next(l, &b) == STK_OK);
-    const stk_field *vec = field(b, "vec"), *neg = field(b, "neg"), *lab = field(b, "label");
+    const stk_field *vec = tu_field(b, "vec"), *neg = tu_field(b, "neg"),
+                    *lab = tu_field(b, "label");
     CHECK_EQ(neg->kind, STK_FIELD_INT);
     for (size_t k = 0; k < b->size; k++) {
         char want[64];
         snprintf(want, sizeof want, "[%.9g,-0.25]", 1.5 + (double)b->indices[k]);
-        CHECK(text_is(vec, k, want));
+        CHECK(tu_text_is(vec, k, want));
         CHECK_EQ(((const int64_t *)neg->data)[k], -5);
         CHECK_EQ(((const int64_t *)lab->data)[k], (int64_t)b->indices[k] + 1);
     }
@@ -839,59 +696,27 @@ static void test_written_here(void)
  * with STK_ENOMEM or succeeds, nothing leaks, and the temporary area is
  * gone after every close. */
 
-static int oom_session(const char *dir, bool fresh)
+/* Removes the index files the reader keeps beside the files. */
+static void forget_indexes(const char *dir)
 {
-    if (fresh) {
-        (void)unlink(file_in(dir, "train-00000-of-00002.tfrecord.stkidx"));
-        (void)unlink(file_in(dir, "train-00001-of-00002.tfrecord.stkidx"));
-        (void)unlink(file_in(dir, "train-00000-of-00002.tfrecord.gz.stkidx"));
-        (void)unlink(file_in(dir, "train-00001-of-00002.tfrecord.gz.stkidx"));
-    }
-    stk_dataset *d = NULL;
-    char err[1024];
-    int rc = stk_dataset_open(&d, dir, NULL, err, sizeof err);
-    for (uint64_t i = 0; rc == STK_OK && i < 60; i++) {
-        const void *p;
-        size_t len;
-        int64_t label;
-        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
-    }
-    stk_dataset_close(d);
-    return rc;
+    (void)unlink(tu_join(dir, "train-00000-of-00002.tfrecord.stkidx"));
+    (void)unlink(tu_join(dir, "train-00001-of-00002.tfrecord.stkidx"));
+    (void)unlink(tu_join(dir, "train-00000-of-00002.tfrecord.gz.stkidx"));
+    (void)unlink(tu_join(dir, "train-00001-of-00002.tfrecord.gz.stkidx"));
 }
 
+/* fresh: each session builds the index (none kept); else it loads the one
+ * the first session kept. */
 static void oom_sweep(const char *variant, bool fresh)
 {
-    const char *tmp = tu_path("oomtmp");
-    tu_mkdirs(tmp);
-    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
     char dir[4200];
     snprintf(dir, sizeof dir, "%s", copy_fixture(variant, fresh ? "oomfresh" : "oomcached", true));
-    REQUIRE(oom_session(dir, false) == STK_OK); /* the cache, for !fresh */
-    long live0 = stk__alloc_live();
-    int fds0 = tu_count_fds(), seen = 0;
-    long n;
-    for (n = 0; n < 5000; n++) {
-        long c0 = stk__alloc_count();
-        stk__alloc_fail_after(n);
-        int rc = oom_session(dir, fresh);
-        stk__alloc_fail_after(-1);
-        bool injected = stk__alloc_count() - c0 > n;
-        CHECK(rc == STK_OK || rc == STK_ENOMEM);
-        seen += rc == STK_ENOMEM;
-        CHECK_EQ(stk__alloc_live(), live0);
-        CHECK_EQ(tu_count_fds(), fds0);
-        CHECK_EQ(count_tmp(tmp), 0);
-        if (rc == STK_OK && !injected)
-            break;
-    }
-    CHECK(n < 5000 && seen > 5);
-    if (old)
-        setenv("TMPDIR", old, 1);
-    else
-        unsetenv("TMPDIR");
-    free(old);
+    tu_sweep w = {.dir = dir,
+                  .samples = 60,
+                  .tmp_prefix = "stoker-tfrecord-",
+                  .before = fresh ? forget_indexes : NULL};
+    tu_read_all(dir, NULL, 0, NULL); /* the kept index, for !fresh */
+    tu_sweep_oom(&w);
 }
 
 static void test_oom(void)

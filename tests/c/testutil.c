@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include "io/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
@@ -10,10 +12,15 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <jpeglib.h>
+#include <limits.h>
 #include <setjmp.h>
+#include <stdbool.h>
 
 long stk__alloc_live(void);
+void stk__alloc_fail_after(long n);
+long stk__alloc_count(void);
 
 int tu_failures;
 int tu_checks;
@@ -118,14 +125,22 @@ const char *tu_fixtures(const char *format)
     const char *cands[] = {env, "../shared/fixtures", "../../shared/fixtures",
                            "/work/shared/fixtures"};
     for (size_t k = 0; k < sizeof cands / sizeof cands[0]; k++) {
-        struct stat st;
         if (!cands[k])
             continue;
-        snprintf(dir, sizeof dir, "%s/%s/plain.manifest.json", cands[k], format);
-        if (stat(dir, &st) == 0) {
-            snprintf(dir, sizeof dir, "%s/%s", cands[k], format);
-            return dir;
+        snprintf(dir, sizeof dir, "%s/%s", cands[k], format);
+        /* A folder of fixtures has their manifests (a format's own
+         * variants: "plain", "snappy", ...). */
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        bool found = false;
+        while (d && !found && (e = readdir(d))) {
+            size_t n = strlen(e->d_name);
+            found = n > 14 && !strcmp(e->d_name + n - 14, ".manifest.json");
         }
+        if (d)
+            closedir(d);
+        if (found)
+            return dir;
     }
     return NULL;
 }
@@ -219,7 +234,7 @@ long tu_rss_bytes(void)
     return status_kb("VmRSS:");
 }
 
-int tu_open_cfg(stk_loader **l, const tu_cfg *c)
+stk_options *tu_cfg_options(const tu_cfg *c)
 {
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
@@ -240,6 +255,12 @@ int tu_open_cfg(stk_loader **l, const tu_cfg *c)
         REQUIRE(stk_options_set_transform(o, c->transform) == STK_OK);
     for (int k = 0; k + 1 < 8 && c->options[k]; k += 2)
         REQUIRE(stk_options_set(o, c->options[k], c->options[k + 1]) == STK_OK);
+    return o;
+}
+
+int tu_open_cfg(stk_loader **l, const tu_cfg *c)
+{
+    stk_options *o = tu_cfg_options(c);
     int rc = stk_loader_open(l, o);
     stk_options_destroy(o);
     return rc;
@@ -380,11 +401,8 @@ void tu_jpeg_size(const uint8_t *b, size_t n, uint32_t *w, uint32_t *h)
     jpeg_destroy_decompress(&ci);
 }
 
-void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
+void tu_tar_header(uint8_t h[512], const char *name, size_t len)
 {
-    size_t pad = (512 - len % 512) % 512;
-    *t = realloc(*t, *tn + 512 + len + pad);
-    uint8_t *h = *t + *tn;
     memset(h, 0, 512);
     snprintf((char *)h, 100, "%s", name);
     memcpy(h + 100, "0000644", 8);
@@ -402,6 +420,14 @@ void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, siz
     for (int k = 0; k < 512; k++)
         sum += h[k];
     snprintf((char *)h + 148, 8, "%06o", sum);
+}
+
+void tu_tar_add(uint8_t **t, size_t *tn, const char *name, const void *data, size_t len)
+{
+    size_t pad = (512 - len % 512) % 512;
+    *t = realloc(*t, *tn + 512 + len + pad);
+    uint8_t *h = *t + *tn;
+    tu_tar_header(h, name, len);
     memcpy(h + 512, data, len);
     memset(h + 512 + len, 0, pad);
     *tn += 512 + len + pad;
@@ -462,4 +488,355 @@ void tu_sha256_hex(const void *data, size_t n, char out[65])
         sha_block(h, tail + 64);
     for (int i = 0; i < 8; i++)
         snprintf(out + 8 * i, 9, "%08x", h[i]);
+}
+
+/* ---- The format readers' tests ------------------------------------------------ */
+
+const char *tu_fixture(const char *format, const char *variant)
+{
+    static char p[4][4200];
+    static int rot;
+    const char *dir = tu_fixtures(format);
+    REQUIRE(dir);
+    char *out = p[rot++ % 4];
+    snprintf(out, sizeof p[0], "%s/%s", dir, variant);
+    return out;
+}
+
+json_t *tu_fixture_manifest(const char *format, const char *variant)
+{
+    char p[4300];
+    snprintf(p, sizeof p, "%s.manifest.json", tu_fixture(format, variant));
+    json_error_t je;
+    json_t *m = json_load_file(p, JSON_DECODE_ANY, &je);
+    REQUIRE(m);
+    return m;
+}
+
+json_t *tu_manifest_sample(json_t *m, size_t i)
+{
+    json_t *s = json_array_get(json_object_get(m, "samples"), i);
+    REQUIRE(s);
+    CHECK_EQ(json_integer_value(json_object_get(s, "index")), i);
+    return s;
+}
+
+int64_t tu_json_int(json_t *s, const char *key)
+{
+    json_t *v = json_object_get(s, key);
+    REQUIRE(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+const char *tu_json_str(json_t *s, const char *key)
+{
+    json_t *v = json_object_get(s, key);
+    REQUIRE(json_is_string(v));
+    return json_string_value(v);
+}
+
+char *tu_join(const char *dir, const char *name)
+{
+    static char p[4][8400];
+    static int rot;
+    char *out = p[rot++ % 4];
+    snprintf(out, sizeof p[0], "%s/%s", dir, name);
+    return out;
+}
+
+void tu_copy_files(const char *from, const char *to)
+{
+    tu_mkdirs(to);
+    DIR *d = opendir(from);
+    REQUIRE(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[8400];
+        snprintf(p, sizeof p, "%s/%s", from, e->d_name);
+        struct stat st;
+        if (e->d_name[0] == '.' || stat(p, &st) || !S_ISREG(st.st_mode))
+            continue;
+        size_t n;
+        void *b = tu_read_file(p, &n);
+        REQUIRE(b);
+        snprintf(p, sizeof p, "%s/%s", to, e->d_name);
+        tu_write_file(p, b, n);
+        free(b);
+    }
+    closedir(d);
+}
+
+const char *tu_copy_dir(const char *from, const char *name)
+{
+    static char dst[4][4200];
+    static int rot;
+    char *out = dst[rot++ % 4];
+    snprintf(out, sizeof dst[0], "%s", tu_path(name));
+    tu_copy_files(from, out);
+    return out;
+}
+
+void tu_patch(const char *path, long off, const void *b, size_t n)
+{
+    size_t len;
+    uint8_t *buf = tu_read_file(path, &len);
+    REQUIRE(buf && off >= 0 && (size_t)off + n <= len);
+    memcpy(buf + off, b, n);
+    tu_write_file(path, buf, len);
+    free(buf);
+}
+
+uint32_t tu_read_le32(const char *path, long off)
+{
+    size_t len;
+    uint8_t *b = tu_read_file(path, &len);
+    REQUIRE(b && off >= 0 && (size_t)off + 4 <= len);
+    uint32_t v = (uint32_t)b[off] | (uint32_t)b[off + 1] << 8 | (uint32_t)b[off + 2] << 16 |
+                 (uint32_t)b[off + 3] << 24;
+    free(b);
+    return v;
+}
+
+int tu_count_prefixed(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+char *tu_tmpdir_use(const char *dir)
+{
+    tu_mkdirs(dir);
+    char *old = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", dir, 1);
+    return old;
+}
+
+void tu_tmpdir_restore(char *old)
+{
+    if (old)
+        setenv("TMPDIR", old, 1);
+    else
+        unsetenv("TMPDIR");
+    free(old);
+}
+
+const stk_field *tu_field(const stk_batch *b, const char *name)
+{
+    for (size_t k = 0; k < b->nfields; k++)
+        if (!strcmp(b->fields[k].name, name))
+            return &b->fields[k];
+    REQUIRE(0);
+    return NULL;
+}
+
+bool tu_text_is(const stk_field *f, size_t k, const char *want)
+{
+    return f->lengths[k] == strlen(want) &&
+           !memcmp((const char *)f->data + f->offsets[k], want, strlen(want));
+}
+
+void tu_check_images_without_fields(const char *format, const char *variant)
+{
+    json_t *m = tu_fixture_manifest(format, variant);
+    size_t n = json_array_size(json_object_get(m, "samples"));
+    tu_cfg c = {
+        .path = tu_fixture(format, variant), .bs = 8, .threads = 3, .transform = "imagenet-val"};
+    stk_loader *l = NULL;
+    int rc = tu_open_cfg(&l, &c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    stk_batch *b;
+    size_t got = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        CHECK_EQ(b->kind, STK_BATCH_DENSE);
+        for (size_t k = 0; k < b->size; k++)
+            CHECK_EQ(b->labels[k], tu_json_int(tu_manifest_sample(m, b->indices[k]), "label"));
+        got += b->size;
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK_EQ(got, n);
+    stk_loader_close(l);
+    json_decref(m);
+}
+
+void tu_expect_open(const char *path, int want, const char *n1, const char *n2)
+{
+    stk_dataset *d = NULL;
+    char err[1024] = "";
+    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
+    CHECK_EQ(rc, want);
+    CHECK(!n1 || strstr(err, n1));
+    CHECK(!n2 || strstr(err, n2));
+    if (rc != want || (n1 && !strstr(err, n1)) || (n2 && !strstr(err, n2)))
+        fprintf(stderr, "rc %d, message lacks '%s' or '%s': %s\n", rc, n1 ? n1 : "", n2 ? n2 : "",
+                err);
+    stk_dataset_close(d);
+}
+
+int tu_read_all(const char *path, char *first, size_t n, uint64_t *count)
+{
+    stk_dataset *d = NULL;
+    char err[1024];
+    int rc = stk_dataset_open(&d, path, NULL, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "%s\n", err);
+    REQUIRE(rc == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
+    if (count)
+        *count = di.samples;
+    int bad = 0;
+    if (first)
+        first[0] = '\0';
+    for (uint64_t i = 0; i < di.samples; i++) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) != STK_OK) {
+            if (!bad && first)
+                snprintf(first, n, "%s", err);
+            bad++;
+        }
+    }
+    stk_dataset_close(d);
+    return bad;
+}
+
+/* One sweep session's outcome: the open's code and message, and each
+ * sample read's (label and bytes) hash. */
+typedef struct sweep_sess {
+    int open_rc;
+    char msg[1024];
+    uint64_t hash[64];
+    int ok[64];
+} sweep_sess;
+
+static uint64_t sweep_step(const tu_sweep *w)
+{
+    return w->step ? w->step : 1;
+}
+
+static void io_session(const tu_sweep *w, sweep_sess *r)
+{
+    memset(r, 0, sizeof *r);
+    if (w->before)
+        w->before(w->dir);
+    stk_dataset *d = NULL;
+    r->open_rc = stk_dataset_open(&d, w->dir, NULL, r->msg, sizeof r->msg);
+    if (r->open_rc)
+        return;
+    for (uint64_t i = 0; i < w->samples; i += sweep_step(w)) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        char err[1024];
+        if (stk_dataset_read(d, i, &p, &len, &label, err, sizeof err) == STK_OK) {
+            r->ok[i] = 1;
+            r->hash[i] = tu_hash(tu_hash(0, p, len), &label, sizeof label);
+        } else {
+            CHECK(err[0] != '\0');
+        }
+    }
+    stk_dataset_close(d);
+}
+
+void tu_sweep_io_faults(const tu_sweep *w)
+{
+    REQUIRE(w->samples <= 64);
+    const char *tmp = tu_path("sweep-tmp");
+    char *old = w->tmp_prefix ? tu_tmpdir_use(tmp) : NULL;
+    static sweep_sess ref, r;
+    io_session(w, &ref);
+    REQUIRE(ref.open_rc == STK_OK);
+    static const int kinds[] = {STK__IOF_EINTR, STK__IOF_SHORT, STK__IOF_EIO};
+    for (size_t kk = 0; kk < 3; kk++) {
+        int kind = kinds[kk], failed_open = 0, failed_samples = 0;
+        stk__iofault_arm(kind, LONG_MAX, 0);
+        io_session(w, &r);
+        long calls = stk__iofault_calls();
+        stk__iofault_arm(0, -1, 0);
+        CHECK(calls > 8);
+        for (long n = 0; n < calls + 2; n++) {
+            stk__iofault_arm(kind, n, 0);
+            io_session(w, &r);
+            stk__iofault_arm(0, -1, 0);
+            if (w->tmp_prefix)
+                CHECK_EQ(tu_count_prefixed(tmp, w->tmp_prefix), 0);
+            if (kind != STK__IOF_EIO) {
+                CHECK_EQ(r.open_rc, STK_OK);
+                CHECK(!memcmp(r.hash, ref.hash, sizeof r.hash));
+                continue;
+            }
+            if (r.open_rc) {
+                failed_open++;
+                CHECK_EQ(r.open_rc, STK_EIO);
+                CHECK(strstr(r.msg, "Input/output error") != NULL);
+                if (!strstr(r.msg, "Input/output error"))
+                    fprintf(stderr, "  %s: EIO at %ld: %s\n", w->dir, n, r.msg);
+                continue;
+            }
+            for (uint64_t i = 0; i < w->samples; i++) {
+                failed_samples += !r.ok[i] && i % sweep_step(w) == 0;
+                CHECK(!r.ok[i] || r.hash[i] == ref.hash[i]);
+            }
+        }
+        if (kind == STK__IOF_EIO)
+            CHECK(failed_open > 0 && failed_samples > 0);
+    }
+    if (w->tmp_prefix)
+        tu_tmpdir_restore(old);
+}
+
+static int oom_session(const tu_sweep *w)
+{
+    if (w->before)
+        w->before(w->dir);
+    stk_dataset *d = NULL;
+    char err[1024];
+    int rc = stk_dataset_open(&d, w->dir, NULL, err, sizeof err);
+    for (uint64_t i = 0; rc == STK_OK && i < w->samples; i += sweep_step(w)) {
+        const void *p;
+        size_t len;
+        int64_t label;
+        rc = stk_dataset_read(d, i, &p, &len, &label, err, sizeof err);
+    }
+    stk_dataset_close(d);
+    return rc;
+}
+
+void tu_sweep_oom(const tu_sweep *w)
+{
+    const char *tmp = tu_path("sweep-tmp");
+    char *old = w->tmp_prefix ? tu_tmpdir_use(tmp) : NULL;
+    long live0 = stk__alloc_live();
+    int fds0 = tu_count_fds(), seen = 0;
+    long n;
+    for (n = 0; n < 5000; n++) {
+        long c0 = stk__alloc_count();
+        stk__alloc_fail_after(n);
+        int rc = oom_session(w);
+        stk__alloc_fail_after(-1);
+        bool injected = stk__alloc_count() - c0 > n;
+        CHECK(rc == STK_OK || rc == STK_ENOMEM);
+        if (rc != STK_OK && rc != STK_ENOMEM)
+            fprintf(stderr, "  %s: allocation %ld failed: rc %d\n", w->dir, n, rc);
+        seen += rc == STK_ENOMEM;
+        CHECK_EQ(stk__alloc_live(), live0);
+        CHECK_EQ(tu_count_fds(), fds0);
+        if (w->tmp_prefix)
+            CHECK_EQ(tu_count_prefixed(tmp, w->tmp_prefix), 0);
+        if (rc == STK_OK && !injected)
+            break;
+    }
+    CHECK(n < 5000 && seen > 5);
+    if (w->tmp_prefix)
+        tu_tmpdir_restore(old);
 }

@@ -12,6 +12,16 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 RECORD_BYTES = 24  # 8 label bytes + 16 payload bytes
 
 
+def stoker_bin():
+    """The stoker CLI to run: $STOKER_BIN, else build/release/stoker; None
+    when neither is an executable file."""
+    env = os.environ.get("STOKER_BIN")
+    for c in ([env] if env else []) + [os.path.join(ROOT, "build", "release", "stoker")]:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
 def payload(i):
     """The 16 payload bytes of record i: its index, then a pattern of it."""
     return i.to_bytes(8, "little") + bytes((i * 7 + k) % 256 for k in range(8))

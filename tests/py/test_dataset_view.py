@@ -3,22 +3,12 @@ loader.dataset (len = samples, classes, class_to_idx) and loader.sampler
 (len = samples of this rank per epoch, set_epoch)."""
 
 import os
-import pathlib
 import subprocess
 
 import pytest
 
 import stoker
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _stoker_bin():
-    env = os.environ.get("STOKER_BIN")
-    for c in ([env] if env else []) + [ROOT / "build/release/stoker"]:
-        if c and os.access(c, os.X_OK):
-            return str(c)
-    return None
+from conftest import stoker_bin  # noqa: E402
 
 
 def test_dataset_len_and_classes_as_imagefolder(make_folder):
@@ -74,7 +64,7 @@ def test_classes_of_a_single_file_source_does_not_fail(tmp_path):
         assert L.classes == [] and L.dataset.classes == []
 
 
-@pytest.mark.skipif(_stoker_bin() is None, reason="no stoker binary (build it or set STOKER_BIN)")
+@pytest.mark.skipif(stoker_bin() is None, reason="no stoker binary (build it or set STOKER_BIN)")
 def test_classes_of_a_packed_dataset_come_from_its_manifest(make_folder, tmp_path):
     from PIL import Image
     src = make_folder(classes=3, per_class=2)
@@ -83,7 +73,7 @@ def test_classes_of_a_packed_dataset_come_from_its_manifest(make_folder, tmp_pat
         Image.new("RGB", (8, 6), (len(f.name) * 9 % 256, 40, 90)).save(f, "JPEG")
     os.rename(src / "class01", src / "zebra \N{SNOWMAN}")
     out = tmp_path / "packed"
-    r = subprocess.run([_stoker_bin(), "pack", str(src), str(out), "--quiet"],
+    r = subprocess.run([stoker_bin(), "pack", str(src), str(out), "--quiet"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     with stoker.Loader(src, 2, output="numpy") as a, stoker.Loader(out, 2, output="numpy") as b:

@@ -20,20 +20,10 @@ import pytest
 torchvision = pytest.importorskip("torchvision")
 from torchvision.datasets import ImageFolder  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import stoker_bin  # noqa: E402
 
 
-def _stoker_bin():
-    env = os.environ.get("STOKER_BIN")
-    cands = [Path(env)] if env else []
-    cands += [REPO / "build/release/stoker"]
-    for c in cands:
-        if c.is_file() and os.access(c, os.X_OK):
-            return str(c)
-    return None
-
-
-STOKER = _stoker_bin()
+STOKER = stoker_bin()
 pytestmark = pytest.mark.skipif(STOKER is None, reason="no stoker binary (build it or set STOKER_BIN)")
 
 

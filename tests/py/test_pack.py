@@ -12,16 +12,9 @@ import numpy as np
 import pytest
 
 import stoker
+from conftest import stoker_bin  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _stoker_bin():
-    env = os.environ.get("STOKER_BIN")
-    for c in ([env] if env else []) + [ROOT / "build/release/stoker"]:
-        if c and os.access(c, os.X_OK):
-            return str(c)
-    return None
 
 
 def _jpeg_folder(root, classes=3, per=8):
@@ -47,7 +40,7 @@ def _tree_bytes(d):
     ({"raw": (12, 10, 1), "align": 4096}, ["--raw", "12x10x1", "--align", "4096"]),
 ])
 def test_pack_equals_cli_byte_for_byte(tmp_path, opts, cli):
-    exe = _stoker_bin()
+    exe = stoker_bin()
     if exe is None:
         pytest.skip("build/release/stoker not built")
     src = _jpeg_folder(tmp_path / "src")

@@ -498,6 +498,43 @@ def test_past_the_retry_budget_the_sample_fails_cleanly(packed, tmp_path):
         assert bad in str(e.value) and "500" in str(e.value)
 
 
+def test_broken_index_warns_through_python_warnings(packed, tmp_path, capfd):
+    """A damaged or missing stoker.index is a warning (the shards are then
+    opened one by one, giving the same batches): it arrives as a
+    stoker.StokerWarning from the line that made the Loader, and nothing is
+    written on stderr. A filter that makes it an error fails the open."""
+    import shutil
+    import warnings
+    www = tmp_path / "www"
+    shutil.copytree(packed["local"], www / "corrupt")
+    shutil.copytree(packed["local"], www / "gone")
+    ix = www / "corrupt" / "stoker.index"
+    b = bytearray(ix.read_bytes())
+    b[-40] ^= 0x10
+    ix.write_bytes(bytes(b))
+    (www / "gone" / "stoker.index").unlink()
+    with _loader(packed["local"]) as local:
+        want = _batches(local)
+    assert issubclass(stoker.StokerWarning, RuntimeWarning)
+    with stk_servers.Nginx(www) as srv:
+        for name, says in (("corrupt", "checksum"), ("gone", "not there")):
+            capfd.readouterr()
+            with pytest.warns(stoker.StokerWarning, match=says) as caught:
+                with _loader(f"{srv.url}/{name}") as L:
+                    got = _batches(L)
+            _same(got, want)
+            msgs = [str(w.message) for w in caught if w.category is stoker.StokerWarning]
+            assert len(msgs) == 1 and "stoker.index" in msgs[0], msgs
+            assert "opening each shard instead" in msgs[0]
+            assert caught[0].filename == __file__
+            assert capfd.readouterr().err == ""
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", stoker.StokerWarning)
+            with pytest.raises(stoker.StokerWarning, match="not there"):
+                _loader(f"{srv.url}/gone")
+    assert capfd.readouterr().err == ""
+
+
 # ---- remote tar shards --------------------------------------------------------
 
 def _make_tars(d, shards=3, per=7):

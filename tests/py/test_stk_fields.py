@@ -8,7 +8,6 @@ field kept."""
 
 import io
 import json
-import os
 import pathlib
 import struct
 import subprocess
@@ -17,16 +16,7 @@ import numpy as np
 import pytest
 
 import stoker
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _stoker_bin():
-    env = os.environ.get("STOKER_BIN")
-    for c in ([env] if env else []) + [ROOT / "build/release/stoker"]:
-        if c and os.access(c, os.X_OK):
-            return str(c)
-    return None
+from conftest import stoker_bin  # noqa: E402
 
 
 def _jpeg(i):
@@ -142,7 +132,7 @@ def test_writer_dict_fields_byte_equal(tmp_path):
 def test_info_verify_and_plain_loader(tmp_path):
     samples = _samples()
     out = _write(tmp_path / "clip", samples, shard_size=3000)
-    exe = _stoker_bin()
+    exe = stoker_bin()
     if exe is not None:
         p = subprocess.run([exe, "info", str(out)], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
