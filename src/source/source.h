@@ -157,6 +157,11 @@ typedef struct stk__source_ops {
     /* Optional: sample i's width and height as the index stores them;
      * STK_EUNSUPPORTED (0 x 0) when this dataset stores none. */
     int (*meta)(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
+    /* Optional: a field the description does not list that the source can
+     * still give, by name (a Parquet list's element "images[3]"): adds it to
+     * s->fields (stk__source_add_field) and returns its id, or -1 when there
+     * is no such field (or no room). Called before select, from one thread. */
+    int (*field_named)(stk__source *s, const char *name, size_t len);
 } stk__source_ops;
 
 /* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or
