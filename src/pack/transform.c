@@ -293,6 +293,8 @@ bool stk__pack_keeps_fields(const stk__source *src)
     for (size_t k = 0; k < src->nfields; k++) {
         const stk__field_desc *f = &src->fields[k];
         int fk = f->kind ? f->kind : stk_field_kind_for_name(f->name);
+        if (f->dup)
+            continue;
         if (fk == STK_FIELD_IMAGE)
             images++;
         else if (fk == STK_FIELD_INT)
@@ -346,6 +348,8 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
             break;
         }
     }
+    for (size_t k = 0; k < n; k++)
+        refs[k].id = p->fmap[refs[k].id];
     return stk__pack_fields_payload(&s->out, refs, n, s->err, sizeof s->err);
 }
 

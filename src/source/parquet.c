@@ -2691,9 +2691,14 @@ static int describe_fields(stk__source *s, const pq *d)
     for (size_t f = 0; f < d->nfields; f++) {
         char name[1100];
         field_name(d, &d->fields[f], name, sizeof name);
-        if (stk__source_add_field(s, name, strlen(name), d->cols[d->fields[f].col].kind,
-                                  UINT64_MAX) < 0)
+        int id = stk__source_add_field(s, name, strlen(name), d->cols[d->fields[f].col].kind,
+                                       UINT64_MAX);
+        if (id < 0)
             return STK_ENOMEM;
+        /* "image.bytes" repeats "image" (made just before it). */
+        s->fields[id].dup = f && !d->fields[f].alias && d->fields[f - 1].alias &&
+                            d->fields[f - 1].col == d->fields[f].col &&
+                            d->fields[f - 1].elem == d->fields[f].elem;
     }
     return STK_OK;
 }
