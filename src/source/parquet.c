@@ -159,9 +159,9 @@ typedef struct pqdec {
     uint64_t *rowstart;
     uint64_t records, vcap; /* rowstart's records so far, and its capacity */
     size_t ocap, ncap;      /* off's and isnull's capacities */
-    int rc;    /* not STK_OK: the chunk does not decode (remembered, so the
-                  row group's other rows fail without decoding it again) */
-    char *why; /* then the message */
+    int rc;                 /* not STK_OK: the chunk does not decode (remembered, so the
+                               row group's other rows fail without decoding it again) */
+    char *why;              /* then the message */
     /* A chunk's page index (an entry of its own in the cache): where each
      * data page lies, its first row and rows; the dictionary page. */
     struct pqpage *pages;
@@ -1441,8 +1441,7 @@ static int list_page(const pqcol *c, const pghdr *h, const uint8_t *lv, const ui
         elems += lv[k] >= c->elem_def;
         nonnull += lv[k] == c->max_def;
         if (lv[k] < c->elem_def && rl[k]) {
-            stk__fmt(why, wn, "level entry %" PRIu64 " continues a list that it says is empty",
-                     k);
+            stk__fmt(why, wn, "level entry %" PRIu64 " continues a list that it says is empty", k);
             return STK_EFORMAT;
         }
     }
@@ -1756,8 +1755,8 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
          * page: the usual image column) is kept as it decompressed, each
          * row's value found where it lies, rather than copied value by
          * value into a second buffer of the same size. */
-        if (c->type == T_BYTE_ARRAY && h.enc == EN_PLAIN && h.type == P_DATA && !o->rows && !c->list &&
-            !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
+        if (c->type == T_BYTE_ARRAY && h.enc == EN_PLAIN && h.type == P_DATA && !o->rows &&
+            !c->list && !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
             if (!(o->len = stk__malloc(rows ? rows * sizeof *o->len : 1))) {
                 rc = STK_ENOMEM;
                 goto out;
@@ -1774,8 +1773,8 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
                  us > o->dcap - o->dlen &&
                  (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
             goto out;
-        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o,
-                            c->list ? rows_max : rows, &lv, &lvcap, pw, sizeof pw))) {
+        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o, c->list ? rows_max : rows,
+                            &lv, &lvcap, pw, sizeof pw))) {
             stk__fmt(why, wn, "the data page at offset %" PRIu64 ": %s", at, pw);
             goto out;
         }
@@ -2221,11 +2220,11 @@ static size_t needed_cols(const pq *d, uint32_t *cols)
 
 /* Field fd's value in row r of its column's decoded chunk (or page) e:
  * false when the row lacks it (null; a list without that element). */
-static bool field_value(const pqfield *fd, const pqdec *e, uint64_t r, const uint8_t **p,
-                        size_t *n)
+static bool field_value(const pqfield *fd, const pqdec *e, uint64_t r, const uint8_t **p, size_t *n)
 {
     if (fd->elem != PQ_ELEM_NONE) {
-        if (fd->elem < 0 || !e->rowstart || (uint64_t)fd->elem >= e->rowstart[r + 1] - e->rowstart[r])
+        if (fd->elem < 0 || !e->rowstart ||
+            (uint64_t)fd->elem >= e->rowstart[r + 1] - e->rowstart[r])
             return false;
         r = e->rowstart[r] + (uint64_t)fd->elem;
     }
@@ -2317,8 +2316,7 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
             k++;
         const uint8_t *v = NULL;
         size_t vn;
-        uint32_t n = field_value(&d->fields[f], dec[k], rr[k], &v, &vn) ? (uint32_t)vn
-                                                                          : UINT32_MAX;
+        uint32_t n = field_value(&d->fields[f], dec[k], rr[k], &v, &vn) ? (uint32_t)vn : UINT32_MAX;
         uint32_t id = (uint32_t)f;
         memcpy(buf + at, &id, 4);
         memcpy(buf + at + 4, &n, 4);
@@ -2453,6 +2451,7 @@ static void pq_close(stk__source *s)
 }
 
 static int pq_field_named(stk__source *s, const char *name, size_t len);
+static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window);
 
 static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .read = pq_read,
@@ -2463,7 +2462,8 @@ static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .flags = STK__SRC_IMAGES,
                                          .describe = pq_describe,
                                          .key = pq_key,
-                                         .field_named = pq_field_named};
+                                         .field_named = pq_field_named,
+                                         .advise_order = pq_advise_order};
 static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .read = pq_read,
                                                .name = pq_name,
@@ -2472,7 +2472,104 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .fields = pq_fields,
                                                .describe = pq_describe,
                                                .key = pq_key,
-                                               .field_named = pq_field_named};
+                                               .field_named = pq_field_named,
+                                               .advise_order = pq_advise_order};
+
+/* ---- Advice on the order ------------------------------------------------------------ */
+
+/* A warning on stderr, as the other readers print theirs. */
+static void pq_warn(const char *msg)
+{
+    fprintf(stderr, "stoker: warning: %s\n", msg);
+}
+
+static void human(uint64_t b, char *buf, size_t n)
+{
+    if (b >= (1ull << 30))
+        stk__fmt(buf, n, "%.1f GiB", (double)b / (double)(1ull << 30));
+    else
+        stk__fmt(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+}
+
+/* The most rows one page of the needed columns holds in the first row
+ * group (its page index read now, as the first read would; a list column
+ * is decoded whole: all its rows). */
+static uint64_t rows_a_page(pq *d, const uint32_t *cols, size_t nc)
+{
+    uint64_t most = 0;
+    for (size_t k = 0; k < nc; k++) {
+        if (d->cols[cols[k]].list) {
+            most = d->rgs[0].rows > most ? d->rgs[0].rows : most;
+            continue;
+        }
+        pqdec *idx = NULL;
+        char why[STK_ERRMSG_MAX];
+        uint64_t base = (uint64_t)cols[k] * (PQ_MAX_PAGES + 1);
+        loadarg a = {0, cols[k], NULL, 0};
+        if (cache_get(d, base + PQ_MAX_PAGES, load_index, &a, &idx, why, sizeof why) == STK_OK &&
+            idx->npages) {
+            uint64_t rp = d->rgs[0].rows / idx->npages;
+            most = rp > most ? rp : most;
+        }
+        put_chunk(d, idx);
+    }
+    return most;
+}
+
+/* A shuffled read decodes, for each sample, the page of each column it
+ * reads: cheap while those pages stay in the cache, a whole page for one
+ * row when they do not. Warned when pages hold several rows and what the
+ * order keeps in play (the whole dataset, or shard_window row groups: their
+ * column chunks' stored sizes, a lower bound of what they decode to)
+ * exceeds the cache. */
+static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window)
+{
+    pq *d = s->impl;
+    uint32_t cols[STK__MAX_FIELDS + 1];
+    size_t nc = needed_cols(d, cols);
+    if (!shuffle || !nc)
+        return;
+    uint64_t all = 0;
+    for (size_t k = 0; k < nc; k++)
+        for (size_t g = 0; g < d->nrgs; g++)
+            all += d->chunks[g * d->ncols + cols[k]].size;
+    uint64_t per_rg = all / d->nrgs, held = global ? all : per_rg * window;
+    if (held <= d->budget)
+        return;
+    uint64_t rows_page = rows_a_page(d, cols, nc);
+    if (rows_page < 4)
+        return;
+    char msg[1024], a1[32], a2[32], a3[32], a4[32];
+    human(all, a1, sizeof a1);
+    human(per_rg * window, a4, sizeof a4);
+    human(per_rg, a2, sizeof a2);
+    human(d->budget, a3, sizeof a3);
+    uint64_t fit = per_rg ? d->budget / per_rg : 1;
+    fit = fit > 2 ? 2 : fit;
+    char advice[256];
+    if (!fit)
+        stk__fmt(advice, sizeof advice,
+                 "a row group (%s stored) alone exceeds the cache: pack it (stoker pack), or "
+                 "write it with smaller row groups",
+                 a2);
+    else if (global)
+        stk__fmt(advice, sizeof advice,
+                 "use order=\"shards\" with shard_window %" PRIu64
+                 " (row groups of %s), or pack it (stoker pack) for a global shuffle",
+                 fit, a2);
+    else
+        stk__fmt(advice, sizeof advice, "use shard_window %" PRIu64 " (row groups of %s)", fit, a2);
+    stk__fmt(msg, sizeof msg,
+             "%s: %s will be slow: its pages hold about %" PRIu64 " rows each and %s (%s "
+             "stored) exceed the %s page cache, so most samples decode a whole page to use "
+             "one row; %s (docs/formats.md)",
+             d->files[0].name,
+             global ? "a global shuffle of this Parquet dataset"
+                    : "a shuffle in shards of this Parquet dataset",
+             rows_page, global ? "the columns read" : "shard_window row groups", global ? a1 : a4,
+             a3, advice);
+    pq_warn(msg);
+}
 
 /* ---- Open ------------------------------------------------------------------------ */
 
@@ -2730,8 +2827,8 @@ static int pq_field_named(stk__source *s, const char *name, size_t len)
         field_name(d, fd, want, sizeof want);
         /* want is "LIST[]MEMBER": the name must be LIST[i]MEMBER. */
         size_t ll = (size_t)(lb - name), ml = (size_t)(end - q);
-        if (strlen(want) != ll + 2 + ml || memcmp(want, name, ll) ||
-            memcmp(want + ll, "[]", 2) || memcmp(want + ll + 2, q, ml))
+        if (strlen(want) != ll + 2 + ml || memcmp(want, name, ll) || memcmp(want + ll, "[]", 2) ||
+            memcmp(want + ll + 2, q, ml))
             continue;
         int id = stk__source_add_field(s, name, len, d->cols[fd->col].kind, UINT64_MAX);
         if (id < 0)

@@ -165,6 +165,12 @@ typedef struct stk__source_ops {
      * s->fields (stk__source_add_field) and returns its id, or -1 when there
      * is no such field (or no room). Called before select, from one thread. */
     int (*field_named)(stk__source *s, const char *name, size_t len);
+    /* Optional: told, once after select, the order the loader reads in
+     * (shuffled or not; global: not in shards; shard_window row groups or
+     * shards at a time otherwise): a reader whose random reads can cost far
+     * more than reading in that order warns (on stderr) and says what to
+     * change. Reads nothing the first reads would not. */
+    void (*advise_order)(stk__source *s, bool shuffle, bool global, unsigned shard_window);
 } stk__source_ops;
 
 /* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or

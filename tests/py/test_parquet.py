@@ -366,3 +366,39 @@ def test_lists_of_real_images_are_decoded_and_transformed(tmp_path):
         assert np.abs(b["first"][r].transpose(1, 2, 0)[8, 8].astype(int) - ref[5, 5]).max() <= 3
     # A fixed-size image field: zeros where the row lacks it.
     assert b["second"].shape == (3, 3, 8, 12) and not b["second"][2].any() and b["second"][1].any()
+
+
+def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
+    """A global shuffle over more stored bytes than the 64 MiB page cache,
+    with pages of many rows, decodes a page per row: the open says so once,
+    with the order to use; shard order with a window that fits, and no
+    shuffle, are not warned."""
+    node = os.environ.get("STK_NODE") or shutil.which("node")
+    if not node or not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
+        pytest.skip("no node / DuckDB's npm package (run scripts/install-deps.sh)")
+    out = tmp_path / "big.parquet"
+    sql = (f"COPY (SELECT i AS id, {{'bytes': unhex(repeat(md5(i::VARCHAR), 1500)), "
+           f"'path': 'p' || i}} AS image FROM range(3000) r(i)) TO '{out}' "
+           f"(FORMAT parquet, COMPRESSION uncompressed, ROW_GROUP_SIZE 2048)")
+    js = (f"const {{ DuckDBInstance }} = require({json.dumps(str(NODE_MODULES / '@duckdb' / 'node-api'))});"
+          f"(async () => {{ const c = await (await DuckDBInstance.create(':memory:')).connect();"
+          f"await c.run({json.dumps(sql)}); }})().catch((e) => {{ console.error(e); process.exit(1); }});")
+    subprocess.run([node, "-e", js], check=True, timeout=120)
+    fields = {"image": ("image", "bytes")}
+
+    def warned(**kw):
+        capfd.readouterr()
+        stoker.Loader(str(out), 8, fields=fields, **kw).close()
+        return capfd.readouterr().err
+
+    err = warned()
+    assert err.count("stoker: warning:") == 1 and "global shuffle" in err
+    assert 'order="shards" with shard_window 1' in err and "big.parquet" in err
+    err = warned(order="shards")                      # 8 row groups of up to 47 MiB
+    assert "shuffle in shards" in err and "use shard_window 1" in err
+    assert warned(order="shards", shard_window=1) == ""
+    assert warned(shuffle=False) == ""
+    capfd.readouterr()
+    stoker.Loader(str(out), 8, fields={"id": "id"}).close()   # the small column fits
+    assert capfd.readouterr().err == ""
+    out.unlink()
