@@ -355,7 +355,7 @@ static int job_open(packjob *j, const char *src, const char *out_dir, const stk_
         uint32_t next = 0;
         for (size_t k = 0; k < j->src.nfields && k < 64; k++) {
             j->plan.fmap[k] = next;
-            if (!j->src.fields[k].dup) {
+            if (!j->src.fields[k].nocopy) {
                 all |= (uint64_t)1 << k;
                 next++;
             }
@@ -409,7 +409,7 @@ static int job_writer(packjob *j, const char *out_dir, char *err, size_t errlen)
     stk__field_desc kept[STK__MAX_FIELDS];
     size_t nkept = 0;
     for (size_t k = 0; k < j->src.nfields && k < STK__MAX_FIELDS; k++)
-        if (!j->src.fields[k].dup)
+        if (!j->src.fields[k].nocopy)
             kept[nkept++] = j->src.fields[k];
     if (p->in_kind == STK__IN_FIELDS && (rc = stk__writer_set_fields(j->w, kept, nkept))) {
         stk__fmt(err, errlen, "%s", j->w->err);

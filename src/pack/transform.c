@@ -293,7 +293,7 @@ bool stk__pack_keeps_fields(const stk__source *src)
     for (size_t k = 0; k < src->nfields; k++) {
         const stk__field_desc *f = &src->fields[k];
         int fk = f->kind ? f->kind : stk_field_kind_for_name(f->name);
-        if (f->dup)
+        if (f->nocopy)
             continue;
         if (fk == STK_FIELD_IMAGE)
             images++;

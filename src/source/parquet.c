@@ -2792,10 +2792,12 @@ static int describe_fields(stk__source *s, const pq *d)
                                        UINT64_MAX);
         if (id < 0)
             return STK_ENOMEM;
-        /* "image.bytes" repeats "image" (made just before it). */
-        s->fields[id].dup = f && !d->fields[f].alias && d->fields[f - 1].alias &&
-                            d->fields[f - 1].col == d->fields[f].col &&
-                            d->fields[f - 1].elem == d->fields[f].elem;
+        /* "image.bytes" repeats "image" (made just before it); "images[]"
+         * stands for a list. */
+        s->fields[id].nocopy = d->fields[f].elem == PQ_ELEM_ANY ||
+                               (f && !d->fields[f].alias && d->fields[f - 1].alias &&
+                                d->fields[f - 1].col == d->fields[f].col &&
+                                d->fields[f - 1].elem == d->fields[f].elem);
     }
     return STK_OK;
 }

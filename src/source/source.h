@@ -71,9 +71,10 @@ typedef struct stk__field_desc {
                          "seg.png"), a .stk field's name, a column */
     int kind;         /* enum stk_field_kind the source knows it has, or AUTO */
     uint64_t samples; /* samples that have it; UINT64_MAX: not known */
-    bool dup;         /* another field's bytes under a second name (Parquet's
-                         "image.bytes" beside "image"): a copy (stk pack)
-                         keeps only the other */
+    bool nocopy;      /* a field a copy (stk pack) leaves out: another field's
+                         bytes under a second name (Parquet's "image.bytes"
+                         beside "image"), or a name no sample has (a
+                         Parquet list's "images[]") */
 } stk__field_desc;
 
 /* One field of one sample: id indexes stk__source.fields; data/len its bytes

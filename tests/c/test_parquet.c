@@ -473,6 +473,30 @@ static void test_pack_keeps_the_image_once(void)
     CHECK(n_src > 0 && n_out == n_src);
 }
 
+/* A list's stand-in names ("images[]") are no fields of a packed copy. */
+static void test_pack_leaves_out_list_names(void)
+{
+    char err[512];
+    stk_pack_options po = {.struct_size = sizeof po, .threads = 1};
+    stk_pack_result res = {.struct_size = sizeof res};
+    int rc = stk_pack("tests/fuzz/corpus/parquet/lists-v1-snappy", tu_path("packed-lists"), &po,
+                      &res, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "pack: %s\n", err);
+    REQUIRE(rc == STK_OK);
+    CHECK_EQ(res.samples, 40);
+    stk_dataset *d = NULL;
+    REQUIRE(stk_dataset_open(&d, tu_path("packed-lists"), NULL, err, sizeof err) == STK_OK);
+    bool list = false;
+    for (size_t k = 0; k < stk_dataset_field_count(d); k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        list |= strchr(fi.name, '[') != NULL;
+    }
+    CHECK(stk_dataset_field_count(d) > 0 && !list);
+    stk_dataset_close(d);
+}
+
 /* ---- lists ------------------------------------------------------------------------------
  * The fuzz seeds lists-v1-snappy and lists-v2-zstd were written by DuckDB
  * from a table whose every list follows from its row i (40 rows):
@@ -1014,6 +1038,7 @@ int main(void)
     RUN(test_written_v2_zstd);
     RUN(test_written_v2_uncompressed);
     RUN(test_pack_keeps_the_image_once);
+    RUN(test_pack_leaves_out_list_names);
     RUN(test_lists_v1);
     RUN(test_lists_v2);
     RUN(test_list_missing_element);
