@@ -668,7 +668,7 @@ static void col_kind(pqcol *c, const pqschema *e)
 {
     c->kind = STK_FIELD_AUTO;
     if (c->max_rep > 0 && !c->list) {
-        c->bad = "a repeated column other than one LIST (a list of lists, a map)";
+        c->bad = "a column repeated more than once (a list of lists)";
         return;
     }
     switch (e->type) {
