@@ -47,6 +47,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <snappy-c.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -2477,9 +2478,18 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
 
 /* ---- Advice on the order ------------------------------------------------------------ */
 
-/* A warning on stderr, as the other readers print theirs. */
+/* A warning on stderr, as the other readers print theirs; the same one
+ * only once in a row (stoker doctor opens the dataset for each level it
+ * measures). */
 static void pq_warn(const char *msg)
 {
+    static _Atomic uint64_t last;
+    uint64_t h = 0x5741524eULL; /* "WARN" */
+    for (const char *q = msg; *q; q++)
+        h = stk__mix64(h ^ (uint8_t)*q);
+    /* relaxed: a repeat printed twice by a race is harmless. */
+    if (atomic_exchange_explicit(&last, h, memory_order_relaxed) == h)
+        return;
     fprintf(stderr, "stoker: warning: %s\n", msg);
 }
 
