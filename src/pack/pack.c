@@ -347,19 +347,20 @@ static int job_open(packjob *j, const char *src, const char *out_dir, const stk_
     j->plan.src = &j->src;
     if (plan(&j->plan, err, errlen))
         return STK_EINVAL;
-    if (j->plan.in_kind == STK__IN_FIELDS && j->src.ops->select) {
-        /* Every field, read as the fields op finds them (a tar reads the
-         * sample's members, not just its image), but a second name for
-         * another's bytes only once. */
-        uint64_t all = 0;
-        uint32_t next = 0;
-        for (size_t k = 0; k < j->src.nfields && k < 64; k++) {
-            j->plan.fmap[k] = next;
-            if (!j->src.fields[k].nocopy) {
-                all |= (uint64_t)1 << k;
-                next++;
-            }
+    /* Every field, but a second name for another's bytes only once (and
+     * no stand-in name): the .stk's ids close up over those left out. */
+    uint64_t all = 0;
+    uint32_t next = 0;
+    for (size_t k = 0; k < j->src.nfields && k < STK__MAX_FIELDS; k++) {
+        j->plan.fmap[k] = next;
+        if (!j->src.fields[k].nocopy) {
+            all |= (uint64_t)1 << k;
+            next++;
         }
+    }
+    if (j->plan.in_kind == STK__IN_FIELDS && j->src.ops->select) {
+        /* Read as the fields op finds them (a tar reads the sample's
+         * members, not just its image). */
         if ((rc = j->src.ops->select(&j->src, all, why, sizeof why))) {
             stk__fmt(err, errlen, "cannot read the fields of %s: %s", src, why);
             return rc;

@@ -326,6 +326,8 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
          * numbers as text the reader writes (a label's digits made up from
          * the index come only from sources packed in the old layout). */
         const stk__field_ref *r = &fs->f[k];
+        if (r->id < src->nfields && src->fields[r->id].nocopy)
+            continue; /* not written (stk__field_desc.nocopy) */
         /* Ids increase in a payload: insert in order, refusing repeats. */
         size_t at = n;
         while (at && refs[at - 1].id > r->id)
