@@ -34,6 +34,9 @@ def written(tmp_path_factory):
                     "npm package (run scripts/install-deps.sh)")
     if not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
         pytest.fail(f"@duckdb/node-api is not installed in {NODE_MODULES} (run scripts/install-deps.sh)")
+    for pkg in ("parquet-wasm", "apache-arrow"):
+        if not (NODE_MODULES / pkg).is_dir():
+            pytest.fail(f"{pkg} is not installed in {NODE_MODULES} (run scripts/install-deps.sh)")
     out = tmp_path_factory.mktemp("pq")
     subprocess.run([node, str(ROOT / "tests" / "py" / "write_parquet_duckdb.js"), str(NODE_MODULES),
                     str(out)], check=True, timeout=300)
