@@ -304,7 +304,7 @@ static void list_fields(const stk__source *s, char *buf, size_t n)
         stk__fmt(buf, n, "none");
 }
 
-int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, const stk__source *src,
+int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, stk__source *src,
                        char *err, size_t errlen)
 {
     for (size_t k = 0; k < n; k++) {
@@ -317,6 +317,8 @@ int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, cons
             const char *end = strchr(a, ';');
             size_t len = end ? (size_t)(end - a) : strlen(a);
             int id = find_field(src, a, len);
+            if (id < 0 && src->ops && src->ops->field_named)
+                id = src->ops->field_named(src, a, len);
             if (id >= 0) {
                 if (!p->nalt)
                     p->source_name = src->fields[id].name;

@@ -47,10 +47,11 @@ int stk__fspecs_copy(stk__fspec **out, const stk__fspec *f, size_t n);
 
 /* Maps the specs onto the source's fields: alternatives to ids (a name no
  * sample has is refused, naming what the source has), kinds decided.
- * Pipelines and layouts are the loader's to set. plan has n entries.
- * STK_EINVAL with the message. */
-int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n,
-                       const struct stk__source *src, char *err, size_t errlen);
+ * Pipelines and layouts are the loader's to set. plan has n entries. A
+ * name src does not describe is asked of its field_named op (a list's
+ * element), which may add it to src's fields. STK_EINVAL with the message. */
+int stk__fplan_resolve(stk__fplan *plan, const stk__fspec *specs, size_t n, struct stk__source *src,
+                       char *err, size_t errlen);
 
 /* ---- Checks and conversions of one field's bytes ---------------------------
  * Each returns STK_OK or STK_EFORMAT with the reason in err. */

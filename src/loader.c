@@ -557,6 +557,9 @@ static int open_core(stk_loader *l, const stk_options *o)
     /* (A mixture's sources have their orders already: mixture_orders.) */
     if (o->order != STK__ORDER_GLOBAL && !o->nmix && (rc = setup_order(c, o, err, errlen)))
         goto fail;
+    if (!o->nmix && c->src.ops->advise_order && o->order != STK__ORDER_BLOCKS)
+        c->src.ops->advise_order(&c->src, o->shuffle, o->order == STK__ORDER_GLOBAL,
+                                 o->shard_window ? o->shard_window : 8);
     if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
         stk__fmt(err, errlen,
                  "local_world_size %u does not divide world_size %u: a world is a whole number "

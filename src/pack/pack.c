@@ -347,10 +347,20 @@ static int job_open(packjob *j, const char *src, const char *out_dir, const stk_
     j->plan.src = &j->src;
     if (plan(&j->plan, err, errlen))
         return STK_EINVAL;
+    /* Every field, but a second name for another's bytes only once (and
+     * no stand-in name): the .stk's ids close up over those left out. */
+    uint64_t all = 0;
+    uint32_t next = 0;
+    for (size_t k = 0; k < j->src.nfields && k < STK__MAX_FIELDS; k++) {
+        j->plan.fmap[k] = next;
+        if (!j->src.fields[k].nocopy) {
+            all |= (uint64_t)1 << k;
+            next++;
+        }
+    }
     if (j->plan.in_kind == STK__IN_FIELDS && j->src.ops->select) {
-        /* Every field, read as the fields op finds them (a tar reads the
-         * sample's members, not just its image). */
-        uint64_t all = j->src.nfields >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << j->src.nfields) - 1;
+        /* Read as the fields op finds them (a tar reads the sample's
+         * members, not just its image). */
         if ((rc = j->src.ops->select(&j->src, all, why, sizeof why))) {
             stk__fmt(err, errlen, "cannot read the fields of %s: %s", src, why);
             return rc;
@@ -397,8 +407,12 @@ static int job_writer(packjob *j, const char *out_dir, char *err, size_t errlen)
         return rc;
     /* The source's field ids are the shards' ids, so workers make final
      * payloads on their own. */
-    if (p->in_kind == STK__IN_FIELDS &&
-        (rc = stk__writer_set_fields(j->w, j->src.fields, j->src.nfields))) {
+    stk__field_desc kept[STK__MAX_FIELDS];
+    size_t nkept = 0;
+    for (size_t k = 0; k < j->src.nfields && k < STK__MAX_FIELDS; k++)
+        if (!j->src.fields[k].nocopy)
+            kept[nkept++] = j->src.fields[k];
+    if (p->in_kind == STK__IN_FIELDS && (rc = stk__writer_set_fields(j->w, kept, nkept))) {
         stk__fmt(err, errlen, "%s", j->w->err);
         return rc;
     }

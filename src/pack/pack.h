@@ -54,6 +54,9 @@ typedef struct stk__pack_plan {
     uint32_t kind;             /* payload kind written */
     uint32_t in_h, in_w, in_c; /* IN_RAW_STK / IN_CIFAR sample shape */
     int images;                /* check as images: see stk__images_of */
+    /* IN_FIELDS: the .stk's id of each source field (fields marked nocopy are
+     * not written, so the ids after one close up). */
+    uint32_t fmap[STK__MAX_FIELDS];
 } stk__pack_plan;
 
 typedef struct stk__pack_buf {

@@ -293,6 +293,8 @@ bool stk__pack_keeps_fields(const stk__source *src)
     for (size_t k = 0; k < src->nfields; k++) {
         const stk__field_desc *f = &src->fields[k];
         int fk = f->kind ? f->kind : stk_field_kind_for_name(f->name);
+        if (f->nocopy)
+            continue;
         if (fk == STK_FIELD_IMAGE)
             images++;
         else if (fk == STK_FIELD_INT)
@@ -324,6 +326,8 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
          * numbers as text the reader writes (a label's digits made up from
          * the index come only from sources packed in the old layout). */
         const stk__field_ref *r = &fs->f[k];
+        if (r->id < src->nfields && src->fields[r->id].nocopy)
+            continue; /* not written (stk__field_desc.nocopy) */
         /* Ids increase in a payload: insert in order, refusing repeats. */
         size_t at = n;
         while (at && refs[at - 1].id > r->id)
@@ -346,6 +350,8 @@ static int fields_payload(const stk__pack_plan *p, stk__pack_worker *wk, uint64_
             break;
         }
     }
+    for (size_t k = 0; k < n; k++)
+        refs[k].id = p->fmap[refs[k].id];
     return stk__pack_fields_payload(&s->out, refs, n, s->err, sizeof s->err);
 }
 

@@ -164,6 +164,7 @@ int stk__source_add_field(stk__source *s, const char *name, size_t name_len, int
     f->name = copy;
     f->kind = kind;
     f->samples = samples;
+    f->nocopy = false;
     return (int)s->nfields++;
 }
 

@@ -47,6 +47,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <snappy-c.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,13 @@ typedef struct pqcol {
     bool is_unsigned;
     int kind;        /* enum stk_field_kind */
     const char *bad; /* why it is not a field (NULL: it is) */
+    /* A column inside one LIST (max_rep 1): the list's name is path[0,
+     * list_len), the element's member path[elem_len..] ("" or ".bytes");
+     * a level entry holds an element when its definition level reaches
+     * elem_def (below it: a null or empty list). */
+    bool list;
+    size_t list_len, elem_len;
+    int elem_def;
 } pqcol;
 
 /* A column chunk as the index keeps it. */
@@ -118,9 +126,18 @@ typedef struct pqrg {
     uint64_t file_first; /* first row within its file */
 } pqrg;
 
-/* A field: a column, under a name. */
+/* A field: a column, under a name. A list column's fields are its
+ * elements: "images[3]" (elem 3), resolved on demand (pq_field_named); the
+ * description lists each list column once as "images[]" (elem PQ_ELEM_ANY),
+ * which no sample has. alias: HF's Image struct under its own name (the
+ * bytes of "image.bytes" as "image"). */
+#define PQ_ELEM_NONE (-1)
+#define PQ_ELEM_ANY  (-2)
+#define PQ_ELEM_MAX  (1 << 30)
 typedef struct pqfield {
     uint32_t col;
+    int32_t elem;
+    bool alias;
 } pqfield;
 
 /* A decoded column chunk: row r's value is data[off[r], off[r + 1]), or,
@@ -138,9 +155,14 @@ typedef struct pqdec {
     uint8_t *data;
     size_t dlen, dcap;
     size_t bytes;
-    int rc;    /* not STK_OK: the chunk does not decode (remembered, so the
-                  row group's other rows fail without decoding it again) */
-    char *why; /* then the message */
+    /* A list column's chunk (decoded whole): row r's elements are values
+     * [rowstart[r], rowstart[r + 1]); null and empty lists have none. */
+    uint64_t *rowstart;
+    uint64_t records, vcap; /* rowstart's records so far, and its capacity */
+    size_t ocap, ncap;      /* off's and isnull's capacities */
+    int rc;                 /* not STK_OK: the chunk does not decode (remembered, so the
+                               row group's other rows fail without decoding it again) */
+    char *why;              /* then the message */
     /* A chunk's page index (an entry of its own in the cache): where each
      * data page lies, its first row and rows; the dictionary page. */
     struct pqpage *pages;
@@ -646,8 +668,8 @@ static size_t leaves_of(const pqmeta *m)
 static void col_kind(pqcol *c, const pqschema *e)
 {
     c->kind = STK_FIELD_AUTO;
-    if (c->max_rep > 0) {
-        c->bad = "a repeated (list) column";
+    if (c->max_rep > 0 && !c->list) {
+        c->bad = "a column repeated more than once (a list of lists)";
         return;
     }
     switch (e->type) {
@@ -678,7 +700,52 @@ static void col_kind(pqcol *c, const pqschema *e)
     }
 }
 
-static void walk_node(walk *w, const char *prefix, int def, int rep, int depth)
+/* Where a column lies in a list (pqcol.list...): state 0 outside one, 1
+ * below the repeated group whose one child is the element (the 3-level
+ * LIST: NAME.list.element), 2 at or below the element. */
+typedef struct lctx {
+    int state;
+    bool nested;
+    size_t list_len, elem_len;
+    int elem_def;
+} lctx;
+
+/* The LIST encodings (parquet-format LogicalTypes.md, backward
+ * compatibility): a repeated group of one child is the 3-level form (its
+ * child is the element) unless it is named "array" or "<list>_tuple"
+ * (2-level, legacy writers); a repeated leaf or a repeated group of several
+ * children is the element itself. */
+static lctx list_enter(const lctx *up, const pqschema *e, const char *prefix, const char *path,
+                       int def)
+{
+    lctx h = *up;
+    if (e->rep == R_REPEATED) {
+        if (up->state) {
+            h.nested = true;
+            return h;
+        }
+        const char *parent = strrchr(prefix, '.');
+        parent = parent ? parent + 1 : prefix;
+        size_t pl = strlen(parent);
+        bool tuple = e->name_len == pl + 6 && !memcmp(e->name, parent, pl) &&
+                     !memcmp(e->name + pl, "_tuple", 6);
+        bool array = e->name_len == 5 && !memcmp(e->name, "array", 5);
+        h.list_len = *prefix ? strlen(prefix) : strlen(path);
+        h.elem_def = def;
+        if (e->children == 1 && !tuple && !array) {
+            h.state = 1;
+        } else {
+            h.state = 2;
+            h.elem_len = strlen(path);
+        }
+    } else if (up->state == 1) {
+        h.state = 2;
+        h.elem_len = strlen(path);
+    }
+    return h;
+}
+
+static void walk_node(walk *w, const char *prefix, int def, int rep, int depth, const lctx *lc)
 {
     if (w->rc)
         return;
@@ -705,9 +772,10 @@ static void walk_node(walk *w, const char *prefix, int def, int rep, int depth)
         w->rc = STK_EFORMAT;
         return;
     }
+    lctx here = list_enter(lc, e, prefix, path, def);
     if (e->children > 0) {
         for (int k = 0; k < e->children && !w->rc; k++)
-            walk_node(w, path, def, rep, depth + 1);
+            walk_node(w, path, def, rep, depth + 1, &here);
         return;
     }
     if (w->ncols >= w->m->ncols_seen) {
@@ -724,6 +792,12 @@ static void walk_node(walk *w, const char *prefix, int def, int rep, int depth)
     c->type_length = e->type_length;
     c->max_def = def;
     c->max_rep = rep;
+    if (rep == 1 && here.state == 2 && !here.nested) {
+        c->list = true;
+        c->list_len = here.list_len;
+        c->elem_len = here.elem_len;
+        c->elem_def = here.elem_def;
+    }
     col_kind(c, e);
 }
 
@@ -738,7 +812,7 @@ static int build_columns(const pqmeta *m, pqcol **cols, size_t *ncols, char *why
     if (!w.cols)
         return STK_ENOMEM;
     for (int k = 0; k < m->schema[0].children && !w.rc; k++)
-        walk_node(&w, "", 0, 0, 0);
+        walk_node(&w, "", 0, 0, 0, &(lctx){0});
     if (!w.rc && (w.at != m->nschema || w.ncols != nc)) {
         stk__fmt(why, wn, "the schema's tree does not cover its %zu elements", m->nschema);
         w.rc = STK_EFORMAT;
@@ -1239,6 +1313,14 @@ static void parse_sub(tr *t, pghdr *h, int which)
             case 7: h->compressed = tr_bool(t, type); break;
             default: tr_skip(t, type, 2);
             }
+        } else if (which == P_DICT) {
+            /* DictionaryPageHeader: 3 is is_sorted, a bool (the Rust
+             * writer sets it). */
+            switch (id) {
+            case 1: h->nvalues = tr_want_i32(t, type); break;
+            case 2: h->enc = tr_want_i32(t, type); break;
+            default: tr_skip(t, type, 2);
+            }
         } else {
             switch (id) {
             case 1: h->nvalues = tr_want_i32(t, type); break;
@@ -1343,6 +1425,64 @@ static int read_levels(rle *r, uint8_t *lv, uint64_t n, int max)
     return 0;
 }
 
+/* A list column's page of n level entries (definition levels lv,
+ * repetition levels rl; values from p): each entry at repetition level 0
+ * starts a record (a row); an entry below elem_def is a null or empty
+ * list and holds no element; the others are elements, null below max_def.
+ * Elements go to o as values (o->rows counts them), records to rowstart
+ * (at most o's capacity for them, the row group's rows). A record may go
+ * on into the next page. */
+static int list_page(const pqcol *c, const pghdr *h, const uint8_t *lv, const uint8_t *rl,
+                     const uint8_t *p, const uint8_t *end, const pqdict *dict, pqdec *o,
+                     uint64_t rows_max, char *why, size_t wn)
+{
+    uint64_t n = (uint64_t)h->nvalues, elems = 0, nonnull = 0;
+    int rc;
+    for (uint64_t k = 0; k < n; k++) {
+        elems += lv[k] >= c->elem_def;
+        nonnull += lv[k] == c->max_def;
+        if (lv[k] < c->elem_def && rl[k]) {
+            stk__fmt(why, wn, "level entry %" PRIu64 " continues a list that it says is empty", k);
+            return STK_EFORMAT;
+        }
+    }
+    if (n && !o->records && rl[0]) {
+        stk__fmt(why, wn, "the column chunk starts inside a list (repetition level %u)", rl[0]);
+        return STK_EFORMAT;
+    }
+    if (elems > rows_max - o->rows) {
+        stk__fmt(why, wn, "%" PRIu64 " list elements, past the %" PRIu64 " read", o->rows + elems,
+                 rows_max);
+        return STK_EFORMAT;
+    }
+    if ((rc = stk__grow((void **)&o->off, &o->ocap, (size_t)(o->rows + elems + 1),
+                        sizeof *o->off)) ||
+        (rc = stk__grow((void **)&o->isnull, &o->ncap, (size_t)(o->rows + elems + 1), 1)))
+        return rc;
+    vit v;
+    if ((rc = vit_init(&v, c, h->enc, p, end, dict, nonnull, why, wn)))
+        return rc;
+    for (uint64_t k = 0; k < n && !rc; k++) {
+        if (!rl[k]) {
+            if (o->records >= o->vcap) {
+                stk__fmt(why, wn, "more lists than the row group's %" PRIu64 " rows", o->vcap);
+                rc = STK_EFORMAT;
+                break;
+            }
+            o->rowstart[o->records++] = o->rows;
+        }
+        if (lv[k] < c->elem_def)
+            continue;
+        uint64_t r = o->rows++;
+        o->off[r] = o->dlen;
+        o->isnull[r] = lv[k] != c->max_def;
+        if (!o->isnull[r])
+            rc = vit_next(&v, o, why, wn);
+    }
+    vit_free(&v);
+    return rc;
+}
+
 /* Decodes one data page's values into o (rows so far in o->rows). */
 static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t blen,
                      const pqdict *dict, pqdec *o, uint64_t rows_max, uint8_t **lvbuf,
@@ -1358,12 +1498,26 @@ static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t
      * (all of it decompressed); v2: repetition levels, definition levels
      * (lengths in the header, never compressed), then values. */
     const uint8_t *p = body, *end = body + blen;
-    const uint8_t *lp = p, *lend = p;
+    const uint8_t *lp = p, *lend = p, *rp = p, *rend = p;
     if (h->type == P_DATA_V2) {
-        lp = body + h->rep_len;
+        rend = body + h->rep_len;
+        lp = rend;
         lend = lp + h->def_len;
         p = lend;
-    } else if (c->max_def > 0) {
+    } else if (c->max_rep > 0) {
+        if (h->rep_enc != EN_RLE || h->def_enc != EN_RLE) {
+            stk__fmt(why, wn, "levels in encodings %d/%d (RLE is read)", h->rep_enc, h->def_enc);
+            return STK_EUNSUPPORTED;
+        }
+        if (end - p < 4 || stk__le32(p) > (uint64_t)(end - p - 4)) {
+            stk__fmt(why, wn, "repetition levels longer than their page");
+            return STK_EFORMAT;
+        }
+        rp = p + 4;
+        rend = rp + stk__le32(p);
+        p = rend;
+    }
+    if (h->type != P_DATA_V2 && c->max_def > 0) {
         if (h->def_enc != EN_RLE) {
             stk__fmt(why, wn, "definition levels in encoding %d (RLE is read)", h->def_enc);
             return STK_EUNSUPPORTED;
@@ -1379,7 +1533,7 @@ static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t
     uint8_t *lv = NULL;
     int rc;
     if (c->max_def > 0) {
-        if (n > *lvcap && (rc = stk__grow((void **)lvbuf, lvcap, n, 1)))
+        if (2 * n > *lvcap && (rc = stk__grow((void **)lvbuf, lvcap, 2 * n, 1)))
             return rc;
         lv = *lvbuf;
         rle r = {.p = lp, .end = lend, .bw = bits_for(c->max_def)};
@@ -1387,6 +1541,14 @@ static int data_page(const pqcol *c, const pghdr *h, const uint8_t *body, size_t
             stk__fmt(why, wn, "the definition levels end early or exceed %d", c->max_def);
             return STK_EFORMAT;
         }
+    }
+    if (c->list) {
+        rle r = {.p = rp, .end = rend, .bw = bits_for(c->max_rep)};
+        if (!lv || read_levels(&r, lv + n, n, c->max_rep)) {
+            stk__fmt(why, wn, "the repetition levels end early or exceed %d", c->max_rep);
+            return STK_EFORMAT;
+        }
+        return list_page(c, h, lv, lv + n, p, end, dict, o, rows_max, why, wn);
     }
     if (o->len) {
         /* In place (decode_chunk): the page is o->data, PLAIN byte arrays
@@ -1437,6 +1599,7 @@ static void dec_free(pqdec *o)
     stk__free(o->off);
     stk__free(o->len);
     stk__free(o->isnull);
+    stk__free(o->rowstart);
     stk__free(o->data);
     stk__free(o);
 }
@@ -1511,12 +1674,18 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
         goto out;
     }
     if (!(o->off = stk__malloc((rows + 1) * sizeof *o->off)) ||
-        !(o->isnull = stk__malloc(rows ? rows : 1))) {
+        !(o->isnull = stk__malloc(rows ? rows : 1)) ||
+        (c->list && !(o->rowstart = stk__malloc((rows + 1) * sizeof *o->rowstart)))) {
         rc = STK_ENOMEM;
         goto out;
     }
+    o->ocap = (size_t)rows + 1;
+    o->ncap = rows ? (size_t)rows : 1;
+    o->vcap = rows;
+    /* A list column's pages are read to the chunk's end: a row's list may
+     * go on in the next page, so the row count does not say where to stop. */
     uint64_t pos = 0;
-    while (o->rows < rows) {
+    while (c->list ? pos < ch->len : o->rows < rows) {
         if (pos >= ch->len) {
             stk__fmt(why, wn, "its pages hold %" PRIu64 " of the %" PRIu64 " rows they should",
                      o->rows, rows);
@@ -1588,7 +1757,7 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
          * row's value found where it lies, rather than copied value by
          * value into a second buffer of the same size. */
         if (c->type == T_BYTE_ARRAY && h.enc == EN_PLAIN && h.type == P_DATA && !o->rows &&
-            !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
+            !c->list && !o->dlen && h.nvalues >= 0 && (uint64_t)h.nvalues == rows) {
             if (!(o->len = stk__malloc(rows ? rows * sizeof *o->len : 1))) {
                 rc = STK_ENOMEM;
                 goto out;
@@ -1605,15 +1774,24 @@ static int decode_chunk(const pqcol *c, const pqspan *ch, const uint8_t *buf, ui
                  us > o->dcap - o->dlen &&
                  (rc = stk__grow((void **)&o->data, &o->dcap, o->dlen + us, 1)))
             goto out;
-        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o, rows, &lv, &lvcap, pw,
-                            sizeof pw))) {
+        if ((rc = data_page(c, &h, o->len ? o->data : page, us, &dict, o, c->list ? rows_max : rows,
+                            &lv, &lvcap, pw, sizeof pw))) {
             stk__fmt(why, wn, "the data page at offset %" PRIu64 ": %s", at, pw);
             goto out;
         }
     }
-    o->off[rows] = o->dlen;
-    o->bytes = sizeof *o + (rows + 1) * sizeof *o->off + rows + o->dcap +
-               (o->len ? rows * sizeof *o->len : 0);
+    if (c->list && o->records != rows) {
+        stk__fmt(why, wn, "its pages hold %" PRIu64 " of the %" PRIu64 " lists they should",
+                 o->records, rows);
+        rc = STK_EFORMAT;
+        goto out;
+    }
+    if (c->list)
+        o->rowstart[rows] = o->rows;
+    o->off[o->rows] = o->dlen;
+    o->bytes = sizeof *o + o->ocap * sizeof *o->off + o->ncap + o->dcap +
+               (o->len ? rows * sizeof *o->len : 0) +
+               (o->rowstart ? (rows + 1) * sizeof *o->rowstart : 0);
 out:
     stk__free(page);
     stk__free(lv);
@@ -1934,13 +2112,25 @@ static int load_page(pq *d, const loadarg *a, pqdec **out, char *err, size_t err
     return rc;
 }
 
+/* A list column's whole chunk, decoded. */
+static int load_whole(pq *d, const loadarg *a, pqdec **out, char *err, size_t errlen)
+{
+    return load_chunk(d, a->g, a->c, out, err, errlen);
+}
+
 /* Row r of chunk (g, c): the decoded page holding it (pinned, with the
- * chunk's page index: release both with put_chunk) and its row in it. */
+ * chunk's page index: release both with put_chunk) and its row in it. A
+ * list column's chunk is decoded whole (a record may span pages, and a
+ * v1 page's row count is in its compressed levels): *idx stays NULL. */
 static int get_row(pq *d, size_t g, size_t c, uint64_t r, pqdec **idx, pqdec **page, uint64_t *rr,
                    char *err, size_t errlen)
 {
     uint64_t base = ((uint64_t)g * d->ncols + c) * (PQ_MAX_PAGES + 1);
     loadarg a = {g, c, NULL, 0};
+    if (d->cols[c].list) {
+        *rr = r;
+        return cache_get(d, base, load_whole, &a, page, err, errlen);
+    }
     int rc = cache_get(d, base + PQ_MAX_PAGES, load_index, &a, idx, err, errlen);
     if (rc)
         return rc;
@@ -2029,6 +2219,23 @@ static size_t needed_cols(const pq *d, uint32_t *cols)
     return n;
 }
 
+/* Field fd's value in row r of its column's decoded chunk (or page) e:
+ * false when the row lacks it (null; a list without that element). */
+static bool field_value(const pqfield *fd, const pqdec *e, uint64_t r, const uint8_t **p, size_t *n)
+{
+    if (fd->elem != PQ_ELEM_NONE) {
+        if (fd->elem < 0 || !e->rowstart ||
+            (uint64_t)fd->elem >= e->rowstart[r + 1] - e->rowstart[r])
+            return false;
+        r = e->rowstart[r] + (uint64_t)fd->elem;
+    }
+    if (e->isnull[r])
+        return false;
+    *p = dec_ptr(e, r);
+    *n = dec_len(e, r);
+    return true;
+}
+
 static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, size_t *len,
                    int64_t *label, char *err, size_t errlen)
 {
@@ -2054,8 +2261,10 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         size_t k = 0;
         while (cols[k] != d->fields[f].col)
             k++;
-        const pqdec *e = dec[k];
-        need += 8 + (e->isnull[rr[k]] ? 0 : dec_len(e, rr[k]));
+        const uint8_t *v;
+        size_t n = 0;
+        field_value(&d->fields[f], dec[k], rr[k], &v, &n);
+        need += 8 + n;
     }
     if (d->label >= 0) {
         size_t k = 0;
@@ -2084,14 +2293,14 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         }
         while (cols[k] != d->fields[d->payload].col)
             k++;
-        const pqdec *e = dec[k];
-        if (e->isnull[rr[k]]) {
+        const uint8_t *v;
+        size_t n;
+        if (!field_value(&d->fields[d->payload], dec[k], rr[k], &v, &n)) {
             stk__fmt(err, errlen, "its '%s' is null", d->cols[cols[k]].path);
             rc = STK_EFORMAT;
             goto out;
         }
-        size_t n = dec_len(e, rr[k]);
-        memcpy(buf, dec_ptr(e, rr[k]), n);
+        memcpy(buf, v, n);
         *data = buf;
         *len = n;
         goto out;
@@ -2106,14 +2315,15 @@ static int pq_read(stk__source *s, uint64_t i, stk__sink *sink, uint8_t **data, 
         size_t k = 0;
         while (cols[k] != d->fields[f].col)
             k++;
-        const pqdec *e = dec[k];
-        uint32_t n = e->isnull[rr[k]] ? UINT32_MAX : (uint32_t)dec_len(e, rr[k]);
+        const uint8_t *v = NULL;
+        size_t vn;
+        uint32_t n = field_value(&d->fields[f], dec[k], rr[k], &v, &vn) ? (uint32_t)vn : UINT32_MAX;
         uint32_t id = (uint32_t)f;
         memcpy(buf + at, &id, 4);
         memcpy(buf + at + 4, &n, 4);
         at += 8;
         if (n != UINT32_MAX) {
-            memcpy(buf + at, dec_ptr(e, rr[k]), n);
+            memcpy(buf + at, v, n);
             at += n;
         }
         cnt++;
@@ -2134,6 +2344,10 @@ static int pq_select(stk__source *s, uint64_t mask, char *err, size_t errlen)
     (void)err;
     (void)errlen;
     pq *d = s->impl;
+    /* "images[]" stands for the list in the description: no sample has it. */
+    for (size_t f = 0; f < d->nfields && f < 64; f++)
+        if (d->fields[f].elem == PQ_ELEM_ANY)
+            mask &= ~((uint64_t)1 << f);
     d->mask = mask;
     d->selected = true;
     return STK_OK;
@@ -2237,6 +2451,9 @@ static void pq_close(stk__source *s)
     s->impl = NULL;
 }
 
+static int pq_field_named(stk__source *s, const char *name, size_t len);
+static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window);
+
 static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .read = pq_read,
                                          .name = pq_name,
@@ -2245,7 +2462,9 @@ static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .fields = pq_fields,
                                          .flags = STK__SRC_IMAGES,
                                          .describe = pq_describe,
-                                         .key = pq_key};
+                                         .key = pq_key,
+                                         .field_named = pq_field_named,
+                                         .advise_order = pq_advise_order};
 static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .read = pq_read,
                                                .name = pq_name,
@@ -2253,7 +2472,114 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .select = pq_select,
                                                .fields = pq_fields,
                                                .describe = pq_describe,
-                                               .key = pq_key};
+                                               .key = pq_key,
+                                               .field_named = pq_field_named,
+                                               .advise_order = pq_advise_order};
+
+/* ---- Advice on the order ------------------------------------------------------------ */
+
+/* A warning on stderr, as the other readers print theirs; the same one
+ * only once in a row (stoker doctor opens the dataset for each level it
+ * measures). */
+static void pq_warn(const char *msg)
+{
+    static _Atomic uint64_t last;
+    uint64_t h = 0x5741524eULL; /* "WARN" */
+    for (const char *q = msg; *q; q++)
+        h = stk__mix64(h ^ (uint8_t)*q);
+    /* relaxed: a repeat printed twice by a race is harmless. */
+    if (atomic_exchange_explicit(&last, h, memory_order_relaxed) == h)
+        return;
+    fprintf(stderr, "stoker: warning: %s\n", msg);
+}
+
+static void human(uint64_t b, char *buf, size_t n)
+{
+    if (b >= (1ull << 30))
+        stk__fmt(buf, n, "%.1f GiB", (double)b / (double)(1ull << 30));
+    else
+        stk__fmt(buf, n, "%.1f MiB", (double)b / (double)(1ull << 20));
+}
+
+/* The most rows one page of the needed columns holds in the first row
+ * group (its page index read now, as the first read would; a list column
+ * is decoded whole: all its rows). */
+static uint64_t rows_a_page(pq *d, const uint32_t *cols, size_t nc)
+{
+    uint64_t most = 0;
+    for (size_t k = 0; k < nc; k++) {
+        if (d->cols[cols[k]].list) {
+            most = d->rgs[0].rows > most ? d->rgs[0].rows : most;
+            continue;
+        }
+        pqdec *idx = NULL;
+        char why[STK_ERRMSG_MAX];
+        uint64_t base = (uint64_t)cols[k] * (PQ_MAX_PAGES + 1);
+        loadarg a = {0, cols[k], NULL, 0};
+        if (cache_get(d, base + PQ_MAX_PAGES, load_index, &a, &idx, why, sizeof why) == STK_OK &&
+            idx->npages) {
+            uint64_t rp = d->rgs[0].rows / idx->npages;
+            most = rp > most ? rp : most;
+        }
+        put_chunk(d, idx);
+    }
+    return most;
+}
+
+/* A shuffled read decodes, for each sample, the page of each column it
+ * reads: cheap while those pages stay in the cache, a whole page for one
+ * row when they do not. Warned when pages hold several rows and what the
+ * order keeps in play (the whole dataset, or shard_window row groups: their
+ * column chunks' stored sizes, a lower bound of what they decode to)
+ * exceeds the cache. */
+static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window)
+{
+    pq *d = s->impl;
+    uint32_t cols[STK__MAX_FIELDS + 1];
+    size_t nc = needed_cols(d, cols);
+    if (!shuffle || !nc)
+        return;
+    uint64_t all = 0;
+    for (size_t k = 0; k < nc; k++)
+        for (size_t g = 0; g < d->nrgs; g++)
+            all += d->chunks[g * d->ncols + cols[k]].size;
+    uint64_t per_rg = all / d->nrgs, held = global ? all : per_rg * window;
+    if (held <= d->budget)
+        return;
+    uint64_t rows_page = rows_a_page(d, cols, nc);
+    if (rows_page < 4)
+        return;
+    char msg[1024], a1[32], a2[32], a3[32], a4[32];
+    human(all, a1, sizeof a1);
+    human(per_rg * window, a4, sizeof a4);
+    human(per_rg, a2, sizeof a2);
+    human(d->budget, a3, sizeof a3);
+    uint64_t fit = per_rg ? d->budget / per_rg : 1;
+    fit = fit > 2 ? 2 : fit;
+    char advice[256];
+    if (!fit)
+        stk__fmt(advice, sizeof advice,
+                 "a row group (%s stored) alone exceeds the cache: pack it (stoker pack), or "
+                 "write it with smaller row groups",
+                 a2);
+    else if (global)
+        stk__fmt(advice, sizeof advice,
+                 "use order=\"shards\" with shard_window %" PRIu64
+                 " (row groups of %s), or pack it (stoker pack) for a global shuffle",
+                 fit, a2);
+    else
+        stk__fmt(advice, sizeof advice, "use shard_window %" PRIu64 " (row groups of %s)", fit, a2);
+    stk__fmt(msg, sizeof msg,
+             "%s: %s will be slow: its pages hold about %" PRIu64 " rows each and %s (%s "
+             "stored) exceed the %s page cache, so most samples decode a whole page to use "
+             "one row; %s (docs/formats.md)",
+             d->files[0].name,
+             global ? "a global shuffle of this Parquet dataset"
+                    : "a shuffle in shards of this Parquet dataset",
+             rows_page, global ? "the columns read" : "shard_window row groups", global ? a1 : a4,
+             a3, advice);
+    pq_warn(msg);
+}
 
 /* ---- Open ------------------------------------------------------------------------ */
 
@@ -2423,16 +2749,19 @@ static int make_fields(pq *d)
                          col->type == T_BYTE_ARRAY && c + 1 < d->ncols &&
                          !strncmp(d->cols[c + 1].path, col->path, pl - 5) &&
                          !strcmp(d->cols[c + 1].path + pl - 5, "path");
+        int32_t elem = col->list ? PQ_ELEM_ANY : PQ_ELEM_NONE;
         if (img_bytes) {
             /* The struct's own name (its path less ".bytes") gives the bytes. */
             col->kind = STK_FIELD_IMAGE;
-            d->fields[d->nfields++].col = (uint32_t)c;
-            if (d->payload < 0)
+            d->fields[d->nfields++] = (pqfield){(uint32_t)c, elem, true};
+            if (d->payload < 0 && !col->list)
                 d->payload = (int)d->nfields - 1;
             if (d->nfields >= STK__MAX_FIELDS)
                 break;
         }
-        d->fields[d->nfields++].col = (uint32_t)c;
+        d->fields[d->nfields++] = (pqfield){(uint32_t)c, elem, false};
+        if (col->list)
+            continue;
         if (d->payload < 0 && (col->kind == STK_FIELD_IMAGE ||
                                (col->kind == STK_FIELD_AUTO &&
                                 stk_field_kind_for_name(col->path) == STK_FIELD_IMAGE)))
@@ -2440,23 +2769,86 @@ static int make_fields(pq *d)
     }
     if (d->payload < 0)
         for (size_t f = 0; f < d->nfields && d->payload < 0; f++)
-            if (d->cols[d->fields[f].col].kind == STK_FIELD_AUTO)
+            if (d->cols[d->fields[f].col].kind == STK_FIELD_AUTO && !d->cols[d->fields[f].col].list)
                 d->payload = (int)f;
     return STK_OK;
+}
+
+/* Field fd's name: the column's path; the image struct's own field the
+ * path less ".bytes"; a list's element "images[3]", "images[3].path" (the
+ * description's "images[]"). */
+static void field_name(const pq *d, const pqfield *fd, char *buf, size_t n)
+{
+    const pqcol *c = &d->cols[fd->col];
+    size_t pl = strlen(c->path);
+    if (fd->elem == PQ_ELEM_NONE) {
+        stk__fmt(buf, n, "%.*s", (int)(fd->alias ? pl - 6 : pl), c->path);
+        return;
+    }
+    const char *member = c->path + c->elem_len;
+    size_t ml = fd->alias ? strlen(member) - 6 : strlen(member);
+    char at[16] = "";
+    if (fd->elem >= 0)
+        stk__fmt(at, sizeof at, "%" PRId32, fd->elem);
+    stk__fmt(buf, n, "%.*s[%s]%.*s", (int)c->list_len, c->path, at, (int)ml, member);
 }
 
 static int describe_fields(stk__source *s, const pq *d)
 {
     for (size_t f = 0; f < d->nfields; f++) {
-        const pqcol *c = &d->cols[d->fields[f].col];
-        size_t nl = strlen(c->path);
-        /* The image struct's own field: the name without ".bytes". */
-        if (f + 1 < d->nfields && d->fields[f + 1].col == d->fields[f].col)
-            nl -= 6;
-        if (stk__source_add_field(s, c->path, nl, c->kind, UINT64_MAX) < 0)
+        char name[1100];
+        field_name(d, &d->fields[f], name, sizeof name);
+        int id = stk__source_add_field(s, name, strlen(name), d->cols[d->fields[f].col].kind,
+                                       UINT64_MAX);
+        if (id < 0)
             return STK_ENOMEM;
+        /* "image.bytes" repeats "image" (made just before it); "images[]"
+         * stands for a list. */
+        s->fields[id].nocopy = d->fields[f].elem == PQ_ELEM_ANY ||
+                               (f && !d->fields[f].alias && d->fields[f - 1].alias &&
+                                d->fields[f - 1].col == d->fields[f].col &&
+                                d->fields[f - 1].elem == d->fields[f].elem);
     }
     return STK_OK;
+}
+
+/* The source's field_named op: a list's element, "images[3]" (or
+ * "images[3].path"), added to the fields when the dataset has the list
+ * ("images[]" in the description). Nothing is read: a row whose list is
+ * shorter lacks the field. */
+static int pq_field_named(stk__source *s, const char *name, size_t len)
+{
+    pq *d = s->impl;
+    const char *lb = memchr(name, '[', len);
+    if (!lb || d->nfields >= STK__MAX_FIELDS || s->nfields != d->nfields)
+        return -1;
+    const char *q = lb + 1, *end = name + len;
+    uint64_t i = 0;
+    if (q == end || *q < '0' || *q > '9')
+        return -1;
+    while (q < end && *q >= '0' && *q <= '9' && i < PQ_ELEM_MAX)
+        i = i * 10 + (uint64_t)(*q++ - '0');
+    if (q == end || *q != ']' || i >= PQ_ELEM_MAX)
+        return -1;
+    q++;
+    for (size_t f = 0; f < d->nfields; f++) {
+        const pqfield *fd = &d->fields[f];
+        if (fd->elem != PQ_ELEM_ANY)
+            continue;
+        char want[1100];
+        field_name(d, fd, want, sizeof want);
+        /* want is "LIST[]MEMBER": the name must be LIST[i]MEMBER. */
+        size_t ll = (size_t)(lb - name), ml = (size_t)(end - q);
+        if (strlen(want) != ll + 2 + ml || memcmp(want, name, ll) || memcmp(want + ll, "[]", 2) ||
+            memcmp(want + ll + 2, q, ml))
+            continue;
+        int id = stk__source_add_field(s, name, len, d->cols[fd->col].kind, UINT64_MAX);
+        if (id < 0)
+            return -1;
+        d->fields[d->nfields++] = (pqfield){fd->col, (int32_t)i, fd->alias};
+        return id;
+    }
+    return -1;
 }
 
 /* Scans the label column for num_classes: values 0..2^31, else unlabeled.
@@ -2503,7 +2895,7 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
     make_fields(d);
     d->label = -1;
     for (size_t c = 0; c < d->ncols; c++)
-        if (!strcmp(d->cols[c].path, "label") && !d->cols[c].bad &&
+        if (!strcmp(d->cols[c].path, "label") && !d->cols[c].bad && !d->cols[c].list &&
             (d->cols[c].type == T_INT32 || d->cols[c].type == T_INT64))
             d->label = (int)c;
     int64_t maxl = -1;
@@ -2639,9 +3031,14 @@ int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
         goto out;
     s.impl = d;
     *samples = s.count;
-    /* Every row through every field, as the loader would read it. */
-    d->selected = true;
-    d->mask = d->nfields >= 64 ? UINT64_MAX : ((uint64_t)1 << d->nfields) - 1;
+    /* Every row through every field, as the loader would read it, and the
+     * first two elements of each list. */
+    for (size_t f = 0, nf = d->nfields; f < nf && d->nfields + 2 <= STK__MAX_FIELDS; f++)
+        if (d->fields[f].elem == PQ_ELEM_ANY) {
+            d->fields[d->nfields++] = (pqfield){d->fields[f].col, 0, d->fields[f].alias};
+            d->fields[d->nfields++] = (pqfield){d->fields[f].col, 1, d->fields[f].alias};
+        }
+    pq_select(&s, d->nfields >= 64 ? UINT64_MAX : ((uint64_t)1 << d->nfields) - 1, err, errlen);
     stk__scratch sc = {.limit = 64u << 20};
     stk__sink sink = {.grow = &sc};
     stk__field_set *fs = stk__malloc(sizeof *fs);

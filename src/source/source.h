@@ -71,6 +71,10 @@ typedef struct stk__field_desc {
                          "seg.png"), a .stk field's name, a column */
     int kind;         /* enum stk_field_kind the source knows it has, or AUTO */
     uint64_t samples; /* samples that have it; UINT64_MAX: not known */
+    bool nocopy;      /* a field a copy (stk pack) leaves out: another field's
+                         bytes under a second name (Parquet's "image.bytes"
+                         beside "image"), or a name no sample has (a
+                         Parquet list's "images[]") */
 } stk__field_desc;
 
 /* One field of one sample: id indexes stk__source.fields; data/len its bytes
@@ -157,6 +161,17 @@ typedef struct stk__source_ops {
     /* Optional: sample i's width and height as the index stores them;
      * STK_EUNSUPPORTED (0 x 0) when this dataset stores none. */
     int (*meta)(const stk__source *s, uint64_t i, uint32_t *w, uint32_t *h);
+    /* Optional: a field the description does not list that the source can
+     * still give, by name (a Parquet list's element "images[3]"): adds it to
+     * s->fields (stk__source_add_field) and returns its id, or -1 when there
+     * is no such field (or no room). Called before select, from one thread. */
+    int (*field_named)(stk__source *s, const char *name, size_t len);
+    /* Optional: told, once after select, the order the loader reads in
+     * (shuffled or not; global: not in shards; shard_window row groups or
+     * shards at a time otherwise): a reader whose random reads can cost far
+     * more than reading in that order warns (on stderr) and says what to
+     * change. Reads nothing the first reads would not. */
+    void (*advise_order)(stk__source *s, bool shuffle, bool global, unsigned shard_window);
 } stk__source_ops;
 
 /* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or

@@ -322,6 +322,211 @@ static void check_written(const char *seed, size_t n)
     stk_loader_close(l);
 }
 
+/* ---- stk pack ------------------------------------------------------------------------- */
+
+/* Hash of field "img" (source field src_name) over one unshuffled epoch. */
+static uint64_t image_hash(const char *path, const char *src_name, uint64_t *n)
+{
+    char spec[128];
+    snprintf(spec, sizeof spec, "img?=%s:bytes", src_name);
+    tu_cfg c = {.path = path, .bs = 16, .threads = 2};
+    c.options[0] = "fields";
+    c.options[1] = spec;
+    stk_loader *l = NULL;
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    uint64_t h = 1469598103934665603ull;
+    stk_batch *b;
+    int rc;
+    *n = 0;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *f = field(b, "img");
+        for (size_t k = 0; k < b->size; k++) {
+            h = tu_hash(h, &b->indices[k], sizeof b->indices[k]);
+            if (f->present[k])
+                h = tu_hash(h, (const uint8_t *)f->data + f->offsets[k], f->lengths[k]);
+            *n += f->present[k];
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    stk_loader_close(l);
+    return h;
+}
+
+/* Packing HF's image struct keeps its bytes once: "image" is kept,
+ * "image.bytes" (the same bytes under the member's name) is not written;
+ * every image and every other column are. */
+static void test_pack_keeps_the_image_once(void)
+{
+    char err[512];
+    stk_pack_options po = {.struct_size = sizeof po, .threads = 2};
+    stk_pack_result res = {.struct_size = sizeof res};
+    int rc = stk_pack(fixture("snappy"), tu_path("packed"), &po, &res, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "pack: %s\n", err);
+    REQUIRE(rc == STK_OK);
+    stk_dataset *d = NULL;
+    REQUIRE(stk_dataset_open(&d, tu_path("packed"), NULL, err, sizeof err) == STK_OK);
+    bool image = false, path = false, bytes = false;
+    for (size_t k = 0; k < stk_dataset_field_count(d); k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        image |= !strcmp(fi.name, "image");
+        path |= !strcmp(fi.name, "image.path");
+        bytes |= !strcmp(fi.name, "image.bytes");
+    }
+    CHECK(image && path && !bytes);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(d, &di) == STK_OK);
+    stk_dataset_close(d);
+    /* Each image once: the shards hold less than twice the images' bytes. */
+    uint64_t n_src, n_out, img_bytes = 0;
+    json_t *m = manifest("snappy");
+    size_t i;
+    json_t *smp;
+    json_array_foreach(json_object_get(m, "samples"), i, smp)
+    {
+        img_bytes += (uint64_t)json_integer_value(json_object_get(smp, "nbytes"));
+    }
+    json_decref(m);
+    CHECK(img_bytes > 0 && di.bytes < img_bytes * 3 / 2);
+    CHECK_EQ(image_hash(tu_path("packed"), "image", &n_out),
+             image_hash(fixture("snappy"), "image", &n_src));
+    CHECK(n_src > 0 && n_out == n_src);
+}
+
+/* A list's stand-in names ("images[]") are no fields of a packed copy. */
+static void test_pack_leaves_out_list_names(void)
+{
+    char err[512];
+    stk_pack_options po = {.struct_size = sizeof po, .threads = 1};
+    stk_pack_result res = {.struct_size = sizeof res};
+    int rc = stk_pack("tests/fuzz/corpus/parquet/lists-v1-snappy", tu_path("packed-lists"), &po,
+                      &res, err, sizeof err);
+    if (rc)
+        fprintf(stderr, "pack: %s\n", err);
+    REQUIRE(rc == STK_OK);
+    CHECK_EQ(res.samples, 40);
+    stk_dataset *d = NULL;
+    REQUIRE(stk_dataset_open(&d, tu_path("packed-lists"), NULL, err, sizeof err) == STK_OK);
+    bool list = false;
+    for (size_t k = 0; k < stk_dataset_field_count(d); k++) {
+        stk_dataset_field_info fi = {.struct_size = sizeof fi};
+        REQUIRE(stk_dataset_field(d, k, &fi) == STK_OK);
+        list |= strchr(fi.name, '[') != NULL;
+    }
+    CHECK(stk_dataset_field_count(d) > 0 && !list);
+    stk_dataset_close(d);
+}
+
+/* ---- lists ------------------------------------------------------------------------------
+ * The fuzz seeds lists-v1-snappy and lists-v2-zstd were written by DuckDB
+ * from a table whose every list follows from its row i (40 rows):
+ *   images  null when i % 13 == 0, else (i * 7) % 6 elements; element j null
+ *           when (i + j) % 9 == 4, its bytes null when (i + j) % 10 == 3, else
+ *           16 bytes (an md5), its path "p<j>";
+ *   tags    null when i % 17 == 0, else i % 5 elements "t<j>", element 2 null;
+ *   nums    i % 4 elements i * 10 + j.
+ * Each element field is checked against that formula, present or lacking. */
+
+static bool img_has(uint64_t i, uint64_t j)
+{
+    return i % 13 && j < (i * 7) % 6 && (i + j) % 9 != 4 && (i + j) % 10 != 3;
+}
+
+static bool path_has(uint64_t i, uint64_t j)
+{
+    return i % 13 && j < (i * 7) % 6 && (i + j) % 9 != 4;
+}
+
+static bool tag_has(uint64_t i, uint64_t j)
+{
+    return i % 17 && j < i % 5 && j != 2;
+}
+
+static void check_lists(const char *seed)
+{
+    char path[512];
+    snprintf(path, sizeof path, "tests/fuzz/corpus/parquet/%s", seed);
+    tu_cfg c = {.path = path, .bs = 7, .threads = 3};
+    c.options[0] = "fields";
+    c.options[1] = "id,a0?=images[0]:bytes,a4?=images[4]:bytes,p1?=images[1].path,t0?=tags[0],"
+                   "t3?=tags[3],t2?=tags[2],n0?=nums[0],n2?=nums[2]";
+    stk_loader *l = NULL;
+    int rc = tu_open_cfg(&l, &c);
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    uint8_t seen[40] = {0};
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *a0 = field(b, "a0"), *a4 = field(b, "a4"), *p1 = field(b, "p1");
+        const stk_field *t0 = field(b, "t0"), *t2 = field(b, "t2"), *t3 = field(b, "t3");
+        const stk_field *n0 = field(b, "n0"), *n2 = field(b, "n2");
+        for (size_t k = 0; k < b->size; k++) {
+            uint64_t i = b->indices[k];
+            REQUIRE(i < 40);
+            CHECK(!seen[i]);
+            seen[i] = 1;
+            CHECK_EQ(a0->present[k], img_has(i, 0));
+            CHECK(!a0->present[k] || a0->lengths[k] == 16);
+            CHECK_EQ(a4->present[k], img_has(i, 4));
+            CHECK(!a4->present[k] || a4->lengths[k] == 16);
+            CHECK_EQ(p1->present[k], path_has(i, 1));
+            CHECK(!p1->present[k] || text_is(p1, k, "p1"));
+            CHECK_EQ(t0->present[k], tag_has(i, 0));
+            CHECK(!t0->present[k] || text_is(t0, k, "t0"));
+            CHECK_EQ(t3->present[k], tag_has(i, 3));
+            CHECK(!t3->present[k] || text_is(t3, k, "t3"));
+            CHECK(!t2->present[k]);
+            CHECK_EQ(n0->present[k], i % 4 > 0);
+            CHECK(!n0->present[k] || ((const int64_t *)n0->data)[k] == (int64_t)(i * 10));
+            CHECK_EQ(n2->present[k], i % 4 > 2);
+            CHECK(!n2->present[k] || ((const int64_t *)n2->data)[k] == (int64_t)(i * 10 + 2));
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    for (size_t i = 0; i < 40; i++)
+        CHECK(seen[i]);
+    stk_loader_close(l);
+}
+
+static void test_lists_v1(void)
+{
+    check_lists("lists-v1-snappy");
+}
+
+static void test_lists_v2(void)
+{
+    check_lists("lists-v2-zstd");
+}
+
+/* A required element a row lacks is a sample error naming the row and the
+ * field; a name that is no element of a list is refused at open. */
+static void test_list_missing_element(void)
+{
+    tu_cfg c = {.path = "tests/fuzz/corpus/parquet/lists-v1-snappy", .bs = 4, .threads = 1};
+    c.options[0] = "fields";
+    c.options[1] = "first=images[0]";
+    stk_loader *l = NULL;
+    REQUIRE(tu_open_cfg(&l, &c) == STK_OK);
+    stk_batch *b;
+    CHECK_EQ(stk_loader_next(l, &b), STK_ESAMPLE);
+    CHECK(strstr(stk_loader_errmsg(l), "lists-v1-snappy#0") &&
+          strstr(stk_loader_errmsg(l), "no field 'images[0]'"));
+    stk_loader_close(l);
+    static const char *const bad[] = {"x=images[x]", "x=images[0", "x=tags[0].path", "x=nope[1]",
+                                      "x=images[]"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        c.options[1] = bad[k];
+        l = NULL;
+        int rc = tu_open_cfg(&l, &c);
+        CHECK(rc == STK_EINVAL || (k == 4 && rc == STK_OK));
+        stk_loader_close(l);
+    }
+}
+
 static void test_written_v1_snappy(void)
 {
     check_written("v1-snappy-nulls", 60);
@@ -581,6 +786,11 @@ int main(void)
     RUN(test_written_v1_gzip);
     RUN(test_written_v2_zstd);
     RUN(test_written_v2_uncompressed);
+    RUN(test_pack_keeps_the_image_once);
+    RUN(test_pack_leaves_out_list_names);
+    RUN(test_lists_v1);
+    RUN(test_lists_v2);
+    RUN(test_list_missing_element);
     RUN(test_truncations);
     RUN(test_footer_lies);
     RUN(test_page_header_lies);

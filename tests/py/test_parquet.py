@@ -34,8 +34,13 @@ def written(tmp_path_factory):
                     "npm package (run scripts/install-deps.sh)")
     if not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
         pytest.fail(f"@duckdb/node-api is not installed in {NODE_MODULES} (run scripts/install-deps.sh)")
+    for pkg in ("parquet-wasm", "apache-arrow"):
+        if not (NODE_MODULES / pkg).is_dir():
+            pytest.fail(f"{pkg} is not installed in {NODE_MODULES} (run scripts/install-deps.sh)")
     out = tmp_path_factory.mktemp("pq")
     subprocess.run([node, str(ROOT / "tests" / "py" / "write_parquet_duckdb.js"), str(NODE_MODULES),
+                    str(out)], check=True, timeout=300)
+    subprocess.run([node, str(ROOT / "tests" / "py" / "write_parquet_arrow.js"), str(NODE_MODULES),
                     str(out)], check=True, timeout=300)
     return out
 
@@ -146,3 +151,257 @@ def test_a_null_in_a_required_field(written):
     want = sum(r["note"] is not None for r in rows)
     assert got == want and len(errs) > 0
     assert "has no field 'note'" in errs[0]["reason"]
+
+
+# ---- Lists (HF's Sequence(Image()): list<struct<bytes, path>>) ----------------------
+
+LIST_VARIANTS = ["lists_v1", "lists_v2", "arrow_v1", "arrow_v2"]
+MAXLEN = 6  # the writer's longest list is 5 elements: element 5 is always missing
+
+
+def _list_fields(nums):
+    f = {"id": "id"}
+    for j in range(MAXLEN):
+        f[f"img{j}"] = stoker.Field(f"images[{j}]", kind="bytes", optional=True)
+        f[f"path{j}"] = stoker.Field(f"images[{j}].path", optional=True)
+        f[f"tag{j}"] = stoker.Field(f"tags[{j}]", optional=True)
+        if nums:
+            f[f"num{j}"] = stoker.Field(f"nums[{j}]", optional=True)
+    return f
+
+
+def _element(lst, j):
+    return lst[j] if lst is not None and j < len(lst) else None
+
+
+def _varint(b, p):
+    r = s = 0
+    while True:
+        x = b[p]
+        p += 1
+        r |= (x & 0x7F) << s
+        s += 7
+        if x < 0x80:
+            return r, p
+
+
+def _thrift(b, p, t):
+    """A Thrift compact value of type t at p: (value, next position)."""
+    if t in (1, 2):
+        return t == 1, p
+    if t == 3:
+        return b[p], p + 1
+    if t in (4, 5, 6):
+        z, p = _varint(b, p)
+        return (z >> 1) ^ -(z & 1), p
+    if t == 7:
+        return None, p + 8
+    if t == 8:
+        n, p = _varint(b, p)
+        return bytes(b[p:p + n]), p + n
+    if t in (9, 10):
+        h = b[p]
+        p += 1
+        n = h >> 4
+        if n == 15:
+            n, p = _varint(b, p)
+        out = []
+        for _ in range(n):
+            v, p = _thrift(b, p, h & 15)
+            out.append(v)
+        return out, p
+    if t == 12:
+        out, last = {}, 0
+        while True:
+            h = b[p]
+            p += 1
+            if h == 0:
+                return out, p
+            ft, d = h & 15, h >> 4
+            if d:
+                fid = last + d
+            else:
+                z, p = _varint(b, p)
+                fid = (z >> 1) ^ -(z & 1)
+            last = fid
+            out[fid], p = _thrift(b, p, ft)
+    raise ValueError(f"thrift type {t}")
+
+
+def _list_chunk_pages(file, column):
+    """Data pages of each of column's chunks (its dotted path_in_schema),
+    walked from the file's own footer: FileMetaData 4 row_groups, RowGroup 1
+    columns, ColumnChunk 3 meta_data (3 path, 7 compressed size, 9 data and
+    11 dictionary page offsets); PageHeader 1 type, 3 compressed size."""
+    b = pathlib.Path(file).read_bytes()
+    flen = int.from_bytes(b[-8:-4], "little")
+    meta, _ = _thrift(b, len(b) - 8 - flen, 12)
+    counts = []
+    for rg in meta[4]:
+        for cc in rg[1]:
+            m = cc[3]
+            if ".".join(x.decode() for x in m[3]) != column:
+                continue
+            p = m.get(11) or m[9]
+            end, pages = p + m[7], 0
+            while p < end:
+                h, p = _thrift(b, p, 12)
+                pages += h[1] in (0, 3)
+                p += h[3]
+            counts.append(pages)
+    return counts
+
+
+@pytest.mark.parametrize("name", LIST_VARIANTS)
+def test_every_element_of_every_list(written, name):
+    """images[j] (the element struct's bytes), images[j].path, tags[j] and
+    nums[j] of every row, against the writer's own table: a null list, an empty
+    one, a shorter one, a null element or a null member is a missing field."""
+    rows = _expected(written, name)["rows"]
+    seen = []
+    with stoker.Loader(str(written / name), 97, fields=_list_fields("nums" in rows[0]), threads=3, seed=2,
+                       return_indices=True, output="numpy") as L:
+        for b in L:
+            for s, i in enumerate(b["__index__"].tolist()):
+                w = rows[i]
+                assert int(b["id"][s]) == int(w["id"])
+                for j in range(MAXLEN):
+                    e = _element(w["images"], j)
+                    img = b[f"img{j}"][s]
+                    assert (None if img is None else bytes(img).hex().upper()) == \
+                        (e and e["hex"]), (i, j)
+                    assert b[f"path{j}"][s] == (e and e["path"])
+                    assert bool(b[f"img{j}_present"][s]) == (e is not None and e["hex"] is not None)
+                    assert b[f"tag{j}"][s] == _element(w["tags"], j)
+                    if "nums" not in w:
+                        continue
+                    n = _element(w["nums"], j)
+                    assert bool(b[f"num{j}_present"][s]) == (n is not None)
+                    if n is not None:
+                        assert int(b[f"num{j}"][s]) == n
+                seen.append(i)
+    assert sorted(seen) == list(range(len(rows)))
+
+
+def test_the_list_files_have_the_layouts_this_test_is_about(written):
+    """Guards the test: empty, null and long lists, null elements, and list
+    columns whose rows span several pages, in several row groups."""
+    for name in LIST_VARIANTS:
+        exp = _expected(written, name)
+        lens = [len(w["images"]) for w in exp["rows"] if w["images"] is not None]
+        assert 0 in lens and max(lens) >= 4
+        assert any(w["images"] is None for w in exp["rows"])
+        assert any(e is None for w in exp["rows"] if w["images"] for e in w["images"])
+        assert any(w["tags"] and None in w["tags"] for w in exp["rows"])
+        # Several row groups, and (Arrow's writer, small pages) rows whose
+        # lists lie in many pages.
+        files = sorted((written / name).glob("*.parquet"))
+        pages = [n for f in files for n in _list_chunk_pages(f, "images.list.element.bytes")]
+        assert len(pages) >= 2, name
+        if name == "arrow_v1":
+            assert min(pages) >= 5, (name, pages)
+
+
+def test_a_missing_element_is_a_sample_error(written):
+    """Required, a row whose list is shorter (or null) is a sample error
+    naming the row and the field; optional, it is None."""
+    with stoker.Loader(str(written / "lists_v1"), 64, fields={"first": "images[0]"},
+                       shuffle=False, threads=1) as L:
+        with pytest.raises(stoker.SampleError) as ei:
+            next(iter(L))
+        assert ei.value.field == "first" and "part-00000.parquet#0" in ei.value.path
+
+
+def test_list_fields_in_the_description(written):
+    """stoker info lists each list column once, as NAME[] (an element's
+    kind); a name that is not an element of a list is refused at open."""
+    exe = os.environ.get("STOKER_BIN") or str(ROOT / "build" / "release" / "stoker")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no stoker binary (build it or set STOKER_BIN)")
+    out = subprocess.run([exe, "info", str(written / "lists_v2")], check=True,
+                         capture_output=True, text=True, timeout=60).stdout
+    kinds = {ln.split()[1]: ln.split()[2] for ln in out.splitlines() if ln.startswith("field ")}
+    assert kinds["images[]"] == "image" and kinds["images[].path"] == "text"
+    assert "tags[]" in kinds and "nums[]" in kinds
+    for bad in ("images[x]", "images[1", "tags[0].path", "nope[0]"):
+        with pytest.raises(ValueError, match="no field"):
+            stoker.Loader(str(written / "lists_v2"), 4, fields={"a": bad})
+
+
+def test_lists_of_real_images_are_decoded_and_transformed(tmp_path):
+    """HF's Sequence(Image()) written by DuckDB from real PNG and JPEG files:
+    images[0] and images[1] are image fields, each with its own transform;
+    a row with one image lacks the optional second (zeros, present False)."""
+    from PIL import Image
+    node = os.environ.get("STK_NODE") or shutil.which("node")
+    if not node or not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
+        pytest.skip("no node / DuckDB's npm package (run scripts/install-deps.sh)")
+    import io
+    pics = []
+    for k in range(6):
+        im = Image.new("RGB", (40 + 8 * k, 30 + 4 * k), (40 * k, 255 - 30 * k, 90))
+        buf = io.BytesIO()
+        im.save(buf, "PNG" if k % 2 else "JPEG")
+        pics.append(buf.getvalue().hex())
+    # Row r holds images 2r and 2r + 1; row 2 only image 4.
+    lists = ["[" + ", ".join(f"{{'bytes': unhex('{pics[j]}'), 'path': 'p{j}'}}"
+                             for j in ((2 * r, 2 * r + 1) if r < 2 else (4,))) + "]"
+             for r in range(3)]
+    sql = " UNION ALL ".join(f"SELECT {r} AS id, {lst} AS images" for r, lst in enumerate(lists))
+    out = tmp_path / "seq.parquet"
+    js = (f"const {{ DuckDBInstance }} = require({json.dumps(str(NODE_MODULES / '@duckdb' / 'node-api'))});"
+          f"(async () => {{ const c = await (await DuckDBInstance.create(':memory:')).connect();"
+          f"await c.run({json.dumps(f'COPY ({sql}) TO {chr(39)}{out}{chr(39)} (FORMAT parquet)')}); }})()"
+          f".catch((e) => {{ console.error(e); process.exit(1); }});")
+    subprocess.run([node, "-e", js], check=True, timeout=120)
+    fields = {"id": "id", "first": ("images[0]", "image"),
+              "second": stoker.Field("images[1]", kind="image", optional=True)}
+    tf = {"first": stoker.transforms.Resize((16, 16)), "second": stoker.transforms.Resize((8, 12))}
+    with stoker.Loader(str(out), 3, fields=fields, transform=tf, shuffle=False, output="numpy",
+                       threads=2) as L:
+        b = next(iter(L))
+    assert b["id"].tolist() == [0, 1, 2]
+    assert b["first"].shape == (3, 3, 16, 16)
+    assert list(b["second_present"]) == [True, True, False]
+    for r in range(3):
+        ref = np.asarray(Image.open(io.BytesIO(bytes.fromhex(pics[2 * r]))).convert("RGB"))
+        # A flat colour survives the resize: the decoded pixels are the file's.
+        assert np.abs(b["first"][r].transpose(1, 2, 0)[8, 8].astype(int) - ref[5, 5]).max() <= 3
+    # A fixed-size image field: zeros where the row lacks it.
+    assert b["second"].shape == (3, 3, 8, 12) and not b["second"][2].any() and b["second"][1].any()
+
+
+def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
+    """A global shuffle over more stored bytes than the 64 MiB page cache,
+    with pages of many rows, decodes a page per row: the open says so once,
+    with the order to use; shard order with a window that fits, and no
+    shuffle, are not warned."""
+    node = os.environ.get("STK_NODE") or shutil.which("node")
+    if not node or not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
+        pytest.skip("no node / DuckDB's npm package (run scripts/install-deps.sh)")
+    out = tmp_path / "big.parquet"
+    sql = (f"COPY (SELECT i AS id, {{'bytes': unhex(repeat(md5(i::VARCHAR), 1500)), "
+           f"'path': 'p' || i}} AS image FROM range(3000) r(i)) TO '{out}' "
+           f"(FORMAT parquet, COMPRESSION uncompressed, ROW_GROUP_SIZE 2048)")
+    js = (f"const {{ DuckDBInstance }} = require({json.dumps(str(NODE_MODULES / '@duckdb' / 'node-api'))});"
+          f"(async () => {{ const c = await (await DuckDBInstance.create(':memory:')).connect();"
+          f"await c.run({json.dumps(sql)}); }})().catch((e) => {{ console.error(e); process.exit(1); }});")
+    subprocess.run([node, "-e", js], check=True, timeout=120)
+    fields = {"image": ("image", "bytes")}
+
+    def warned(**kw):
+        capfd.readouterr()
+        stoker.Loader(str(out), 8, fields=fields, **kw).close()
+        return capfd.readouterr().err
+
+    err = warned()
+    assert err.count("stoker: warning:") == 1 and "global shuffle" in err
+    assert 'order="shards" with shard_window 1' in err and "big.parquet" in err
+    err = warned(order="shards")                      # 8 row groups of up to 47 MiB
+    assert "shuffle in shards" in err and "use shard_window 1" in err
+    assert warned(order="shards", shard_window=1) == ""
+    assert warned(shuffle=False) == ""
+    capfd.readouterr()
+    stoker.Loader(str(out), 8, fields={"id": "id"}).close()   # the small column fits
+    assert capfd.readouterr().err == ""
+    out.unlink()

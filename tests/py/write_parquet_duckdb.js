@@ -76,6 +76,58 @@ async function main() {
   const brows = await q(`SELECT id, tag, sha256(blob) AS sha256, octet_length(blob) AS nbytes
                          FROM b ORDER BY id`);
   fs.writeFileSync(path.join(out, 'big.expected.json'), JSON.stringify({ rows: brows }));
+  await writeLists(con, q);
+}
+
+// Lists (HF's Sequence(Image()) is list<struct<bytes, path>>): empty lists
+// (every 6th-ish row), null lists (every 13th), null elements, elements
+// whose bytes are null, list<varchar> with null elements, list<int>; values
+// large enough that a row group's list column takes several pages (rows'
+// lists then span page boundaries); several row groups; v1 and v2 pages.
+const LISTS = (n, first) => `
+  SELECT i AS id,
+         CASE WHEN i % 13 = 0 THEN NULL
+              ELSE list_transform(range((i * 7) % 6), j ->
+                     CASE WHEN (i + j) % 9 = 4 THEN NULL
+                          ELSE {'bytes': CASE WHEN (i + j) % 10 = 3 THEN NULL
+                                   ELSE unhex(repeat(md5((i * 16 + j)::VARCHAR), 1 + (i * 5 + j) % 700))
+                                   END,
+                                'path': 'img_' || i || '_' || j || '.jpg'} END) END AS images,
+         CASE WHEN i % 17 = 0 THEN NULL
+              ELSE list_transform(range(i % 5), j ->
+                     CASE WHEN j = 2 THEN NULL ELSE 't' || i || '_' || j END) END AS tags,
+         list_transform(range(i % 4), j -> (i * 10 + j)::INTEGER) AS nums
+  FROM range(${first}, ${first + n}) r(i)`;
+
+const LIST_VARIANTS = [
+  ['lists_v1', [[0, 2600], [2600, 700]], 'COMPRESSION snappy, ROW_GROUP_SIZE 2048'],
+  ['lists_v2', [[0, 2300]], 'COMPRESSION zstd, ROW_GROUP_SIZE 2048, PARQUET_VERSION v2'],
+];
+
+async function writeLists(con, q) {
+  for (const [name, files, opts] of LIST_VARIANTS) {
+    const dir = path.join(out, name);
+    fs.mkdirSync(dir, { recursive: true });
+    const rows = [];
+    const chunks = [];
+    for (let k = 0; k < files.length; k++) {
+      const [first, n] = files[k];
+      await con.run(`CREATE OR REPLACE TABLE t AS ${LISTS(n, first)}`);
+      const f = path.join(dir, `part-${String(k).padStart(5, '0')}.parquet`);
+      await con.run(`COPY t TO '${f}' (FORMAT parquet, ${opts})`);
+      // Each element as DuckDB's table holds it (never read from the files).
+      rows.push(...await q(`SELECT id,
+          CASE WHEN images IS NULL THEN NULL ELSE
+            list_transform(images, e -> CASE WHEN e IS NULL THEN NULL
+                           ELSE {'hex': hex(e.bytes), 'path': e.path} END) END AS images,
+          tags, nums FROM t ORDER BY id`));
+      chunks.push(...await q(`SELECT '${f}' AS file, path_in_schema AS col,
+          coalesce(dictionary_page_offset, data_page_offset) AS start,
+          total_compressed_size AS size FROM parquet_metadata('${f}')`));
+    }
+    fs.writeFileSync(path.join(out, `${name}.expected.json`),
+                     JSON.stringify({ options: opts, rows, chunks }));
+  }
 }
 
 main().catch((e) => {
