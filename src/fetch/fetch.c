@@ -813,6 +813,34 @@ static int stk__pread_all(int fd, uint8_t *buf, size_t n, uint64_t off, char *er
     return STK_OK;
 }
 
+/* Order "blocks": the window, the largest block, and the default budget
+ * (block_budget). */
+static void blocks_setup(stk__fetch *f, const stk__source *src, const stk__fetch_cfg *cfg)
+{
+    /* The block order's budget (block_budget): by default up to three
+     * windows and two blocks, so that the next window is fetched while
+     * one is read, and a second one when the latency needs it. */
+    f->window = cfg->block_window ? cfg->block_window : 8;
+    if (f->window > cfg->nblocks)
+        f->window = (unsigned)cfg->nblocks;
+    for (size_t b = 0; b < cfg->nblocks; b++) {
+        size_t shard;
+        uint64_t o0, l0, o1, l1;
+        src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
+        src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
+        if (o1 + l1 - o0 > f->block_max)
+            f->block_max = o1 + l1 - o0;
+    }
+    /* A mixture (shard_remote) reads a window of each source's blocks at
+     * once: it keeps the byte budget. */
+    if (!cfg->buffer_bytes && !src->shard_remote) {
+        f->blk_auto = true;
+        uint64_t want = (3 * (uint64_t)f->window + 2) * f->block_max;
+        if (want > f->cfg.buffer_bytes)
+            f->cfg.buffer_bytes = want;
+    }
+}
+
 /* ---- API ---------------------------------------------------------------------- */
 
 int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
@@ -864,28 +892,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         if (f->cfg.lookahead > STK_FETCH_LOOKAHEAD_MAX)
             f->cfg.lookahead = STK_FETCH_LOOKAHEAD_MAX;
     }
-    if (cfg->block_first && cfg->nblocks) {
-        /* The block order's budget (block_budget): by default up to three
-         * windows and two blocks, so that the next window is fetched while
-         * one is read, and a second one when the latency needs it. */
-        f->window = cfg->block_window ? cfg->block_window : 8;
-        if (f->window > cfg->nblocks)
-            f->window = (unsigned)cfg->nblocks;
-        for (size_t b = 0; b < cfg->nblocks; b++) {
-            size_t shard;
-            uint64_t o0, l0, o1, l1;
-            src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
-            src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
-            if (o1 + l1 - o0 > f->block_max)
-                f->block_max = o1 + l1 - o0;
-        }
-        if (!cfg->buffer_bytes) {
-            f->blk_auto = true;
-            uint64_t want = (3 * (uint64_t)f->window + 2) * f->block_max;
-            if (want > f->cfg.buffer_bytes)
-                f->cfg.buffer_bytes = want;
-        }
-    }
+    if (cfg->block_first && cfg->nblocks)
+        blocks_setup(f, src, cfg);
     if (cfg->block_first && !cfg->lookahead) {
         /* Blocks: plan as far as the buffer holds, so that a window's blocks
          * are fetched while its first samples are decoded. */
