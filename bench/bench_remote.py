@@ -126,26 +126,51 @@ def ceiling(ngx, name, size, bandwidth):
               f"{one[0] / one[1] / 1e6:.0f} MB/s")
 
 
-def remote_rows(url, ep, cache_root, env, watch):
-    """cold, warm, no cache, no cache + blocks against one proxied server."""
-    cache = tempfile.mkdtemp(prefix="cache-", dir=cache_root)
-    rows = {}
-    rows["cold"] = bench(url, ep + ["--cache-dir", cache], env, watch)
-    rows["warm"] = bench(url, ep + ["--cache-dir", cache], env, watch)
-    rows["no cache"] = bench(url, ep, env, watch)
-    rows["no cache + blocks"] = bench(url, ep + ["--order", "blocks"], env, watch)
-    shutil.rmtree(cache, ignore_errors=True)
-    return [(k, rows[k]) for k in ("warm", "cold", "no cache", "no cache + blocks")]
+ROWS = ("warm", "cold", "nocache", "blocks")
+
+
+def remote_rows(url, ep, cache_root, env, watch, a, refs, packed):
+    """cold, warm, no cache, no cache + blocks (those of --rows) against one
+    proxied server; with --repeat N, each N times, each time right after a
+    fresh run of its local reference (its own "x local"), so that a machine
+    whose load changes still compares like with like."""
+    out = []
+    for rep in range(a.repeat):
+        tag = f" #{rep + 1}" if a.repeat > 1 else ""
+        cache = tempfile.mkdtemp(prefix="cache-", dir=cache_root)
+        fresh = {}
+        if a.repeat > 1:
+            fresh = {"global": bench(packed, ep), "blocks": bench(packed, ep + ["--order", "blocks"])}
+        rows = {}
+        if "cold" in a.rows or "warm" in a.rows:
+            rows["cold"] = bench(url, ep + ["--cache-dir", cache], env, watch)
+            rows["warm"] = bench(url, ep + ["--cache-dir", cache], env, watch)
+        if "nocache" in a.rows:
+            rows["no cache"] = bench(url, ep, env, watch)
+        if "blocks" in a.rows:
+            rows["no cache + blocks"] = bench(url, ep + ["--order", "blocks"], env, watch)
+            if a.compare_buffer:
+                rows[f"blocks, buf {a.compare_buffer}"] = bench(
+                    url, ep + ["--order", "blocks", "--fetch-buffer", a.compare_buffer], env, watch)
+        shutil.rmtree(cache, ignore_errors=True)
+        for k, r in rows.items():
+            if k in ("cold", "warm") and k not in a.rows:
+                continue
+            r["ref"] = fresh or refs
+            out.append((k + tag, r))
+    return out
 
 
 def print_table(title, rows, refs, epochs, data_bytes):
     print(f"\n{title}")
-    head = (f"{'run':18} {'samples/s':>9} {'x local':>7} {'requests':>8} {'fetched/need':>12} "
-            f"{'in flight':>9} {'hedged':>6} {'open s':>6} {'proxy CPU':>9} {'server CPU':>10}")
+    head = (f"{'run':22} {'samples/s':>9} {'x local':>7} {'requests':>8} {'fetched/need':>12} "
+            f"{'in flight':>9} {'buf MiB':>7} {'stall s':>7} {'req ms':>6} {'hedged':>6} "
+            f"{'open s':>6} {'proxy CPU':>9} {'server CPU':>10}")
     print(head)
     print("-" * len(head))
     for name, r in rows:
-        ref = refs["blocks"] if name.endswith("blocks") else refs["global"]
+        rr = r.get("ref") or refs
+        ref = rr["blocks"] if "blocks" in name else rr["global"]
         f = r.get("fetch") or {}
         cached = f.get("cache_hits", 0) + f.get("cache_misses", 0) > 0
         need = data_bytes * (1 if cached else epochs)
@@ -154,8 +179,14 @@ def print_table(title, rows, refs, epochs, data_bytes):
         secs = max(r["seconds"], 1e-9)
         pc = f"{cpus[0] / secs:.2f}" if len(cpus) > 0 else "-"
         sc = f"{cpus[1] / secs:.2f}" if len(cpus) > 1 else "-"
-        print(f"{name:18} {r['samples_per_s']:9.0f} {r['samples_per_s'] / ref['samples_per_s']:7.2f} "
+        buf = f"{f['buffered_peak_bytes'] / 2**20:.0f}" if f else "-"
+        # stall: the workers' summed time waiting for the network over the
+        # threads (about the wall time the run lost to it)
+        stall = f"{f['wait_s'] / max(r.get('threads', 1), 1):.2f}" if f else "-"
+        req = f"{f['request_mean_s'] * 1e3:.0f}" if f else "-"
+        print(f"{name:22} {r['samples_per_s']:9.0f} {r['samples_per_s'] / ref['samples_per_s']:7.2f} "
               f"{f.get('requests', '-'):>8} {ratio:>12} {f.get('inflight_peak', '-'):>9} "
+              f"{buf:>7} {stall:>7} {req:>6} "
               f"{f.get('hedges', '-'):>6} {r.get('open_s', 0):6.3f} {pc:>9} {sc:>10}")
         if r["checksum"] != ref["checksum"]:
             sys.exit(f"{title}, {name}: the batches differ from the local run's")
@@ -172,11 +203,21 @@ def main():
     ap.add_argument("--backends", default="http,s3")
     ap.add_argument("--no-uncapped", action="store_true", help="only the capped runs")
     ap.add_argument("--skip-ceiling", action="store_true")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help="which remote runs: warm,cold,nocache,blocks (warm needs cold's cache)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the rows N times, each after a fresh local reference")
+    ap.add_argument("--compare-buffer", default=None,
+                    help="also run the blocks row with this fetch_buffer (e.g. 64M: the "
+                         "budget before it was sized in windows)")
     a = ap.parse_args()
     if not os.path.isdir(a.data):
         sys.exit(f"{a.data} is missing: run `make run` first (it makes the default dataset)")
     caps = ([] if a.no_uncapped else [None]) + ([] if a.bandwidth == "none" else [a.bandwidth])
     backends = [b for b in a.backends.split(",") if b]
+    a.rows = [x for x in a.rows.split(",") if x]
+    if any(x not in ROWS for x in a.rows):
+        sys.exit(f"--rows: one of {','.join(ROWS)}")
     tmp = tempfile.mkdtemp(prefix="stk-bench-remote-")
     try:
         www = os.path.join(tmp, "www")
@@ -204,7 +245,7 @@ def main():
                 for cap in caps:
                     with proxy(ngx.port, a.one_way_ms, cap) as px:
                         rows = remote_rows(f"{px.url}/ds", ep, tmp, None,
-                                           (px.pid, ngx.proc.pid))
+                                           (px.pid, ngx.proc.pid), a, refs, packed)
                     tables.append((f"HTTP (nginx), {'cap ' + cap if cap else 'no cap'} a "
                                    f"connection", rows))
         if "s3" in backends:
@@ -215,7 +256,8 @@ def main():
                     with proxy(s3.port, a.one_way_ms, cap) as px:
                         env = dict(os.environ, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET,
                                    AWS_ENDPOINT_URL=px.url)
-                        rows = remote_rows("s3://bench/ds", ep, tmp, env, (px.pid, s3.proc.pid))
+                        rows = remote_rows("s3://bench/ds", ep, tmp, env, (px.pid, s3.proc.pid),
+                                           a, refs, packed)
                     tables.append((f"S3 (s3rver, SigV4), {'cap ' + cap if cap else 'no cap'} a "
                                    f"connection", rows))
         for title, rows in tables:

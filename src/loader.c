@@ -390,6 +390,7 @@ static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
     fc.concurrency = o->fetch_concurrency ? o->fetch_concurrency : 64;
     fc.block_first = c->sched.block_first;
     fc.nblocks = c->sched.nblocks;
+    fc.block_window = o->shard_window ? o->shard_window : 8;
     fc.cache_dir = o->cache_dir;
     fc.cache_limit = o->cache_limit;
     int rc = stk__fetch_create(&c->fetch, &c->src, &plan, &fc, err, errlen);

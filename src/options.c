@@ -674,7 +674,8 @@ static const opt_entry table[] = {
     OPT("fetch_timeout", UINT, 1, 3600, NULL, "seconds", "30",
         "seconds a request may stall (under 1 KiB/s) before it is retried", REMOTE,
         OFF(fetch_timeout), ST_UNSIGNED, NULL, NULL),
-    OPT("fetch_buffer", SIZE, 1, PB, NULL, NULL, "64M",
+    OPT("fetch_buffer", SIZE, 1, PB, NULL, NULL,
+        "64M; order blocks: the larger of 64M and 3 x shard_window + 2 blocks",
         "bytes buffered and in flight ahead of the workers", REMOTE, OFF(fetch_buffer), ST_U64,
         NULL, NULL),
     /* Its ring of planned entries counts in the memory bound (fetch.h). */

@@ -106,6 +106,7 @@ struct chunk {
     bool finishing;
     unsigned hwm_waiters; /* entries waiting for the high-water mark */
     uint64_t dl_t0;       /* when the download was submitted (ns) */
+    uint64_t t_queued;    /* block chunks: when its request was queued (ns) */
 };
 
 struct stk__fetch {
@@ -137,6 +138,14 @@ struct stk__fetch {
     uint64_t fallbacks;
     chunk **blk;        /* order "blocks": per block, its live whole-block chunk or NULL */
     uint64_t block_max; /* the largest block's bytes */
+    /* Order "blocks" with the default budget: the budget follows the measured
+     * rate and latency (block_budget), up to cfg.buffer_bytes. */
+    bool blk_auto;
+    unsigned window;     /* blocks per window of the order */
+    uint64_t blk_lat_ns; /* moving mean of a block request's time, queued to done */
+    size_t blk_live;     /* block chunks alive (buffered or in flight) */
+    uint64_t blk_target; /* the most block chunks alive now (block_budget) */
+    uint64_t t_reset, sb_reset, wait_reset; /* at the last reset: time, sample_bytes, wait_ns */
 
     /* stats (under lock) */
     uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
@@ -180,6 +189,7 @@ static void chunk_free(stk__fetch *f, chunk *c)
         c->next_all->prev_all = c->prev_all;
     f->buffered -= c->bytes;
     if (c->block != SIZE_MAX) {
+        f->blk_live--;
         if (f->blk[c->block] == c)
             f->blk[c->block] = NULL;
         /* A block's samples that were never planned (another rank's, or
@@ -267,6 +277,12 @@ static void on_chunk_done(stk__req *q, void *ctx)
     }
     c->inflight = false;
     c->state = ok ? C_READY : C_FAILED;
+    if (ok && c->t_queued) {
+        /* A block's time from its planning to its last byte: the latency the
+         * block budget must cover (a moving mean over about 8 blocks). */
+        uint64_t lat = stk__now_ns() - c->t_queued;
+        f->blk_lat_ns = f->blk_lat_ns ? (7 * f->blk_lat_ns + lat) / 8 : lat;
+    }
     pthread_cond_broadcast(&f->cond);
     if (c->refs == 0)
         chunk_free(f, c);
@@ -615,6 +631,8 @@ static bool plan_block(stk__fetch *f, entry *e, uint64_t i, size_t k, uint64_t o
         if (!(c = range_chunk(f, k, o0, o1 + l1)))
             return false;
         c->block = b;
+        c->t_queued = stk__now_ns();
+        f->blk_live++;
         f->blk[b] = c;
     }
     e->ch = c;
@@ -623,6 +641,38 @@ static bool plan_block(stk__fetch *f, entry *e, uint64_t i, size_t k, uint64_t o
     c->refs++;
     c->useful += len;
     return true;
+}
+
+/* The block order's budget when the user gave none. A window's samples are
+ * shuffled among its blocks, so every block of the window being consumed is
+ * read from until near the window's end, and the next window's blocks are
+ * all needed at its start. The blocks of window w - 1 are freed as window w
+ * starts: only then is there room for window w + k, with k the whole windows
+ * ahead that the budget holds, and it has k windows' time to arrive before
+ * it is read. So the budget, counted in blocks alive (a byte count would let
+ * one more block in, as blocks are mostly under block_max), is the window
+ * being read and `ahead` windows, with ahead windows of consumption covering a block's
+ * latency (a bandwidth-delay product in whole windows): ahead =
+ * ceil(margin x rate x latency / window bytes), at least 1, from the rate
+ * the workers consume bytes when they are not waiting for the network and
+ * the measured time of a block request, queued to last byte. Before anything
+ * is measured, ahead = 1. The bytes stay under cfg.buffer_bytes (the
+ * memory bound counts it) as for any order. Lock held. */
+static uint64_t block_budget(stk__fetch *f)
+{
+    uint64_t win = (uint64_t)f->window * f->block_max, ahead = 1;
+    uint64_t el = stk__now_ns() - f->t_reset;
+    uint64_t waited = (f->wait_ns - f->wait_reset) / (f->cfg.threads ? f->cfg.threads : 1);
+    if (f->blk_lat_ns && win && el > waited + 50000000ULL && f->sample_bytes > f->sb_reset) {
+        double rate = (double)(f->sample_bytes - f->sb_reset) / ((double)(el - waited) * 1e-9);
+        /* The next window has one window's time (win / rate) to arrive: a
+         * latency beyond that (with a margin of 1.5 for its spread) needs
+         * whole windows more. */
+        double need = 1.5 * rate * (double)f->blk_lat_ns * 1e-9 - (double)win;
+        if (need > 0)
+            ahead += (uint64_t)(need / (double)win) + 1;
+    }
+    return (uint64_t)f->window * (1 + ahead);
 }
 
 /* Plans one chunk for pends [a, b) (same shard, sorted by offset). */
@@ -661,6 +711,7 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
 {
     pend pb[64]; /* one group: requests go out in the order they are needed */
     uint64_t B = f->plan.batch_size;
+    f->blk_target = f->blk_auto ? block_budget(f) : UINT64_MAX;
     bool full = true;
     while (full) {
         size_t np = 0;
@@ -691,6 +742,16 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
             size_t shard;
             uint64_t off, len;
             f->src->ops->locate(f->src, i, &shard, &off, &len);
+            if (!must && shard != SIZE_MAX && !f->cache && f->blk_live >= f->blk_target &&
+                !f->blk[block_of(f, i)]) {
+                /* The block budget is full and this sample needs a block not
+                 * alive: planned when one is freed. Samples of live blocks
+                 * are not held back by the count (only the bytes bound), so
+                 * a window whose blocks are all alive is planned whole. */
+                f->plan_seq--;
+                memset(e, 0, sizeof *e);
+                break;
+            }
             e->sample = i;
             e->len = (uint32_t)len;
             if (shard == SIZE_MAX) {
@@ -752,6 +813,34 @@ static int stk__pread_all(int fd, uint8_t *buf, size_t n, uint64_t off, char *er
     return STK_OK;
 }
 
+/* Order "blocks": the window, the largest block, and the default budget
+ * (block_budget). */
+static void blocks_setup(stk__fetch *f, const stk__source *src, const stk__fetch_cfg *cfg)
+{
+    /* The block order's budget (block_budget): by default up to three
+     * windows and two blocks, so that the next window is fetched while
+     * one is read, and a second one when the latency needs it. */
+    f->window = cfg->block_window ? cfg->block_window : 8;
+    if (f->window > cfg->nblocks)
+        f->window = (unsigned)cfg->nblocks;
+    for (size_t b = 0; b < cfg->nblocks; b++) {
+        size_t shard;
+        uint64_t o0, l0, o1, l1;
+        src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
+        src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
+        if (o1 + l1 - o0 > f->block_max)
+            f->block_max = o1 + l1 - o0;
+    }
+    /* A mixture (shard_remote) reads a window of each source's blocks at
+     * once: it keeps the byte budget. */
+    if (!cfg->buffer_bytes && !src->shard_remote) {
+        f->blk_auto = true;
+        uint64_t want = (3 * (uint64_t)f->window + 2) * f->block_max;
+        if (want > f->cfg.buffer_bytes)
+            f->cfg.buffer_bytes = want;
+    }
+}
+
 /* ---- API ---------------------------------------------------------------------- */
 
 int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
@@ -803,6 +892,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
         if (f->cfg.lookahead > STK_FETCH_LOOKAHEAD_MAX)
             f->cfg.lookahead = STK_FETCH_LOOKAHEAD_MAX;
     }
+    if (cfg->block_first && cfg->nblocks)
+        blocks_setup(f, src, cfg);
     if (cfg->block_first && !cfg->lookahead) {
         /* Blocks: plan as far as the buffer holds, so that a window's blocks
          * are fetched while its first samples are decoded. */
@@ -841,15 +932,8 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
             stk__free(f);
             return STK_ENOMEM;
         }
-        /* The largest block is the slack a block request adds to the budget. */
-        for (size_t b = 0; b < cfg->nblocks; b++) {
-            size_t shard;
-            uint64_t o0, l0, o1, l1;
-            src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
-            src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
-            if (o1 + l1 - o0 > f->block_max)
-                f->block_max = o1 + l1 - o0;
-        }
+        /* The largest block (block_max, above) is the slack a block request
+         * adds to the budget. */
     }
     if (cfg->cache_dir && *cfg->cache_dir) {
         int rc = stk__cache_open(&f->cache, cfg->cache_dir, cfg->cache_limit, err, errlen);
@@ -948,6 +1032,9 @@ void stk__fetch_reset(stk__fetch *f, uint64_t g)
     }
     f->lo = f->plan_seq = g * f->plan.batch_size;
     f->interrupt = false;
+    f->t_reset = stk__now_ns();
+    f->sb_reset = f->sample_bytes;
+    f->wait_reset = f->wait_ns;
     if (!f->cancel)
         stk__cache_cancel(f->cache, false);
     plan_more(f, 0, false);

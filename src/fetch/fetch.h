@@ -52,7 +52,8 @@ typedef struct stk__fetch_plan {
 #define STK_FETCH_LOOKAHEAD_MAX ((uint64_t)1 << 20)
 
 typedef struct stk__fetch_cfg {
-    uint64_t buffer_bytes; /* budget for bytes buffered + in flight (default 64 MiB) */
+    uint64_t buffer_bytes; /* budget for bytes buffered + in flight (default 64 MiB;
+                              order "blocks": max(64 MiB, 3 windows + 2 blocks)) */
     uint64_t coalesce_gap; /* merge neighbours up to this gap (default 16 KiB) */
     uint64_t max_request;  /* largest merged request (default 8 MiB) */
     uint64_t lookahead;    /* most samples planned ahead (default: max(2 batches,
@@ -65,6 +66,10 @@ typedef struct stk__fetch_cfg {
      * planned samples are consumed. NULL: samples are merged by gap. */
     const uint64_t *block_first;
     size_t nblocks;
+    /* Blocks per window of the order (shard_window; 0: 8). With blocks and
+     * no buffer_bytes given, the default budget is sized in windows (see
+     * fetch.c, "the block order's budget"). */
+    unsigned block_window;
     const char *cache_dir; /* disk cache of whole shards, or NULL */
     uint64_t cache_limit;  /* bytes */
 } stk__fetch_cfg;

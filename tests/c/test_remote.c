@@ -1045,6 +1045,42 @@ static void test_block_order(void)
     g_order = "global";
 }
 
+/* The block order's default budget (fetch.c, block_budget): sized in
+ * windows of blocks, counted in blocks alive. With windows of 2 blocks of
+ * ~8 KiB the plan holds the window being read and the next ones (a few
+ * blocks), not the 64 MiB a byte budget allowed (there: every block of both
+ * epochs at once); each block is still fetched once an epoch and the
+ * batches are the local ones. */
+static void test_block_budget(void)
+{
+    g_order = "blocks";
+    g_extra[0] = "block_bytes";
+    g_extra[1] = "8K";
+    g_extra[2] = "shard_window";
+    g_extra[3] = "2";
+    g_extra[4] = NULL;
+    run_out local = run(g_ds, 2, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+    server_start(g_www, F_NONE);
+    for (unsigned t = 1; t <= 3; t += 2) {
+        run_out r = run(url("ds"), t, NULL, NULL, STK_ON_ERROR_RAISE, 2);
+        CHECK_EQ(r.open_rc, STK_OK);
+        CHECK(r.hash == local.hash);
+        CHECK_EQ(r.samples, 2 * SHARDS * PER_SHARD);
+        CHECK_EQ(r.fs.failures, 0);
+        CHECK(r.fs.requests <= 2 * SHARDS * 8);
+        /* The window being read and up to 3 ahead (the latency of loopback
+         * asks for 1), each block under 8 KiB; the data set is ~170 KiB. */
+        if (r.fs.buffered_peak > 4 * 2 * 8192)
+            fprintf(stderr, "  block budget: peak %llu bytes buffered\n",
+                    (unsigned long long)r.fs.buffered_peak);
+        CHECK(r.fs.buffered_peak <= 4 * 2 * 8192);
+        CHECK(r.fs.buffered_peak >= 2 * 4096); /* more than one block at once */
+    }
+    server_stop();
+    g_extra[0] = NULL;
+    g_order = "global";
+}
+
 /* Requests a second over the last half of the server's record, and the
  * share of them it throttled. */
 static void second_half(double *rate, double *throttled)
@@ -3574,6 +3610,7 @@ int main(void)
     RUN_IF(test_seek_is_prompt_while_stalled);
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_block_order);
+    RUN_IF(test_block_budget);
     RUN_IF(test_governor);
     RUN_IF(test_hedge);
     RUN_IF(test_slow_admission_blocks_nothing);
