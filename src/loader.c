@@ -559,7 +559,7 @@ static int open_core(stk_loader *l, const stk_options *o)
     if (o->order != STK__ORDER_GLOBAL && !o->nmix && (rc = setup_order(c, o, err, errlen)))
         goto fail;
     if (!o->nmix && c->src.ops->advise_order && o->order != STK__ORDER_BLOCKS)
-        c->src.ops->advise_order(&c->src, o->shuffle, o->order == STK__ORDER_GLOBAL,
+        c->src.ops->advise_order(&c->src, &sp, o->shuffle, o->order == STK__ORDER_GLOBAL,
                                  o->shard_window ? o->shard_window : 8);
     if (o->local_world && (o->local_world > o->world || o->world % o->local_world)) {
         stk__fmt(err, errlen,

@@ -2452,7 +2452,8 @@ static void pq_close(stk__source *s)
 }
 
 static int pq_field_named(stk__source *s, const char *name, size_t len);
-static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window);
+static void pq_advise_order(stk__source *s, const stk__source_params *prm, bool shuffle,
+                            bool global, unsigned window);
 
 static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .read = pq_read,
@@ -2478,19 +2479,18 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
 
 /* ---- Advice on the order ------------------------------------------------------------ */
 
-/* A warning on stderr, as the other readers print theirs; the same one
- * only once in a row (stoker doctor opens the dataset for each level it
- * measures). */
-static void pq_warn(const char *msg)
+/* The same warning only once in a row (stoker doctor opens the dataset for
+ * each level it measures). */
+static void pq_warn(const stk__source_params *prm, const char *msg)
 {
     static _Atomic uint64_t last;
     uint64_t h = 0x5741524eULL; /* "WARN" */
     for (const char *q = msg; *q; q++)
         h = stk__mix64(h ^ (uint8_t)*q);
-    /* relaxed: a repeat printed twice by a race is harmless. */
+    /* relaxed: a repeat given twice by a race is harmless. */
     if (atomic_exchange_explicit(&last, h, memory_order_relaxed) == h)
         return;
-    fprintf(stderr, "stoker: warning: %s\n", msg);
+    stk__warn(prm, "%s", msg);
 }
 
 static void human(uint64_t b, char *buf, size_t n)
@@ -2532,7 +2532,8 @@ static uint64_t rows_a_page(pq *d, const uint32_t *cols, size_t nc)
  * order keeps in play (the whole dataset, or shard_window row groups: their
  * column chunks' stored sizes, a lower bound of what they decode to)
  * exceeds the cache. */
-static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned window)
+static void pq_advise_order(stk__source *s, const stk__source_params *prm, bool shuffle,
+                            bool global, unsigned window)
 {
     pq *d = s->impl;
     uint32_t cols[STK__MAX_FIELDS + 1];
@@ -2578,7 +2579,7 @@ static void pq_advise_order(stk__source *s, bool shuffle, bool global, unsigned 
                     : "a shuffle in shards of this Parquet dataset",
              rows_page, global ? "the columns read" : "shard_window row groups", global ? a1 : a4,
              a3, advice);
-    pq_warn(msg);
+    pq_warn(prm, msg);
 }
 
 /* ---- Open ------------------------------------------------------------------------ */

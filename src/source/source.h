@@ -113,6 +113,8 @@ typedef struct stk__dataset_info {
                                      whatever files it was packed from) */
 } stk__dataset_info;
 
+struct stk__source_params;
+
 typedef struct stk__source_ops {
     const char *kind; /* "folder", "records", ... */
     /* Reads sample i (i < count): on success *data points at its bytes (inside
@@ -169,9 +171,11 @@ typedef struct stk__source_ops {
     /* Optional: told, once after select, the order the loader reads in
      * (shuffled or not; global: not in shards; shard_window row groups or
      * shards at a time otherwise): a reader whose random reads can cost far
-     * more than reading in that order warns (on stderr) and says what to
-     * change. Reads nothing the first reads would not. */
-    void (*advise_order)(stk__source *s, bool shuffle, bool global, unsigned shard_window);
+     * more than reading in that order warns and says what to
+     * change, through stk__warn(prm, ...). Reads nothing the first reads
+     * would not. */
+    void (*advise_order)(stk__source *s, const struct stk__source_params *prm, bool shuffle,
+                         bool global, unsigned shard_window);
 } stk__source_ops;
 
 /* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or

@@ -339,7 +339,7 @@ static uint64_t image_hash(const char *path, const char *src_name, uint64_t *n)
     int rc;
     *n = 0;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *f = field(b, "img");
+        const stk_field *f = tu_field(b, "img");
         for (size_t k = 0; k < b->size; k++) {
             h = tu_hash(h, &b->indices[k], sizeof b->indices[k]);
             if (f->present[k])
@@ -460,9 +460,9 @@ static void check_lists(const char *seed)
     uint8_t seen[40] = {0};
     stk_batch *b;
     while ((rc = stk_loader_next(l, &b)) == STK_OK) {
-        const stk_field *a0 = field(b, "a0"), *a4 = field(b, "a4"), *p1 = field(b, "p1");
-        const stk_field *t0 = field(b, "t0"), *t2 = field(b, "t2"), *t3 = field(b, "t3");
-        const stk_field *n0 = field(b, "n0"), *n2 = field(b, "n2");
+        const stk_field *a0 = tu_field(b, "a0"), *a4 = tu_field(b, "a4"), *p1 = tu_field(b, "p1");
+        const stk_field *t0 = tu_field(b, "t0"), *t2 = tu_field(b, "t2"), *t3 = tu_field(b, "t3");
+        const stk_field *n0 = tu_field(b, "n0"), *n2 = tu_field(b, "n2");
         for (size_t k = 0; k < b->size; k++) {
             uint64_t i = b->indices[k];
             REQUIRE(i < 40);
@@ -473,11 +473,11 @@ static void check_lists(const char *seed)
             CHECK_EQ(a4->present[k], img_has(i, 4));
             CHECK(!a4->present[k] || a4->lengths[k] == 16);
             CHECK_EQ(p1->present[k], path_has(i, 1));
-            CHECK(!p1->present[k] || text_is(p1, k, "p1"));
+            CHECK(!p1->present[k] || tu_text_is(p1, k, "p1"));
             CHECK_EQ(t0->present[k], tag_has(i, 0));
-            CHECK(!t0->present[k] || text_is(t0, k, "t0"));
+            CHECK(!t0->present[k] || tu_text_is(t0, k, "t0"));
             CHECK_EQ(t3->present[k], tag_has(i, 3));
-            CHECK(!t3->present[k] || text_is(t3, k, "t3"));
+            CHECK(!t3->present[k] || tu_text_is(t3, k, "t3"));
             CHECK(!t2->present[k]);
             CHECK_EQ(n0->present[k], i % 4 > 0);
             CHECK(!n0->present[k] || ((const int64_t *)n0->data)[k] == (int64_t)(i * 10));
