@@ -77,8 +77,9 @@ typedef struct stk__tp_ops {
      * what it holds for it (a descriptor), and each later read takes it
      * anew. For a dataset of more files than the process may hold open. */
     void (*idle)(stk__transport *t, stk__tobj *o);
-    /* Reads the ranges rs[0..n), up to batch of them in flight together;
-     * returns when all are done, each with its own rc. */
+    /* Reads the ranges rs[0..n), all in flight together where the
+     * transport can (a store's engine bounds its requests); returns when
+     * all are done, each with its own rc and every out field set. */
     void (*read)(stk__transport *t, stk__trange *const *rs, size_t n);
     /* Reads the whole object name, of at most limit bytes, into *out (the
      * caller frees it; NUL-terminated), *len its length. STK_ENOENT when it

@@ -81,6 +81,8 @@ static void remote_read(stk__transport *t, stk__trange *const *rs, size_t n)
     if (!q || !qp) {
         for (size_t k = 0; k < n; k++) {
             rs[k]->rc = STK_ENOMEM;
+            rs[k]->total = 0;
+            rs[k]->version[0] = '\0';
             stk__fmt(rs[k]->err, sizeof rs[k]->err, "out of memory for %zu requests", n);
         }
         goto out;

@@ -172,7 +172,11 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
     }
     /* A remote sample read here is one ranged GET: the fetch stage reads
      * the others ahead, through locate (stoker verify reads them all here). */
-    stk__trange r = {.obj = s->o, .off = e.offset, .len = e.length, .buf = buf}, *rp = &r;
+    stk__trange r, *rp = &r; /* the in fields only: a read sets every out field */
+    r.obj = s->o;
+    r.off = e.offset;
+    r.len = e.length;
+    r.buf = buf;
     d->t->ops->read(d->t, &rp, 1);
     if (r.rc) {
         stk__fmt(err, errlen, "%s", r.err);
