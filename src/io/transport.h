@@ -62,6 +62,21 @@ typedef struct stk__trange {
     char err[384];     /* the reason, without the object's name */
 } stk__trange;
 
+/* A whole object copied into a local file (the disk cache's downloads).
+ * The caller fills the "in" fields and owns the struct until copy_wait. */
+typedef struct stk__tcopy {
+    /* in */
+    stk__tobj *obj;
+    int fd; /* written from offset 0 */
+    /* out, after copy_wait */
+    int rc;            /* STK_OK, STK_ENOENT, STK_EIO, STK_ENOMEM */
+    uint64_t got;      /* bytes written: the object's size */
+    char version[128]; /* as for a read: the version the copy is of */
+    int write_errno;   /* why writing fd failed (errno), else 0 */
+    char err[384];     /* the reason, without the object's name */
+    void *impl_;       /* the transport's request in flight */
+} stk__tcopy;
+
 typedef struct stk__tp_ops {
     const char *kind; /* "file", "http": a name for messages, never compared */
     /* Reads worth putting in flight at once (1: one after the other gains
@@ -87,6 +102,14 @@ typedef struct stk__tp_ops {
      * STK_ENOMEM; err names the object. */
     int (*get)(stk__transport *t, const char *name, size_t limit, uint8_t **out, size_t *len,
                char *err, size_t errlen);
+    /* Starts copying the whole object c->obj into c->fd, in the
+     * background where the transport can (a store: one GET among the
+     * engine's requests). STK_OK: copy_wait must follow; else c->rc, the
+     * reason in c->err (STK_ENOMEM; STK_EUNSUPPORTED for local files,
+     * which are read where they are). */
+    int (*copy_start)(stk__transport *t, stk__tcopy *c);
+    /* Waits for a started copy and fills c's out fields. */
+    void (*copy_wait)(stk__transport *t, stk__tcopy *c);
     /* The name of object name for messages (a path; a URL without secrets). */
     void (*display)(const stk__transport *t, const char *name, char *buf, size_t n);
     /* What identifies object name for the disk cache, across processes: a

@@ -185,12 +185,29 @@ static void file_close(stk__transport *t)
     stk__free(f);
 }
 
+/* A local file needs no copy into the cache: readers open it where it is. */
+static int file_copy_start(stk__transport *t, stk__tcopy *c)
+{
+    (void)t;
+    c->rc = STK_EUNSUPPORTED;
+    stk__fmt(c->err, sizeof c->err, "a local file is read where it is, never copied");
+    return c->rc;
+}
+
+static void file_copy_wait(stk__transport *t, stk__tcopy *c)
+{
+    (void)t;
+    (void)c;
+}
+
 static const stk__tp_ops k_file_ops = {.kind = "file",
                                        .batch = 1,
                                        .open = file_open,
                                        .idle = file_idle,
                                        .read = file_read,
                                        .get = file_get,
+                                       .copy_start = file_copy_start,
+                                       .copy_wait = file_copy_wait,
                                        .display = path_of,
                                        .id = path_of,
                                        .close_obj = file_close_obj,

@@ -124,6 +124,39 @@ static int remote_get(stk__transport *t, const char *name, size_t limit, uint8_t
     return rc;
 }
 
+static int remote_copy_start(stk__transport *t, stk__tcopy *c)
+{
+    stk__req *q = stk__calloc(1, sizeof *q);
+    if (!q) {
+        c->rc = STK_ENOMEM;
+        stk__fmt(c->err, sizeof c->err, "out of memory for a request");
+        return c->rc;
+    }
+    q->name = obj_name(c->obj);
+    q->fd = c->fd;
+    c->impl_ = q;
+    stk__remote_submit(store(t), q);
+    return STK_OK;
+}
+
+static void remote_copy_wait(stk__transport *t, stk__tcopy *c)
+{
+    stk__req *q = c->impl_;
+    if (!q)
+        return;
+    stk__remote_wait(store(t), q);
+    stk__trange r;
+    result_of(q, &r);
+    c->rc = r.rc;
+    c->got = q->got;
+    c->write_errno = q->write_errno;
+    stk__fmt(c->version, sizeof c->version, "%s", r.version);
+    stk__fmt(c->err, sizeof c->err, "%s", r.err);
+    stk__free(q->body);
+    stk__free(q);
+    c->impl_ = NULL;
+}
+
 static void remote_display(const stk__transport *t, const char *name, char *buf, size_t n)
 {
     stk__remote_object_display(store(t), name, buf, n);
@@ -154,6 +187,8 @@ static const stk__tp_ops k_remote_ops = {.kind = "http",
                                          .idle = remote_idle,
                                          .read = remote_read,
                                          .get = remote_get,
+                                         .copy_start = remote_copy_start,
+                                         .copy_wait = remote_copy_wait,
                                          .display = remote_display,
                                          .id = remote_id,
                                          .close_obj = remote_close_obj,

@@ -9,10 +9,10 @@
  * dataset (cache_limit), and a dataset larger than the disk should be packed
  * as .stk (stoker pack), whose samples stream by ranged reads.
  *
- * Names, messages and probes go through the transport (io/transport.h);
- * the download into the cache goes to the store's engine (stk__remote: a
- * whole object into a descriptor), which the transport table does not
- * offer yet (docs/architecture.md says what is left).
+ * Names, messages, probes and downloads go through the transport
+ * (io/transport.h): its ranged reads probe, its copy downloads into the
+ * cache entry's file. The cache is not yet a transport itself over the
+ * store's (docs/architecture.md says what is left).
  *
  * For each object: its size and version (ETag or Last-Modified) from a
  * 1-byte ranged read, even when a listing or an index gave the size (the
@@ -41,7 +41,7 @@ typedef struct fentry {
 struct stk__files {
     stk__transport *t;   /* the files (local: under the dataset's directory, or
                             paths) or the store's objects: names, probes */
-    stk__remote *remote; /* remote: the store, for the downloads into the cache */
+    stk__remote *remote; /* remote: the store (owned; the transport borrows it) */
     stk__cache *cache;   /* opened at the first remote get */
     const stk__source_params *prm;
     char what[96]; /* what is downloaded, for the no-cache message */
@@ -51,7 +51,8 @@ struct stk__files {
 
 /* One download in progress. */
 typedef struct dl {
-    stk__req q;
+    stk__tobj *o;
+    stk__tcopy c;
     const char *name;
     char key[192];
     char tag[128]; /* the object's ETag/Last-Modified at the probe ("" none) */
@@ -145,16 +146,15 @@ static int probe(stk__files *f, dl *d, size_t n, const uint64_t *sizes, const ch
     uint8_t *buf = stk__malloc(m);
     stk__trange *r = stk__calloc(m, sizeof *r);
     stk__trange **rp = stk__calloc(m, sizeof *rp);
-    stk__tobj **o = stk__calloc(m, sizeof *o);
-    if (!buf || !r || !rp || !o) {
+    if (!buf || !r || !rp) {
         rc = STK_ENOMEM;
         goto out;
     }
     for (size_t k = 0; k < n; k++) {
         stk__tinfo info;
-        if ((rc = f->t->ops->open(f->t, d[k].name, &o[k], &info, err, errlen)))
+        if ((rc = f->t->ops->open(f->t, d[k].name, &d[k].o, &info, err, errlen)))
             goto out;
-        r[k] = (stk__trange){.obj = o[k], .off = 0, .len = 1, .buf = buf + k};
+        r[k] = (stk__trange){.obj = d[k].o, .off = 0, .len = 1, .buf = buf + k};
         rp[k] = &r[k];
     }
     f->t->ops->read(f->t, rp, n);
@@ -181,9 +181,6 @@ static int probe(stk__files *f, dl *d, size_t n, const uint64_t *sizes, const ch
         }
     }
 out:
-    for (size_t k = 0; o && k < n; k++)
-        f->t->ops->close_obj(f->t, o[k]);
-    stk__free(o);
     stk__free(rp);
     stk__free(r);
     stk__free(buf);
@@ -210,8 +207,13 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
         char why[STK_ERRMSG_MAX];
         rc = stk__cache_begin(f->cache, d->key, d->size, NULL, NULL, &d->fd, why, sizeof why);
         if (rc == STK_OK) {
-            d->q = (stk__req){.name = d->name, .fd = d->fd};
-            stk__remote_submit(f->remote, &d->q);
+            d->c = (stk__tcopy){.obj = d->o, .fd = d->fd};
+            if ((rc = f->t->ops->copy_start(f->t, &d->c))) {
+                stk__fmt(err, errlen, "%s: %s", where, d->c.err);
+                stk__cache_abort(f->cache, d->key, d->fd, false);
+                d->fd = -1;
+                return rc;
+            }
             d->started = true;
             return STK_OK;
         }
@@ -244,29 +246,30 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
 /* Waits for object k's download and commits it into the cache. */
 static int finish(stk__files *f, dl *d, char *err, size_t errlen)
 {
-    int qrc = stk__remote_wait(f->remote, &d->q);
+    f->t->ops->copy_wait(f->t, &d->c);
+    int qrc = d->c.rc;
     d->started = false;
     char where[4096];
     f->t->ops->display(f->t, d->name, where, sizeof where);
     /* A download that is not exactly the object probed (replaced on the
      * server meanwhile: another size or version) is never committed under
      * the probe's key. */
-    if (!qrc && d->q.got != d->size) {
-        stk__fmt(d->q.err, sizeof d->q.err,
+    if (!qrc && d->c.got != d->size) {
+        stk__fmt(d->c.err, sizeof d->c.err,
                  "the object is now %llu bytes, not the %llu it had a moment ago (it was "
                  "replaced while being read; try again)",
-                 (unsigned long long)d->q.got, (unsigned long long)d->size);
+                 (unsigned long long)d->c.got, (unsigned long long)d->size);
         qrc = STK_EIO;
-    } else if (!qrc && d->tag[0] && d->q.validator[0] && strcmp(d->tag, d->q.validator)) {
-        stk__fmt(d->q.err, sizeof d->q.err,
+    } else if (!qrc && d->tag[0] && d->c.version[0] && strcmp(d->tag, d->c.version)) {
+        stk__fmt(d->c.err, sizeof d->c.err,
                  "the object changed while being read (ETag/Last-Modified %s, was %s); try "
                  "again",
-                 d->q.validator, d->tag);
+                 d->c.version, d->tag);
         qrc = STK_EIO;
     }
     if (qrc) {
-        stk__fmt(err, errlen, "%s: %s", where, d->q.err);
-        stk__cache_abort(f->cache, d->key, d->fd, d->q.write_errno != 0);
+        stk__fmt(err, errlen, "%s: %s", where, d->c.err);
+        stk__cache_abort(f->cache, d->key, d->fd, d->c.write_errno != 0);
         d->fd = -1;
         return qrc == STK_ENOENT ? STK_ENOENT : qrc;
     }
@@ -337,12 +340,12 @@ static int get_remote(stk__files *f, const char *const *names, const uint64_t *s
 out:
     for (size_t k = 0; k < m; k++) {
         if (d[k].started) {
-            stk__remote_wait(f->remote, &d[k].q);
+            f->t->ops->copy_wait(f->t, &d[k].c);
             stk__cache_abort(f->cache, d[k].key, d[k].fd, false);
         } else if (d[k].fd >= 0) {
             stk__cache_unpin(d[k].fd);
         }
-        stk__free(d[k].q.body);
+        f->t->ops->close_obj(f->t, d[k].o);
     }
     stk__free(want);
     stk__free(d);
