@@ -21,9 +21,9 @@
  *
  * Threads: read, get, display and id may be called from any thread at once
  * on one transport and one object (local reads are preads on a shared
- * descriptor; a store's requests go to its engine's queue). open, idle and
- * close_obj are the object's owner's, close the transport's owner's, after
- * every read returned.
+ * descriptor; a store's requests go to its engine's queue). open, idle,
+ * copy_start/copy_wait and close_obj are the object's owner's, close the
+ * transport's owner's, after every read returned.
  */
 #ifndef STK_IO_TRANSPORT_H
 #define STK_IO_TRANSPORT_H

@@ -3,7 +3,8 @@
  * (transport.h), on remote.h's engine: an object is its name; opening it
  * costs no request (its size comes with its first ranged GET, in
  * Content-Range); a batch of reads is one stk__remote_run, all in flight
- * together. The store is borrowed (the source owns it, and closes it
+ * together; a copy is one whole-object GET written into the caller's
+ * descriptor by the engine's thread. The store is borrowed (the source owns it, and closes it
  * before its reader: nothing here touches it at close).
  */
 #include "io/transport.h"
