@@ -9,8 +9,13 @@
  * dataset (cache_limit), and a dataset larger than the disk should be packed
  * as .stk (stoker pack), whose samples stream by ranged reads.
  *
+ * Names, messages, probes and downloads go through the transport
+ * (io/transport.h): its ranged reads probe, its copy downloads into the
+ * cache entry's file. The cache is not yet a transport itself over the
+ * store's (docs/architecture.md says what is left).
+ *
  * For each object: its size and version (ETag or Last-Modified) from a
- * 1-byte ranged GET, even when a listing or an index gave the size (the
+ * 1-byte ranged read, even when a listing or an index gave the size (the
  * version keys the cache entry, so an object replaced on the server is
  * never read from a copy of the old one); then a pin of the entry when the
  * cache holds it, else a download (all at once), or a wait for another
@@ -19,6 +24,7 @@
  */
 #include "cache/cache.h"
 #include "io/remote.h"
+#include "io/transport.h"
 #include "source/source.h"
 
 #include <string.h>
@@ -33,8 +39,9 @@ typedef struct fentry {
 } fentry;
 
 struct stk__files {
-    char *dir;           /* local: the directory names are relative to (NULL: none) */
-    stk__remote *remote; /* remote: the store */
+    stk__transport *t;   /* the files (local: under the dataset's directory, or
+                            paths) or the store's objects: names, probes */
+    stk__remote *remote; /* remote: the store (owned; the transport borrows it) */
     stk__cache *cache;   /* opened at the first remote get */
     const stk__source_params *prm;
     char what[96]; /* what is downloaded, for the no-cache message */
@@ -44,7 +51,8 @@ struct stk__files {
 
 /* One download in progress. */
 typedef struct dl {
-    stk__req q;
+    stk__tobj *o;
+    stk__tcopy c;
     const char *name;
     char key[192];
     char tag[128]; /* the object's ETag/Last-Modified at the probe ("" none) */
@@ -56,7 +64,7 @@ typedef struct dl {
 int stk__files_open_local(stk__files **out, const char *dir)
 {
     stk__files *f = stk__calloc(1, sizeof *f);
-    if (!f || (dir && !(f->dir = stk__strdup(dir)))) {
+    if (!f || stk__transport_file(&f->t, dir)) {
         stk__free(f);
         return STK_ENOMEM;
     }
@@ -68,7 +76,8 @@ int stk__files_open_remote(stk__files **out, stk__remote *r, const stk__source_p
                            const char *what)
 {
     stk__files *f = stk__calloc(1, sizeof *f);
-    if (!f) {
+    if (!f || stk__transport_remote(&f->t, r)) {
+        stk__free(f);
         stk__remote_close(r);
         return STK_ENOMEM;
     }
@@ -111,17 +120,9 @@ static int add(stk__files *f, const char *name, const char *path, const char *sh
 
 static int get_local(stk__files *f, const char *name)
 {
-    size_t n = (f->dir ? strlen(f->dir) + 1 : 0) + strlen(name) + 1;
-    char *p = stk__malloc(n);
-    if (!p)
-        return STK_ENOMEM;
-    if (f->dir)
-        stk__fmt(p, n, "%s/%s", f->dir, name);
-    else
-        stk__fmt(p, n, "%s", name);
-    int rc = add(f, name, p, p, -1);
-    stk__free(p);
-    return rc;
+    char p[4096];
+    f->t->ops->display(f->t, name, p, sizeof p);
+    return add(f, name, p, p, -1);
 }
 
 /* How long another process's download may write nothing before this one
@@ -135,44 +136,53 @@ static uint64_t stall_limit_ns(const stk__source_params *prm)
     return (retries + 1) * (timeout + 10) * 1000000000ULL;
 }
 
-/* Probes the objects d[0..n) for their sizes and versions (all at once). */
+/* Probes the objects d[0..n) for their sizes and versions: a 1-byte read
+ * of each, all in flight together. */
 static int probe(stk__files *f, dl *d, size_t n, const uint64_t *sizes, const char *sizes_from,
                  char *err, size_t errlen)
 {
     int rc = STK_OK;
-    uint8_t *buf = stk__malloc(n ? n : 1);
-    if (!buf)
-        return STK_ENOMEM;
-    for (size_t k = 0; k < n; k++)
-        d[k].q = (stk__req){.name = d[k].name, .fd = -1, .off = 0, .len = 1, .buf = buf + k};
-    for (size_t k = 0; k < n; k++)
-        stk__remote_submit(f->remote, &d[k].q);
-    for (size_t k = 0; k < n; k++)
-        stk__remote_wait(f->remote, &d[k].q);
+    size_t m = n ? n : 1;
+    uint8_t *buf = stk__malloc(m);
+    stk__trange *r = stk__calloc(m, sizeof *r);
+    stk__trange **rp = stk__calloc(m, sizeof *rp);
+    if (!buf || !r || !rp) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    for (size_t k = 0; k < n; k++) {
+        stk__tinfo info;
+        if ((rc = f->t->ops->open(f->t, d[k].name, &d[k].o, &info, err, errlen)))
+            goto out;
+        r[k] = (stk__trange){.obj = d[k].o, .off = 0, .len = 1, .buf = buf + k};
+        rp[k] = &r[k];
+    }
+    f->t->ops->read(f->t, rp, n);
     for (size_t k = 0; k < n && !rc; k++) {
         char where[4096];
-        stk__remote_object_display(f->remote, d[k].name, where, sizeof where);
+        f->t->ops->display(f->t, d[k].name, where, sizeof where);
         /* An empty object answers a ranged GET with 416 or an empty 200:
          * its size is then 0, which the readers report as they do a local
          * empty file. */
-        if (d[k].q.rc || !d[k].q.total) {
+        if (r[k].rc || !r[k].total) {
             stk__fmt(err, errlen, "%s: %s", where,
-                     d[k].q.rc == STK_ENOENT ? "not found (HTTP 404)"
-                     : d[k].q.rc             ? d[k].q.err
-                                             : "the server did not say its size");
-            rc = d[k].q.rc == STK_ENOENT || d[k].q.rc == STK_ENOMEM ? d[k].q.rc : STK_EIO;
-        } else if (sizes && sizes[k] != d[k].q.total) {
+                     r[k].rc == STK_ENOENT ? "not found (HTTP 404)"
+                     : r[k].rc             ? r[k].err
+                                           : "the server did not say its size");
+            rc = r[k].rc == STK_ENOENT || r[k].rc == STK_ENOMEM ? r[k].rc : STK_EIO;
+        } else if (sizes && sizes[k] != r[k].total) {
             stk__fmt(err, errlen, "%s: is %llu bytes, %s says %llu (did it change?)", where,
-                     (unsigned long long)d[k].q.total, sizes_from ? sizes_from : "the listing",
+                     (unsigned long long)r[k].total, sizes_from ? sizes_from : "the listing",
                      (unsigned long long)sizes[k]);
             rc = STK_EIO;
         } else {
-            d[k].size = d[k].q.total;
-            stk__fmt(d[k].tag, sizeof d[k].tag, "%s", d[k].q.validator);
+            d[k].size = r[k].total;
+            stk__fmt(d[k].tag, sizeof d[k].tag, "%s", r[k].version);
         }
-        stk__free(d[k].q.body);
-        d[k].q.body = NULL;
     }
+out:
+    stk__free(rp);
+    stk__free(r);
     stk__free(buf);
     return rc;
 }
@@ -183,8 +193,8 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
 {
     const stk__source_params *prm = f->prm;
     char where[4096], id[4096];
-    stk__remote_object_display(f->remote, d->name, where, sizeof where);
-    stk__remote_object_id(f->remote, d->name, id, sizeof id);
+    f->t->ops->display(f->t, d->name, where, sizeof where);
+    f->t->ops->id(f->t, d->name, id, sizeof id);
     stk__cache_key(id, d->size, d->tag, d->key, sizeof d->key);
     for (;;) {
         int rc = stk__cache_pin(f->cache, d->key, &d->fd);
@@ -197,8 +207,13 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
         char why[STK_ERRMSG_MAX];
         rc = stk__cache_begin(f->cache, d->key, d->size, NULL, NULL, &d->fd, why, sizeof why);
         if (rc == STK_OK) {
-            d->q = (stk__req){.name = d->name, .fd = d->fd};
-            stk__remote_submit(f->remote, &d->q);
+            d->c = (stk__tcopy){.obj = d->o, .fd = d->fd};
+            if ((rc = f->t->ops->copy_start(f->t, &d->c))) {
+                stk__fmt(err, errlen, "%s: %s", where, d->c.err);
+                stk__cache_abort(f->cache, d->key, d->fd, false);
+                d->fd = -1;
+                return rc;
+            }
             d->started = true;
             return STK_OK;
         }
@@ -231,29 +246,30 @@ static int pin_or_start(stk__files *f, dl *d, char *err, size_t errlen)
 /* Waits for object k's download and commits it into the cache. */
 static int finish(stk__files *f, dl *d, char *err, size_t errlen)
 {
-    int qrc = stk__remote_wait(f->remote, &d->q);
+    f->t->ops->copy_wait(f->t, &d->c);
+    int qrc = d->c.rc;
     d->started = false;
     char where[4096];
-    stk__remote_object_display(f->remote, d->name, where, sizeof where);
+    f->t->ops->display(f->t, d->name, where, sizeof where);
     /* A download that is not exactly the object probed (replaced on the
      * server meanwhile: another size or version) is never committed under
      * the probe's key. */
-    if (!qrc && d->q.got != d->size) {
-        stk__fmt(d->q.err, sizeof d->q.err,
+    if (!qrc && d->c.got != d->size) {
+        stk__fmt(d->c.err, sizeof d->c.err,
                  "the object is now %llu bytes, not the %llu it had a moment ago (it was "
                  "replaced while being read; try again)",
-                 (unsigned long long)d->q.got, (unsigned long long)d->size);
+                 (unsigned long long)d->c.got, (unsigned long long)d->size);
         qrc = STK_EIO;
-    } else if (!qrc && d->tag[0] && d->q.validator[0] && strcmp(d->tag, d->q.validator)) {
-        stk__fmt(d->q.err, sizeof d->q.err,
+    } else if (!qrc && d->tag[0] && d->c.version[0] && strcmp(d->tag, d->c.version)) {
+        stk__fmt(d->c.err, sizeof d->c.err,
                  "the object changed while being read (ETag/Last-Modified %s, was %s); try "
                  "again",
-                 d->q.validator, d->tag);
+                 d->c.version, d->tag);
         qrc = STK_EIO;
     }
     if (qrc) {
-        stk__fmt(err, errlen, "%s: %s", where, d->q.err);
-        stk__cache_abort(f->cache, d->key, d->fd, d->q.write_errno != 0);
+        stk__fmt(err, errlen, "%s: %s", where, d->c.err);
+        stk__cache_abort(f->cache, d->key, d->fd, d->c.write_errno != 0);
         d->fd = -1;
         return qrc == STK_ENOENT ? STK_ENOENT : qrc;
     }
@@ -313,7 +329,7 @@ static int get_remote(stk__files *f, const char *const *names, const uint64_t *s
     for (size_t k = 0; k < m; k++) {
         char p[4096], shown[4096];
         stk__cache_path(f->cache, d[k].key, p, sizeof p);
-        stk__remote_object_display(f->remote, d[k].name, shown, sizeof shown);
+        f->t->ops->display(f->t, d[k].name, shown, sizeof shown);
         size_t before = f->n;
         rc = add(f, d[k].name, p, shown, d[k].fd);
         if (f->n > before)
@@ -324,12 +340,12 @@ static int get_remote(stk__files *f, const char *const *names, const uint64_t *s
 out:
     for (size_t k = 0; k < m; k++) {
         if (d[k].started) {
-            stk__remote_wait(f->remote, &d[k].q);
+            f->t->ops->copy_wait(f->t, &d[k].c);
             stk__cache_abort(f->cache, d[k].key, d[k].fd, false);
         } else if (d[k].fd >= 0) {
             stk__cache_unpin(d[k].fd);
         }
-        stk__free(d[k].q.body);
+        f->t->ops->close_obj(f->t, d[k].o);
     }
     stk__free(want);
     stk__free(d);
@@ -360,12 +376,7 @@ int stk__files_get(stk__files *f, const char *const *names, const uint64_t *size
 
 const char *stk__files_shown(const stk__files *f, const char *name, char *buf, size_t n)
 {
-    if (f->remote)
-        stk__remote_object_display(f->remote, name, buf, n);
-    else if (f->dir)
-        stk__fmt(buf, n, "%s/%s", f->dir, name);
-    else
-        stk__fmt(buf, n, "%s", name);
+    f->t->ops->display(f->t, name, buf, n);
     return buf;
 }
 
@@ -410,7 +421,7 @@ void stk__files_close(stk__files *f)
     }
     stk__free(f->e);
     stk__cache_close(f->cache);
+    stk__transport_close(f->t); /* before the store it borrows */
     stk__remote_close(f->remote);
-    stk__free(f->dir);
     stk__free(f);
 }

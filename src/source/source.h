@@ -28,9 +28,10 @@
  *   remote_files.c          the files a dataset names as local files: DIR/NAME,
  *                           or objects downloaded whole into the disk cache
  *   folder.c records.c      the readers, one per kind; stk.c reads the
- *   stk.c tar.c cifar.c     manifest and reads remote shards by ranges; tar.c,
- *   mds.c litdata.c         mds.c, litdata.c and tfrecord.c read remote
- *   tfrecord.c parquet.c    datasets through remote_files.c
+ *   stk.c tar.c cifar.c     manifest and reads its shards, local or remote,
+ *   mds.c litdata.c         by ranges through the transport (io/transport.h);
+ *   tfrecord.c parquet.c    tar.c, mds.c, litdata.c, tfrecord.c and parquet.c
+ *                           read remote datasets through remote_files.c
  *   bucket.c                unpacked CLASS/NAME objects under an S3 prefix,
  *                           each a one-sample shard of the fetch stage
  *   listcache.c             bucket.c's listing kept in cache_dir for the next

@@ -16,16 +16,25 @@
  * select switches to whole samples (the fetch stage included), whose fields
  * the fields op finds, checking every bound of the payload's table.
  *
+ * Every byte comes through the transport (io/transport.h): local files, or
+ * objects in a store by ranged reads; the reader has one code path for both.
+ * Opening reads each shard's header, footer and index region, a chunk of
+ * shards' reads in flight together where the transport gains by it (a
+ * store's round trips overlap). The fetch stage reads a remote dataset's
+ * samples ahead of the workers through locate, with its own requests.
+ *
  * Descriptors: up to STK_KEEP_FDS shards stay open for the loader's life
- * (pread on a shared descriptor is thread-safe); beyond that each read opens
- * and closes its shard, so a dataset of thousands of shards never exhausts
- * the process's descriptor limit.
+ * (pread on a shared descriptor is thread-safe); beyond that the transport
+ * lets go of each shard after its open (idle) and each read opens and closes
+ * it, so a dataset of thousands of shards never exhausts the process's
+ * descriptor limit.
  */
 #include "source/manifest.h"
 #include "source/stkformat.h"
 #include "source/stkindex.h"
 #include "io/remote.h"
 #include "io/file.h"
+#include "io/transport.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -40,16 +49,17 @@
 #define STK_KEEP_FDS 256
 
 typedef struct shard {
-    char *path; /* local path, or the object's URL without credentials */
-    char *obj;  /* remote: object name relative to the dataset URL */
-    char *tag;  /* remote: its ETag or Last-Modified (NULL: the server gave none) */
-    int fd;
+    char *path; /* the object's name for messages: a path, or a URL without secrets */
+    char *obj;  /* its name in the transport (a path; relative to the dataset URL) */
+    char *tag;  /* its ETag or Last-Modified when the transport said (NULL: none) */
+    stk__tobj *o;
     uint8_t *region; /* entries, meta, keys */
     uint64_t first;  /* dataset index of its first sample */
     int64_t maxl;    /* largest label, -1 if none */
     uint64_t bytes;
-    dev_t dev; /* identify the file, so one listed twice is found */
-    ino_t ino;
+    bool sized;   /* bytes is known (the file's, a listing's, the manifest's) */
+    uint64_t dev; /* identify the object, so one listed twice is found */
+    uint64_t ino;
     stk__stk_header h;
     stk__stk_footer f;
     /* Fields shards: the dataset's id of each of the shard's field ids, and
@@ -63,7 +73,7 @@ typedef struct shard {
 typedef struct stkset {
     shard *shards;
     size_t n;
-    stk__remote *remote; /* borrowed from the source */
+    stk__transport *t; /* where the shards' bytes come from (a disk, a store) */
     bool keep_fds;
     stk__manifest man;
     uint64_t total_bytes;
@@ -160,51 +170,27 @@ static int stk_read(stk__source *src, uint64_t i, stk__sink *sink, uint8_t **dat
             stk__fmt(err, errlen, "out of memory for %u bytes", e.length);
         return rc;
     }
-    if (d->remote) {
-        /* Without the fetch stage (stoker verify, or a read nobody planned):
-         * one blocking ranged GET. */
-        stk__req q;
-        memset(&q, 0, sizeof q);
-        q.name = s->obj;
-        q.off = e.offset;
-        q.len = e.length;
-        q.buf = buf;
-        q.fd = -1;
-        if (!e.length) {
-            rc = STK_OK;
-        } else {
-            stk__remote_submit(d->remote, &q);
-            rc = stk__remote_wait(d->remote, &q);
-        }
-        if (rc) {
-            stk__fmt(err, errlen, "%s", q.err);
-            return rc == STK_ENOENT ? STK_EIO : rc;
-        }
-        if (q.total && q.total != s->bytes) {
-            /* Opened from the consolidated index, a shard's size is first
-             * seen here: a shard replaced after the pack fails by name. */
-            stk__fmt(err, errlen,
-                     "the shard is now %llu bytes, not the %llu it had when the dataset was "
-                     "opened (replaced since the pack?)",
-                     (unsigned long long)q.total, (unsigned long long)s->bytes);
-            return STK_EIO;
-        }
-        goto check;
+    /* A remote sample read here is one ranged GET: the fetch stage reads
+     * the others ahead, through locate (stoker verify reads them all here). */
+    stk__trange r, *rp = &r; /* the in fields only: a read sets every out field */
+    r.obj = s->o;
+    r.off = e.offset;
+    r.len = e.length;
+    r.buf = buf;
+    d->t->ops->read(d->t, &rp, 1);
+    if (r.rc) {
+        stk__fmt(err, errlen, "%s", r.err);
+        return r.rc == STK_ENOENT ? STK_EIO : r.rc;
     }
-    int fd = s->fd;
-    if (fd < 0) {
-        fd = stk__open(s->path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-            stk__fmt(err, errlen, "cannot open shard: %s", strerror(errno));
-            return STK_EIO;
-        }
+    if (r.total && r.total != s->bytes) {
+        /* Opened from the consolidated index, a shard's size is first
+         * seen here: a shard replaced after the pack fails by name. */
+        stk__fmt(err, errlen,
+                 "the shard is now %llu bytes, not the %llu it had when the dataset was "
+                 "opened (replaced since the pack?)",
+                 (unsigned long long)r.total, (unsigned long long)s->bytes);
+        return STK_EIO;
     }
-    rc = stk__pread_full(fd, buf, e.length, e.offset, err, errlen);
-    if (fd != s->fd)
-        stk__close(fd);
-    if (rc)
-        return rc;
-check:
     if ((rc = stk_accept(src, i, buf, e.length, label, err, errlen)))
         return rc;
     *data = buf;
@@ -297,9 +283,10 @@ static void stk_close(stk__source *src)
     stkset *d = src->impl;
     if (!d)
         return;
+    for (size_t k = 0; d->t && k < d->n; k++)
+        d->t->ops->close_obj(d->t, d->shards[k].o);
+    stk__transport_close(d->t);
     for (size_t k = 0; k < d->n; k++) {
-        if (d->shards[k].fd >= 0)
-            stk__close(d->shards[k].fd);
         stk__free(d->shards[k].path);
         stk__free(d->shards[k].obj);
         stk__free(d->shards[k].tag);
@@ -414,59 +401,8 @@ static int check_region(shard *s, size_t rlen, int64_t *max_label, char *why, si
     return stk__stk_index_check(s->region, &s->f, &s->h, max_label, why, wl);
 }
 
-/* Opens one shard: header, footer, index region (checksummed and checked). */
-static int open_shard(shard *s, bool keep_fd, int64_t *max_label, char *err, size_t errlen)
-{
-    int rc = STK_OK;
-    char why[STK_ERRMSG_MAX];
-    uint8_t hdr[STK_HEADER_SIZE], foot[STK_FOOTER_SIZE];
-    int fd = stk__open(s->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        stk__fmt(err, errlen, "%s: %s", s->path, strerror(e));
-        return e == ENOENT ? STK_ENOENT : STK_EIO;
-    }
-    struct stat st;
-    int sr = stk__fstat(fd, &st);
-    if (sr != 0 || !S_ISREG(st.st_mode)) {
-        stk__fmt(err, errlen, "%s: %s", s->path, sr ? strerror(errno) : "not a regular file");
-        rc = STK_EIO;
-        goto out;
-    }
-    s->bytes = (uint64_t)st.st_size;
-    s->dev = st.st_dev;
-    s->ino = st.st_ino;
-    if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE &&
-        ((rc = stk__pread_full(fd, hdr, sizeof hdr, 0, why, sizeof why)) ||
-         (rc =
-              stk__pread_full(fd, foot, sizeof foot, s->bytes - STK_FOOTER_SIZE, why, sizeof why))))
-        goto fail;
-    if ((rc = parse_ends(s, hdr, foot, why, sizeof why)))
-        goto fail;
-    size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
-    if (!(s->region = stk__malloc(rlen ? rlen : 1))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    if ((rc = stk__pread_full(fd, s->region, rlen, s->f.index_offset, why, sizeof why)) ||
-        (rc = check_region(s, rlen, max_label, why, sizeof why)))
-        goto fail;
-    if (keep_fd) {
-        s->fd = fd;
-        fd = -1;
-    }
-    goto out;
-fail:
-    stk__fmt(err, errlen, "%s: %s", s->path, why);
-out:
-    if (fd >= 0)
-        stk__close(fd);
-    return rc;
-}
-
 typedef struct file_id {
-    dev_t dev;
-    ino_t ino;
+    uint64_t dev, ino;
     size_t k;
 } file_id;
 
@@ -662,155 +598,116 @@ out:
     return rc;
 }
 
-int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, const char *dir,
-                         char *err, size_t errlen)
+/* Opens the objects of shards [a, b): a local file's size and identity
+ * (a store's object costs nothing here, its size comes with a read). */
+static int open_objects(stkset *d, size_t a, size_t b, char *err, size_t errlen)
 {
-    int rc = STK_OK;
-    stkset *d = NULL;
-    bool man = false;
-    char path[4096];
-    memset(src, 0, sizeof *src);
-    if (!(d = stk__calloc(1, sizeof *d))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    if (dir) {
-        rc = stk__manifest_read(dir, &d->man, err, errlen);
-        if (rc == STK_OK)
-            man = true;
-        else if (rc != STK_ENOENT)
-            goto out;
-        rc = STK_OK;
-        if (!man && stk__pack_unfinished(dir)) {
-            stk__fmt(
-                err, errlen,
-                "%s: holds an unfinished or interrupted pack (no manifest yet, and "
-                "a pack marker or *.stk.tmp file); remove the directory and run stoker pack again",
-                dir);
-            rc = STK_EFORMAT;
-            goto out;
-        }
-    }
-    size_t ns = man ? d->man.nshards : n;
-    if (!ns) {
-        stk__fmt(err, errlen, "%s: no shards", dir ? dir : "dataset");
-        rc = STK_EEMPTY;
-        goto out;
-    }
-    if (!(d->shards = stk__calloc(ns, sizeof *d->shards))) {
-        rc = STK_ENOMEM;
-        goto out;
-    }
-    d->keep_fds = ns <= STK_KEEP_FDS;
-    for (size_t k = 0; k < ns; k++) {
-        shard *s = &d->shards[k];
-        s->fd = -1;
-        d->n = k + 1;
-        const char *p = paths[k < n ? k : 0];
-        if (man) {
-            stk__fmt(path, sizeof path, "%s/%s", dir, d->man.shards[k].name);
-            p = path;
-        }
-        if (!(s->path = stk__strdup(p))) {
-            rc = STK_ENOMEM;
-            goto out;
-        }
-        if ((rc = open_shard(s, d->keep_fds, &s->maxl, err, errlen)))
-            goto out;
-    }
-    rc = finish_set(src, d, man, dir ? dir : d->shards[0].path, err, errlen);
-    d = NULL;
-out:
-    if (d) {
-        stk__source tmp = {.impl = d};
-        stk_close(&tmp);
-    }
-    return rc;
-}
-
-/* Remote shards are opened in chunks of this many, each chunk's requests in
- * flight together: bounded memory for requests, and round trips overlap. */
-#define REMOTE_OPEN_CHUNK 512
-
-/* Fills q with the ranged GET of shard s's footer into hb's footer half. */
-static stk__req *footer_req(stk__req *q, const shard *s, uint8_t *hb)
-{
-    *q = (stk__req){.name = s->obj,
-                    .off = s->bytes - STK_FOOTER_SIZE,
-                    .len = STK_FOOTER_SIZE,
-                    .buf = hb + STK_HEADER_SIZE,
-                    .fd = -1};
-    return q;
-}
-
-/* Fetches and checks the header, footer and index of shards [a, b). */
-static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t errlen)
-{
-    int rc = STK_OK;
-    size_t n = b - a;
-    stk__req *q = stk__calloc(2 * n, sizeof *q);
-    stk__req **qp = stk__calloc(2 * n, sizeof *qp);
-    uint8_t *ends = stk__malloc(n * (STK_HEADER_SIZE + STK_FOOTER_SIZE));
     char why[STK_ERRMSG_MAX];
-    if (!q || !qp || !ends) {
-        rc = STK_ENOMEM;
-        goto out;
+    for (size_t k = a; k < b; k++) {
+        shard *s = &d->shards[k];
+        stk__tinfo info;
+        int rc = d->t->ops->open(d->t, s->obj, &s->o, &info, why, sizeof why);
+        if (rc) {
+            stk__fmt(err, errlen, "%s: %s", s->path, why);
+            return rc;
+        }
+        s->dev = info.dev;
+        s->ino = info.ino;
+        if (info.sized)
+            s->bytes = info.size;
+        /* Else the listing's or the manifest's size, when it gave one. */
+        s->sized = info.sized || s->bytes;
     }
-    /* 1. Headers, and footers of shards whose size is known. A header's
-     *    Content-Range gives the size of the others. */
-    size_t nq = 0;
+    return STK_OK;
+}
+
+/* Fills r with the read of shard s's footer into hb's footer half. */
+static stk__trange *footer_req(stk__trange *r, const shard *s, uint8_t *hb)
+{
+    *r = (stk__trange){.obj = s->o,
+                       .off = s->bytes - STK_FOOTER_SIZE,
+                       .len = STK_FOOTER_SIZE,
+                       .buf = hb + STK_HEADER_SIZE};
+    return r;
+}
+
+/* Reads the headers of shards [a, b), and the footers of those whose size
+ * is known; a header's read tells the size of the others (a store's
+ * Content-Range), whose footers are read next. The reads of each step are
+ * in flight together. ends: each shard's header and footer. */
+static int read_ends(stkset *d, size_t a, size_t b, stk__trange *q, stk__trange **qp, uint8_t *ends,
+                     char *err, size_t errlen)
+{
+    size_t n = b - a, nq = 0;
     for (size_t k = 0; k < n; k++) {
         shard *s = &d->shards[a + k];
         uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
-        q[2 * k] =
-            (stk__req){.name = s->obj, .off = 0, .len = STK_HEADER_SIZE, .buf = hb, .fd = -1};
-        qp[nq++] = &q[2 * k];
-        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE)
+        if (!s->sized || s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE) {
+            q[2 * k] = (stk__trange){.obj = s->o, .off = 0, .len = STK_HEADER_SIZE, .buf = hb};
+            qp[nq++] = &q[2 * k];
+        }
+        if (s->sized && s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE)
             qp[nq++] = footer_req(&q[2 * k + 1], s, hb);
     }
-    stk__remote_run(d->remote, qp, nq);
+    d->t->ops->read(d->t, qp, nq);
     nq = 0;
     for (size_t k = 0; k < n; k++) {
         shard *s = &d->shards[a + k];
-        stk__req *h = &q[2 * k];
+        const stk__trange *h = &q[2 * k];
+        if (!h->obj)
+            continue; /* too short to read: parse_ends reports it */
         if (h->rc) {
-            stk__fmt(err, errlen, "%s: %s", s->path,
-                     h->rc == STK_ENOENT ? "not found (HTTP 404)" : h->err);
-            rc = h->rc == STK_ENOENT ? STK_ENOENT : h->rc;
-            goto out;
+            stk__fmt(err, errlen, "%s: %s", s->path, h->err);
+            return h->rc;
         }
         /* What identifies this version of the object, for the disk cache. */
-        if (h->validator[0] && !s->tag && !(s->tag = stk__strdup(h->validator))) {
-            rc = STK_ENOMEM;
-            goto out;
-        }
-        if (s->bytes && h->total && h->total != s->bytes) {
+        if (h->version[0] && !s->tag && !(s->tag = stk__strdup(h->version)))
+            return STK_ENOMEM;
+        if (s->sized && h->total && h->total != s->bytes) {
             stk__fmt(err, errlen, "%s: is %llu bytes, the listing or manifest says %llu", s->path,
                      (unsigned long long)h->total, (unsigned long long)s->bytes);
-            rc = STK_EFORMAT;
-            goto out;
+            return STK_EFORMAT;
         }
-        if (!s->bytes) {
+        if (!s->sized) {
             s->bytes = h->total;
             if (!s->bytes) {
                 stk__fmt(err, errlen, "%s: the server did not say how large the object is",
                          s->path);
-                rc = STK_EIO;
-                goto out;
+                return STK_EIO;
             }
             if (s->bytes < STK_HEADER_SIZE + STK_FOOTER_SIZE)
                 continue; /* parse_ends reports it */
             qp[nq++] = footer_req(&q[2 * k + 1], s, ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE));
         }
     }
-    stk__remote_run(d->remote, qp, nq);
-    /* 2. Parse header and footer; fetch each index region. */
-    nq = 0;
+    d->t->ops->read(d->t, qp, nq);
+    return STK_OK;
+}
+
+/* Opens shards [a, b) of d: their objects, then headers and footers, then
+ * index regions (checksummed and checked), each step's reads in flight
+ * together where the transport gains by it (a store's round trips
+ * overlap; a local file's reads are preads, one shard after the other). */
+static int open_chunk(stkset *d, size_t a, size_t b, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    size_t n = b - a, nq = 0;
+    stk__trange *q = stk__calloc(2 * n, sizeof *q);
+    stk__trange **qp = stk__calloc(2 * n, sizeof *qp);
+    uint8_t *ends = stk__malloc(n * (STK_HEADER_SIZE + STK_FOOTER_SIZE));
+    char why[STK_ERRMSG_MAX];
+    if (!q || !qp || !ends) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    if ((rc = open_objects(d, a, b, err, errlen)) ||
+        (rc = read_ends(d, a, b, q, qp, ends, err, errlen)))
+        goto out;
     for (size_t k = 0; k < n; k++) {
         shard *s = &d->shards[a + k];
-        stk__req *f = &q[2 * k + 1];
+        const stk__trange *f = &q[2 * k + 1];
         uint8_t *hb = ends + k * (STK_HEADER_SIZE + STK_FOOTER_SIZE);
-        if (s->bytes >= STK_HEADER_SIZE + STK_FOOTER_SIZE && f->rc) {
+        if (f->obj && f->rc) {
             stk__fmt(err, errlen, "%s: %s", s->path, f->err);
             rc = f->rc == STK_ENOENT ? STK_EIO : f->rc;
             goto out;
@@ -824,19 +721,15 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
             rc = STK_ENOMEM;
             goto out;
         }
-        if (rlen) {
-            q[2 * k] = (stk__req){
-                .name = s->obj, .off = s->f.index_offset, .len = rlen, .buf = s->region, .fd = -1};
-            qp[nq++] = &q[2 * k];
-        } else {
-            q[2 * k].rc = STK_OK;
-        }
+        q[2 * k] =
+            (stk__trange){.obj = s->o, .off = s->f.index_offset, .len = rlen, .buf = s->region};
+        qp[nq++] = &q[2 * k];
     }
-    stk__remote_run(d->remote, qp, nq);
+    d->t->ops->read(d->t, qp, nq);
     for (size_t k = 0; k < n; k++) {
         shard *s = &d->shards[a + k];
         size_t rlen = (size_t)(s->bytes - STK_FOOTER_SIZE - s->f.index_offset);
-        if (rlen && q[2 * k].rc) {
+        if (q[2 * k].rc) {
             stk__fmt(err, errlen, "%s: %s", s->path, q[2 * k].err);
             rc = q[2 * k].rc == STK_ENOENT ? STK_EIO : q[2 * k].rc;
             goto out;
@@ -845,6 +738,8 @@ static int open_remote_chunk(stkset *d, size_t a, size_t b, char *err, size_t er
             stk__fmt(err, errlen, "%s: %s", s->path, why);
             goto out;
         }
+        if (!d->keep_fds)
+            d->t->ops->idle(d->t, s->o);
     }
 out:
     stk__free(q);
@@ -944,13 +839,15 @@ static void index_cache_write(const char *path, const uint8_t *buf, size_t n)
  * whole when the ranges fail (an object shorter than the manifest says
  * answers its last range short). The whole-object GET takes at most twice
  * the manifest's size: STK_ETOOBIG beyond. */
-static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *len, char *err,
+static int index_fetch(stk__transport *t, uint64_t bytes, uint8_t **out, size_t *len, char *err,
                        size_t errlen)
 {
     int rc = STK_OK;
     size_t np = (size_t)((bytes + INDEX_PART - 1) / INDEX_PART);
     uint8_t *buf = NULL;
-    stk__req *q = NULL, **qp = NULL;
+    stk__trange *q = NULL, **qp = NULL;
+    stk__tobj *o = NULL;
+    stk__tinfo info;
     *out = NULL;
     if (np > 1) {
         buf = stk__malloc((size_t)bytes);
@@ -960,23 +857,24 @@ static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *le
             rc = STK_ENOMEM;
             goto out;
         }
+        if ((rc = t->ops->open(t, STK_INDEX_NAME, &o, &info, err, errlen)))
+            goto out;
         for (size_t k = 0; k < np; k++) {
             uint64_t off = (uint64_t)k * INDEX_PART;
-            q[k] = (stk__req){.name = STK_INDEX_NAME,
-                              .off = off,
-                              .len = bytes - off < INDEX_PART ? bytes - off : INDEX_PART,
-                              .buf = buf + off,
-                              .fd = -1};
+            q[k] = (stk__trange){.obj = o,
+                                 .off = off,
+                                 .len = bytes - off < INDEX_PART ? bytes - off : INDEX_PART,
+                                 .buf = buf + off};
             qp[k] = &q[k];
         }
-        stk__remote_run(r, qp, np);
+        t->ops->read(t, qp, np);
         bool whole = true;
         for (size_t k = 0; k < np; k++) {
             if (q[k].rc == STK_ENOENT) {
                 rc = STK_ENOENT;
                 goto out;
             }
-            whole = whole && !q[k].rc && q[k].total == bytes;
+            whole = whole && !q[k].rc && (info.sized ? info.size : q[k].total) == bytes;
         }
         if (whole) {
             *out = buf;
@@ -985,11 +883,9 @@ static int index_fetch(stk__remote *r, uint64_t bytes, uint8_t **out, size_t *le
             goto out;
         }
     }
-    char *text = NULL;
-    rc = stk__remote_get_small(r, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), &text, len, err,
-                               errlen);
-    *out = (uint8_t *)text;
+    rc = t->ops->get(t, STK_INDEX_NAME, (size_t)(2 * bytes + (1u << 20)), out, len, err, errlen);
 out:
+    t->ops->close_obj(t, o);
     stk__free(buf);
     stk__free(q);
     stk__free(qp);
@@ -1010,7 +906,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
     int lock_fd = -1;
     bool fetched = false;
     char where[4096], id[4096], cpath[4400] = "", why[STK_ERRMSG_MAX], msg[STK_ERRMSG_MAX + 4400];
-    stk__remote_object_display(d->remote, STK_INDEX_NAME, where, sizeof where);
+    d->t->ops->display(d->t, STK_INDEX_NAME, where, sizeof where);
     if (m->index_bytes < STK_INDEX_HEAD + STK_INDEX_TRAILER || m->index_bytes > INDEX_MAX) {
         stk__fmt(msg, sizeof msg,
                  "%s: the manifest gives it %llu bytes; opening each shard instead", where,
@@ -1019,7 +915,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         return INDEX_FALLBACK;
     }
     if (prm && prm->cache_dir) {
-        stk__remote_object_id(d->remote, STK_INDEX_NAME, id, sizeof id);
+        d->t->ops->id(d->t, STK_INDEX_NAME, id, sizeof id);
         index_cache_file(prm->cache_dir, id, m->index_sum, cpath, sizeof cpath);
         stk__mkdirs_for(cpath);
         buf = index_cache_read(cpath, m->index_bytes, m->index_sum);
@@ -1049,7 +945,7 @@ static int open_from_index(stkset *d, const stk__source_params *prm, char *err, 
         /* An object of another size than the manifest's is parsed all the
          * same: that tells an index of another pack (refused) from a broken
          * one (ignored). */
-        rc = index_fetch(d->remote, m->index_bytes, &buf, &len, why, sizeof why);
+        rc = index_fetch(d->t, m->index_bytes, &buf, &len, why, sizeof why);
         if (rc == STK_ETOOBIG) {
             stk__fmt(msg, sizeof msg,
                      "%s: is more than twice the %llu bytes the manifest gives it; opening each "
@@ -1139,6 +1035,94 @@ out:
     return rc;
 }
 
+/* Fills d's shards from names (or the manifest's, when d has one) and
+ * their sizes when known (sizes NULL: none). */
+static int add_shards(stkset *d, const char *const *names, const uint64_t *sizes, size_t n)
+{
+    if (!(d->shards = stk__calloc(n, sizeof *d->shards)))
+        return STK_ENOMEM;
+    d->keep_fds = n <= STK_KEEP_FDS;
+    for (size_t k = 0; k < n; k++) {
+        shard *s = &d->shards[k];
+        s->maxl = -1;
+        d->n = k + 1;
+        const char *name = d->man.shards ? d->man.shards[k].name : names[k];
+        char where[4096];
+        d->t->ops->display(d->t, name, where, sizeof where);
+        if (!(s->obj = stk__strdup(name)) || !(s->path = stk__strdup(where)))
+            return STK_ENOMEM;
+        s->bytes = d->man.shards ? d->man.shards[k].bytes : sizes ? sizes[k] : 0;
+    }
+    return STK_OK;
+}
+
+/* Opens every shard of d: from the consolidated index when use_index and
+ * it is usable, else each shard's own header, footer and index, in chunks
+ * of the transport's batch (bounded memory for the reads in flight). */
+static int open_shards(stkset *d, const stk__source_params *prm, bool use_index, char *err,
+                       size_t errlen)
+{
+    int rc = use_index ? open_from_index(d, prm, err, errlen) : INDEX_FALLBACK;
+    if (rc == STK_OK)
+        return open_objects(d, 0, d->n, err, errlen);
+    if (rc != INDEX_FALLBACK)
+        return rc;
+    size_t chunk = d->t->ops->batch ? d->t->ops->batch : 1;
+    for (size_t a = 0; a < d->n; a += chunk)
+        if ((rc = open_chunk(d, a, a + chunk < d->n ? a + chunk : d->n, err, errlen)))
+            return rc;
+    return STK_OK;
+}
+
+int stk__source_stk_open(stk__source *src, const char *const *paths, size_t n, const char *dir,
+                         char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    stkset *d = NULL;
+    bool man = false;
+    memset(src, 0, sizeof *src);
+    if (!(d = stk__calloc(1, sizeof *d))) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    if (dir) {
+        rc = stk__manifest_read(dir, &d->man, err, errlen);
+        if (rc == STK_OK)
+            man = true;
+        else if (rc != STK_ENOENT)
+            goto out;
+        rc = STK_OK;
+        if (!man && stk__pack_unfinished(dir)) {
+            stk__fmt(
+                err, errlen,
+                "%s: holds an unfinished or interrupted pack (no manifest yet, and "
+                "a pack marker or *.stk.tmp file); remove the directory and run stoker pack again",
+                dir);
+            rc = STK_EFORMAT;
+            goto out;
+        }
+    }
+    size_t ns = man ? d->man.nshards : n;
+    if (!ns) {
+        stk__fmt(err, errlen, "%s: no shards", dir ? dir : "dataset");
+        rc = STK_EEMPTY;
+        goto out;
+    }
+    /* A manifest names its shards relative to its directory. A local open
+     * reads each shard's own index (one pread each, no round trips to save). */
+    if ((rc = stk__transport_file(&d->t, man ? dir : NULL)) ||
+        (rc = add_shards(d, paths, NULL, ns)) || (rc = open_shards(d, NULL, false, err, errlen)))
+        goto out;
+    rc = finish_set(src, d, man, dir ? dir : d->shards[0].path, err, errlen);
+    d = NULL;
+out:
+    if (d) {
+        stk__source tmp = {.impl = d};
+        stk_close(&tmp);
+    }
+    return rc;
+}
+
 int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *const *names,
                                 const uint64_t *sizes, size_t n, stk__manifest *man,
                                 const stk__source_params *prm, char *err, size_t errlen)
@@ -1151,7 +1135,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         rc = STK_ENOMEM;
         goto out;
     }
-    d->remote = r;
+    if ((rc = stk__transport_remote(&d->t, r)))
+        goto out;
     if (man) {
         d->man = *man;
         memset(man, 0, sizeof *man);
@@ -1162,8 +1147,8 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         rc = STK_EEMPTY;
         goto out;
     }
-    if (!(d->shards = stk__calloc(n, sizeof *d->shards)) ||
-        !(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
+    /* The fetch stage's table of the shards (source.h). */
+    if (!(src->shard_objs = stk__calloc(n, sizeof *src->shard_objs)) ||
         !(src->shard_bytes = stk__calloc(n, sizeof *src->shard_bytes)) ||
         !(src->shard_tags = stk__calloc(n, sizeof *src->shard_tags)) ||
         !(src->shard_ids = stk__calloc(n, sizeof *src->shard_ids))) {
@@ -1171,33 +1156,10 @@ int stk__source_stk_open_remote(stk__source *src, stk__remote *r, const char *co
         goto out;
     }
     src->nshards_objs_ = n;
-    for (size_t k = 0; k < n; k++) {
-        shard *s = &d->shards[k];
-        s->fd = -1;
-        s->maxl = -1;
-        d->n = k + 1;
-        const char *name = d->man.shards ? d->man.shards[k].name : names[k];
-        char where[4096];
-        stk__remote_object_display(r, name, where, sizeof where);
-        if (!(s->obj = stk__strdup(name)) || !(s->path = stk__strdup(where))) {
-            rc = STK_ENOMEM;
-            goto out;
-        }
-        s->bytes = d->man.shards ? d->man.shards[k].bytes : sizes ? sizes[k] : 0;
-        /* Remote objects are the same shard when their names are. */
-        s->dev = (dev_t)-1;
-        s->ino = (ino_t)stk__xxh3(name, strlen(name));
-    }
-    rc = d->man.has_index && !(prm && prm->no_index) ? open_from_index(d, prm, err, errlen)
-                                                     : INDEX_FALLBACK;
-    if (rc != STK_OK && rc != INDEX_FALLBACK)
+    /* A store's consolidated index saves each shard's three round trips. */
+    if ((rc = add_shards(d, names, sizes, n)) ||
+        (rc = open_shards(d, prm, d->man.has_index && !(prm && prm->no_index), err, errlen)))
         goto out;
-    for (size_t a = 0; rc == INDEX_FALLBACK && a < n; a += REMOTE_OPEN_CHUNK) {
-        size_t b = a + REMOTE_OPEN_CHUNK < n ? a + REMOTE_OPEN_CHUNK : n;
-        if ((rc = open_remote_chunk(d, a, b, err, errlen)))
-            goto out;
-        rc = INDEX_FALLBACK;
-    }
     rc = STK_OK;
     for (size_t k = 0; k < n; k++) {
         if (!(src->shard_objs[k] = stk__strdup(d->shards[k].obj))) {
