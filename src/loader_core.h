@@ -203,11 +203,6 @@ struct stk_loader {
     raised last; /* last.known: has a sample (STK_ESAMPLE) */
 };
 
-typedef struct arena_req {
-    core *c;
-    buffer *b;
-} arena_req;
-
 /* The first version of each sized result struct (stk__put_sized). */
 #define INFO_V1    (offsetof(stk_info, source_kind) + sizeof(const char *))
 #define STATS_V1   (offsetof(stk_stats, memory_bound_bytes) + sizeof(uint64_t))

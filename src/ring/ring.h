@@ -73,7 +73,12 @@ bool stk__ring_claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t 
                      size_t *count);
 /* The worker is done with its claimed slots (wakes a waiting seek). Lock held. */
 void stk__ring_unclaim(core *c);
-/* A variable sample's memory from its batch's arena (a sink's alloc). */
+/* A variable sample's memory from its batch's arena (a sink's alloc; the
+ * sink's ctx is an arena_req naming the batch). */
+typedef struct arena_req {
+    core *c;
+    buffer *b;
+} arena_req;
 uint8_t *stk__ring_arena_alloc(stk__sink *s, size_t n, int *rc);
 /* The next batch in order if all its slots are filled, else NULL. Lock held. */
 buffer *stk__ring_ready(const core *c);
