@@ -4,9 +4,10 @@
  *
  * Lock order (outer first; never hold a lock across I/O, decoding or waiting
  * on another thread except through the condition variables named here):
- *   1. core.lock (loader_core.h; the loader's one lock: the ring's buffer
- *                         states and claims (ring/ring.c), the delivered
- *                         position, errors (loader_errors.c), autotune, and
+ *   1. core.lock (loader_core.h; the loader's one lock: the ring's state
+ *                         (stk__ring, ring/ring.h: buffer states, claims,
+ *                         cursors, autotune's controller), the delivered
+ *                         position, errors (loader_errors.c), and
  *                         the schedule's resumed layout, which is only
  *                         written under it (schedule/schedule.c: its queries
  *                         take no lock); cond_work for workers, cond_ready for

@@ -1,16 +1,7 @@
 /*
  * loader.c -- the engine: a fixed pool of worker threads fills a ring of
- * depth + 1 batch buffers (`nbufs`): `depth` batches prepared ahead of the one
- * the consumer holds. One consumer takes complete batches strictly in order.
- *
- * Batches are numbered globally, g = epoch * batches_per_epoch + b, so work
- * flows across epoch boundaries without a bubble. Workers claim small runs of
- * sample slots in order: the claim cursor (claim_g, claim_slot) only moves
- * forward, and a batch gets a ring buffer when the cursor first reaches it,
- * provided a buffer is free and the batch is less than `nbufs` ahead of the
- * consumer. Batches [deliver_g, assigned_end_g) own buffers, indexed by
- * g % nbufs in `inflight`; the consumer takes deliver_g once all its slots are
- * filled. A delivered buffer is HELD until stk_batch_release() frees it.
+ * depth + 1 batch buffers (ring/ring.h: its states, cursors and protocol),
+ * and one consumer takes complete batches strictly in order.
  *
  * Every sample's output depends only on (seed, epoch, sample index), never on
  * which thread made it or when, so batches are bit-identical for any thread
@@ -120,22 +111,21 @@ static void seek_to(core *c, uint64_t epoch, uint64_t batch, stk__resumed *lay, 
     }
     pthread_mutex_lock(&c->lock);
     const stk__resumed *cur = stk__schedule_resumed(&c->sched);
-    if (dev_paused || target != c->deliver_g || epoch != c->cur_epoch || (set_lay && lay != cur)) {
+    if (dev_paused || target != c->ring.deliver_g || epoch != c->cur_epoch ||
+        (set_lay && lay != cur)) {
         c->seeking = true;
         /* Reads of the batches being dropped stop waiting on the network
          * (their failures are dropped with the batches); reset resumes. */
         if (c->fetch)
             stk__fetch_interrupt(c->fetch);
-        while (c->busy)
+        while (c->ring.busy)
             stk__cond_wait_ns(&c->cond_idle, &c->lock, WAIT_SLICE_NS);
-        stk__ring_drop_filling(c);
+        stk__ring_seek(c, target);
         if (set_lay) {
             /* Workers are out of their slots (busy is 0) and no batch is
              * being assigned: the new layout takes effect from here. */
             stk__schedule_resume(&c->sched, lay);
         }
-        c->claim_g = c->assigned_end_g = c->deliver_g = target;
-        c->claim_slot = 0;
         c->cur_epoch = epoch;
         /* Lock order: loader lock, then the fetch stage's (which never
          * calls back into the loader). */
@@ -343,7 +333,7 @@ static int setup_device(core *c, const stk_options *o, char *err, size_t errlen)
 static stk__devstage_cfg stage_cfg(const core *c)
 {
     return (stk__devstage_cfg){.dev = c->dev,
-                               .slots = c->depth + 1,
+                               .slots = c->ring.depth + 1,
                                .batch_size = c->batch_size,
                                .host_sample_bytes = c->sample_bytes,
                                .out_sample_bytes = c->out_sample_bytes,
@@ -421,16 +411,16 @@ static uint64_t memory_bound(const core *c, const stk_options *o)
         per_thread += o->max_input_bytes;
     /* With a device and fields: each device buffer's host columns. */
     stk__devstage_cfg scfg = stage_cfg(c);
-    scfg.slots = c->nbufs; /* (depth "auto" tries depths through nbufs) */
+    scfg.slots = c->ring.nbufs; /* (depth "auto" tries depths through nbufs) */
     uint64_t stage_host = c->dev ? stk__devstage_host_bytes(&scfg) : 0;
-    return c->nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
+    return c->ring.nbufs * per_batch + stage_host + c->nthreads * per_thread + c->src.index_bytes +
            sizeof(core) + (c->sched.mix ? sizeof(stk__mix) + c->nsrc * 2 * sizeof(uint64_t) : 0) +
            (uint64_t)MAX_KEPT_ERRORS *
                (sizeof(stk_sample_error) + NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* raised failures the user has not reached (their records are in core) */
            (uint64_t)RAISED_MAX * (NAME_MAX_BYTES + STK_ERRMSG_MAX) +
            /* failures waiting in ring buffers for delivery */
-           (uint64_t)c->nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
+           (uint64_t)c->ring.nbufs * B * (sizeof(slot_err) + NAME_MAX_BYTES + STK_ERRMSG_MAX);
 }
 
 /* depth "auto": the deepest ring, up to AUTO_DEPTH_MAX batches ahead, whose
@@ -456,7 +446,7 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
     unsigned best = 0;
     uint64_t need1 = 0;
     for (unsigned d = 1; d <= AUTO_DEPTH_MAX; d++) {
-        c->nbufs = d + 1;
+        stk__ring_set_depth(&c->ring, d);
         uint64_t need = memory_bound(c, o) + extra;
         if (d == 1)
             need1 = need;
@@ -472,8 +462,7 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
                  c->batch_size, c->sample_bytes, c->nthreads);
         return STK_ETOOBIG;
     }
-    c->depth = best;
-    c->nbufs = best + 1;
+    stk__ring_set_depth(&c->ring, best);
     return STK_OK;
 }
 
@@ -531,17 +520,11 @@ static int open_core(stk_loader *l, const stk_options *o)
     c->on_error = o->on_error;
     c->batch_size = o->batch_size;
     c->sched.batch_size = o->batch_size;
-    c->depth = o->depth;
-    c->nbufs = o->depth + 1;
+    stk__ring_set_depth(&c->ring, o->depth);
     c->nthreads = o->threads;
     if (!c->nthreads && (rc = stk__default_threads(&c->nthreads, err, errlen)))
         goto fail;
-    /* Autotune starts with every worker and gives back what is not needed:
-     * starting small would starve the first batches. */
-    c->active = c->nthreads;
-    c->autotune = o->autotune;
-    c->at_t0 = stk__now_ns();
-    c->at_min_ahead = UINT64_MAX;
+    stk__ring_autotune_init(&c->ring, o->autotune, c->nthreads, stk__now_ns());
 
     stk__remote_cfg rcfg;
     stk__source_params sp;
@@ -591,17 +574,13 @@ static int open_core(stk_loader *l, const stk_options *o)
     }
     if (o->depth_auto && (rc = choose_depth(c, o, err, errlen)))
         goto fail;
-    /* Runs of slots amortise the claim lock; small enough that the threads
-     * still share one batch. */
-    c->run = c->batch_size / (4 * (size_t)c->nthreads);
-    c->run = c->run < 1 ? 1 : c->run > 16 ? 16 : c->run;
     if ((rc = stk__ring_alloc(c))) {
         if (c->kind == STK_BATCH_VARIABLE)
             stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu bytes (batch_memory)",
-                     c->nbufs, c->batch_memory);
+                     c->ring.nbufs, c->batch_memory);
         else
-            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes", c->nbufs,
-                     c->batch_size, c->sample_bytes);
+            stk__fmt(err, errlen, "cannot allocate %u ring buffers of %zu x %zu bytes",
+                     c->ring.nbufs, c->batch_size, c->sample_bytes);
         goto fail;
     }
     if (!(c->workers = stk__calloc(c->nthreads, sizeof *c->workers))) {

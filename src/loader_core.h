@@ -1,10 +1,10 @@
 /*
  * loader_core.h -- the loader's shared state, for the files that make up the
- * engine: loader.c (open, close, next, seek and the wiring), ring/ring.c
- * (buffer states, claim, publish, arenas, autotune), loader_worker.c (the
+ * engine: loader.c (open, close, next, seek and the wiring), loader_worker.c (the
  * workers), loader_errors.c (failed samples), loader_held.c (the table of
  * batches the user holds), loader_state.c (resume state) and loader_stats.c
- * (info and statistics). Which sample sits at a position is the schedule's
+ * (info and statistics). The ring's state is its own (stk__ring, ring/ring.h,
+ * owned by ring/ring.c); which sample sits at a position is the schedule's
  * (schedule/schedule.h). Not included outside these files.
  */
 #ifndef STK_LOADER_CORE_H
@@ -18,6 +18,7 @@
 #include "io/remote.h"
 #include "options.h"
 #include "order.h"
+#include "ring/ring.h"
 #include "schedule/schedule.h"
 #include "source/dataset.h"
 #include "trace/trace.h"
@@ -162,13 +163,10 @@ struct core {
     int primary;
     size_t field_memory;
 
-    unsigned depth, nbufs, nthreads; /* nbufs = depth + 1 ring buffers */
-    size_t batch_size, run;
-    buffer *bufs;
-    buffer **inflight;
-    unsigned free_count;
-    uint64_t claim_g, claim_slot, deliver_g, assigned_end_g, cur_epoch;
-    unsigned busy;
+    stk__ring ring; /* buffers, claim and delivery cursors, autotune (ring/ring.h) */
+    unsigned nthreads;
+    size_t batch_size;
+    uint64_t cur_epoch; /* the epoch the consumer is in (deliver_g's, or its end) */
     worker *workers;
 
     uint64_t delivered_samples, delivered_batches, wait_ns, skipped, failed;
@@ -179,14 +177,6 @@ struct core {
     unsigned nraised;
     uint64_t memory_bound;
     stk__trace *trace; /* NULL: tracing off (docs/diagnosis.md) */
-    /* Autotune: workers with id >= active wait; the consumer's next() moves
-     * active by one after windows of starvation (up) or of plenty (down). */
-    bool autotune;
-    unsigned active;
-    uint64_t at_t0, at_b0; /* the window's start */
-    uint64_t at_blocked;   /* ns next() blocked in the window (overhead excluded) */
-    unsigned at_calm;      /* consecutive windows with spare batches */
-    uint64_t at_min_ahead; /* fewest batches ready ahead seen in the window */
     /* Device stage (docs/gpu.md): with a device, the ring's buffers are the
      * device's page-locked memory, the copy thread is the ring's consumer,
      * and the user's position is where the device stage's consumer is. */
@@ -212,11 +202,6 @@ struct stk_loader {
     int last_code;
     raised last; /* last.known: has a sample (STK_ESAMPLE) */
 };
-
-typedef struct arena_req {
-    core *c;
-    buffer *b;
-} arena_req;
 
 /* The first version of each sized result struct (stk__put_sized). */
 #define INFO_V1    (offsetof(stk_info, source_kind) + sizeof(const char *))

@@ -124,7 +124,7 @@ static const slot_err *first_err(const buffer *b)
  * device, the copy thread has taken batches ahead of it). Lock held. */
 uint64_t stk__user_g(const core *c)
 {
-    return c->dstage ? c->cons_g : c->deliver_g;
+    return c->dstage ? c->cons_g : c->ring.deliver_g;
 }
 
 /* Reports batch b at position g under the raise policy: keeps its first

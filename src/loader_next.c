@@ -3,7 +3,7 @@
  * order from the ring (or from the device stage's copy thread, which takes
  * host batches through stk__loader_stage_host_next), the result a call
  * leaves on the handle, and a held batch's release and device waits. The
- * ring's protocol is in loader.c's head comment and ring/ring.h.
+ * ring's protocol is in ring/ring.h.
  */
 #include "loader_core.h"
 #include "ring/ring.h"
@@ -27,14 +27,14 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
     uint64_t start = stk__now_ns(), blocked_since = 0;
     pthread_mutex_lock(&c->lock);
     for (;;) {
-        if (c->deliver_g == (c->cur_epoch + 1) * c->sched.part.batches) {
+        if (c->ring.deliver_g == (c->cur_epoch + 1) * c->sched.part.batches) {
             c->cur_epoch++;
             rc = STK_END;
             break;
         }
-        uint64_t g = c->deliver_g;
-        buffer *b = g < c->assigned_end_g ? c->inflight[g % c->nbufs] : NULL;
-        if (b && b->filled == b->size) {
+        uint64_t g = c->ring.deliver_g;
+        buffer *b = stk__ring_ready(c);
+        if (b) {
             stk__errors_follow(c, g / c->sched.part.batches);
             if (b->failed && !b->reported) {
                 b->reported = true;
@@ -59,22 +59,18 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
             }
             stk__slot_errs_free(b->errs);
             b->errs = NULL;
-            c->inflight[g % c->nbufs] = NULL;
-            c->deliver_g++;
-            b->state = BUF_HELD;
-            c->refs++;
-            pthread_cond_broadcast(&c->cond_work);
+            stk__ring_deliver(c, b);
             c->delivered_batches++;
             c->delivered_samples += b->size - b->failed;
             pub = b;
             rc = STK_OK;
             break;
         }
-        if (!b && c->free_count == 0) {
+        if (g >= c->ring.assigned_end_g && c->ring.free_count == 0) {
             stk__fmt(err, errlen,
                      "all %u ring buffers are held by the consumer; release a batch before "
                      "asking for the next, or raise depth",
-                     c->nbufs);
+                     c->ring.nbufs);
             rc = STK_EBUSY;
             break;
         }
@@ -91,12 +87,9 @@ static int host_next(core *c, stk_batch **out, uint64_t timeout_ns, char *err, s
     uint64_t end = stk__now_ns();
     if (user)
         c->wait_ns += end - start;
-    if (blocked_since)
-        c->at_blocked += end - blocked_since;
-    if (c->autotune && rc == STK_OK)
-        stk__ring_autotune(c, end);
+    stk__ring_autotune(c, end, blocked_since ? end - blocked_since : 0, rc == STK_OK);
     if (c->trace && user)
-        stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->deliver_g - (pub != NULL),
+        stk__trace_event(c->trace, 0, STK__TR_NEXT, start, end, c->ring.deliver_g - (pub != NULL),
                          rc == STK_OK        ? 0
                          : rc == STK_END     ? 1
                          : rc == STK_TIMEOUT ? 2

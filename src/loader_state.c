@@ -14,7 +14,7 @@ static stk_state own_state(const core *c)
 {
     stk_state st = {.struct_size = sizeof st};
     uint64_t epoch = c->dstage ? c->cons_epoch : c->cur_epoch;
-    uint64_t deliver_g = c->dstage ? c->cons_g : c->deliver_g;
+    uint64_t deliver_g = c->dstage ? c->cons_g : c->ring.deliver_g;
     st.seed = c->sched.seed;
     st.epoch = epoch;
     st.batch = deliver_g - epoch * c->sched.part.batches;

@@ -48,11 +48,11 @@ int stk_loader_info(stk_loader *l, stk_info *info)
     in.batches_per_epoch = c->sched.part.batches;
     in.num_classes = c->src.num_classes;
     in.threads = c->nthreads;
-    in.depth = c->depth;
+    in.depth = c->ring.depth;
     in.batch_size = c->batch_size;
     in.kind = c->kind;
     in.source_kind = c->src.ops->kind;
-    in.ring_buffers = c->nbufs;
+    in.ring_buffers = c->ring.nbufs;
     return stk__put_sized(l, "stk_info", info, &in, sizeof in, INFO_V1);
 }
 
@@ -111,7 +111,7 @@ int stk_loader_stats(stk_loader *l, stk_stats *st)
     s.consumer_wait_ns = c->wait_ns;
     s.samples_skipped = c->skipped;
     s.samples_failed = c->failed;
-    s.threads_active = c->active;
+    s.threads_active = c->ring.at.active;
     pthread_mutex_unlock(&c->lock);
     if (c->dstage)
         stk__devstage_delivered(c->dstage, &s.batches_delivered, &s.samples_delivered);

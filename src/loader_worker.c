@@ -135,7 +135,6 @@ void *stk__worker_main(void *arg)
     uint64_t g;
     size_t slot0, count;
     while (stk__ring_claim(c, w, &b, &g, &slot0, &count)) {
-        c->busy++;
         pthread_mutex_unlock(&c->lock);
 
         uint64_t epoch = g / c->sched.part.batches;
@@ -167,8 +166,7 @@ void *stk__worker_main(void *arg)
                 stk__trace_event(c->trace, 1 + w->id, STK__TR_READY, t, t, b->g, 0, 0);
             }
         }
-        if (--c->busy == 0 && c->seeking)
-            pthread_cond_broadcast(&c->cond_idle);
+        stk__ring_unclaim(c);
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;

@@ -3,6 +3,8 @@
  */
 #include "ring/ring.h"
 
+#include "loader_core.h"
+
 #include <string.h>
 
 /* A variable sample's memory: exactly n bytes (rounded up to 64) from its
@@ -58,51 +60,80 @@ uint8_t *stk__ring_arena_alloc(stk__sink *s, size_t n, int *rc)
 bool stk__ring_claim(core *c, const worker *w, buffer **bo, uint64_t *g, size_t *slot0,
                      size_t *count)
 {
+    stk__ring *r = &c->ring;
     for (;;) {
         if (c->cancel)
             return false;
-        if (!c->seeking && w->id < c->active) {
-            if (c->claim_g < c->assigned_end_g) {
-                buffer *b = c->inflight[c->claim_g % c->nbufs];
+        if (!c->seeking && w->id < r->at.active) {
+            if (r->claim_g < r->assigned_end_g) {
+                buffer *b = r->inflight[r->claim_g % r->nbufs];
                 /* Guided sizes: runs shrink as the batch runs out, so the
                  * threads finish a batch together instead of one idling
                  * while another works through a long last run (which
                  * matters when no buffer is free for the next batch). */
-                size_t left = b->size - c->claim_slot;
-                size_t k = left / (2 * (size_t)c->active);
-                k = k < 1 ? 1 : k > c->run ? c->run : k;
+                size_t left = b->size - r->claim_slot;
+                size_t k = left / (2 * (size_t)r->at.active);
+                k = k < 1 ? 1 : k > r->run ? r->run : k;
                 *bo = b;
-                *g = c->claim_g;
-                *slot0 = c->claim_slot;
+                *g = r->claim_g;
+                *slot0 = r->claim_slot;
                 *count = k;
-                c->claim_slot += k;
-                if (c->claim_slot == b->size) {
-                    c->claim_g++;
-                    c->claim_slot = 0;
+                r->claim_slot += k;
+                if (r->claim_slot == b->size) {
+                    r->claim_g++;
+                    r->claim_slot = 0;
                 }
+                r->busy++;
                 return true;
             }
-            if (c->claim_g < c->deliver_g + c->nbufs && c->free_count > 0) {
+            if (r->claim_g < r->deliver_g + r->nbufs && r->free_count > 0) {
                 /* free_count > 0 guarantees a FREE buffer exists. */
                 unsigned f = 0;
-                while (c->bufs[f].state != BUF_FREE)
+                while (r->bufs[f].state != BUF_FREE)
                     f++;
-                buffer *b = &c->bufs[f];
+                buffer *b = &r->bufs[f];
                 b->state = BUF_FILLING;
                 atomic_store_explicit(&b->vused, 0, memory_order_relaxed);
                 atomic_store_explicit(&b->fused, 0, memory_order_relaxed);
-                b->g = c->assigned_end_g;
+                b->g = r->assigned_end_g;
                 b->size = stk__schedule_batch_len(&c->sched, b->g);
                 b->filled = b->failed = 0;
                 b->reported = false;
-                c->inflight[b->g % c->nbufs] = b;
-                c->assigned_end_g++;
-                c->free_count--;
+                r->inflight[b->g % r->nbufs] = b;
+                r->assigned_end_g++;
+                r->free_count--;
                 continue;
             }
         }
         stk__cond_wait_ns(&c->cond_work, &c->lock, WAIT_SLICE_NS);
     }
+}
+
+/* The worker is done with its claimed slots. Lock held. */
+void stk__ring_unclaim(core *c)
+{
+    if (--c->ring.busy == 0 && c->seeking)
+        pthread_cond_broadcast(&c->cond_idle);
+}
+
+/* The next batch in order if all its slots are filled. Lock held. */
+buffer *stk__ring_ready(const core *c)
+{
+    const stk__ring *r = &c->ring;
+    uint64_t g = r->deliver_g;
+    buffer *b = g < r->assigned_end_g ? r->inflight[g % r->nbufs] : NULL;
+    return b && b->filled == b->size ? b : NULL;
+}
+
+/* Hands the ready batch to the consumer. Lock held. */
+void stk__ring_deliver(core *c, buffer *b)
+{
+    stk__ring *r = &c->ring;
+    r->inflight[r->deliver_g % r->nbufs] = NULL;
+    r->deliver_g++;
+    b->state = BUF_HELD;
+    c->refs++;
+    pthread_cond_broadcast(&c->cond_work);
 }
 
 #ifdef STK_TEST
@@ -172,8 +203,8 @@ void stk__ring_publish(core *c, buffer *b)
 static uint64_t ready_ahead(const core *c)
 {
     uint64_t n = 0;
-    for (uint64_t g = c->deliver_g; g < c->assigned_end_g; g++) {
-        const buffer *b = c->inflight[g % c->nbufs];
+    for (uint64_t g = c->ring.deliver_g; g < c->ring.assigned_end_g; g++) {
+        const buffer *b = c->ring.inflight[g % c->ring.nbufs];
         if (!b || b->filled != b->size)
             break;
         n++;
@@ -185,31 +216,47 @@ static uint64_t ready_ahead(const core *c)
  * the number of active workers (each sample's bytes and random draws are
  * fixed by (seed, epoch, sample)), so only speed and CPU use change. Lock
  * held. */
-void stk__ring_autotune(core *c, uint64_t now)
+static void autotune_step(core *c, uint64_t now)
 {
+    stk__autotune *a = &c->ring.at;
     uint64_t ahead = ready_ahead(c);
-    if (ahead < c->at_min_ahead)
-        c->at_min_ahead = ahead;
-    uint64_t dt = now - c->at_t0;
-    if (dt < AT_WINDOW_NS || c->delivered_batches - c->at_b0 < 2)
+    if (ahead < a->min_ahead)
+        a->min_ahead = ahead;
+    uint64_t dt = now - a->t0;
+    if (dt < AT_WINDOW_NS || c->delivered_batches - a->b0 < 2)
         return;
-    double starved = (double)c->at_blocked / (double)dt;
-    if (starved > AT_STARVED && c->active < c->nthreads) {
-        c->active++;
-        c->at_calm = 0;
+    double starved = (double)a->blocked / (double)dt;
+    if (starved > AT_STARVED && a->active < c->nthreads) {
+        a->active++;
+        a->calm = 0;
         pthread_cond_broadcast(&c->cond_work);
-    } else if (starved < AT_CALM && c->at_min_ahead >= 1) {
-        if (++c->at_calm >= AT_CALM_RUNS && c->active > 1) {
-            c->active--;
-            c->at_calm = 0;
+    } else if (starved < AT_CALM && a->min_ahead >= 1) {
+        if (++a->calm >= AT_CALM_RUNS && a->active > 1) {
+            a->active--;
+            a->calm = 0;
         }
     } else {
-        c->at_calm = 0;
+        a->calm = 0;
     }
-    c->at_t0 = now;
-    c->at_blocked = 0;
-    c->at_b0 = c->delivered_batches;
-    c->at_min_ahead = UINT64_MAX;
+    a->t0 = now;
+    a->blocked = 0;
+    a->b0 = c->delivered_batches;
+    a->min_ahead = UINT64_MAX;
+}
+
+void stk__ring_autotune(core *c, uint64_t now, uint64_t blocked_ns, bool delivered)
+{
+    c->ring.at.blocked += blocked_ns;
+    if (c->ring.at.on && delivered)
+        autotune_step(c, now);
+}
+
+void stk__ring_autotune_init(stk__ring *r, bool on, unsigned nthreads, uint64_t now)
+{
+    r->at.on = on;
+    r->at.active = nthreads;
+    r->at.t0 = now;
+    r->at.min_ahead = UINT64_MAX;
 }
 
 #define PAGE_ROUND(n) (((n) + 4095) & ~(size_t)4095)
@@ -249,7 +296,7 @@ void stk__ring_release(buffer *b)
         pthread_mutex_lock(&c->lock);
     }
     b->state = BUF_FREE;
-    c->free_count++;
+    c->ring.free_count++;
     bool last = --c->refs == 0;
     pthread_cond_broadcast(&c->cond_work);
     pthread_mutex_unlock(&c->lock);
@@ -260,9 +307,9 @@ void stk__ring_release(buffer *b)
 /* Frees the ring's buffers (with a device, its page-locked memory). */
 void stk__ring_free(core *c)
 {
-    if (c->bufs) {
-        for (unsigned k = 0; k < c->nbufs; k++) {
-            buffer *b = &c->bufs[k];
+    if (c->ring.bufs) {
+        for (unsigned k = 0; k < c->ring.nbufs; k++) {
+            buffer *b = &c->ring.bufs[k];
             if (c->dev)
                 c->dev->ops->host_free(c->dev, b->data);
             else if (c->kind == STK_BATCH_VARIABLE)
@@ -279,36 +326,48 @@ void stk__ring_free(core *c)
             stk__fields_ring_free(c, b);
         }
     }
-    stk__free(c->bufs);
-    stk__free(c->inflight);
+    stk__free(c->ring.bufs);
+    stk__free(c->ring.inflight);
 }
 
-/* Frees the buffers being filled and forgets the batches in flight (seek,
- * with no worker in a slot). Lock held. */
-void stk__ring_drop_filling(core *c)
+/* Frees the buffers being filled, forgets the batches in flight and moves
+ * the cursors to g (seek, with no worker in a slot). Lock held. */
+void stk__ring_seek(core *c, uint64_t g)
 {
-    for (unsigned k = 0; k < c->nbufs; k++) {
-        buffer *b = &c->bufs[k];
+    for (unsigned k = 0; k < c->ring.nbufs; k++) {
+        buffer *b = &c->ring.bufs[k];
         if (b->state == BUF_FILLING) {
             b->state = BUF_FREE;
-            c->free_count++;
+            c->ring.free_count++;
             stk__slot_errs_free(b->errs);
             b->errs = NULL;
         }
-        c->inflight[k] = NULL;
+        c->ring.inflight[k] = NULL;
     }
+    c->ring.claim_g = c->ring.assigned_end_g = c->ring.deliver_g = g;
+    c->ring.claim_slot = 0;
+}
+
+void stk__ring_set_depth(stk__ring *r, unsigned depth)
+{
+    r->depth = depth;
+    r->nbufs = depth + 1;
 }
 
 int stk__ring_alloc(core *c)
 {
     size_t B = c->batch_size;
+    /* Runs of slots amortise the claim lock; small enough that the threads
+     * still share one batch. */
+    c->ring.run = B / (4 * (size_t)c->nthreads);
+    c->ring.run = c->ring.run < 1 ? 1 : c->ring.run > 16 ? 16 : c->ring.run;
     if (c->sample_bytes && B > SIZE_MAX / c->sample_bytes)
         return STK_ETOOBIG;
-    if (!(c->bufs = stk__calloc(c->nbufs, sizeof *c->bufs)) ||
-        !(c->inflight = stk__calloc(c->nbufs, sizeof *c->inflight)))
+    if (!(c->ring.bufs = stk__calloc(c->ring.nbufs, sizeof *c->ring.bufs)) ||
+        !(c->ring.inflight = stk__calloc(c->ring.nbufs, sizeof *c->ring.inflight)))
         return STK_ENOMEM;
-    for (unsigned k = 0; k < c->nbufs; k++) {
-        buffer *b = &c->bufs[k];
+    for (unsigned k = 0; k < c->ring.nbufs; k++) {
+        buffer *b = &c->ring.bufs[k];
         b->core = c;
         b->state = BUF_FREE;
         if (c->dev) {
@@ -334,6 +393,6 @@ int stk__ring_alloc(core *c)
         if (rc)
             return rc;
     }
-    c->free_count = c->nbufs;
+    c->ring.free_count = c->ring.nbufs;
     return STK_OK;
 }
