@@ -13,7 +13,8 @@
                                         [--repeat 3] [--threads 2]
 
 The pipeline on every side: decode, RandomResizedCrop(--size) +
-RandomHorizontalFlip, uint8 NCHW, batches of --batch. Each configuration runs
+RandomHorizontalFlip, uint8 NCHW (--normalize: then ToTensor + Normalize,
+float32 NCHW, the usual float recipe), batches of --batch. Each configuration runs
 in its own process, --repeat times, interleaved; the best run counts (the
 machine is shared). The clock runs from before the loader is made to the last
 batch of the last epoch. Prints samples/s, CPU time a sample, and the ratios
@@ -30,6 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (600, 300, 100)   # images of the three sources
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # --normalize: ImageNet's
 
 
 def make_data(root, side):
@@ -56,6 +58,8 @@ def run_one(kind, a):
     """One configuration in this process; prints a JSON line."""
     import torch
     spec = f"RandomResizedCrop({a.size})|RandomHorizontalFlip()"
+    if a.normalize:
+        spec += f"|ToTensor()|Normalize(mean={MEAN}, std={STD})"
     srcs = [os.path.join(a.data, f"src{s}") for s in range(3)]
     n = 0
     t0 = time.perf_counter()
@@ -78,7 +82,8 @@ def run_one(kind, a):
         import torchvision
         from torch.utils.data import ConcatDataset, DataLoader, WeightedRandomSampler
         from torchvision import transforms as T
-        tf = T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip(), T.PILToTensor()])
+        tail = [T.ToTensor(), T.Normalize(MEAN, STD)] if a.normalize else [T.PILToTensor()]
+        tf = T.Compose([T.RandomResizedCrop(a.size), T.RandomHorizontalFlip()] + tail)
         parts = [torchvision.datasets.ImageFolder(p, transform=tf) for p in srcs]
         cat = ConcatDataset(parts)
         # Each sample weighted so a source's total weight is its share.
@@ -106,6 +111,9 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--side", type=int, default=320, help="stored images' side")
+    p.add_argument("--normalize", action="store_true",
+                   help="the usual float recipe on every side: ToTensor + Normalize (ImageNet's "
+                        "mean/std) after the crop and flip (float32 NCHW)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
@@ -126,6 +134,7 @@ def main():
             args = [sys.executable, os.path.abspath(__file__), "--one", k, "--data", a.data,
                     "--epochs", str(a.epochs), "--threads", str(a.threads),
                     "--batch", str(a.batch), "--size", str(a.size)]
+            args += ["--normalize"] if a.normalize else []
             out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
             results[k].append(json.loads(out.strip().splitlines()[-1]))
     best = {}

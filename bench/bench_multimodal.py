@@ -101,13 +101,19 @@ def tar_samples(path):
         yield key, members
 
 
-def make_dataset(paths, fields, size, shuffle_buffer, seed):
+# open_clip's normalisation (--normalize): CLIP's mean and std.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def make_dataset(paths, fields, size, shuffle_buffer, seed, normalize=False):
     import torch
     import torchvision.transforms as TV
     from PIL import Image
 
-    image_tf = TV.Compose([TV.RandomResizedCrop(size), TV.RandomHorizontalFlip(),
-                           TV.PILToTensor()])
+    tail = ([TV.ToTensor(), TV.Normalize(CLIP_MEAN, CLIP_STD)] if normalize
+            else [TV.PILToTensor()])
+    image_tf = TV.Compose([TV.RandomResizedCrop(size), TV.RandomHorizontalFlip()] + tail)
 
     def decode(key, m):
         out = {}
@@ -174,7 +180,7 @@ def run_dataloader(a, fields):
     import torchvision  # noqa: F401 (imports are the process's cost, not the loader's)
     torch.set_num_threads(1)
     cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
-    ds = make_dataset(shards(a.data), fields, a.size, a.shuffle_buffer, a.seed)
+    ds = make_dataset(shards(a.data), fields, a.size, a.shuffle_buffer, a.seed, a.normalize)
     dl = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, num_workers=a.workers,
                                      persistent_workers=a.workers > 0, collate_fn=collate)
     r = iterate(dl, a, fields, t0)
@@ -197,8 +203,10 @@ def run_stoker(a, fields):
     cpu0, t0 = cpu_s(resource.RUSAGE_SELF), time.perf_counter()
     try:
         L = stoker.Loader(a.data, a.batch_size, seed=a.seed, threads=a.workers, fields=fields,
-                          transform={"image": T.Compose([T.RandomResizedCrop(a.size),
-                                                         T.RandomHorizontalFlip()])},
+                          transform={"image": T.Compose(
+                              [T.RandomResizedCrop(a.size), T.RandomHorizontalFlip()] +
+                              ([T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)]
+                               if a.normalize else []))},
                           output="torch")
     except TypeError as e:
         sys.exit(f"bench_multimodal: this stoker.Loader takes no fields= or per-field "
@@ -220,9 +228,10 @@ def check_batch(batch, fields, a):
                  f"{type(batch).__name__} {sorted(batch) if isinstance(batch, dict) else ''}")
     n = len(batch["label"])
     im = batch["image"]
-    if not (isinstance(im, torch.Tensor) and im.dtype == torch.uint8 and
+    want = torch.float32 if a.normalize else torch.uint8
+    if not (isinstance(im, torch.Tensor) and im.dtype == want and
             tuple(im.shape) == (n, 3, a.size, a.size)):
-        sys.exit(f"bench_multimodal: image should be a uint8 tensor ({n}, 3, {a.size}, "
+        sys.exit(f"bench_multimodal: image should be a {want} tensor ({n}, 3, {a.size}, "
                  f"{a.size}), got {type(im).__name__} {getattr(im, 'dtype', '')} "
                  f"{tuple(getattr(im, 'shape', ()))}")
     lab = batch["label"]
@@ -294,7 +303,7 @@ def measure(config, a):
     cmd = [sys.executable, os.path.abspath(__file__), "--run", config, "--data", a.data,
            "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--size", str(a.size),
            "--workers", str(a.workers), "--shuffle-buffer", str(a.shuffle_buffer),
-           "--seed", str(a.seed)]
+           "--seed", str(a.seed)] + (["--normalize"] if a.normalize else [])
     cpu0 = cpu_s(resource.RUSAGE_CHILDREN)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     peak = [0]
@@ -364,6 +373,9 @@ def main():
                     help="measure the PyTorch side alone (stoker without fields= support)")
     ap.add_argument("--skip-image-only", action="store_true",
                     help="leave out the image-only runs")
+    ap.add_argument("--normalize", action="store_true",
+                    help="open_clip's preprocessing on both sides: ToTensor + Normalize "
+                         "with CLIP's mean/std after the crop and flip (float32 images)")
     ap.add_argument("--run", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     a = ap.parse_args()
 
@@ -378,7 +390,8 @@ def main():
                if not (a.skip_stoker and c.startswith("stoker"))
                and not (a.skip_image_only and c.endswith("-image"))]
     print(f"bench_multimodal: {a.data} ({len(paths)} shards, {nbytes / 2**20:.1f} MiB), "
-          f"RandomResizedCrop({a.size}) + flip, caption str, JSON parsed, label int64; "
+          f"RandomResizedCrop({a.size}) + flip"
+          f"{' + ToTensor + Normalize(CLIP), float32' if a.normalize else ', uint8'}, caption str, JSON parsed, label int64; "
           f"batch {a.batch_size}, {a.workers} threads/workers, {a.epochs} epochs timed from "
           f"before the loader is made, best of {a.repeat} interleaved runs")
     runs = {c: [] for c in configs}
