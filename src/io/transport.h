@@ -115,6 +115,12 @@ typedef struct stk__tp_ops {
     /* What identifies object name for the disk cache, across processes: a
      * local file's path; a store's request URL without secrets. */
     void (*id)(const stk__transport *t, const char *name, char *buf, size_t n);
+    /* The local file that holds open object o, for readers that open their
+     * files by path (tar, MDS, LitData, TFRecord, Parquet): a local file's
+     * path; a cached object's entry in the disk cache (pinned while o is
+     * open). STK_EUNSUPPORTED where the bytes are in no local file (a
+     * store's object: read it through the caching transport). */
+    int (*path)(stk__transport *t, stk__tobj *o, char *buf, size_t n);
     void (*close_obj)(stk__transport *t, stk__tobj *o); /* NULL is harmless */
     void (*close)(stk__transport *t);                   /* objects closed first */
 } stk__tp_ops;
@@ -129,6 +135,47 @@ int stk__transport_file(stk__transport **out, const char *root);
  * source closes its store before its reader, so the transport's close
  * never touches r). STK_ENOMEM. */
 int stk__transport_remote(stk__transport **out, struct stk__remote *r);
+/* ---- the disk cache as a layer over another transport ----------------
+ *
+ * Objects of the inner transport (a store's), each copied whole into the
+ * disk cache (src/cache/cache.h) and read there: opening an object pins its
+ * entry when the cache holds this version of it, else downloads it through
+ * the inner transport's copy slot (all of a batch at once), or waits while
+ * another process downloads it. The entry's key is the inner id, the size
+ * and the version (ETag or Last-Modified) a 1-byte ranged read of the
+ * object learnt at the open, so an object replaced on the server is never
+ * read from a copy of the old one. Reads are preads of the pinned entry;
+ * path gives the entry's file; close_obj unpins. get, display and id are
+ * the inner transport's (a small object is not worth an entry). */
+struct stk__cache;
+typedef struct stk__tcache_cfg {
+    const char *dir;            /* cache_dir (copied); NULL or "": every open fails */
+    uint64_t limit;             /* cache_limit */
+    const _Atomic bool *cancel; /* a wait for another process stops when set */
+    uint64_t stall_ns;          /* another process's download that writes nothing this
+                                   long is taken for hung */
+    const char *shown;          /* the dataset, for the no-cache message (copied) */
+    const char *what;           /* what is downloaded ("tar shards"), for messages */
+} stk__tcache_cfg;
+/* The caching transport over inner, which it owns from STK_OK on (closed
+ * with it). The cache itself is opened at the first open. STK_ENOMEM. */
+int stk__transport_cache(stk__transport **out, stk__transport *inner, const stk__tcache_cfg *cfg);
+/* What the objects are, for messages (cfg.what, replaced). */
+void stk__tcache_set_what(stk__transport *t, const char *what);
+/* Opens the n objects names[] of caching transport t together: one 1-byte
+ * read of each in flight at once, then their pins or downloads, all at
+ * once. sizes (NULL: none) are what a listing or an index said, named by
+ * sizes_from in the message when an object differs. All or nothing: on an
+ * error no object is left open and err names the object and the reason. */
+int stk__tcache_open(stk__transport *t, const char *const *names, const uint64_t *sizes, size_t n,
+                     const char *sizes_from, stk__tobj **objs, char *err, size_t errlen);
+/* Takes open object o's pin (a descriptor for stk__cache_unpin), to keep
+ * the entry past o's close; -1 when it holds none. */
+int stk__tcache_take_pin(stk__transport *t, stk__tobj *o);
+/* Takes the cache (NULL when none was opened): its pins taken by
+ * stk__tcache_take_pin must not outlive it. Later opens open it anew. */
+struct stk__cache *stk__tcache_take_cache(stk__transport *t);
+
 /* Closes t (NULL is harmless). */
 static inline void stk__transport_close(stk__transport *t)
 {

@@ -128,6 +128,13 @@ static void file_read(stk__transport *t, stk__trange *const *rs, size_t n)
     }
 }
 
+static int file_path(stk__transport *t, stk__tobj *o, char *buf, size_t n)
+{
+    (void)t;
+    stk__fmt(buf, n, "%s", fobj(o)->path);
+    return STK_OK;
+}
+
 static void file_close_obj(stk__transport *t, stk__tobj *o)
 {
     if (!o)
@@ -210,6 +217,7 @@ static const stk__tp_ops k_file_ops = {.kind = "file",
                                        .copy_wait = file_copy_wait,
                                        .display = path_of,
                                        .id = path_of,
+                                       .path = file_path,
                                        .close_obj = file_close_obj,
                                        .close = file_close};
 

@@ -168,6 +168,17 @@ static void remote_id(const stk__transport *t, const char *name, char *buf, size
     stk__remote_object_id(store(t), name, buf, n);
 }
 
+/* A store's object is in no local file: the caching transport
+ * (transport_cache.c) over this one gives one. */
+static int remote_path(stk__transport *t, stk__tobj *o, char *buf, size_t n)
+{
+    (void)t;
+    (void)o;
+    if (n)
+        buf[0] = '\0';
+    return STK_EUNSUPPORTED;
+}
+
 static void remote_close_obj(stk__transport *t, stk__tobj *o)
 {
     (void)t;
@@ -192,6 +203,7 @@ static const stk__tp_ops k_remote_ops = {.kind = "http",
                                          .copy_wait = remote_copy_wait,
                                          .display = remote_display,
                                          .id = remote_id,
+                                         .path = remote_path,
                                          .close_obj = remote_close_obj,
                                          .close = remote_close};
 

@@ -289,10 +289,12 @@ void stk__warn(const stk__source_params *prm, const char *fmt, ...)
 /* ---- The files a dataset names (remote_files.c) ------------------------
  * A reader whose index names its files (MDS, LitData) or that is given a
  * list of files (tar, TFRecord, and any reader of whole files) finds them
- * through a stk__files: a local dataset's are "DIR/NAME"; an object store's
- * are downloaded whole into the disk cache (prm->cache_dir, required),
- * pinned there, and read by the same local reader. Readers never know which:
- * they open the local path and name the shown one in messages. */
+ * through a stk__files: a transport and the names got through it. A local
+ * dataset's are "DIR/NAME"; an object store's are objects of the caching
+ * transport over the store's (io/transport_cache.c): downloaded whole into
+ * the disk cache (prm->cache_dir, required), pinned there, and read by the
+ * same local reader. Readers never know which: they open the local path and
+ * name the shown one in messages. */
 typedef struct stk__files stk__files;
 /* Files under dir (NULL: names are paths). STK_ENOMEM. */
 int stk__files_open_local(stk__files **out, const char *dir);

@@ -12,6 +12,7 @@
 #include "../../src/cache/cache.h"
 #include "../../src/io/file.h"
 #include "../../src/io/remote.h"
+#include "../../src/io/transport.h"
 #include "../../src/source/manifest.h"
 #include "../../src/source/stkformat.h"
 
@@ -1433,6 +1434,75 @@ static void test_tar_fields_remote_as_local(void)
     CHECK_EQ(nr, 40);
     CHECK_EQ(nl, 40);
     CHECK(hr == hl);
+    server_stop();
+}
+
+/* The disk cache as a transport over the store's (io/transport_cache.c),
+ * through the table alone: open downloads the object into the cache (the
+ * size and identity of the entry's file), read is a ranged read of the
+ * copy, path its file; a second open pins the entry with only its probe;
+ * a missing object is STK_ENOENT by URL; no cache_dir is STK_EINVAL. */
+static void test_cache_transport_table(void)
+{
+    server_start(g_www, F_NONE);
+    char err[1024], local[2048], p[4096], where[4096];
+    snprintf(local, sizeof local, "%s/tars/t-000000.tar", g_www);
+    size_t n = 0;
+    uint8_t *want = tu_read_file(local, &n);
+    REQUIRE(want && n > 100);
+    stk__remote *r;
+    stk__remote_cfg cfg = {0};
+    REQUIRE(stk__remote_open(&r, url("tars"), &cfg, err, sizeof err) == STK_OK);
+    stk__transport *in = NULL, *t = NULL;
+    REQUIRE(stk__transport_remote(&in, r) == STK_OK);
+    stk__tcache_cfg cc = {.dir = tu_path("cache-tp"),
+                          .stall_ns = 1000000000ULL,
+                          .shown = "the store",
+                          .what = "test objects"};
+    REQUIRE(stk__transport_cache(&t, in, &cc) == STK_OK);
+    stk__remote_counters c0, c1, c2;
+    stk__remote_counters_get(r, &c0);
+    for (int pass = 0; pass < 2; pass++) {
+        stk__tobj *o = NULL;
+        stk__tinfo info;
+        REQUIRE(t->ops->open(t, "t-000000.tar", &o, &info, err, sizeof err) == STK_OK);
+        CHECK(info.sized && info.size == n);
+        uint8_t buf[64];
+        stk__trange rg = {.obj = o, .off = 37, .len = sizeof buf, .buf = buf}, *rp = &rg;
+        t->ops->read(t, &rp, 1);
+        CHECK_EQ(rg.rc, STK_OK);
+        CHECK(!memcmp(buf, want + 37, sizeof buf));
+        stk__trange past = {.obj = o, .off = n - 1, .len = 2, .buf = buf}, *pp = &past;
+        t->ops->read(t, &pp, 1);
+        CHECK_EQ(past.rc, STK_EIO);
+        CHECK(strstr(past.err, "short read") != NULL);
+        CHECK_EQ(t->ops->path(t, o, p, sizeof p), STK_OK);
+        size_t pn = 0;
+        uint8_t *copy = tu_read_file(p, &pn);
+        CHECK(copy && pn == n && !memcmp(copy, want, n));
+        free(copy);
+        t->ops->close_obj(t, o);
+        stk__remote_counters_get(r, pass ? &c2 : &c1);
+    }
+    /* The first open: a probe and the download; the second: a probe. */
+    CHECK_EQ(c1.requests - c0.requests, 2);
+    CHECK_EQ(c2.requests - c1.requests, 1);
+    stk__tobj *o = NULL;
+    stk__tinfo info;
+    CHECK_EQ(t->ops->open(t, "missing.tar", &o, &info, err, sizeof err), STK_ENOENT);
+    t->ops->display(t, "missing.tar", where, sizeof where);
+    CHECK(strstr(err, where) && strstr(err, "not found (HTTP 404)"));
+    CHECK(o == NULL);
+    stk__transport_close(t);
+    /* No cache directory: every open fails, naming what to do. */
+    REQUIRE(stk__transport_remote(&in, r) == STK_OK);
+    cc.dir = NULL;
+    REQUIRE(stk__transport_cache(&t, in, &cc) == STK_OK);
+    CHECK_EQ(t->ops->open(t, "t-000000.tar", &o, &info, err, sizeof err), STK_EINVAL);
+    CHECK(strstr(err, "the store: test objects over the network") && strstr(err, "cache_dir"));
+    stk__transport_close(t);
+    stk__remote_close(r);
+    free(want);
     server_stop();
 }
 
@@ -3640,6 +3710,7 @@ int main(void)
     RUN_IF(test_tar_download_of_another_size_is_refused);
     RUN_IF(test_tar_wait_for_a_hung_download_ends);
     RUN_IF(test_tar_fields_remote_as_local);
+    RUN_IF(test_cache_transport_table);
     RUN_IF(test_formats_remote_as_local);
     RUN_IF(test_formats_remote_bad_shards);
     RUN_IF(test_formats_remote_oom_sweep);
