@@ -326,8 +326,8 @@ STK_API int stk_options_set_on_error(stk_options *o, int policy); /* enum stk_on
  * instead; a bucket listing kept in cache_dir that is damaged, so the
  * objects are listed again; a shuffle of a Parquet dataset whose pages
  * hold many rows and whose read columns exceed its page cache, so most
- * samples would decode a whole page: the order to use instead). msg is one line without a prefix or a newline,
- * borrowed for the call only. */
+ * samples would decode a whole page: the order to use instead). msg is one line without a prefix or
+ * a newline, borrowed for the call only. */
 typedef void (*stk_warning_fn)(void *user, const char *msg);
 /* Where the warnings of opens from o go: fn(user, msg). The default (and fn
  * NULL) writes the line "stoker: warning: MSG" on stderr; to drop them, give
