@@ -267,7 +267,10 @@ STK_API int stk_options_source_transform(stk_options *o, size_t source, const ch
 /* Source `source`'s own value of an option that is meaningful per source
  * (docs/mixing.md), as stk_options_set takes it: "order" (global, shards or
  * blocks: that source's samples in its own shard-aware order, whatever the
- * loader's), "shard_window", "block_bytes", and "transform" (as
+ * loader's), "shard_window", "block_bytes", "cache" ("0": a remote .stk source's
+ * shards stay out of the loader's disk cache, read by range; a remote
+ * whole-file source (tar, MDS, ...) with "0" fails the open; a local one
+ * never uses the cache), and "transform" (as
  * stk_options_source_transform with field NULL). A source without its own
  * takes the loader's. Every other option is the loader's (one ring, one
  * fetch stage, one disk cache for all the sources): STK_EUNSUPPORTED, with

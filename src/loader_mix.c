@@ -35,6 +35,39 @@ static int source_order(const stk_options *o, size_t k, unsigned *window, uint64
     return m->order >= 0 ? m->order : o->order;
 }
 
+/* A source's own cache 0 (stk_options_source_set): the fetch stage reads its
+ * shards by range and never admits them to the disk cache (per-shard flags
+ * in the mixture's table). Only a source read through the stage (a remote
+ * .stk) can keep out of the cache: a remote tar, MDS, LitData, TFRecord or
+ * Parquet is read from whole files in it, and a local source never uses it. */
+static int mixture_cache(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    for (size_t k = 0; k < o->nmix; k++) {
+        if (o->mix[k].cache != 0)
+            continue;
+        const stk__source *kid = stk__source_mix_child(&c->src, k);
+        if (!stk__source_mix_fetched(&c->src, k)) {
+            if (!kid->remote && !kid->cache)
+                continue; /* local: read in place, never cached */
+            stk__fmt(err, errlen,
+                     "mixture source %zu (%s): cache 0 keeps a source read by ranged requests "
+                     "(a .stk in a store) out of the disk cache; this one is read from whole "
+                     "files downloaded into the cache (docs/mixing.md)",
+                     k, o->mix[k].shown);
+            return STK_EINVAL;
+        }
+        if (!c->src.shard_nocache &&
+            !(c->src.shard_nocache = stk__calloc(c->src.nshards, sizeof(bool)))) {
+            stk__fmt(err, errlen, "out of memory for the mixture's cache flags");
+            return STK_ENOMEM;
+        }
+        size_t first = stk__source_mix_shard_off(&c->src, k);
+        for (size_t j = 0; j < kid->nshards; j++)
+            c->src.shard_nocache[first + j] = true;
+    }
+    return STK_OK;
+}
+
 /* Order "shards" / "blocks" in a mixture, the loader's or a source's own:
  * each source with shards reads its k-th samples in its own shard-aware
  * order over its shards (blocks), so a remote source keeps its cache's
@@ -256,7 +289,7 @@ int stk__open_mixture(core *c, const stk_options *o, const stk__source_params *s
     c->sched.mix->N *= B;
     /* The new fingerprint starts apart from the first version's. */
     uint64_t h = fnv1a_bytes(0xcbf29ce484222325ULL, "mix2", 4);
-    if ((rc = mixture_orders(c, o, &h, err, errlen)))
+    if ((rc = mixture_orders(c, o, &h, err, errlen)) || (rc = mixture_cache(c, o, err, errlen)))
         goto out;
     c->nsrc = n;
     c->mix_new = o->mix_resume == 1;

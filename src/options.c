@@ -121,8 +121,12 @@ int stk_options_add_source(stk_options *o, const char *path, double weight, uint
     o->mix = grown;
     if (stk__url_display(path, shown, n) != shown)
         stk__fmt(shown, n, "%s", path);
-    o->mix[o->nmix++] = (stk__mix_spec){
-        .path = copy, .shown = shown, .weight = weight, .samples = samples, .order = -1};
+    o->mix[o->nmix++] = (stk__mix_spec){.path = copy,
+                                        .shown = shown,
+                                        .weight = weight,
+                                        .samples = samples,
+                                        .order = -1,
+                                        .cache = -1};
     if (!o->source) {
         /* Messages of the open name the loader's source by this. */
         char what[64];
@@ -199,6 +203,17 @@ int stk_options_source_set(stk_options *o, size_t source, const char *key, const
     stk__mix_spec *m = &o->mix[source];
     if (!strcmp(key, "transform"))
         return stk_options_source_transform(o, source, NULL, value);
+    if (!strcmp(key, "cache")) {
+        /* Whether this source's shards may go to the loader's disk cache. */
+        if (strcmp(value, "0") && strcmp(value, "1")) {
+            stk__fmt(o->errmsg, sizeof o->errmsg,
+                     "mixture source %zu (%s): cache is 0 or 1, not '%.64s'", source, m->shown,
+                     value);
+            return STK_EINVAL;
+        }
+        m->cache = value[0] == '1';
+        return STK_OK;
+    }
     bool ord = !strcmp(key, "order"), win = !strcmp(key, "shard_window"),
          blk = !strcmp(key, "block_bytes");
     if (!ord && !win && !blk) {
@@ -206,15 +221,15 @@ int stk_options_source_set(stk_options *o, size_t source, const char *key, const
          * fetch stage and one disk cache shared by the sources (the stage
          * admits whole shards of its one table to the cache, whichever
          * source they belong to). */
-        bool cache = !strcmp(key, "cache") || !strncmp(key, "cache_", 6);
+        bool cache = !strncmp(key, "cache_", 6);
         bool known = cache || stk_option_by_name(key) != NULL;
         stk__fmt(o->errmsg, sizeof o->errmsg,
                  "mixture source %zu (%s): %s '%.64s' %s; per source are order, shard_window, "
-                 "block_bytes and transform (docs/mixing.md)",
+                 "block_bytes, cache and transform (docs/mixing.md)",
                  source, m->shown, known ? "the option" : "unknown option", key,
                  !known  ? "(the options: docs/options.md)"
-                 : cache ? "is the loader's: its remote sources share one disk cache (cache_dir), "
-                           "and local ones never use it"
+                 : cache ? "is the loader's: its remote sources share one disk cache (cache_dir; "
+                           "a source may only keep out of it: cache 0)"
                          : "is the loader's, not per source");
         return known ? STK_EUNSUPPORTED : STK_EINVAL;
     }

@@ -93,6 +93,10 @@ typedef struct stk__mix_spec {
     int order;
     unsigned shard_window;
     uint64_t block_bytes;
+    /* Whether the fetch stage may keep its shards in the disk cache
+     * (stk_options_source_set "cache"): -1 the loader's (cache_dir), 0 not
+     * (its samples are read by range), 1 yes. */
+    int cache;
 } stk__mix_spec;
 
 enum { STK__ORDER_GLOBAL = 0, STK__ORDER_SHARDS = 1, STK__ORDER_BLOCKS = 2 };

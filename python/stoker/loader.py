@@ -126,8 +126,9 @@ class Source:
     fields of the loader's fields= ({"image": tf1, "depth": tf2}). A field
     it names no transform for takes the loader's. options: its own value of
     what is per source: order ("global", "shards", "blocks"), shard_window,
-    block_bytes; anything else is the loader's and refused, naming the
-    source and the key."""
+    block_bytes, cache (False: a remote .stk source stays out of the
+    loader's disk cache, read by range); anything else is the loader's and
+    refused, naming the source and the key."""
 
     def __init__(self, path, weight=None, samples=None, transform=None, **options):
         self.path = os.fspath(path)

@@ -125,6 +125,8 @@ void stk__source_free_common(stk__source *s)
     stk__free(s->shard_first);
     stk__free(s->shard_remote); /* the stores are others' (a mixture's children) */
     s->shard_remote = NULL;
+    stk__free(s->shard_nocache);
+    s->shard_nocache = NULL;
     for (size_t k = 0; k < s->npins; k++)
         stk__cache_unpin(s->pins[k]);
     stk__free(s->pins);

@@ -45,5 +45,8 @@ size_t stk__source_mix_sizes(const stk__source *s, uint64_t *sizes, size_t max);
 const stk__source *stk__source_mix_child(const stk__source *s, size_t k);
 /* Whether child k's samples are read through the fetch stage (see mix.c). */
 bool stk__source_mix_fetched(const stk__source *s, size_t k);
+/* Child k's first shard in the mixture's flattened shard table (its shards
+ * are the next stk__source_mix_child(s, k)->nshards when it is fetched). */
+size_t stk__source_mix_shard_off(const stk__source *s, size_t k);
 
 #endif

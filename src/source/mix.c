@@ -483,3 +483,9 @@ bool stk__source_mix_fetched(const stk__source *s, size_t k)
     const mixsrc *m = s->impl;
     return m->fetched[k];
 }
+
+size_t stk__source_mix_shard_off(const stk__source *s, size_t k)
+{
+    const mixsrc *m = s->impl;
+    return m->shard_off[k];
+}

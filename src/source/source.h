@@ -222,6 +222,10 @@ struct stk__source {
      * its children's shards (source/mix.c), whose stores the children own.
      * The fetch stage uses it instead of `remote` when set. */
     struct stk__remote **shard_remote;
+    /* NULL, or per shard whether the fetch stage keeps it out of the disk
+     * cache (a mixture's source with its own cache 0: its samples are read
+     * by range). Owned. */
+    bool *shard_nocache;
     /* Cache entries pinned for the source's life (open descriptors holding
      * shared locks), and the cache they belong to. */
     int *pins;

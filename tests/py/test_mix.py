@@ -380,8 +380,13 @@ def test_per_source_options(sets):
     assert pickle.loads(pickle.dumps(own[2])) == own[2]
     with pytest.raises(ValueError, match=r"mixture source 0 .*order \"shards\".*none"):
         run([stoker.Source(sets[0], weight=0.5, order="shards"), *plain[1:]])
-    with pytest.raises(ValueError, match=r"mixture source 1 .*'cache'.*one disk cache"):
-        run([plain[0], stoker.Source(sets[1], weight=0.3, cache=False), plain[2]])
+    with pytest.raises(ValueError, match=r"mixture source 1 .*'cache_dir'.*one disk cache"):
+        run([plain[0], stoker.Source(sets[1], weight=0.3, cache_dir="/tmp"), plain[2]])
+    with pytest.raises(ValueError, match=r"mixture source 1 .*cache is 0 or 1"):
+        run([plain[0], stoker.Source(sets[1], weight=0.3, cache="maybe"), plain[2]])
+    # A local source never uses the cache: cache=False changes nothing.
+    assert run([plain[0], stoker.Source(sets[1], weight=0.3, cache=False), plain[2]]) == \
+        run(plain)
     with pytest.raises(ValueError, match=r"mixture source 2 .*'fetch_retries' is the loader's"):
         run([*plain[:2], stoker.Source(sets[2], weight=0.2, fetch_retries=3)])
 
