@@ -89,7 +89,12 @@ typedef struct stk__fetch_stats {
     uint64_t throttled, rate;
     uint64_t hedges, hedge_wins;
     uint64_t cache_partial_reads, cache_cold_ranged; /* cold cache: see stk_fetch_stats */
+    uint64_t cache_download_parts;
 } stk__fetch_stats;
+
+/* The size of a download's parts (fetch.c): 8 MiB; tests set it smaller
+ * before a loader opens, to split their small shards. */
+extern uint64_t stk__fetch_part_bytes;
 
 /* Creates the stage for a remote source (src->remote and ops->locate set).
  * Plans nothing until stk__fetch_reset. STK_EINVAL for a lookahead over
