@@ -625,8 +625,8 @@ static bool join_download(stk__fetch *f, chunk *c, uint64_t off, uint64_t end)
 {
     if (c->state != C_ADMIT && c->state != C_INFLIGHT)
         return true;
-    if (!c->parts)
-        return false;
+    if (!c->parts || c->dl_failed)
+        return false; /* failing: its samples go by range */
     uint64_t now = stk__now_ns();
     uint64_t ahead = (uint64_t)(f->part_rate * (double)PLAN_HORIZON_NS);
     bool join = true;
