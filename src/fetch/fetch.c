@@ -68,7 +68,7 @@ typedef struct chunk chunk;
  * a shard fills, and the parts start in the order the epoch first needs
  * their samples. A part is readable once done (or, in flight, up to its
  * own high-water mark). */
-#define PART_SLOTS 4u
+#define PART_SLOTS 8u
 uint64_t stk__fetch_part_bytes = 8ull << 20;
 enum { P_IDLE = 0, P_INFLIGHT, P_DONE };
 

@@ -16,8 +16,10 @@
  * budget; counted in the memory bound).
  *
  * With a disk cache (cache.h), whole shards are downloaded into the cache
- * and samples read from there; a shard the cache cannot admit, or whose
- * download fails, is read by ranged GETs as above.
+ * (each in parallel ranged parts written at their place in the cache file)
+ * and samples read from there, from a part as soon as it is on disk; a
+ * shard the cache cannot admit, or whose download fails, is read by ranged
+ * GETs as above.
  *
  * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
  * the loader with no worker inside read (reset) or any time (cancel,

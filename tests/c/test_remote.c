@@ -1560,7 +1560,7 @@ static int shards_of(const char *dir)
 }
 
 /* Cold cache: a shard downloads in parallel ranged parts (of 64 KiB here,
- * 4 at a time), each read as soon as its bytes are on disk, and samples in
+ * 8 at a time), each read as soon as its bytes are on disk, and samples in
  * parts not started yet are fetched by range, so a cold epoch does not wait
  * for whole shards. Batches equal a local read; each shard is downloaded
  * once (every part once); the warm run reads only the cache. */
