@@ -188,6 +188,11 @@ def print_table(title, rows, refs, epochs, data_bytes):
               f"{f.get('requests', '-'):>8} {ratio:>12} {f.get('inflight_peak', '-'):>9} "
               f"{buf:>7} {stall:>7} {req:>6} "
               f"{f.get('hedges', '-'):>6} {r.get('open_s', 0):6.3f} {pc:>9} {sc:>10}")
+        if f.get("cache_misses"):
+            # a cold cache: where its samples came from, and the download's parts
+            print(f"{'':22} {f.get('cache_partial_reads', 0)} samples read while their shard "
+                  f"downloaded, {f.get('cache_cold_ranged', 0)} by range ahead of it; "
+                  f"{f.get('cache_download_parts', 0)} download parts")
         if r["checksum"] != ref["checksum"]:
             sys.exit(f"{title}, {name}: the batches differ from the local run's")
 

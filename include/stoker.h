@@ -834,6 +834,10 @@ typedef struct stk_fetch_stats {
      * late. */
     uint64_t cache_partial_reads;
     uint64_t cache_cold_ranged;
+    /* Ranged requests that downloaded parts of shards into the cache (a
+     * shard downloads in parts of 8 MiB, a few at a time; counted in
+     * requests too). */
+    uint64_t cache_download_parts;
 } stk_fetch_stats;
 
 /* Fills *st (st->struct_size set by the caller). STK_EUNSUPPORTED when the

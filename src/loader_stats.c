@@ -162,7 +162,8 @@ int stk_loader_fetch_stats(stk_loader *l, stk_fetch_stats *st)
                             .hedges = f.hedges,
                             .hedge_wins = f.hedge_wins,
                             .cache_partial_reads = f.cache_partial_reads,
-                            .cache_cold_ranged = f.cache_cold_ranged};
+                            .cache_cold_ranged = f.cache_cold_ranged,
+                            .cache_download_parts = f.cache_download_parts};
     size_t n = st->struct_size < sizeof full ? st->struct_size : sizeof full;
     full.struct_size = n;
     memcpy(st, &full, n);

@@ -180,11 +180,12 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
                f.cache_misses, f.cache_evictions, f.cache_fallbacks, (double)f.io_busy_ns * 1e-9);
         printf(",\"request_mean_s\":%.6f,\"first_byte_mean_s\":%.6f,\"throttled\":%" PRIu64
                ",\"rate_limit\":%" PRIu64 ",\"hedges\":%" PRIu64 ",\"hedge_wins\":%" PRIu64
-               ",\"cache_partial_reads\":%" PRIu64 ",\"cache_cold_ranged\":%" PRIu64 "}",
+               ",\"cache_partial_reads\":%" PRIu64 ",\"cache_cold_ranged\":%" PRIu64
+               ",\"cache_download_parts\":%" PRIu64 "}",
                f.completed ? (double)f.request_ns * 1e-9 / (double)f.completed : 0.0,
                f.completed ? (double)f.first_byte_ns * 1e-9 / (double)f.completed : 0.0,
                f.throttled, f.rate_limit, f.hedges, f.hedge_wins, f.cache_partial_reads,
-               f.cache_cold_ranged);
+               f.cache_cold_ranged, f.cache_download_parts);
         return;
     }
     char b1[32], b2[32];
@@ -197,10 +198,10 @@ void stoker_print_fetch(stk_loader *l, bool json, double secs)
            " hits, %" PRIu64 " downloads, %" PRIu64 " evictions, %" PRIu64 " fallbacks\n",
            f.waits, (double)f.wait_ns * 1e-9, f.cache_hits, f.cache_misses, f.cache_evictions,
            f.cache_fallbacks);
-    if (f.cache_partial_reads || f.cache_cold_ranged)
+    if (f.cache_partial_reads || f.cache_cold_ranged || f.cache_download_parts)
         printf("  cold cache   %" PRIu64 " samples read while their shard downloaded, %" PRIu64
-               " fetched by range ahead of it\n",
-               f.cache_partial_reads, f.cache_cold_ranged);
+               " fetched by range ahead of it, %" PRIu64 " download parts\n",
+               f.cache_partial_reads, f.cache_cold_ranged, f.cache_download_parts);
     if (f.completed)
         printf("  latency      %.1f ms per request on average, %.1f ms to the first byte\n",
                (double)f.request_ns * 1e-6 / (double)f.completed,

@@ -2039,7 +2039,7 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
     engine_leave(self);
     return Py_BuildValue(
         "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:d,s:d,s:d,s:K,s:K,s:K,"
-        "s:K,s:K,s:K}",
+        "s:K,s:K,s:K,s:K}",
         "requests", (unsigned long long)f.requests, "retries", (unsigned long long)f.retries,
         "failures", (unsigned long long)f.failures, "bytes", (unsigned long long)f.bytes,
         "sample_bytes", (unsigned long long)f.sample_bytes, "overfetch_bytes",
@@ -2057,7 +2057,8 @@ static PyObject *Engine_fetch_stats(EngineObject *self, PyObject *unused)
         (unsigned long long)f.throttled, "rate_limit", (unsigned long long)f.rate_limit, "hedges",
         (unsigned long long)f.hedges, "hedge_wins", (unsigned long long)f.hedge_wins,
         "cache_partial_reads", (unsigned long long)f.cache_partial_reads, "cache_cold_ranged",
-        (unsigned long long)f.cache_cold_ranged);
+        (unsigned long long)f.cache_cold_ranged, "cache_download_parts",
+        (unsigned long long)f.cache_download_parts);
 }
 
 /* A mixture's sources (docs/mixing.md): [(samples, failed, first_id)], one

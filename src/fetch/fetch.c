@@ -61,6 +61,36 @@ enum { K_RANGE = 0, K_CACHE };
 
 typedef struct chunk chunk;
 
+/* A shard's download into the cache (cold cache) is split into parts of
+ * stk__fetch_part_bytes (8 MiB), each a ranged GET of its own writing at its place in the
+ * cache file, PART_SLOTS of them in flight per shard: one connection's
+ * bandwidth (an object store gives one ~100 MB/s) no longer bounds how fast
+ * a shard fills, and the parts start in the order the epoch first needs
+ * their samples. A part is readable once done (or, in flight, up to its
+ * own high-water mark). */
+#define PART_SLOTS 8u
+uint64_t stk__fetch_part_bytes = 8ull << 20;
+enum { P_IDLE = 0, P_INFLIGHT, P_DONE };
+
+/* One part's state: need, the order in which the planner first wanted a
+ * sample of it (0: not yet); rank, its place in that order within its shard
+ * (which parts an admission starts first). */
+typedef struct dlpart {
+    uint64_t need;
+    uint32_t rank;
+    uint8_t st, slot; /* slot: its request while P_INFLIGHT */
+} dlpart;
+
+/* A request slot of a download: the part it fetches now. */
+typedef struct dlslot {
+    stk__req req;
+    chunk *c;
+    uint32_t part;
+    bool busy;
+    uint64_t t0;                /* when the part was submitted (ns) */
+    struct dlslot *next_submit; /* the planner's queue of parts to submit */
+} dlslot;
+
 typedef struct entry {
     uint64_t sample;
     chunk *ch;    /* LIVE: the chunk holding (or fetching) the bytes */
@@ -96,8 +126,8 @@ struct chunk {
     uint64_t start;     /* K_RANGE: the shard offset of buf[0] */
     uint64_t useful;    /* block chunks: bytes of the samples planned from it */
     size_t block;       /* block chunks: its block; SIZE_MAX for other chunks */
-    /* K_CACHE downloads in flight (cold cache): samples below the download's
-     * high-water mark (req.written) are read from the file being written.
+    /* K_CACHE downloads in flight (cold cache): samples in parts done, or
+     * below a part's high-water mark, are read from the file being written.
      * `partial` counts such reads under way (their pread uses fd without the
      * lock); `finishing`, set by the completion before it commits or aborts
      * the file (which closes or re-locks fd), stops new ones, and the
@@ -106,7 +136,17 @@ struct chunk {
     bool finishing;
     unsigned hwm_waiters; /* entries waiting for the high-water mark */
     uint64_t dl_t0;       /* when the download was submitted (ns) */
-    uint64_t t_queued;    /* block chunks: when its request was queued (ns) */
+    /* K_CACHE downloads: the parts (nparts of part_bytes; one part, the
+     * whole object, when the shard's size is unknown), their request slots,
+     * how many are done and in flight, and whether one failed for good (no
+     * more start; the download fails when the others end). */
+    dlpart *parts;
+    dlslot *slots;
+    uint64_t part_bytes;
+    uint32_t nparts, parts_done, stamped;
+    unsigned parts_busy;
+    bool dl_failed;
+    uint64_t t_queued; /* block chunks: when its request was queued (ns) */
 };
 
 struct stk__fetch {
@@ -129,6 +169,9 @@ struct stk__fetch {
     chunk *pending, *pending_tail; /* planned requests not yet submitted */
     chunk *admit, *admit_tail;     /* planned admissions not yet made (C_ADMIT) */
     bool admitter;                 /* a thread makes admissions (off the lock) */
+    dlslot *ppend, *ppend_tail;    /* download parts not yet submitted */
+    uint64_t need_seq;             /* the last part "need" stamp */
+    double part_rate;              /* bytes/ns of one part's request (moving mean) */
 
     stk__cache *cache; /* NULL: no disk cache */
     uint64_t *next;    /* per shard: next use (eviction), filled per admission */
@@ -149,7 +192,7 @@ struct stk__fetch {
 
     /* stats (under lock) */
     uint64_t samples, sample_bytes, overfetch, waits, wait_ns, buffered_peak;
-    uint64_t partial_reads, cold_ranged;
+    uint64_t partial_reads, cold_ranged, dl_parts;
 };
 
 /* ---- chunks ---------------------------------------------------------------- */
@@ -203,6 +246,8 @@ static void chunk_free(stk__fetch *f, chunk *c)
         if (c->state == C_READY && c->fd >= 0)
             stk__cache_unpin(c->fd);
     }
+    stk__free(c->parts);
+    stk__free(c->slots);
     stk__free(c->buf);
     stk__free(c);
 }
@@ -240,11 +285,20 @@ static void unlock_and_submit_ex(stk__fetch *f, bool admit)
         admit_pending(f);
     chunk *c = f->pending;
     f->pending = f->pending_tail = NULL;
+    dlslot *sl = f->ppend;
+    f->ppend = f->ppend_tail = NULL;
     pthread_mutex_unlock(&f->lock);
     while (c) {
         chunk *n = c->next_submit; /* c may be freed by its completion */
         stk__remote_submit(store_of(f, c->shard), &c->req);
         c = n;
+    }
+    /* A download's chunk lives until its last part ends, and a part's slot
+     * is reused only after its completion: both outlive the submission. */
+    while (sl) {
+        dlslot *n = sl->next_submit;
+        stk__remote_submit(store_of(f, sl->c->shard), &sl->req);
+        sl = n;
     }
 }
 
@@ -291,12 +345,13 @@ static void on_chunk_done(stk__req *q, void *ctx)
 
 /* ---- the disk cache ----------------------------------------------------------- */
 
-/* A download's high-water mark moved (I/O thread): entries waiting for
- * bytes below it can read them from the file being written. */
+/* A part's high-water mark moved (I/O thread): entries waiting for bytes
+ * below it can read them from the file being written. */
 static void on_download_progress(stk__req *q, void *ctx)
 {
     (void)q;
-    chunk *c = ctx;
+    dlslot *sl = ctx;
+    chunk *c = sl->c;
     stk__fetch *f = c->f;
     pthread_mutex_lock(&f->lock);
     if (c->hwm_waiters)
@@ -304,41 +359,121 @@ static void on_download_progress(stk__req *q, void *ctx)
     pthread_mutex_unlock(&f->lock);
 }
 
-/* Whether bytes [.., end) of a download in flight can be read from its
- * file now. Lock held. */
-static bool partial_ok(const chunk *c, uint64_t end)
+/* Bytes of part i that hold shard bytes [.., end): its own bytes up to end
+ * (a sample may span parts; each covers its share). */
+static uint64_t part_need(const chunk *c, uint32_t i, uint64_t end)
 {
-    return c->kind == K_CACHE && c->state == C_INFLIGHT && !c->finishing &&
-           atomic_load_explicit(&c->req.written, memory_order_acquire) >= end;
+    uint64_t po = (uint64_t)i * c->part_bytes;
+    return end - po < c->part_bytes ? end - po : c->part_bytes;
 }
 
-static void on_download_done(stk__req *q, void *ctx)
+/* Whether shard bytes [off, end) of a download in flight can be read from
+ * its file now: every part holding them done, or in flight with its
+ * high-water mark past them. Lock held. */
+static bool partial_ok(const chunk *c, uint64_t off, uint64_t end)
 {
-    chunk *c = ctx;
-    stk__fetch *f = c->f;
+    if (c->kind != K_CACHE || c->state != C_INFLIGHT || c->finishing || !c->parts)
+        return false;
+    for (uint64_t i = off / c->part_bytes; i < c->nparts && i * c->part_bytes < end; i++) {
+        const dlpart *p = &c->parts[i];
+        if (p->st == P_DONE)
+            continue;
+        if (p->st != P_INFLIGHT ||
+            atomic_load_explicit(&c->slots[p->slot].req.written, memory_order_acquire) <
+                part_need(c, (uint32_t)i, end))
+            return false;
+    }
+    return true;
+}
+
+/* Sets up the parts of download c (lock held); false when out of memory. */
+static bool parts_alloc(stk__fetch *f, chunk *c)
+{
+    uint64_t size = f->src->shard_bytes[c->shard];
+    uint64_t pb = stk__fetch_part_bytes ? stk__fetch_part_bytes : 1;
+    uint64_t n = size ? (size + pb - 1) / pb : 1;
+    if (n > UINT32_MAX)
+        return false;
+    c->parts = stk__calloc((size_t)n, sizeof *c->parts);
+    c->slots = stk__calloc(PART_SLOTS, sizeof *c->slots);
+    c->nparts = (uint32_t)n;
+    c->part_bytes = size ? pb : UINT64_MAX / 2;
+    return c->parts && c->slots;
+}
+
+static void on_part_done(stk__req *q, void *ctx);
+
+/* Starts parts of download c into its free slots (lock held; queued for
+ * unlock_and_submit): the idle part the planner needed first, else the
+ * first idle one in the file. None after a part failed for good. */
+static void start_parts(stk__fetch *f, chunk *c)
+{
+    uint64_t size = f->src->shard_bytes[c->shard];
+    while (c->parts_busy < PART_SLOTS && !c->dl_failed) {
+        uint32_t best = UINT32_MAX;
+        for (uint32_t i = 0; i < c->nparts; i++) {
+            const dlpart *p = &c->parts[i];
+            if (p->st != P_IDLE)
+                continue;
+            if (best == UINT32_MAX ||
+                (p->need && (!c->parts[best].need || p->need < c->parts[best].need)))
+                best = i;
+        }
+        if (best == UINT32_MAX)
+            break;
+        unsigned s = 0;
+        while (c->slots[s].busy)
+            s++;
+        dlslot *sl = &c->slots[s];
+        uint64_t po = (uint64_t)best * c->part_bytes;
+        /* The slot's last request has completed (its callback is the one
+         * running, if any, and touches it no more): it is reused. Its mark
+         * is cleared here, under the lock, before the part is marked in
+         * flight, so no reader sees the last part's mark as this one's. */
+        memset(&sl->req, 0, sizeof sl->req);
+        sl->req.name = f->src->shard_objs[c->shard];
+        sl->req.off = po;
+        sl->req.len = size ? (size - po < c->part_bytes ? size - po : c->part_bytes) : 0;
+        sl->req.fd = c->fd;
+        sl->req.done = on_part_done;
+        sl->req.progress = on_download_progress;
+        sl->req.ctx = sl;
+        atomic_store_explicit(&sl->req.written, 0, memory_order_relaxed);
+        sl->c = c;
+        sl->part = best;
+        sl->busy = true;
+        sl->t0 = stk__now_ns();
+        c->parts[best].st = P_INFLIGHT;
+        c->parts[best].slot = (uint8_t)s;
+        c->parts_busy++;
+        f->dl_parts++;
+        sl->next_submit = NULL;
+        if (f->ppend_tail)
+            f->ppend_tail->next_submit = sl;
+        else
+            f->ppend = sl;
+        f->ppend_tail = sl;
+    }
+}
+
+/* The last part of download c ended (I/O thread, no lock held): commits the
+ * cache file when every part is done, else aborts it; the chunk becomes
+ * READY or FAILED. */
+static void download_finish(stk__fetch *f, chunk *c)
+{
     /* Readers of the file in progress finish before it is committed (which
      * re-locks it) or aborted (which closes it); none start after. */
     pthread_mutex_lock(&f->lock);
     c->finishing = true;
     while (c->partial)
         pthread_cond_wait(&f->cond, &f->lock);
+    bool ok = !c->dl_failed && c->parts_done == c->nparts;
+    bool werr = c->req.write_errno != 0;
+    if (!ok && !c->req.err[0])
+        stk__fmt(c->req.err, sizeof c->req.err, "cancelled: the loader is closing");
     pthread_mutex_unlock(&f->lock);
     const shardst *h = &f->sh[c->shard]; /* key: immutable after create */
-    const char *tag = f->src->shard_tags ? f->src->shard_tags[c->shard] : NULL;
-    uint64_t want = f->src->shard_bytes[c->shard];
     char why[STK_ERRMSG_MAX] = "";
-    bool ok = q->rc == STK_OK;
-    /* The object must still be the one opened: same size, same ETag or
-     * Last-Modified (a republished shard is not cached under the old key). */
-    if (ok && q->got != want) {
-        stk__fmt(why, sizeof why, "the object is now %llu bytes, not the %llu it had at open",
-                 (unsigned long long)q->got, (unsigned long long)want);
-        ok = false;
-    } else if (ok && tag && q->validator[0] && strcmp(tag, q->validator)) {
-        stk__fmt(why, sizeof why, "the object changed since open (ETag/Last-Modified %s, was %s)",
-                 q->validator, tag);
-        ok = false;
-    }
     /* Committing renames and re-locks a file: outside the stage's lock. The
      * fd is the chunk's alone until its state says otherwise. */
     if (ok && stk__cache_commit(f->cache, h->key, c->fd, why, sizeof why) != STK_OK) {
@@ -348,17 +483,19 @@ static void on_download_done(stk__req *q, void *ctx)
         /* A local write error (a full disk) is counted by the cache: the
          * shard is not admitted, its samples are read by ranges like those
          * of any failed download. */
-        stk__cache_abort(f->cache, h->key, c->fd, q->write_errno != 0);
+        stk__cache_abort(f->cache, h->key, c->fd, werr);
         c->fd = -1;
     }
+    pthread_mutex_lock(&f->lock);
     /* The chunk's request holds its own shard's reason: its entries report
      * it, not the last failed download of any shard. */
     if (why[0])
-        stk__fmt(q->err, sizeof q->err, "%s", why);
-    pthread_mutex_lock(&f->lock);
+        stk__fmt(c->req.err, sizeof c->req.err, "%s", why);
     c->inflight = false;
     c->state = ok ? C_READY : C_FAILED;
     if (!ok) {
+        if (!c->req.rc)
+            c->req.rc = STK_EIO;
         /* The download used up its retries. Its entries read their samples
          * by range (stk__fetch_read), and so do later ones for a while: the
          * shard is admitted again only after retry_after. */
@@ -371,6 +508,73 @@ static void on_download_done(stk__req *q, void *ctx)
     if (c->refs == 0)
         chunk_free(f, c);
     pthread_mutex_unlock(&f->lock);
+}
+
+/* Why part q of download c is not the object opened (its size or
+ * ETag/Last-Modified changed since open, or between parts), into why; ""
+ * when it is. Lock held. */
+static void part_check(stk__fetch *f, chunk *c, const stk__req *q, char *why, size_t n)
+{
+    const char *tag = f->src->shard_tags ? f->src->shard_tags[c->shard] : NULL;
+    uint64_t want = f->src->shard_bytes[c->shard];
+    uint64_t size = q->len ? q->total : q->got;
+    why[0] = '\0';
+    if ((q->len && q->total && q->total != want) || (!q->len && q->got != want))
+        stk__fmt(why, n, "the object is now %llu bytes, not the %llu it had at open",
+                 (unsigned long long)size, (unsigned long long)want);
+    else if (tag && q->validator[0] && strcmp(tag, q->validator))
+        stk__fmt(why, n, "the object changed since open (ETag/Last-Modified %s, was %s)",
+                 q->validator, tag);
+    else if (q->validator[0] && c->req.validator[0] && strcmp(c->req.validator, q->validator))
+        stk__fmt(why, n, "the object changed during its download (ETag/Last-Modified %s, then %s)",
+                 c->req.validator, q->validator);
+    else if (q->validator[0] && !c->req.validator[0])
+        stk__fmt(c->req.validator, sizeof c->req.validator, "%s", q->validator);
+}
+
+/* A part's request ended (I/O thread): the part is done, or the download
+ * fails (the engine already retried it; the other parts end first). Starts
+ * the next part; the last to end finishes the download. */
+static void on_part_done(stk__req *q, void *ctx)
+{
+    dlslot *sl = ctx;
+    chunk *c = sl->c;
+    stk__fetch *f = c->f;
+    char why[STK_ERRMSG_MAX] = "";
+    pthread_mutex_lock(&f->lock);
+    dlpart *p = &c->parts[sl->part];
+    if (q->rc == STK_OK)
+        part_check(f, c, q, why, sizeof why);
+    if (q->rc == STK_OK && !why[0]) {
+        p->st = P_DONE;
+        c->parts_done++;
+        double el = (double)(stk__now_ns() - sl->t0);
+        if (el > 0 && q->got) {
+            double r = (double)q->got / el;
+            f->part_rate = f->part_rate > 0 ? (3 * f->part_rate + r) / 4 : r;
+        }
+    } else {
+        p->st = P_IDLE;
+        if (!c->dl_failed) {
+            c->dl_failed = true;
+            c->req.rc = q->rc ? q->rc : STK_EIO;
+            c->req.write_errno = q->write_errno;
+            stk__fmt(c->req.err, sizeof c->req.err, "%s", why[0] ? why : q->err);
+        }
+    }
+    sl->busy = false;
+    c->parts_busy--;
+    /* q is not touched after this: start_parts may reuse its slot. After
+     * cancel no part starts (the store is about to end them all). */
+    if (!f->cancel)
+        start_parts(f, c);
+    pthread_cond_broadcast(&f->cond);
+    if (c->parts_busy == 0) {
+        pthread_mutex_unlock(&f->lock);
+        download_finish(f, c);
+        return;
+    }
+    unlock_and_submit_ex(f, false);
 }
 
 static int cmp_key_ix_ctx(const void *a, const void *b, void *ctx)
@@ -408,25 +612,45 @@ static uint64_t next_use_of(void *ctx, const char *key)
  * typical sample run. */
 #define PARTIAL_SLACK (256u << 10)
 
-/* Cold cache: whether a planned read of a shard's bytes up to `end` should
+/* Cold cache: whether a planned read of a shard's bytes [off, end) should
  * wait for the shard's download (admitting or in flight) rather than fetch
- * its sample by range. It waits when the download, at the rate it has
- * shown, will be past `end` within the planning horizon: a sample near the
- * front of the shard is read from the file being written; one far ahead is
- * fetched by range at once, so the first batches of a cold epoch do not
- * wait for whole shards. Lock held. */
-static bool join_download(const chunk *c, uint64_t end)
+ * its sample by range. It waits when every part holding the bytes is done,
+ * or will be past them within the planning horizon at the rate it has shown
+ * (a part in flight), or at the rate parts have shown (a part an admission
+ * will start first). A part not yet started is marked needed, so that it
+ * starts before the parts no planned sample needs yet; its sample, unless
+ * near the front of a part starting now, is fetched by range at once, so the
+ * first batches of a cold epoch do not wait for whole parts. Lock held. */
+static bool join_download(stk__fetch *f, chunk *c, uint64_t off, uint64_t end)
 {
     if (c->state != C_ADMIT && c->state != C_INFLIGHT)
         return true;
-    uint64_t w = 0, rate_slack = 0;
-    if (c->state == C_INFLIGHT) {
-        w = atomic_load_explicit(&c->req.written, memory_order_acquire);
-        uint64_t el = stk__now_ns() - c->dl_t0;
-        if (el > 20000000ULL && w)
-            rate_slack = (uint64_t)((double)w * (double)PLAN_HORIZON_NS / (double)el);
+    if (!c->parts || c->dl_failed)
+        return false; /* failing: its samples go by range */
+    uint64_t now = stk__now_ns();
+    uint64_t ahead = (uint64_t)(f->part_rate * (double)PLAN_HORIZON_NS);
+    bool join = true;
+    for (uint64_t i = off / c->part_bytes; i < c->nparts && i * c->part_bytes < end; i++) {
+        dlpart *p = &c->parts[i];
+        uint64_t need = part_need(c, (uint32_t)i, end);
+        if (p->st == P_DONE)
+            continue;
+        if (p->st == P_INFLIGHT) {
+            const dlslot *sl = &c->slots[p->slot];
+            uint64_t w = atomic_load_explicit(&sl->req.written, memory_order_acquire);
+            uint64_t el = now - sl->t0, slack = ahead;
+            if (el > 20000000ULL && w)
+                slack = (uint64_t)((double)w * (double)PLAN_HORIZON_NS / (double)el);
+            join &= need <= w + PARTIAL_SLACK + slack;
+            continue;
+        }
+        if (!p->need) {
+            p->need = ++f->need_seq;
+            p->rank = c->stamped++;
+        }
+        join &= c->state == C_ADMIT && p->rank < PART_SLOTS && need <= PARTIAL_SLACK + ahead;
     }
-    return end <= w + PARTIAL_SLACK + rate_slack;
+    return join;
 }
 
 /* Decides how entry e (sample of shard k at bytes [off, off + e->len), not
@@ -449,7 +673,9 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k, uint64_t off)
             c->fd = fd;
             c->state = C_READY;
         } else {
-            if (!(c = chunk_new(f, K_CACHE, k))) {
+            if (!(c = chunk_new(f, K_CACHE, k)) || !parts_alloc(f, c)) {
+                if (c)
+                    chunk_free(f, c);
                 h->retry_after_ns = now + 500000000ULL;
                 f->fallbacks++;
                 return false;
@@ -467,7 +693,7 @@ static bool plan_cached(stk__fetch *f, entry *e, uint32_t k, uint64_t off)
         }
         h->cur = c;
     }
-    if (!join_download(c, off + e->len)) {
+    if (!join_download(f, c, off, off + e->len)) {
         f->cold_ranged++;
         return false;
     }
@@ -489,13 +715,8 @@ static void admit_install(stk__fetch *f, chunk *c)
     int rc = c->admit_rc;
     if (rc == STK_OK) {
         c->state = C_INFLIGHT;
-        c->req.name = f->src->shard_objs[c->shard];
-        c->req.fd = c->fd;
-        c->req.done = on_download_done;
-        c->req.progress = on_download_progress;
-        c->req.ctx = c;
         c->dl_t0 = stk__now_ns();
-        queue_submit(f, c);
+        start_parts(f, c);
         return;
     }
     c->fd = -1;
@@ -1057,15 +1278,15 @@ static void wait_chunk(stk__fetch *f, chunk *c)
 }
 
 /* Waits for a planned entry's bytes [.., end) of chunk c: the chunk done, or
- * (a download into the cache) its high-water mark past end. Lock held. */
-static void wait_entry(stk__fetch *f, chunk *c, uint64_t end)
+ * (a download into the cache) the parts holding bytes [off, end) written. Lock held. */
+static void wait_entry(stk__fetch *f, chunk *c, uint64_t off, uint64_t end)
 {
-    if (!busy(c) || partial_ok(c, end))
+    if (!busy(c) || partial_ok(c, off, end))
         return;
     uint64_t t0 = stk__now_ns();
     f->waits++;
     c->hwm_waiters++;
-    while (busy(c) && !partial_ok(c, end) && !f->cancel && !f->interrupt)
+    while (busy(c) && !partial_ok(c, off, end) && !f->cancel && !f->interrupt)
         stk__cond_wait_ns(&f->cond, &f->lock, WAIT_SLICE_NS);
     c->hwm_waiters--;
     f->wait_ns += stk__now_ns() - t0;
@@ -1184,19 +1405,20 @@ int stk__fetch_read(stk__fetch *f, uint64_t g, uint64_t slot, uint64_t i, stk__s
     if (e) {
         c = e->state == E_LIVE ? e->ch : NULL;
         uint64_t end = c && c->kind == K_CACHE ? e->off + e->len : 0;
-        if (c && busy(c) && !partial_ok(c, end) && (f->pending || (f->admit && !f->admitter))) {
+        if (c && busy(c) && !partial_ok(c, e->off, end) &&
+            (f->pending || (f->admit && !f->admitter))) {
             /* The requests this thread planned go out before it waits, and
              * admissions no thread is making are made (a seek's). */
             unlock_and_submit(f);
             pthread_mutex_lock(&f->lock);
         }
         if (c)
-            wait_entry(f, c, end);
+            wait_entry(f, c, e->off, end);
         if (!c || (c->state == C_FAILED && c->req.rc == STK_ENOMEM)) {
             /* Reading ahead ran out of memory (planning, or the request):
              * that is no fault of the sample; it is read on its own. */
             alone = true;
-        } else if (partial_ok(c, end)) {
+        } else if (partial_ok(c, e->off, end)) {
             /* Its bytes are in the file being downloaded: read them there
              * (checked by checksum like any cached read). The completion
              * waits for this read before it commits or closes the file. */
@@ -1335,6 +1557,7 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     st->cache_fallbacks = f->fallbacks;
     st->cache_partial_reads = f->partial_reads;
     st->cache_cold_ranged = f->cold_ranged;
+    st->cache_download_parts = f->dl_parts;
     pthread_mutex_unlock(&f->lock);
     if (f->cache) {
         stk__cache_stats cs;

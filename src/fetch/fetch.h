@@ -16,8 +16,10 @@
  * budget; counted in the memory bound).
  *
  * With a disk cache (cache.h), whole shards are downloaded into the cache
- * and samples read from there; a shard the cache cannot admit, or whose
- * download fails, is read by ranged GETs as above.
+ * (each in parallel ranged parts written at their place in the cache file)
+ * and samples read from there, from a part as soon as it is on disk; a
+ * shard the cache cannot admit, or whose download fails, is read by ranged
+ * GETs as above.
  *
  * Threads: stk__fetch_read from any worker; stk__fetch_reset and cancel from
  * the loader with no worker inside read (reset) or any time (cancel,
@@ -89,7 +91,12 @@ typedef struct stk__fetch_stats {
     uint64_t throttled, rate;
     uint64_t hedges, hedge_wins;
     uint64_t cache_partial_reads, cache_cold_ranged; /* cold cache: see stk_fetch_stats */
+    uint64_t cache_download_parts;
 } stk__fetch_stats;
+
+/* The size of a download's parts (fetch.c): 8 MiB; tests set it smaller
+ * before a loader opens, to split their small shards. */
+extern uint64_t stk__fetch_part_bytes;
 
 /* Creates the stage for a remote source (src->remote and ops->locate set).
  * Plans nothing until stk__fetch_reset. STK_EINVAL for a lookahead over

@@ -38,6 +38,33 @@ static uint64_t rng_next(stk__remote *r)
     return stk__mix64(r->rng);
 }
 
+/* Writes n body bytes of an fd destination at their place in the file (a
+ * ranged request's bytes at off + got) and moves the request's high-water
+ * mark; false after a write error (the attempt ends, final). */
+static bool write_fd(stk__req *q, const char *p, size_t n)
+{
+    uint64_t base = q->len ? q->off : 0;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = stk__pwrite(q->fd, p + done, n - done, (off_t)(base + q->got + done));
+        if (w <= 0) {
+            q->write_errno = w < 0 ? errno : EIO;
+            stk__fmt(q->err, sizeof q->err, "cannot write the download: %s",
+                     strerror(q->write_errno));
+            q->retry_after_s_ = -2;
+            return false;
+        }
+        done += (size_t)w;
+    }
+    uint64_t hw = q->got + n;
+    if (hw > atomic_load_explicit(&q->written, memory_order_relaxed)) {
+        atomic_store_explicit(&q->written, hw, memory_order_release);
+        if (q->progress)
+            q->progress(q, q->ctx);
+    }
+    return true;
+}
+
 static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
 {
     stk__req *q = ud;
@@ -59,12 +86,16 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
         q->retry_after_s_ = -2; /* final */
         return 0;
     }
+    bool to_fd = q->fd >= 0 && !q->buf;
     if (q->len) {
         uint64_t room = q->len - q->got;
         if (n > room) {
             if (st == 200 && q->off == 0 && room) {
                 /* A server that sends the whole object: keep what was asked. */
-                memcpy(q->buf + q->got, p, (size_t)room);
+                if (to_fd && !write_fd(q, p, (size_t)room))
+                    return 0;
+                if (!to_fd)
+                    memcpy(q->buf + q->got, p, (size_t)room);
                 q->got += room;
             }
             if (st == 200 && q->off == 0) {
@@ -75,26 +106,13 @@ static size_t on_body(char *p, size_t sz, size_t nm, void *ud)
             q->retry_after_s_ = -2;
             return 0;
         }
-        memcpy(q->buf + q->got, p, n);
-    } else if (q->fd >= 0 && !q->buf) {
-        size_t done = 0;
-        while (done < n) {
-            ssize_t w = stk__pwrite(q->fd, p + done, n - done, (off_t)(q->got + done));
-            if (w <= 0) {
-                q->write_errno = w < 0 ? errno : EIO;
-                stk__fmt(q->err, sizeof q->err, "cannot write the download: %s",
-                         strerror(q->write_errno));
-                q->retry_after_s_ = -2;
-                return 0;
-            }
-            done += (size_t)w;
-        }
-        uint64_t hw = q->got + n;
-        if (hw > atomic_load_explicit(&q->written, memory_order_relaxed)) {
-            atomic_store_explicit(&q->written, hw, memory_order_release);
-            if (q->progress)
-                q->progress(q, q->ctx);
-        }
+        if (!to_fd)
+            memcpy(q->buf + q->got, p, n);
+        else if (!write_fd(q, p, n))
+            return 0;
+    } else if (to_fd) {
+        if (!write_fd(q, p, n))
+            return 0;
     } else {
         if (q->got + n > q->max_bytes) {
             stk__fmt(q->err, sizeof q->err, "object is larger than the %zu-byte limit",

@@ -95,7 +95,9 @@ struct stk__req {
     uint8_t *buf;        /* memory destination: len bytes (ranged), or NULL: the
                             engine allocates up to max_bytes (whole object) */
     size_t max_bytes;    /* limit for a whole object kept in memory */
-    int fd;              /* >= 0 (and buf NULL): write the body to fd from offset 0 */
+    int fd;              /* >= 0 (and buf NULL): write the body to fd, at offset 0, or
+                            with a range at its own place (off..off+len): several
+                            ranged requests may fill one file in parallel */
     void (*done)(stk__req *q, void *ctx);
     void *ctx;
     /* Optional, fd destinations: called on the I/O thread (no engine lock
@@ -111,12 +113,12 @@ struct stk__req {
     unsigned attempts;
     char validator[128]; /* the response's ETag, else its Last-Modified ("" when neither) */
     int write_errno;     /* fd destination: why writing the body failed (errno), else 0 */
-    /* fd destination: bytes [0, written) of the object are in the file, the
-     * most any attempt of this request has written (a retry rewrites the
-     * same object from offset 0; a changed object fails the request, and a
-     * reader of bytes written before that checks them by checksum). Written
-     * by the I/O thread, read by any (release/acquire: the bytes are in the
-     * file before the mark says so). */
+    /* fd destination: bytes [0, written) of the object (of the range, from
+     * off, for a ranged request) are in the file, the most any attempt of
+     * this request has written (a retry rewrites them from the start; a changed object fails the
+     * request, and a reader of bytes written before that checks them by checksum). Written by the
+     * I/O thread, read by any (release/acquire: the bytes are in the file before the mark says so).
+     */
     _Atomic uint64_t written;
     char err[384];
     /* engine private */

@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include "../../src/cache/cache.h"
+#include "../../src/fetch/fetch.h"
 #include "../../src/io/file.h"
 #include "../../src/io/remote.h"
 #include "../../src/io/transport.h"
@@ -51,8 +52,10 @@ enum {
     F_500_WHOLE_FIRST, /* each shard's first whole-object GET fails (500) */
     F_500_WHOLE_STALL, /* whole-object GETs fail (500), payload ranges hang */
     F_RATE,            /* over g_rate_limit requests a second (1 s windows): 503 */
-    F_SLOW_WHOLE,      /* whole-object GETs of a .stk trickle (~1.3 MB/s) */
-    F_CUT_WHOLE,       /* ... trickle their first half, then reset the connection */
+    F_SLOW_WHOLE,      /* downloads of a .stk trickle (~1.3 MB/s per request) */
+    F_CUT_WHOLE,       /* ... and each shard's second part trickles its first half
+                          slowly (~0.3 s), then the connection is reset */
+    F_CUT_PART_ONCE,   /* F_CUT_WHOLE's cut, once per shard (the retry succeeds) */
     F_STALL_SOME       /* every 50th payload range waits g_stall_ms, then is answered */
 };
 
@@ -207,17 +210,22 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
         return true;
     }
     uint64_t size = (uint64_t)st.st_size;
+    /* A download into the cache: a whole-object GET, or one part of one (a
+     * range at a multiple of the part size, a part long or to the end; the
+     * first part counts as the download's start). */
+    uint64_t pb = stk__fetch_part_bytes;
+    bool dl = !ranged || (a % pb == 0 && (b - a + 1 == pb || b + 1 == size));
     if (!ranged) {
         atomic_fetch_add(&srv.plain_gets, 1);
         a = 0;
         b = size - 1;
-        if (strstr(path, ".stk"))
-            atomic_fetch_add(&srv.whole_gets, 1);
     }
+    if (dl && a == 0 && strstr(path, ".stk"))
+        atomic_fetch_add(&srv.whole_gets, 1);
     if (b >= size)
         b = size - 1;
     int fault = srv.fault;
-    if (fault == F_500_WHOLE_FIRST && !ranged && strstr(path, ".stk") && first_time(key)) {
+    if (fault == F_500_WHOLE_FIRST && dl && strstr(path, ".stk") && first_time(key)) {
         close(f);
         reply_status(fd, 500, "");
         return true;
@@ -233,15 +241,14 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
         reply_status(fd, 500, "");
         return true;
     }
-    if (fault == F_SHARD_STATUS && strstr(path, "part-") &&
-        (!ranged || is_payload(path, ranged, a))) {
+    if (fault == F_SHARD_STATUS && strstr(path, "part-") && (dl || is_payload(path, ranged, a))) {
         close(f);
         reply_status(fd, 410 + atoi(strstr(path, "part-") + 5), "");
         return true;
     }
     if (fault == F_WHOLE_SHORT && !ranged && strstr(path, ".tar"))
         b = size / 2 - 1;
-    if (fault == F_500_WHOLE_STALL && !ranged && strstr(path, ".stk")) {
+    if (fault == F_500_WHOLE_STALL && dl && strstr(path, ".stk")) {
         close(f);
         reply_status(fd, 500, "");
         return true;
@@ -279,17 +286,20 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
     uint8_t *buf = malloc(n ? n : 1);
     ssize_t got = pread(f, buf, n, (off_t)a);
     close(f);
-    if ((fault == F_SLOW_WHOLE || fault == F_CUT_WHOLE) && !ranged && strstr(path, ".stk") &&
-        got > 0) {
-        /* A slow download: 4 KiB every 3 ms; F_CUT_WHOLE stops half-way
-         * with a reset. */
-        size_t stop = fault == F_CUT_WHOLE ? (size_t)got / 2 : (size_t)got;
+    if ((fault == F_SLOW_WHOLE || fault == F_CUT_WHOLE || fault == F_CUT_PART_ONCE) && dl &&
+        strstr(path, ".stk") && got > 0) {
+        /* A slow download: 4 KiB every 3 ms a request; the cut part stops
+         * half-way (after ~0.3 s) with a reset. */
+        bool cutp =
+            fault != F_SLOW_WHOLE && ranged && a == pb && (fault == F_CUT_WHOLE || first_time(key));
+        size_t stop = cutp ? (size_t)got / 2 : (size_t)got;
+        unsigned pace = cutp ? (unsigned)(300000 / (stop / 4096 + 1)) : 3000;
         for (size_t o = 0; o < stop && !atomic_load(&srv.stop); o += 4096) {
             send_all(fd, buf + o, stop - o < 4096 ? stop - o : 4096);
-            usleep(3000);
+            usleep(pace);
         }
         free(buf);
-        if (fault == F_CUT_WHOLE) {
+        if (cutp) {
             struct linger lg = {1, 0};
             setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
             return false;
@@ -1602,22 +1612,49 @@ static void make_big_dataset(const char *dir)
     stk_writer_close(w);
 }
 
-/* Cold cache: a shard being downloaded is read up to its high-water mark,
- * and samples the download will reach too late are fetched by range, so a
- * cold epoch does not wait for whole shards. Batches equal a local read;
- * each shard is downloaded once; the warm run reads only the cache. */
+/* The test part size: the big dataset's shards of up to ~700 KB download in
+ * up to 11 parts. */
+#define TEST_PART      65536u
+#define TEST_PARTS_MAX 11u
+
+/* The shards of dataset dir. */
+static int shards_of(const char *dir)
+{
+    stk_dataset *ds = NULL;
+    char err[512];
+    REQUIRE(stk_dataset_open(&ds, dir, NULL, err, sizeof err) == STK_OK);
+    stk_dataset_info di = {.struct_size = sizeof di};
+    REQUIRE(stk_dataset_describe(ds, &di) == STK_OK);
+    stk_dataset_close(ds);
+    return (int)di.shards;
+}
+
+/* Cold cache: a shard downloads in parallel ranged parts (of 64 KiB here,
+ * 8 at a time), each read as soon as its bytes are on disk, and samples in
+ * parts not started yet are fetched by range, so a cold epoch does not wait
+ * for whole shards. Batches equal a local read; each shard is downloaded
+ * once (every part once); the warm run reads only the cache. */
 static void test_cold_cache_reads_while_downloading(void)
 {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/big", g_www);
     run_out local = run(dir, 2, NULL, NULL, 0, 2);
     CHECK_EQ(local.samples, 180);
+    stk__fetch_part_bytes = TEST_PART;
     server_start(g_www, F_SLOW_WHOLE);
-    /* A consumer slow enough that the downloads (~0.55 s each, in parallel)
-     * complete within the two epochs, so the warm run finds every shard. */
+    int req0 = atomic_load(&srv.requests);
+    /* A consumer slow enough that the downloads (~0.15 s a part, 4 at a
+     * time) complete within the two epochs, so the warm run finds every
+     * shard. */
     g_consumer_ms = 30;
     run_out cold = run(url("big"), 2, tu_path("cache-cold"), NULL, 0, 2);
     g_consumer_ms = 0;
+    /* Each shard downloaded once, in parts; the requests: the parts, the
+     * open's, and the samples fetched by range (at most one each). */
+    uint64_t parts = cold.fs.cache_download_parts, sh = (uint64_t)shards_of(dir);
+    CHECK(parts >= 3 * sh && parts <= TEST_PARTS_MAX * sh);
+    CHECK((uint64_t)(atomic_load(&srv.requests) - req0) <=
+          parts + cold.fs.cache_cold_ranged + 1 + 3 * sh);
     CHECK_EQ(cold.open_rc, STK_OK);
     CHECK_EQ(cold.samples, local.samples);
     CHECK(cold.hash == local.hash);
@@ -1638,18 +1675,21 @@ static void test_cold_cache_reads_while_downloading(void)
     CHECK(warm.hash == local.hash);
     CHECK_EQ(warm.fs.cache_partial_reads, 0);
     CHECK_EQ(warm.fs.cache_cold_ranged, 0);
+    CHECK_EQ(warm.fs.cache_download_parts, 0);
     CHECK_EQ(atomic_load(&srv.whole_gets), shards);
     server_stop();
+    stk__fetch_part_bytes = 8ull << 20;
 }
 
-/* A download that fails midway (every whole GET cut half-way, no retries):
- * the samples read from its first half stay good, the rest come by range;
- * nothing is delivered twice or lost. */
+/* A download that fails midway (each shard's second part cut half-way, no
+ * retries): the samples read from its other parts while it ran stay good,
+ * the rest come by range; nothing is delivered twice or lost. */
 static void test_cold_download_cut_midway(void)
 {
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/big", g_www);
     run_out local = run(dir, 2, NULL, NULL, 0, 1);
+    stk__fetch_part_bytes = TEST_PART;
     server_start(g_www, F_CUT_WHOLE);
     g_extra[0] = "fetch_retries";
     g_extra[1] = "0";
@@ -1663,6 +1703,40 @@ static void test_cold_download_cut_midway(void)
     if (r.msg[0])
         fprintf(stderr, "    unexpected: %s\n", r.msg);
     server_stop();
+    stk__fetch_part_bytes = 8ull << 20;
+}
+
+/* A part cut half-way once is retried (the engine's retries), in place in
+ * the cache file: every download completes, nothing falls back to ranges,
+ * and the warm run reads only the cache, equal to a local read. */
+static void test_cold_download_part_retried(void)
+{
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/big", g_www);
+    run_out local = run(dir, 2, NULL, NULL, 0, 1);
+    stk__fetch_part_bytes = TEST_PART;
+    server_start(g_www, F_CUT_PART_ONCE);
+    g_consumer_ms = 30;
+    run_out r = run(url("big"), 2, tu_path("cache-retry"), NULL, STK_ON_ERROR_RAISE, 1);
+    g_consumer_ms = 0;
+    uint64_t shards = (uint64_t)shards_of(dir);
+    CHECK_EQ(r.open_rc, STK_OK);
+    CHECK_EQ(r.samples, local.samples);
+    CHECK(r.hash == local.hash);
+    CHECK_EQ(r.fs.cache_fallbacks, 0);
+    CHECK_EQ(r.fs.cache_misses, shards);
+    CHECK(r.fs.retries >= shards);
+    CHECK(r.fs.cache_download_parts >= 3 * shards &&
+          r.fs.cache_download_parts <= TEST_PARTS_MAX * shards);
+    run_out warm = run(url("big"), 2, tu_path("cache-retry"), NULL, STK_ON_ERROR_RAISE, 1);
+    CHECK(warm.hash == local.hash);
+    CHECK_EQ(warm.fs.cache_misses, 0);
+    CHECK_EQ(warm.fs.cache_cold_ranged, 0);
+    CHECK_EQ(warm.fs.cache_download_parts, 0);
+    if (r.msg[0])
+        fprintf(stderr, "    unexpected: %s\n", r.msg);
+    server_stop();
+    stk__fetch_part_bytes = 8ull << 20;
 }
 
 /* A lookahead of a million small samples plans in a loop, not one stack
@@ -3698,6 +3772,7 @@ int main(void)
     }
     RUN_IF(test_cold_cache_reads_while_downloading);
     RUN_IF(test_cold_download_cut_midway);
+    RUN_IF(test_cold_download_part_retried);
     make_mix_sets();
     RUN_IF(test_mixture_remote_as_local);
     RUN_IF(test_mixture_faults_are_retried);

@@ -303,9 +303,13 @@ def test_two_processes_share_one_cache_and_download_each_shard_once(packed, tmp_
                  for r in range(2)]
         outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
         assert all(p.returncode == 0 for p in procs)
-        whole = [r for r in srv.requests() if r["path"].endswith(".stk") and not r["range"]]
+        # A download into the cache: ranged parts of 8 MiB, here one part (the
+        # whole shard) each.
+        sizes = {s: os.path.getsize(packed["local"] / s) for s in packed["shards"]}
+        whole = [r for r in srv.requests() if r["path"].rsplit("/", 1)[1] in sizes and
+                 r["range"] == f"bytes=0-{sizes[r['path'].rsplit('/', 1)[1]] - 1}"]
         paths = sorted(r["path"].rsplit("/", 1)[1] for r in whole)
-        assert paths == packed["shards"]  # each shard downloaded whole exactly once
+        assert paths == packed["shards"]  # each shard downloaded exactly once
     assert sum(o["fetch"]["cache_misses"] for o in outs) == len(packed["shards"])
 
 
@@ -622,9 +626,11 @@ def test_a_trickling_server_meets_the_attempt_deadline(packed, tmp_path):
     sizes = {s: os.path.getsize(packed["local"] / s) for s in packed["shards"]}
     shard = max(sizes, key=sizes.get)
     assert sizes[shard] > 30000
-    # Whole-object GETs only: after the cut the shard's samples are read by
-    # ranges (the cache's fallback), which must not trickle too.
-    plan = [{"kind": "trickle", "rate": 4096, "path": f"/ds/{shard}", "ranged": False}]
+    # The download only (one ranged part, the whole shard): after the cut the
+    # shard's samples are read by ranges (the cache's fallback), which must
+    # not trickle too.
+    part = f"bytes=0-{sizes[shard] - 1}"
+    plan = [{"kind": "trickle", "rate": 4096, "path": f"/ds/{shard}", "ranged": part}]
     with stk_servers.FaultServer(packed["www"], plan) as srv:
         t0 = time.monotonic()
         with stoker.Loader(f"{srv.url}/ds/{shard}", 8, output="numpy", on_error="skip",
@@ -634,7 +640,7 @@ def test_a_trickling_server_meets_the_attempt_deadline(packed, tmp_path):
                 pass
             st = L.stats()["fetch"]
         took = time.monotonic() - t0
-        whole = [q for q in srv.requests() if not q["range"]]
+        whole = [q for q in srv.requests() if q["range"] == part]
     assert whole and not whole[0]["completed"], whole
     assert st["failures"] > 0
     assert took < sizes[shard] / 4096 - 2, took

@@ -98,7 +98,9 @@ FaultServer(root, plan=(), port=None)
       Which requests: `path` (an fnmatch pattern on the decoded path, e.g.
       "/ds/shard-0003.stk" or "*.stk"; None = all), `method` ("GET"/"HEAD")
       and `ranged` (True: only requests with a Range header, False: only
-      those without, e.g. whole-object downloads; None = both) select; then
+      those without, e.g. whole-object downloads; a string: only requests
+      with that Range header, e.g. "bytes=0-999", a shard's download into
+      the cache in one part; None = both) select; then
       at most one of
           first_attempts=N  the first N attempts of each distinct request
                             (method, path, Range header)
@@ -897,7 +899,9 @@ class Fault:
         return (
             (self.path is None or fnmatch.fnmatchcase(path, self.path))
             and (self.method is None or self.method == method)
-            and (self.ranged is None or self.ranged == (rng is not None))
+            and (self.ranged is None
+                 or (self.ranged == rng if isinstance(self.ranged, str)
+                     else self.ranged == (rng is not None)))
         )
 
     def _fires(self, attempt, ident=None):
