@@ -963,7 +963,11 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
             size_t shard;
             uint64_t off, len;
             f->src->ops->locate(f->src, i, &shard, &off, &len);
-            if (!must && shard != SIZE_MAX && !f->cache && f->blk_live >= f->blk_target &&
+            /* Whether this shard may go to the disk cache (a mixture's
+             * source may keep out of it: shard_nocache). */
+            bool cached = f->cache && !(shard != SIZE_MAX && f->src->shard_nocache &&
+                                        f->src->shard_nocache[shard]);
+            if (!must && shard != SIZE_MAX && !cached && f->blk_live >= f->blk_target &&
                 !f->blk[block_of(f, i)]) {
                 /* The block budget is full and this sample needs a block not
                  * alive: planned when one is freed. Samples of live blocks
@@ -979,7 +983,7 @@ static void plan_more(stk__fetch *f, uint64_t upto, bool force)
                 e->state = E_LOCAL; /* read by the source when reached */
                 continue;
             }
-            if (f->cache && plan_cached(f, e, (uint32_t)shard, off)) {
+            if (cached && plan_cached(f, e, (uint32_t)shard, off)) {
                 e->off = off;
                 continue;
             }

@@ -886,6 +886,10 @@ static void test_per_source_options(void)
     CHECK(strstr(stk_options_errmsg(o), "mixture source 1") != NULL);
     CHECK(strstr(stk_options_errmsg(o), "'cache_dir'") != NULL);
     CHECK(strstr(stk_options_errmsg(o), "one disk cache") != NULL);
+    /* A source may keep out of the cache (0 or 1 only). */
+    CHECK_EQ(stk_options_source_set(o, 1, "cache", "0"), STK_OK);
+    CHECK_EQ(stk_options_source_set(o, 1, "cache", "2"), STK_EINVAL);
+    CHECK(strstr(stk_options_errmsg(o), "cache is 0 or 1") != NULL);
     CHECK_EQ(stk_options_source_set(o, 0, "fetch_retries", "2"), STK_EUNSUPPORTED);
     CHECK(strstr(stk_options_errmsg(o), "'fetch_retries' is the loader's") != NULL);
     CHECK_EQ(stk_options_source_set(o, 0, "no_such_key", "2"), STK_EINVAL);

@@ -189,13 +189,16 @@ def test_remote_children_match_local(sets, tmp_path, monkeypatch):
     r = stoker.pack(sets[1], www / "green", threads=2)
     assert r["samples"] == 30
 
-    def run(paths, **kw):
-        with stoker.Loader([stoker.Source(p, weight=w) for p, w in zip(paths, (0.5, 0.3, 0.2))],
-                           10, fields={"image": "image;jpg"},
+    def run(paths, own=None, **kw):
+        """own: per source, its own options (e.g. cache=False)."""
+        own = own or [{}] * 3
+        srcs = [stoker.Source(p, weight=w, **o) for p, w, o in zip(paths, (0.5, 0.3, 0.2), own)]
+        with stoker.Loader(srcs, 10, fields={"image": "image;jpg"},
                            transform="Resize((16, 16))|CenterCrop(16)", samples_per_epoch=60,
                            seed=9, threads=2, **kw) as ld:
             out = [(b["source"].clone(), b["image"].clone()) for e in range(2)
                    for b in (ld.set_epoch(e) or ld)]
+            run.fetch = ld.stats()["fetch"]
             return out, ld.stats()["sources"]
 
     want, _ = run([sets[0], www / "green", sets[2]])
@@ -214,6 +217,19 @@ def test_remote_children_match_local(sets, tmp_path, monkeypatch):
                          cache_dir=tmp_path / "cache")
         assert any(q["path"].endswith(".stk") for q in http.requests())
         assert any(q["path"].endswith("blue.tar") for q in s3.requests())
+        assert run.fetch["cache_misses"] >= 1      # the .stk shard went to the cache
+        # The .stk source's own cache=False: the same batches, its shard read
+        # by range and never admitted (the tar still comes from the cache).
+        nocache, _ = run([sets[0], f"{http.url}/green", "s3://bkt/mix/blue.tar"],
+                         own=[{}, {"cache": False}, {}], cache_dir=tmp_path / "cache2")
+        assert run.fetch["cache_misses"] == 0 and run.fetch["cache_hits"] == 0
+        assert run.fetch["requests"] > 0
+        for (s1, i1), (s2, i2) in zip(nocache, want):
+            assert torch.equal(s1, s2) and torch.equal(i1, i2)
+        # A remote whole-file source cannot keep out of the cache.
+        with pytest.raises(ValueError, match=r"mixture source 2 .*cache 0.*whole files"):
+            run([sets[0], f"{http.url}/green", "s3://bkt/mix/blue.tar"],
+                own=[{}, {}, {"cache": False}], cache_dir=tmp_path / "cache3")
     assert len(got) == len(want) == 12
     for (s1, i1), (s2, i2) in zip(got, want):
         assert torch.equal(s1, s2) and torch.equal(i1, i2)
