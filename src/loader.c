@@ -365,14 +365,10 @@ static int start_device(core *c, char *err, size_t errlen)
     return stk__devstage_create(&c->dstage, &cfg, err, errlen);
 }
 
-static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
+/* The fetch stage's configuration (setup_fetch; choose_depth sizes its
+ * buffer with it before the stage exists). */
+static stk__fetch_cfg fetch_cfg(const core *c, const stk_options *o)
 {
-    /* A remote source, or a mixture with remote children (its shard table
-     * names their stores; its local children's samples are read by it). */
-    if ((!c->src.remote && !c->src.shard_remote) || !c->src.ops->locate)
-        return STK_OK;
-    stk__fetch_plan plan;
-    stk__schedule_plan(&c->sched, &plan);
     stk__fetch_cfg fc = {0};
     fc.buffer_bytes = o->fetch_buffer;
     fc.lookahead = o->fetch_lookahead;
@@ -383,6 +379,18 @@ static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
     fc.block_window = o->shard_window ? o->shard_window : 8;
     fc.cache_dir = o->cache_dir;
     fc.cache_limit = o->cache_limit;
+    return fc;
+}
+
+static int setup_fetch(core *c, const stk_options *o, char *err, size_t errlen)
+{
+    /* A remote source, or a mixture with remote children (its shard table
+     * names their stores; its local children's samples are read by it). */
+    if ((!c->src.remote && !c->src.shard_remote) || !c->src.ops->locate)
+        return STK_OK;
+    stk__fetch_plan plan;
+    stk__schedule_plan(&c->sched, &plan);
+    stk__fetch_cfg fc = fetch_cfg(c, o);
     int rc = stk__fetch_create(&c->fetch, &c->src, &plan, &fc, err, errlen);
     if (rc)
         return rc;
@@ -439,8 +447,16 @@ static int choose_depth(core *c, const stk_options *o, char *err, size_t errlen)
             budget = (uint64_t)1 << 30; /* no /proc: 1 GiB */
     }
     uint64_t extra = 0;
-    if (c->src.remote || c->src.shard_remote)
+    if ((c->src.remote || c->src.shard_remote) && c->src.ops->locate) {
+        /* What the stage will take (setup_fetch; order "blocks": windows of
+         * blocks by default, past the 64 MiB of a byte budget). */
+        stk__fetch_plan plan;
+        stk__schedule_plan(&c->sched, &plan);
+        stk__fetch_cfg fc = fetch_cfg(c, o);
+        extra += stk__fetch_bound(&c->src, &plan, &fc);
+    } else if (c->src.remote || c->src.shard_remote) {
         extra += o->fetch_buffer ? o->fetch_buffer : (uint64_t)64 << 20;
+    }
     if (o->trace)
         extra += stk__trace_bytes(o->trace_events);
     unsigned best = 0;

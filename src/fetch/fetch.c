@@ -1038,67 +1038,58 @@ static int stk__pread_all(int fd, uint8_t *buf, size_t n, uint64_t off, char *er
     return STK_OK;
 }
 
-/* Order "blocks": the window, the largest block, and the default budget
- * (block_budget). */
-static void blocks_setup(stk__fetch *f, const stk__source *src, const stk__fetch_cfg *cfg)
+/* Order "blocks": the blocks per window and the largest block's bytes. */
+static void blocks_measure(const stk__source *src, const stk__fetch_cfg *cfg, unsigned *window,
+                           uint64_t *block_max)
 {
-    /* The block order's budget (block_budget): by default up to three
-     * windows and two blocks, so that the next window is fetched while
-     * one is read, and a second one when the latency needs it. */
-    f->window = cfg->block_window ? cfg->block_window : 8;
-    if (f->window > cfg->nblocks)
-        f->window = (unsigned)cfg->nblocks;
+    *window = cfg->block_window ? cfg->block_window : 8;
+    if (*window > cfg->nblocks)
+        *window = (unsigned)cfg->nblocks;
+    *block_max = 0;
     for (size_t b = 0; b < cfg->nblocks; b++) {
         size_t shard;
         uint64_t o0, l0, o1, l1;
         src->ops->locate(src, cfg->block_first[b], &shard, &o0, &l0);
         src->ops->locate(src, cfg->block_first[b + 1] - 1, &shard, &o1, &l1);
-        if (o1 + l1 - o0 > f->block_max)
-            f->block_max = o1 + l1 - o0;
-    }
-    /* A mixture (shard_remote) reads a window of each source's blocks at
-     * once: it keeps the byte budget. */
-    if (!cfg->buffer_bytes && !src->shard_remote) {
-        f->blk_auto = true;
-        uint64_t want = (3 * (uint64_t)f->window + 2) * f->block_max;
-        if (want > f->cfg.buffer_bytes)
-            f->cfg.buffer_bytes = want;
+        if (o1 + l1 - o0 > *block_max)
+            *block_max = o1 + l1 - o0;
     }
 }
 
-/* ---- API ---------------------------------------------------------------------- */
-
-int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
-                      const stk__fetch_cfg *cfg, char *err, size_t errlen)
+/* Whether cfg gets the block order's default budget (block_budget): blocks,
+ * no buffer_bytes given, and no mixture (shard_remote), which reads a
+ * window of each source's blocks at once and keeps the byte budget. */
+static bool blocks_auto(const stk__source *src, const stk__fetch_cfg *cfg)
 {
-    *out = NULL;
-    if ((!src->remote && !src->shard_remote) || !src->ops->locate || !src->ops->accept ||
-        !src->shard_objs) {
-        stk__fmt(err, errlen, "this source cannot be fetched ahead");
-        return STK_EUNSUPPORTED;
+    return cfg->block_first && cfg->nblocks && src->ops->locate && !cfg->buffer_bytes &&
+           !src->shard_remote;
+}
+
+/* The block order's default budget: up to three windows and two blocks, so
+ * that the next window is fetched while one is read, and a second one when
+ * the latency needs it; at least the 64 MiB of any order. */
+static uint64_t blocks_default_bytes(unsigned window, uint64_t block_max)
+{
+    uint64_t want = (3 * (uint64_t)window + 2) * block_max;
+    return want > (64ULL << 20) ? want : 64ULL << 20;
+}
+
+/* Order "blocks": the window, the largest block, and the default budget
+ * (block_budget). */
+static void blocks_setup(stk__fetch *f, const stk__source *src, const stk__fetch_cfg *cfg)
+{
+    blocks_measure(src, cfg, &f->window, &f->block_max);
+    if (blocks_auto(src, cfg)) {
+        f->blk_auto = true;
+        f->cfg.buffer_bytes = blocks_default_bytes(f->window, f->block_max);
     }
-    if (cfg->lookahead > STK_FETCH_LOOKAHEAD_MAX) {
-        stk__fmt(err, errlen, "fetch_lookahead %llu is more than %llu samples",
-                 (unsigned long long)cfg->lookahead, (unsigned long long)STK_FETCH_LOOKAHEAD_MAX);
-        return STK_EINVAL;
-    }
-    stk__fetch *f = stk__calloc(1, sizeof *f);
-    if (!f)
-        return STK_ENOMEM;
-    f->src = src;
-    f->remote = src->remote;
-    /* The distinct stores (one, or a mixture's remote children's: each
-     * child's shards are consecutive in the table, so a store is new when
-     * it is not the last one's). */
-    if (!(f->stores = stk__calloc(src->shard_remote ? src->nshards : 1, sizeof *f->stores))) {
-        stk__free(f);
-        return STK_ENOMEM;
-    }
-    for (size_t k = 0; k < (src->shard_remote ? src->nshards : 1); k++) {
-        stk__remote *r = src->shard_remote ? src->shard_remote[k] : src->remote;
-        if (r && (!f->nstores || f->stores[f->nstores - 1] != r))
-            f->stores[f->nstores++] = r;
-    }
+}
+
+/* The stage's sizes (create; stk__fetch_bound): cfg with its defaults, the
+ * lookahead, the blocks and the ring's capacity. */
+static void fetch_size(stk__fetch *f, const stk__source *src, const stk__fetch_plan *plan,
+                       const stk__fetch_cfg *cfg)
+{
     f->plan = *plan;
     f->cfg = *cfg;
     if (!f->cfg.buffer_bytes)
@@ -1134,6 +1125,42 @@ int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan 
     f->cap = 1;
     while (f->cap < need)
         f->cap <<= 1;
+}
+
+/* ---- API ---------------------------------------------------------------------- */
+
+int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
+                      const stk__fetch_cfg *cfg, char *err, size_t errlen)
+{
+    *out = NULL;
+    if ((!src->remote && !src->shard_remote) || !src->ops->locate || !src->ops->accept ||
+        !src->shard_objs) {
+        stk__fmt(err, errlen, "this source cannot be fetched ahead");
+        return STK_EUNSUPPORTED;
+    }
+    if (cfg->lookahead > STK_FETCH_LOOKAHEAD_MAX) {
+        stk__fmt(err, errlen, "fetch_lookahead %llu is more than %llu samples",
+                 (unsigned long long)cfg->lookahead, (unsigned long long)STK_FETCH_LOOKAHEAD_MAX);
+        return STK_EINVAL;
+    }
+    stk__fetch *f = stk__calloc(1, sizeof *f);
+    if (!f)
+        return STK_ENOMEM;
+    f->src = src;
+    f->remote = src->remote;
+    /* The distinct stores (one, or a mixture's remote children's: each
+     * child's shards are consecutive in the table, so a store is new when
+     * it is not the last one's). */
+    if (!(f->stores = stk__calloc(src->shard_remote ? src->nshards : 1, sizeof *f->stores))) {
+        stk__free(f);
+        return STK_ENOMEM;
+    }
+    for (size_t k = 0; k < (src->shard_remote ? src->nshards : 1); k++) {
+        stk__remote *r = src->shard_remote ? src->shard_remote[k] : src->remote;
+        if (r && (!f->nstores || f->stores[f->nstores - 1] != r))
+            f->stores[f->nstores++] = r;
+    }
+    fetch_size(f, src, plan, cfg);
     if (pthread_mutex_init(&f->lock, NULL)) {
         stk__free(f->stores);
         stk__free(f);
@@ -1575,19 +1602,49 @@ void stk__fetch_stats_get(stk__fetch *f, stk__fetch_stats *st)
     }
 }
 
-uint64_t stk__fetch_memory_bound(const stk__fetch *f)
+/* The bytes a hedge may duplicate: a request's slack per hedge slot of each
+ * store (a mixture's children's shards are consecutive: a store is new when
+ * it is not the last one's). */
+static uint64_t hedge_bytes(const stk__source *src, uint64_t slack)
+{
+    uint64_t h = 0;
+    const stk__remote *last = NULL;
+    for (size_t k = 0; k < (src->shard_remote ? src->nshards : 1); k++) {
+        const stk__remote *r = src->shard_remote ? src->shard_remote[k] : src->remote;
+        if (r && r != last) {
+            h += (uint64_t)stk__remote_hedge_slots(r) * slack;
+            last = r;
+        }
+    }
+    return h;
+}
+
+/* The peak bytes of a stage sized as f (fetch_size) over src. */
+static uint64_t bound_of(const stk__fetch *f, const stk__source *src)
 {
     /* The budget, plus what forced planning may add (threads x a claim run
      * of the largest sample), plus a request's worth of merging slack, the
      * ring and the chunk headers. */
-    uint64_t maxs = f->src->max_len ? f->src->max_len : (1u << 20);
+    uint64_t maxs = src->max_len ? src->max_len : (1u << 20);
     uint64_t forced = (uint64_t)(f->cfg.threads ? f->cfg.threads : 1) * 16 * maxs;
     uint64_t chunks = f->cap * (sizeof(chunk) + 64);
     uint64_t slack = f->block_max > f->cfg.max_request ? f->block_max : f->cfg.max_request;
     /* A hedged request (io/remote.c) receives into a copy of its buffer. */
-    uint64_t hedges = 0;
-    for (size_t k = 0; k < f->nstores; k++)
-        hedges += (uint64_t)stk__remote_hedge_slots(f->stores[k]) * slack;
+    uint64_t hedges = hedge_bytes(src, slack);
     return f->cfg.buffer_bytes + slack + hedges + forced + f->cap * sizeof(entry) + chunks +
            f->cfg.nblocks * sizeof *f->blk + sizeof *f;
+}
+
+uint64_t stk__fetch_memory_bound(const stk__fetch *f)
+{
+    return bound_of(f, f->src);
+}
+
+uint64_t stk__fetch_bound(const stk__source *src, const stk__fetch_plan *plan,
+                          const stk__fetch_cfg *cfg)
+{
+    stk__fetch f;
+    memset(&f, 0, sizeof f);
+    fetch_size(&f, src, plan, cfg);
+    return bound_of(&f, src);
 }

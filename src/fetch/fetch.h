@@ -103,6 +103,11 @@ extern uint64_t stk__fetch_part_bytes;
  * STK_FETCH_LOOKAHEAD_MAX. */
 int stk__fetch_create(stk__fetch **out, stk__source *src, const stk__fetch_plan *plan,
                       const stk__fetch_cfg *cfg, char *err, size_t errlen);
+/* stk__fetch_memory_bound of a stage that stk__fetch_create would make
+ * with these arguments, for sizing memory before it exists (depth "auto":
+ * order "blocks" buffers windows of blocks by default). Opens nothing. */
+uint64_t stk__fetch_bound(const stk__source *src, const stk__fetch_plan *plan,
+                          const stk__fetch_cfg *cfg);
 /* Stops planning and wakes waiting workers (their reads fail). */
 void stk__fetch_cancel(stk__fetch *f);
 /* A seek is coming: reads waiting on the network now, or until the

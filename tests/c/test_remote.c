@@ -1092,6 +1092,67 @@ static void test_block_budget(void)
     g_order = "global";
 }
 
+/* depth "auto" with the block order's default fetch budget (fetch.c,
+ * blocks_setup: the larger of 64 MiB and 3 windows + 2 blocks): the depth is
+ * chosen with the budget the stage will take, so the loader's memory bound
+ * stays within memory_budget. 64 blocks of 3 KB and one of 1 MiB, windows of
+ * 64 blocks: the stage takes 194 MiB, not the 64 MiB of a byte budget. */
+static void test_block_budget_depth_auto(void)
+{
+    char dir[1200], path[1300], err[512];
+    snprintf(dir, sizeof dir, "%s/bigblk", g_www);
+    tu_mkdirs(dir);
+    snprintf(path, sizeof path, "%s/b.stk", dir);
+    stk__stk_header h = {0};
+    h.kind = STK_PAYLOAD_ENCODED;
+    stk__stk_writer *w;
+    REQUIRE(stk__stkw_open(&w, path, &h, err, sizeof err) == STK_OK);
+    size_t big = 1u << 20;
+    uint8_t *data = calloc(1, big);
+    REQUIRE(data != NULL);
+    for (int k = 0; k < 65; k++)
+        REQUIRE(stk__stkw_add(w, data, k == 64 ? big : 3000, k % 2, NULL, 0, 0, err, sizeof err) ==
+                STK_OK);
+    free(data);
+    uint64_t fsize;
+    REQUIRE(stk__stkw_finish(w, 2, &fsize, err, sizeof err) == STK_OK);
+    server_start(g_www, F_NONE);
+    /* 150 MiB: too little for the stage (its 194 MiB of blocks, and a
+     * forced claim run of the 1 MiB sample): refused; 500 MiB: room. */
+    const char *budgets[2] = {"150M", "500M"};
+    for (int t = 0; t < 2; t++) {
+        stk_options *o;
+        REQUIRE(stk_options_create(&o) == STK_OK);
+        stk_options_set_source(o, url("bigblk/b.stk"));
+        stk_options_set_batch_size(o, 8);
+        stk_options_set_threads(o, 1);
+        REQUIRE(stk_options_set(o, "order", "blocks") == STK_OK);
+        REQUIRE(stk_options_set(o, "block_bytes", "4K") == STK_OK);
+        REQUIRE(stk_options_set(o, "shard_window", "64") == STK_OK);
+        REQUIRE(stk_options_set(o, "depth", "auto") == STK_OK);
+        REQUIRE(stk_options_set(o, "memory_budget", budgets[t]) == STK_OK);
+        REQUIRE(stk_options_set(o, "batch_memory", "2M") == STK_OK);
+        uint64_t budget = (t ? 500ull : 150ull) << 20;
+        stk_loader *l = NULL;
+        int rc = stk_loader_open(&l, o);
+        stk_options_destroy(o);
+        /* Within the budget, or refused for it: never opened past it. */
+        CHECK(rc == STK_OK || (t == 0 && rc == STK_ETOOBIG));
+        if (rc == STK_OK) {
+            uint64_t bound = stk_loader_memory_bound(l);
+            if (bound > budget)
+                fprintf(stderr, "    memory bound %llu bytes, over the budget of %llu\n",
+                        (unsigned long long)bound, (unsigned long long)budget);
+            CHECK(bound <= budget);
+            stk_batch *b;
+            CHECK_EQ(stk_loader_next(l, &b), STK_OK);
+            stk_batch_release(b);
+        }
+        stk_loader_close(l);
+    }
+    server_stop();
+}
+
 /* Requests a second over the last half of the server's record, and the
  * share of them it throttled. */
 static void second_half(double *rate, double *throttled)
@@ -3755,6 +3816,7 @@ int main(void)
     RUN_IF(test_resume_mid_epoch);
     RUN_IF(test_block_order);
     RUN_IF(test_block_budget);
+    RUN_IF(test_block_budget_depth_auto);
     RUN_IF(test_governor);
     RUN_IF(test_hedge);
     RUN_IF(test_slow_admission_blocks_nothing);
