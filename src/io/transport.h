@@ -183,4 +183,11 @@ static inline void stk__transport_close(stk__transport *t)
         t->ops->close(t);
 }
 
+/* The copy slots of a transport whose objects are read where they lie
+ * (local files, cached copies): copy_start fails c with STK_EUNSUPPORTED and
+ * "WHAT is read where it is, never copied"; copy_wait has nothing to wait
+ * for. */
+int stk__tp_copy_refused(stk__tcopy *c, const char *what);
+void stk__tp_copy_wait_none(stk__transport *t, stk__tcopy *c);
+
 #endif

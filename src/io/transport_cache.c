@@ -365,15 +365,7 @@ static int cache_get(stk__transport *t, const char *name, size_t limit, uint8_t 
 static int cache_copy_start(stk__transport *t, stk__tcopy *c)
 {
     (void)t;
-    c->rc = STK_EUNSUPPORTED;
-    stk__fmt(c->err, sizeof c->err, "a cached copy is read where it is, never copied");
-    return c->rc;
-}
-
-static void cache_copy_wait(stk__transport *t, stk__tcopy *c)
-{
-    (void)t;
-    (void)c;
+    return stk__tp_copy_refused(c, "a cached copy");
 }
 
 static void cache_display(const stk__transport *t, const char *name, char *buf, size_t n)
@@ -412,7 +404,7 @@ static const stk__tp_ops k_cache_ops = {.kind = "cache",
                                         .read = cache_read,
                                         .get = cache_get,
                                         .copy_start = cache_copy_start,
-                                        .copy_wait = cache_copy_wait,
+                                        .copy_wait = stk__tp_copy_wait_none,
                                         .display = cache_display,
                                         .id = cache_id,
                                         .path = cache_path,

@@ -192,19 +192,24 @@ static void file_close(stk__transport *t)
     stk__free(f);
 }
 
+int stk__tp_copy_refused(stk__tcopy *c, const char *what)
+{
+    c->rc = STK_EUNSUPPORTED;
+    stk__fmt(c->err, sizeof c->err, "%s is read where it is, never copied", what);
+    return c->rc;
+}
+
+void stk__tp_copy_wait_none(stk__transport *t, stk__tcopy *c)
+{
+    (void)t;
+    (void)c;
+}
+
 /* A local file needs no copy into the cache: readers open it where it is. */
 static int file_copy_start(stk__transport *t, stk__tcopy *c)
 {
     (void)t;
-    c->rc = STK_EUNSUPPORTED;
-    stk__fmt(c->err, sizeof c->err, "a local file is read where it is, never copied");
-    return c->rc;
-}
-
-static void file_copy_wait(stk__transport *t, stk__tcopy *c)
-{
-    (void)t;
-    (void)c;
+    return stk__tp_copy_refused(c, "a local file");
 }
 
 static const stk__tp_ops k_file_ops = {.kind = "file",
@@ -214,7 +219,7 @@ static const stk__tp_ops k_file_ops = {.kind = "file",
                                        .read = file_read,
                                        .get = file_get,
                                        .copy_start = file_copy_start,
-                                       .copy_wait = file_copy_wait,
+                                       .copy_wait = stk__tp_copy_wait_none,
                                        .display = path_of,
                                        .id = path_of,
                                        .path = file_path,
