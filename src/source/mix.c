@@ -10,7 +10,9 @@
  * map per child from its field ids to the mixture's), plus "source", the
  * child's index as an INT field, when no child has a field of that name. The
  * loader checks that each child has every requested field
- * (stk__source_mix_check_field).
+ * (stk__source_mix_check_field). A name the union lacks (a Parquet list's
+ * element, "images[0]") is resolved through each child that resolves names
+ * (mix_field_named).
  *
  * Remote children (docs/remote.md): a child whose samples are byte ranges
  * of shards in an object store (a remote .stk: remote, locate, accept and
@@ -222,6 +224,48 @@ static void mix_close(stk__source *s)
     s->impl = NULL;
 }
 
+/* A field the union does not list, by name (a Parquet list's element
+ * "images[0]"): asked of every child that resolves names; each that has it
+ * maps its new field to the mixture's. A child without it lacks the field
+ * (stk__source_mix_check_field names it unless it is optional). The
+ * mixture's field is made first, so a child's new field always has one to
+ * map to, and dropped again when no child has the name. */
+static int mix_field_named(stk__source *s, const char *name, size_t len)
+{
+    mixsrc *m = s->impl;
+    int id = stk__source_add_field(s, name, len, STK_FIELD_AUTO, 0);
+    if (id < 0)
+        return -1;
+    stk__field_desc *u = &s->fields[id];
+    bool found = false;
+    for (size_t k = 0; k < m->n; k++) {
+        stk__source *c = &m->kids[k];
+        int f = c->ops->field_named ? c->ops->field_named(c, name, len) : -1;
+        if (f < 0)
+            continue;
+        const stk__field_desc *d = &c->fields[f];
+        m->map[k][f] = (uint32_t)id;
+        if (!found) {
+            u->kind = d->kind;
+            u->samples = d->samples;
+        } else {
+            if (u->kind != d->kind)
+                u->kind = STK_FIELD_AUTO; /* decided by the field's name */
+            u->samples = u->samples == UINT64_MAX || d->samples == UINT64_MAX
+                             ? UINT64_MAX
+                             : u->samples + d->samples;
+        }
+        found = true;
+    }
+    if (!found) {
+        stk__free(u->name);
+        u->name = NULL;
+        s->nfields--;
+        return -1;
+    }
+    return id;
+}
+
 static const stk__source_ops mix_ops_images = {
     .kind = "mixture",
     .read = mix_read,
@@ -236,6 +280,7 @@ static const stk__source_ops mix_ops_images = {
     .key = mix_key,
     .class_name = mix_class_name,
     .meta = mix_meta,
+    .field_named = mix_field_named,
 };
 
 static const stk__source_ops mix_ops_bytes = {
@@ -252,6 +297,7 @@ static const stk__source_ops mix_ops_bytes = {
     .key = mix_key,
     .class_name = mix_class_name,
     .meta = mix_meta,
+    .field_named = mix_field_named,
 };
 
 static int find_field(const stk__source *s, const char *name)

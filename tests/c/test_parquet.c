@@ -527,6 +527,110 @@ static void test_list_missing_element(void)
     }
 }
 
+/* A mixture resolves element names through each source that has the list:
+ * two DuckDB list files mixed, every element field of every sample checked
+ * against its own file's formula (the row is its "id"). A source without
+ * the list fails the open naming the source and the field; asked as
+ * optional, its samples lack the field. */
+static int open_list_mix(stk_loader **l, const char *second, const char *fields)
+{
+    stk_options *o = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_add_source(o, "tests/fuzz/corpus/parquet/lists-v1-snappy", 0, 0) == STK_OK);
+    REQUIRE(stk_options_add_source(o, second, 0, 0) == STK_OK);
+    REQUIRE(stk_options_set_batch_size(o, 9) == STK_OK);
+    REQUIRE(stk_options_set_threads(o, 2) == STK_OK);
+    REQUIRE(stk_options_set_fields(o, fields) == STK_OK);
+    int rc = stk_loader_open(l, o);
+    stk_options_destroy(o);
+    return rc;
+}
+
+static void test_lists_in_a_mixture(void)
+{
+    stk_loader *l = NULL;
+    int rc = open_list_mix(&l, "tests/fuzz/corpus/parquet/lists-v2-zstd",
+                           "id,source,a0?=images[0]:bytes,a4?=images[4],p1?=images[1].path,"
+                           "t3?=tags[3],n2?=nums[2]");
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    uint8_t seen[2][40] = {{0}};
+    stk_batch *b;
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *id = tu_field(b, "id"), *src = tu_field(b, "source");
+        const stk_field *a0 = tu_field(b, "a0"), *a4 = tu_field(b, "a4"), *p1 = tu_field(b, "p1");
+        const stk_field *t3 = tu_field(b, "t3"), *n2 = tu_field(b, "n2");
+        for (size_t k = 0; k < b->size; k++) {
+            int64_t i = ((const int64_t *)id->data)[k], s = ((const int64_t *)src->data)[k];
+            REQUIRE(i >= 0 && i < 40 && (s == 0 || s == 1));
+            size_t source = 9;
+            uint64_t local = 99;
+            CHECK_EQ(stk_loader_sample_source(l, b->indices[k], &source, &local), STK_OK);
+            CHECK(source == (size_t)s && local == (uint64_t)i);
+            CHECK(!seen[s][i]);
+            seen[s][i] = 1;
+            uint64_t u = (uint64_t)i;
+            CHECK_EQ(a0->present[k], img_has(u, 0));
+            CHECK(!a0->present[k] || a0->lengths[k] == 16);
+            CHECK_EQ(a4->present[k], img_has(u, 4));
+            CHECK_EQ(p1->present[k], path_has(u, 1));
+            CHECK(!p1->present[k] || tu_text_is(p1, k, "p1"));
+            CHECK_EQ(t3->present[k], tag_has(u, 3));
+            CHECK(!t3->present[k] || tu_text_is(t3, k, "t3"));
+            CHECK_EQ(n2->present[k], u % 4 > 2);
+            CHECK(!n2->present[k] || ((const int64_t *)n2->data)[k] == i * 10 + 2);
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    for (size_t i = 0; i < 40; i++)
+        CHECK(seen[0][i] && seen[1][i]);
+    stk_loader_close(l);
+
+    /* The HF fixture has no list: a required element names it and the field. */
+    l = NULL;
+    CHECK_EQ(open_list_mix(&l, fixture("snappy"), "source,a0=images[0]"), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "field 'a0'") &&
+          strstr(stk_loader_errmsg(l), "mixture source 1") &&
+          strstr(stk_loader_errmsg(l), "snappy"));
+    stk_loader_close(l);
+    /* No source has it: refused as any unknown field. */
+    l = NULL;
+    CHECK_EQ(open_list_mix(&l, fixture("snappy"), "x=nope[0]"), STK_EINVAL);
+    CHECK(strstr(stk_loader_errmsg(l), "nope[0]"));
+    stk_loader_close(l);
+    /* Optional: the fixture's samples lack it; the list file's have it. */
+    l = NULL;
+    rc = open_list_mix(&l, fixture("snappy"), "source,a0?=images[0],t0?=tags[0]");
+    if (rc)
+        fprintf(stderr, "open: %s\n", stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    size_t n[2] = {0, 0};
+    while ((rc = stk_loader_next(l, &b)) == STK_OK) {
+        const stk_field *src = tu_field(b, "source"), *a0 = tu_field(b, "a0"),
+                        *t0 = tu_field(b, "t0");
+        for (size_t k = 0; k < b->size; k++) {
+            int64_t s = ((const int64_t *)src->data)[k];
+            size_t source;
+            uint64_t local;
+            REQUIRE(stk_loader_sample_source(l, b->indices[k], &source, &local) == STK_OK);
+            CHECK_EQ((int64_t)source, s);
+            n[source]++;
+            if (s == 1) {
+                CHECK(!a0->present[k] && !t0->present[k]);
+            } else {
+                CHECK_EQ(a0->present[k], img_has(local, 0));
+                CHECK_EQ(t0->present[k], tag_has(local, 0));
+            }
+        }
+        stk_batch_release(b);
+    }
+    CHECK_EQ(rc, STK_END);
+    CHECK(n[0] == 40 && n[1] > 0);
+    stk_loader_close(l);
+}
+
 static void test_written_v1_snappy(void)
 {
     check_written("v1-snappy-nulls", 60);
@@ -791,6 +895,7 @@ int main(void)
     RUN(test_lists_v1);
     RUN(test_lists_v2);
     RUN(test_list_missing_element);
+    RUN(test_lists_in_a_mixture);
     RUN(test_truncations);
     RUN(test_footer_lies);
     RUN(test_page_header_lies);

@@ -329,6 +329,50 @@ def test_list_fields_in_the_description(written):
             stoker.Loader(str(written / "lists_v2"), 4, fields={"a": bad})
 
 
+def test_lists_in_a_mixture(written):
+    """A mixture of a DuckDB and an Arrow list file resolves images[j],
+    images[j].path and tags[j] through each source: every element of every
+    sample against its own writer's table. A source without the list fails
+    the open naming the source and the field; asked as optional, its samples
+    give None."""
+    names = ["lists_v1", "arrow_v2"]
+    rows = [{int(w["id"]): w for w in _expected(written, n)["rows"]} for n in names]
+    fields = dict(_list_fields(False), source="source")
+    seen = []
+    with stoker.Loader([stoker.Source(written / n) for n in names], 61, fields=fields, threads=2,
+                       seed=5, output="numpy") as L:
+        for b in L:
+            for s in range(len(b["id"])):
+                src, i = int(b["source"][s]), int(b["id"][s])
+                w = rows[src][i]
+                for j in range(MAXLEN):
+                    e = _element(w["images"], j)
+                    img = b[f"img{j}"][s]
+                    assert (None if img is None else bytes(img).hex().upper()) == \
+                        (e and e["hex"]), (src, i, j)
+                    assert b[f"path{j}"][s] == (e and e["path"])
+                    assert b[f"tag{j}"][s] == _element(w["tags"], j)
+                seen.append((src, i))
+    assert sorted(seen) == [(k, i) for k in range(2) for i in sorted(rows[k])]
+
+    plain = written / "v1_snappy"  # DuckDB's table without lists
+    with pytest.raises(ValueError, match=r"field 'first'.*mixture source 1.*v1_snappy"):
+        stoker.Loader([stoker.Source(written / "lists_v1"), stoker.Source(plain)], 8,
+                      fields={"id": "id", "first": "images[0]"})
+    fields = {"id": "id", "source": "source",
+              "first": stoker.Field("images[0].path", optional=True)}
+    got = {0: 0, 1: 0}
+    with stoker.Loader([stoker.Source(written / "lists_v1"), stoker.Source(plain)], 50,
+                       fields=fields, output="numpy") as L:
+        for b in L:
+            for s in range(len(b["id"])):
+                src, i = int(b["source"][s]), int(b["id"][s])
+                got[src] += 1
+                want = None if src else _element(rows[0][i]["images"], 0)
+                assert b["first"][s] == (want and want["path"]), (src, i)
+    assert got[0] == len(rows[0]) and got[1] > 0
+
+
 def test_lists_of_real_images_are_decoded_and_transformed(tmp_path):
     """HF's Sequence(Image()) written by DuckDB from real PNG and JPEG files:
     images[0] and images[1] are image fields, each with its own transform;
