@@ -100,6 +100,7 @@ typedef struct doctor {
     const char *source_kind;
     uint64_t num_samples, num_classes;
     uint64_t mem_available;
+    uint64_t last_warning; /* hash of the last open's warning printed (doctor_warn) */
 } doctor;
 
 static double cpu_seconds(void)
@@ -206,11 +207,27 @@ static void hold_batch(doctor *d, const stk_batch *b)
     }
 }
 
+/* Each level opens the dataset again, and each open gives its warnings
+ * (a Parquet order's advice): printed as the library would, but a warning
+ * the previous one repeats is left out. */
+static void doctor_warn(void *user, const char *msg)
+{
+    doctor *d = user;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *q = msg; *q; q++)
+        h = (h ^ (uint8_t)*q) * 1099511628211ull;
+    if (h == d->last_warning)
+        return;
+    d->last_warning = h;
+    fprintf(stderr, "%sstoker: warning: %s\n", d->live ? "\r\033[K" : "", msg);
+}
+
 /* Runs one loader level for d->secs (at least one batch, at most the time):
  * open included in the wall time, the rate measured from the first batch. */
 static void run_loader(doctor *d, stk_options *o, level *lv, const char *what, bool hold)
 {
     stk_loader *l = NULL;
+    stk_options_set_warning(o, doctor_warn, d);
     double c0 = cpu_seconds(), t0 = stoker_now();
     int rc = stk_loader_open(&l, o);
     lv->open_s = stoker_now() - t0;

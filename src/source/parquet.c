@@ -199,8 +199,9 @@ typedef struct pq {
     pqfield fields[STK__MAX_FIELDS];
     size_t nfields;
     uint64_t total_bytes;
-    int payload; /* field a read without fields gives, or -1 */
-    int label;   /* column of labels, or -1 */
+    uint64_t warned; /* the last warning's hash (pq_warn), 0: none yet */
+    int payload;     /* field a read without fields gives, or -1 */
+    int label;       /* column of labels, or -1 */
     uint64_t mask;
     bool selected;
     uint64_t rows_max; /* PQ_RG_ROWS_MAX, smaller for the fuzz entry point */
@@ -2479,17 +2480,18 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
 
 /* ---- Advice on the order ------------------------------------------------------------ */
 
-/* The same warning only once in a row (stoker doctor opens the dataset for
- * each level it measures). */
-static void pq_warn(const stk__source_params *prm, const char *msg)
+/* The same warning only once in a row from one open: each open (each
+ * loader, each warning callback) is told, however many came before it
+ * (stoker doctor, which opens the dataset for each level it measures,
+ * drops the repeats itself). */
+static void pq_warn(pq *d, const stk__source_params *prm, const char *msg)
 {
-    static _Atomic uint64_t last;
     uint64_t h = 0x5741524eULL; /* "WARN" */
     for (const char *q = msg; *q; q++)
         h = stk__mix64(h ^ (uint8_t)*q);
-    /* relaxed: a repeat given twice by a race is harmless. */
-    if (atomic_exchange_explicit(&last, h, memory_order_relaxed) == h)
+    if (d->warned == h)
         return;
+    d->warned = h;
     stk__warn(prm, "%s", msg);
 }
 
@@ -2579,7 +2581,7 @@ static void pq_advise_order(stk__source *s, const stk__source_params *prm, bool 
                     : "a shuffle in shards of this Parquet dataset",
              rows_page, global ? "the columns read" : "shard_window row groups", global ? a1 : a4,
              a3, advice);
-    pq_warn(prm, msg);
+    pq_warn(d, prm, msg);
 }
 
 /* ---- Open ------------------------------------------------------------------------ */

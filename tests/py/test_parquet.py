@@ -418,7 +418,7 @@ def test_lists_of_real_images_are_decoded_and_transformed(tmp_path):
 
 def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
     """A global shuffle over more stored bytes than the 64 MiB page cache,
-    with pages of many rows, decodes a page per row: the open says so once,
+    with pages of many rows, decodes a page per row: each open says so once,
     with the order to use; shard order with a window that fits, and no
     shuffle, are not warned."""
     node = os.environ.get("STK_NODE") or shutil.which("node")
@@ -448,6 +448,8 @@ def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
 
     err = warned()
     assert "global shuffle" in err
+    # Each open warns: a second loader on the same dataset too.
+    assert warned() == err
     assert 'order="shards" with shard_window 1' in err and "big.parquet" in err
     err = warned(order="shards")                      # 8 row groups of up to 47 MiB
     assert "shuffle in shards" in err and "use shard_window 1" in err
