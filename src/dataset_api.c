@@ -189,8 +189,35 @@ static void report(vctx *v, int kind, const char *name, uint64_t index, uint64_t
     v->fn(&p, v->user);
 }
 
+/* A value each_value gives (a Parquet list's element): an image field's
+ * must be an image (stk__check_image). */
+typedef struct vval {
+    vctx *v;
+    char *err;
+    size_t errlen;
+} vval;
+
+static int check_value(void *user, const char *field, int kind, const uint8_t *p, size_t n)
+{
+    vval *x = user;
+    const char *format = NULL;
+    char why[STK_ERRMSG_MAX];
+    if (kind == STK_FIELD_AUTO)
+        kind = stk_field_kind_for_name(field);
+    if (kind != STK_FIELD_IMAGE)
+        return STK_OK;
+    if (stk__check_image(p, n, &format, why, sizeof why)) {
+        stk__fmt(x->err, x->errlen, "field '%s': %s", field, why);
+        return STK_EFORMAT;
+    }
+    if (format && strcmp(format, "JPEG") && strcmp(format, "PNG") && !x->v->r->foreign++)
+        x->v->r->foreign_format = format;
+    return STK_OK;
+}
+
 /* Reads every sample of s, reporting each failure; samples that claim to be
- * images (stk__images_of) must also be images. root: the path s was opened
+ * images (stk__images_of) must also be images, and so must the image values
+ * the source's each_value gives. root: the path s was opened
  * from (for keys). */
 static void verify_source(stk__source *s, const char *root, vctx *v)
 {
@@ -215,6 +242,11 @@ static void verify_source(stk__source *s, const char *root, vctx *v)
         int rc = s->ops->read(s, i, &sink, &data, &len, &label, err, sizeof err);
         if (rc == STK_OK && fs)
             rc = s->ops->fields(s, i, data, len, label, fs, err, sizeof err);
+        if (rc == STK_OK && s->ops->each_value) {
+            /* What the read leaves out or unchecked (a list's elements). */
+            vval x = {v, err, sizeof err};
+            rc = s->ops->each_value(s, i, check_value, &x, err, sizeof err);
+        }
         if (rc == STK_OK && len >= 3 && data[0] == 0xFF && data[1] == 0xD8) {
             /* A restart index must match its payload in full. */
             stk__rst x;

@@ -2453,6 +2453,9 @@ static void pq_close(stk__source *s)
 }
 
 static int pq_field_named(stk__source *s, const char *name, size_t len);
+static int pq_each_value(stk__source *s, uint64_t i,
+                         int (*fn)(void *, const char *, int, const uint8_t *, size_t), void *user,
+                         char *err, size_t errlen);
 static void pq_advise_order(stk__source *s, const stk__source_params *prm, bool shuffle,
                             bool global, unsigned window);
 
@@ -2466,6 +2469,7 @@ static const stk__source_ops k_pq_ops = {.kind = "parquet",
                                          .describe = pq_describe,
                                          .key = pq_key,
                                          .field_named = pq_field_named,
+                                         .each_value = pq_each_value,
                                          .advise_order = pq_advise_order};
 static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .read = pq_read,
@@ -2476,6 +2480,7 @@ static const stk__source_ops k_pq_bytes_ops = {.kind = "parquet",
                                                .describe = pq_describe,
                                                .key = pq_key,
                                                .field_named = pq_field_named,
+                                               .each_value = pq_each_value,
                                                .advise_order = pq_advise_order};
 
 /* ---- Advice on the order ------------------------------------------------------------ */
@@ -2852,6 +2857,57 @@ static int pq_field_named(stk__source *s, const char *name, size_t len)
         return id;
     }
     return -1;
+}
+
+/* The source's each_value op (stoker verify): every element of each list
+ * column of row i, named "images[3]", "images[3].path" (a read gives only
+ * the elements asked for by name), and the value of each image column that
+ * is no list (a read gives it unchecked). "images[].bytes" after the
+ * struct's own "images[]" is the same column: given once. Null values and
+ * elements are left out (a field the row lacks). */
+static int pq_each_value(stk__source *s, uint64_t i,
+                         int (*fn)(void *, const char *, int, const uint8_t *, size_t), void *user,
+                         char *err, size_t errlen)
+{
+    pq *d = s->impl;
+    size_t g = rg_of(d, i);
+    uint64_t r = i - d->rgs[g].first;
+    int rc = STK_OK;
+    for (size_t f = 0; f < d->nfields && !rc; f++) {
+        const pqfield *fd = &d->fields[f];
+        const pqcol *c = &d->cols[fd->col];
+        char name[1100], why[STK_ERRMSG_MAX];
+        field_name(d, fd, name, sizeof name);
+        bool again = f && !fd->alias && d->fields[f - 1].alias && d->fields[f - 1].col == fd->col;
+        bool image =
+            c->kind == STK_FIELD_IMAGE ||
+            (c->kind == STK_FIELD_AUTO && stk_field_kind_for_name(name) == STK_FIELD_IMAGE);
+        if (again || fd->elem >= 0 || (fd->elem == PQ_ELEM_NONE && !image))
+            continue;
+        pqdec *idx = NULL, *e = NULL;
+        uint64_t rr;
+        if ((rc = get_row(d, g, fd->col, r, &idx, &e, &rr, why, sizeof why))) {
+            stk__fmt(err, errlen, "field '%s': %s", name, why);
+        } else {
+            uint64_t n = 1;
+            if (fd->elem == PQ_ELEM_ANY)
+                n = e->rowstart ? e->rowstart[rr + 1] - e->rowstart[rr] : 0;
+            for (uint64_t j = 0; j < n && j < PQ_ELEM_MAX && !rc; j++) {
+                pqfield one = *fd;
+                if (fd->elem == PQ_ELEM_ANY) {
+                    one.elem = (int32_t)j;
+                    field_name(d, &one, name, sizeof name);
+                }
+                const uint8_t *p;
+                size_t len;
+                if (field_value(&one, e, rr, &p, &len))
+                    rc = fn(user, name, c->kind, p, len);
+            }
+        }
+        put_chunk(d, e);
+        put_chunk(d, idx);
+    }
+    return rc;
 }
 
 /* Scans the label column for num_classes: values 0..2^31, else unlabeled.

@@ -177,6 +177,18 @@ typedef struct stk__source_ops {
      * would not. */
     void (*advise_order)(stk__source *s, const struct stk__source_params *prm, bool shuffle,
                          bool global, unsigned shard_window);
+    /* Optional, for stoker verify (stk_dataset_verify): sample i's values
+     * that a read with every field selected does not give or check (every
+     * element of a Parquet list, "images[3]"; the values of image columns),
+     * each passed to fn with its field's name, its kind (enum
+     * stk_field_kind, AUTO: by the name) and its bytes (valid during the
+     * call). Stops at fn's first nonzero return and returns it. A value
+     * that cannot be read fails as read does (STK_EFORMAT, STK_EIO, ...,
+     * the reason, naming the field, in err). One thread. */
+    int (*each_value)(stk__source *s, uint64_t i,
+                      int (*fn)(void *user, const char *field, int kind, const uint8_t *p,
+                                size_t n),
+                      void *user, char *err, size_t errlen);
 } stk__source_ops;
 
 /* stk__source_ops.flags. STK__SRC_IMAGES: samples are images (encoded, or

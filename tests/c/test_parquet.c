@@ -631,6 +631,62 @@ static void test_lists_in_a_mixture(void)
     stk_loader_close(l);
 }
 
+/* stoker verify checks every element of a list (each image element must be
+ * an image) and the image columns: DuckDB's list file stores 16-byte md5s
+ * as its images[] struct's bytes, so each row with an image element is
+ * reported, naming the row and its first such element; the HF fixture's
+ * real JPEGs pass. */
+typedef struct vseen {
+    int n;
+    uint64_t index[64];
+    char names[64][256], reasons[64][256];
+} vseen;
+
+static void on_problem(const stk_verify_problem *p, void *user)
+{
+    vseen *s = user;
+    if (s->n < 64) {
+        s->index[s->n] = p->index;
+        snprintf(s->names[s->n], sizeof s->names[0], "%s", p->name);
+        snprintf(s->reasons[s->n], sizeof s->reasons[0], "%s", p->reason);
+    }
+    s->n++;
+}
+
+static void test_verify_lists(void)
+{
+    vseen s = {0};
+    char err[1024] = "";
+    stk_verify_result r = {.struct_size = sizeof r};
+    CHECK_EQ(stk_dataset_verify("tests/fuzz/corpus/parquet/lists-v1-snappy", NULL, on_problem, &s,
+                                &r, err, sizeof err),
+             STK_OK);
+    CHECK_EQ(r.checked, 40);
+    int want = 0;
+    for (uint64_t i = 0; i < 40; i++) {
+        int j = 0;
+        while (j < 6 && !img_has(i, (uint64_t)j))
+            j++;
+        if (j == 6)
+            continue;
+        REQUIRE(want < s.n && want < 64);
+        char name[64], field[64];
+        snprintf(name, sizeof name, "lists-v1-snappy#%llu", (unsigned long long)i);
+        snprintf(field, sizeof field, "field 'images[%d]': not an image", j);
+        CHECK_EQ(s.index[want], i);
+        CHECK(strstr(s.names[want], name) && strstr(s.reasons[want], field));
+        want++;
+    }
+    CHECK(want > 10);
+    CHECK_EQ(s.n, want);
+    CHECK_EQ(r.corrupt, (uint64_t)want);
+    memset(&s, 0, sizeof s);
+    r = (stk_verify_result){.struct_size = sizeof r};
+    CHECK_EQ(stk_dataset_verify(fixture("snappy"), NULL, on_problem, &s, &r, err, sizeof err),
+             STK_OK);
+    CHECK(r.checked == 60 && r.corrupt == 0 && s.n == 0 && r.whole == 1);
+}
+
 static void test_written_v1_snappy(void)
 {
     check_written("v1-snappy-nulls", 60);
@@ -896,6 +952,7 @@ int main(void)
     RUN(test_lists_v2);
     RUN(test_list_missing_element);
     RUN(test_lists_in_a_mixture);
+    RUN(test_verify_lists);
     RUN(test_truncations);
     RUN(test_footer_lies);
     RUN(test_page_header_lies);

@@ -416,6 +416,80 @@ def test_lists_of_real_images_are_decoded_and_transformed(tmp_path):
     assert b["second"].shape == (3, 3, 8, 12) and not b["second"][2].any() and b["second"][1].any()
 
 
+def _duckdb(sql):
+    """Runs sql in DuckDB (its npm package): the real writer of these files."""
+    node = os.environ.get("STK_NODE") or shutil.which("node")
+    if not node or not (NODE_MODULES / "@duckdb" / "node-api").is_dir():
+        pytest.skip("no node / DuckDB's npm package (run scripts/install-deps.sh)")
+    js = (f"const {{ DuckDBInstance }} = require({json.dumps(str(NODE_MODULES / '@duckdb' / 'node-api'))});"
+          f"(async () => {{ const c = await (await DuckDBInstance.create(':memory:')).connect();"
+          f"await c.run({json.dumps(sql)}); }})().catch((e) => {{ console.error(e); process.exit(1); }});")
+    subprocess.run([node, "-e", js], check=True, timeout=120)
+
+
+def test_verify_checks_every_list_element(tmp_path):
+    """stoker verify reads every element of every list: a list of real PNG and
+    JPEG files passes; an element that is no image, and a list column whose
+    page does not decode, are each reported naming the file, the row and the
+    field, and verify exits 1."""
+    import io
+    from PIL import Image
+    exe = os.environ.get("STOKER_BIN") or str(ROOT / "build" / "release" / "stoker")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no stoker binary (build it or set STOKER_BIN)")
+    pics = []
+    for k in range(5):
+        buf = io.BytesIO()
+        Image.new("RGB", (24 + 4 * k, 16 + 2 * k), (50 * k, 90, 200 - 30 * k)).save(
+            buf, "PNG" if k % 2 else "JPEG")
+        pics.append(buf.getvalue().hex())
+
+    def write(name, bad_hex=None):
+        lists = []
+        for r in range(3):
+            hexes = [pics[(r + j) % 5] for j in range(r + 1)]
+            if bad_hex and r == 1:
+                hexes[1] = bad_hex
+            lists.append("[" + ", ".join(f"{{'bytes': unhex('{h}'), 'path': 'p{j}'}}"
+                                         for j, h in enumerate(hexes)) + "]")
+        sql = " UNION ALL ".join(f"SELECT {r} AS id, {lst} AS images, ['t{r}', 'u{r}'] AS tags"
+                                 for r, lst in enumerate(lists))
+        out = tmp_path / name
+        _duckdb(f"COPY ({sql} ORDER BY id) TO '{out}' (FORMAT parquet, COMPRESSION snappy)")
+        return out
+
+    def verify(path):
+        p = subprocess.run([exe, "verify", str(path)], capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stdout
+
+    good = write("good.parquet")
+    rc, out = verify(good)
+    assert rc == 0 and "3 samples checked, 0 corrupt" in out, out
+
+    rc, out = verify(write("bad.parquet", bad_hex="00112233445566778899"))
+    bad = [ln for ln in out.splitlines() if ln.startswith("corrupt")]
+    assert rc == 1 and len(bad) == 1, out
+    assert "bad.parquet#1: field 'images[1]': not an image" in bad[0], out
+
+    # The tags list's data page, its snappy body overwritten: every row of
+    # the row group fails, naming the list.
+    b = bytearray(good.read_bytes())
+    flen = int.from_bytes(b[-8:-4], "little")
+    meta, _ = _thrift(b, len(b) - 8 - flen, 12)
+    (m,) = [cc[3] for cc in meta[4][0][1]
+            if ".".join(x.decode() for x in cc[3][3]) == "tags.list.element"]
+    h, p = _thrift(b, m[9], 12)
+    assert h[1] == 0 and m[4] == 1, (h, m[4])  # a v1 data page, snappy
+    b[p:p + h[3]] = b"\xff" * h[3]
+    damaged = tmp_path / "damaged.parquet"
+    damaged.write_bytes(bytes(b))
+    rc, out = verify(damaged)
+    bad = [ln for ln in out.splitlines() if ln.startswith("corrupt")]
+    assert rc == 1 and len(bad) == 3, out
+    for r in range(3):
+        assert f"damaged.parquet#{r}: field 'tags[]': " in bad[r], out
+
+
 def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
     """A global shuffle over more stored bytes than the 64 MiB page cache,
     with pages of many rows, decodes a page per row: each open says so once,
