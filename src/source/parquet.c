@@ -40,6 +40,7 @@
 #include "source/source.h"
 #include "source/offtab.h"
 #include "io/file.h"
+#include "cache/cache.h"
 #include "io/remote.h"
 #include "io/transport.h"
 
@@ -275,6 +276,9 @@ typedef struct pq {
     pqunit *uhead, *utail;
     size_t ucached, ubudget;
     const _Atomic bool *cancel;
+    /* cache_dir's cache (the source's s->cache, which closes it), or NULL:
+     * each unit is also an entry there, read from it before the network. */
+    stk__cache *cache;
 } pq;
 
 /* ---- Reading bytes --------------------------------------------------------------- */
@@ -2414,8 +2418,64 @@ static void unit_put(pq *d, pqunit *u)
         unit_free(u);
 }
 
-/* Fetches unit u of file f (made, pinned and counted by unit_get): all its
- * ranges in one batch of requests. */
+/* Unit u's entry name in the disk cache: the object's id, its size and the
+ * unit's ranges, with the file's version (an entry of a replaced file is
+ * never read). */
+static void unit_key(const pq *d, const pqfile *f, const pqrange *r, size_t nr, size_t bytes,
+                     char *key, size_t kn)
+{
+    char id[4096];
+    d->tp->ops->id(d->tp, f->path, id, sizeof id);
+    size_t at = strlen(id);
+    stk__fmt(id + at, sizeof id - at, "#parquet:%" PRIu64, f->size);
+    for (size_t k = 0; k < nr; k++) {
+        at = strlen(id);
+        stk__fmt(id + at, sizeof id - at, ":%" PRIu64 "+%" PRIu64, r[k].off, r[k].len);
+    }
+    stk__cache_key(id, bytes, f->version, key, kn);
+}
+
+/* The bytes of entry key (n of them) into buf, when the disk cache holds a
+ * whole one: true. */
+static bool unit_from_cache(pq *d, const char *key, uint8_t *buf, size_t n)
+{
+    int fd;
+    struct stat st;
+    if (stk__cache_pin(d->cache, key, &fd))
+        return false;
+    bool ok = stk__fstat(fd, &st) == 0 && (uint64_t)st.st_size == n &&
+              stk__pread_upto(fd, buf, n, 0) == (ssize_t)n;
+    stk__cache_unpin(fd);
+    return ok;
+}
+
+/* Stores n fetched bytes as entry key of the disk cache, evicting the
+ * least recently used ones; bytes that do not fit, or that another process
+ * is storing, are just not stored. */
+static void unit_to_cache(pq *d, const char *key, const uint8_t *buf, size_t n)
+{
+    int fd;
+    char why[STK_ERRMSG_MAX];
+    if (stk__cache_begin(d->cache, key, n, NULL, NULL, &fd, why, sizeof why))
+        return;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = stk__pwrite(fd, buf + done, n - done, (off_t)done);
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (done < n) {
+        stk__cache_abort(d->cache, key, fd, true);
+        return;
+    }
+    if (stk__cache_commit(d->cache, key, fd, why, sizeof why) == STK_OK)
+        stk__cache_unpin(fd);
+}
+
+/* Fetches unit u of file f (made, pinned and counted by unit_get): from
+ * the disk cache when it holds it, else all its ranges in one batch of
+ * requests (then stored there). */
 static int unit_fetch(pq *d, const pqfile *f, pqunit *u, char *why, size_t wn)
 {
     stk__trange *rs = stk__calloc(u->nr, sizeof *rs);
@@ -2434,9 +2494,17 @@ static int unit_fetch(pq *d, const pqfile *f, pqunit *u, char *why, size_t wn)
             (stk__trange){.obj = f->obj, .off = u->r[k].off, .len = u->r[k].len, .buf = u->r[k].p};
         rp[k] = &rs[k];
     }
+    char key[256];
+    if (d->cache && u->nr) {
+        unit_key(d, f, u->r, u->nr, u->bytes, key, sizeof key);
+        if (unit_from_cache(d, key, u->data, u->bytes))
+            goto out;
+    }
     d->tp->ops->read(d->tp, rp, u->nr);
     for (size_t k = 0; k < u->nr && !rc; k++)
         rc = check_read(f, &rs[k], why, wn);
+    if (!rc && d->cache && u->nr)
+        unit_to_cache(d, key, u->data, u->bytes);
 out:
     stk__free(rp);
     stk__free(rs);
@@ -3284,16 +3352,34 @@ static int scan_labels_remote(pq *d, size_t g0, size_t n, int64_t *maxl)
     stk__trange *rs = stk__calloc(n, sizeof *rs);
     stk__trange **rp = stk__calloc(n, sizeof *rp);
     int rc = rs && rp ? STK_OK : STK_ENOMEM;
+    char(*keys)[256] = d->cache ? stk__calloc(n, sizeof *keys) : NULL, kwhy[STK_ERRMSG_MAX];
+    size_t m = 0;
+    if (d->cache && !keys)
+        rc = STK_ENOMEM;
     for (size_t k = 0; k < n && !rc; k++) {
         const pqchunk *ch = &d->chunks[(g0 + k) * d->ncols + (size_t)d->label];
-        rs[k] = (stk__trange){
-            .obj = d->files[d->rgs[g0 + k].file].obj, .off = ch->start, .len = ch->size};
+        const pqfile *f = &d->files[d->rgs[g0 + k].file];
+        rs[k] = (stk__trange){.obj = f->obj, .off = ch->start, .len = ch->size};
         if (!(rs[k].buf = stk__malloc(ch->size ? (size_t)ch->size : 1)))
             rc = STK_ENOMEM;
-        rp[k] = &rs[k];
+        /* With a disk cache, the chunk is an entry there (a second open
+         * reads none of them from the network). */
+        if (!rc && keys) {
+            pqrange one = {ch->start, ch->size, NULL};
+            unit_key(d, f, &one, 1, (size_t)ch->size, keys[k], sizeof keys[k]);
+            if (ch->size && unit_from_cache(d, keys[k], rs[k].buf, (size_t)ch->size)) {
+                keys[k][0] = '\0'; /* read: not stored again */
+                continue;
+            }
+        }
+        rp[m++] = &rs[k];
     }
     if (!rc)
-        d->tp->ops->read(d->tp, rp, n);
+        d->tp->ops->read(d->tp, rp, m);
+    for (size_t k = 0; k < n && !rc && keys; k++)
+        if (keys[k][0] && rs[k].len &&
+            check_read(&d->files[d->rgs[g0 + k].file], &rs[k], kwhy, sizeof kwhy) == STK_OK)
+            unit_to_cache(d, keys[k], rs[k].buf, (size_t)rs[k].len);
     for (size_t k = 0; k < n && !rc && d->label >= 0; k++) {
         const pqrg *rg = &d->rgs[g0 + k];
         const pqchunk *ch = &d->chunks[(g0 + k) * d->ncols + (size_t)d->label];
@@ -3311,6 +3397,7 @@ static int scan_labels_remote(pq *d, size_t g0, size_t n, int64_t *maxl)
     }
     for (size_t k = 0; rs && k < n; k++)
         stk__free(rs[k].buf);
+    stk__free(keys);
     stk__free(rp);
     stk__free(rs);
     return rc;
@@ -3499,7 +3586,7 @@ out:
 static int read_batch(pq *d, size_t k0, stk__trange *rs, size_t n, bool probe,
                       const uint64_t *sizes, char *err, size_t errlen)
 {
-    stk__trange *rp[PQ_OPEN_BATCH];
+    stk__trange *rp[PQ_OPEN_BATCH] = {0};
     for (size_t k = 0; k < n; k++)
         rp[k] = &rs[k];
     d->tp->ops->read(d->tp, rp, n);
@@ -3605,6 +3692,15 @@ int stk__source_parquet_open_remote(stk__source *s, struct stk__remote *r, const
         goto out;
     }
     d->cancel = prm ? prm->cancel : NULL;
+    if (prm && prm->cache_dir && prm->cache_dir[0]) {
+        char why[STK_ERRMSG_MAX];
+        if ((rc = stk__cache_open(&s->cache, prm->cache_dir, prm->cache_limit, why, sizeof why))) {
+            stk__fmt(err, errlen, "%s: cache_dir %s: %s", stk__remote_display(r), prm->cache_dir,
+                     why);
+            goto out;
+        }
+        d->cache = s->cache;
+    }
     for (size_t k = 0; k < n; k++) {
         pqfile *f = &d->files[k];
         char shown[4096];

@@ -2927,6 +2927,8 @@ static const char *fixtures(void)
 /* Every field of every sample over one epoch, as stored (kind bytes, all
  * optional, so presence is compared too), with indices and labels. The
  * field names come from the local dataset `names_from`. */
+static const char *g_fx_limit; /* fx_hash's cache_limit (NULL: the default) */
+
 static uint64_t fx_hash(const char *path, const char *names_from, const char *cache, int on_error,
                         uint64_t *n, char *msg, size_t msgn, int *open_rc)
 {
@@ -2943,6 +2945,8 @@ static uint64_t fx_hash(const char *path, const char *names_from, const char *ca
         REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
     if (cache)
         REQUIRE(stk_options_set(o, "cache_dir", cache) == STK_OK);
+    if (cache && g_fx_limit)
+        REQUIRE(stk_options_set(o, "cache_limit", g_fx_limit) == STK_OK);
     stk_dataset *d = NULL;
     if (stk_dataset_open(&d, names_from, NULL, err, sizeof err) != STK_OK)
         fprintf(stderr, "open %s: %s\n", names_from, err);
@@ -3046,7 +3050,10 @@ static void test_formats_remote_as_local(void)
         CHECK_EQ(nr, 60);
         CHECK(hr == hl);
         int cold = atomic_load(&srv.plain_gets) - before;
-        CHECK(cold >= 2); /* index.json or the files, downloaded whole */
+        /* index.json or the files, downloaded whole; Parquet by row groups,
+         * by ranges (test_parquet_remote_units). */
+        bool pq = strstr(sets[k][0], "parquet") != NULL;
+        CHECK(pq ? cold == 0 : cold >= 2);
         /* A second open reads the cache: nothing downloaded again, only
          * the probes (and the sniff of index.json). */
         before = atomic_load(&srv.plain_gets);
@@ -3058,9 +3065,10 @@ static void test_formats_remote_as_local(void)
         int warm_plain = atomic_load(&srv.plain_gets) - before;
         int warm_reqs = atomic_load(&srv.requests) - reqs;
         /* Warm: stoker.manifest (404) and index.json for a directory, and
-         * one 1-byte probe per file. */
+         * one 1-byte probe per file; a Parquet file's head and tail (its
+         * footer: the row groups and label chunks come from the cache). */
         CHECK(warm_plain <= (sets[k][1][0] ? 0 : 2));
-        CHECK(warm_reqs <= (sets[k][1][0] ? 2 : 2 + 1 + 4));
+        CHECK(warm_reqs <= (pq ? 2 * 2 : sets[k][1][0] ? 2 : 2 + 1 + 4));
         if (warm_plain > 2 || warm_reqs > 7)
             fprintf(stderr, "    %s warm: %d plain GETs, %d requests\n", rel, warm_plain,
                     warm_reqs);
@@ -3263,6 +3271,41 @@ static void test_parquet_remote_units(void)
         CHECK_EQ(reqs, 2 * 2 + 4 + 4);
         if (reqs != 12)
             fprintf(stderr, "    %s: %d requests\n", rel, reqs);
+    }
+    /* With cache_dir, units are its entries: a cache smaller than the
+     * dataset (836 KB, row groups of 50 to 340 KB) streams through it, the
+     * same batches; a second run with a cache that holds it reads only the
+     * footers from the network. */
+    {
+        char local[4096], msg[1024];
+        snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+        const char *rel = "pqu/snappy/train-{00000..00001}-of-00002.parquet";
+        uint64_t nl, nr;
+        int orc;
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        for (int big = 0; big < 2; big++) {
+            g_fx_limit = big ? "8000000" : "500000";
+            const char *cache = tu_path(big ? "cache-pqu-big" : "cache-pqu-small");
+            for (int run = 0; run < 2; run++) {
+                int reqs = atomic_load(&srv.requests);
+                uint64_t hr =
+                    fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+                reqs = atomic_load(&srv.requests) - reqs;
+                if (orc)
+                    fprintf(stderr, "    cache %d: %s\n", big, msg);
+                CHECK_EQ(orc, STK_OK);
+                CHECK(hr == hl && nr == 60);
+                /* Cold: 12 requests (above). Warm with room: the two
+                 * files' head and tail. Too small: some units again. */
+                if (run == 0 || !big)
+                    CHECK(reqs >= 2 * 2 + 4 + 4 - (run ? 8 : 0) && reqs <= 2 * 2 + 4 + 4);
+                else
+                    CHECK_EQ(reqs, 2 * 2);
+                if (run && !big)
+                    CHECK(reqs > 2 * 2); /* the cache could not hold every unit */
+            }
+        }
+        g_fx_limit = NULL;
     }
     /* Three row groups of 4200 rows (DuckDB): 2 requests at the open, then
      * one a row group, not one a row; identical batches, in the shard
