@@ -34,8 +34,20 @@
  * against their page, counts against the row group's. Errors name the file
  * and the offset (at open) or the row group and page (at read).
  *
- * The bytes come through pq_fetch(), the one place that reads a file: a
- * remote transport plugs in there.
+ * The bytes come through pq_fetch(), the one place that reads a file. A
+ * remote file (stk__source_parquet_open_remote) is read through the store's
+ * transport (io/transport.h) by byte ranges, never downloaded whole: at the
+ * open its first 4 bytes and its tail (the footer), many files in flight;
+ * then, for a row group, its unit: the chunks of the columns reads need
+ * (the selected fields and the label), near ranges merged, fetched by one
+ * batched read at the first pq_fetch touching the row group while other
+ * threads wait for it, and kept in a second LRU (PQ_UNIT_BYTES, counted in
+ * the memory bound; a larger unit is fetched alone). pq_fetch copies from
+ * the unit, so the page cache above works as for a local file. With
+ * cache_dir each unit is also an entry of the disk cache (cache/cache.h),
+ * read before the network. A remote file's size and version are those its
+ * first read saw; a read that sees others (the file was replaced), or a
+ * 404, fails that file's rows by name from then on (file_dead).
  */
 #include "source/source.h"
 #include "source/offtab.h"
