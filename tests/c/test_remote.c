@@ -3408,8 +3408,9 @@ static void test_formats_remote_oom_sweep(void)
         fprintf(stderr, "    no fixtures: skipped\n");
         return;
     }
-    static const char *const rels[] = {
-        "fx/mds/zstd", "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
+    static const char *const rels[] = {"fx/mds/zstd",
+                                       "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz",
+                                       "fx/parquet/snappy/train-{00000..00001}-of-00002.parquet"};
     char www[2048], local[4096];
     snprintf(www, sizeof www, "%s/fx/mds/zstd", g_www);
     snprintf(local, sizeof local, "%s/mds/zstd", fx);
@@ -3417,9 +3418,14 @@ static void test_formats_remote_oom_sweep(void)
     snprintf(www, sizeof www, "%s/fx/tfrecord/gzip", g_www);
     snprintf(local, sizeof local, "%s/tfrecord/gzip", fx);
     copy_tree(local, www);
+    snprintf(www, sizeof www, "%s/fx/parquet/snappy", g_www);
+    snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+    copy_tree(local, www);
     server_start(g_www, F_NONE);
-    for (size_t r = 0; r < 2; r++) {
-        for (int warm = 0; warm < 2 - (int)r; warm++) { /* TFRecord: cold only */
+    /* Parquet: its footers and label chunks by ranges, the label chunks
+     * stored in (cold) or read from (warm) the cache. */
+    for (size_t r = 0; r < 3; r++) {
+        for (int warm = 0; warm < (r == 1 ? 1 : 2); warm++) { /* TFRecord: cold only */
             /* A fresh server, its last connections closed, before the
              * baseline. */
             server_stop();
