@@ -487,6 +487,10 @@ static int open_url_shards(stk__source *s, stk__remote *r, int kind, pathlist *n
         stk__remote_close(r);
         return STK_EUNSUPPORTED;
     }
+    if (kind == K_PARQUET)
+        /* Parquet is read by row groups, by ranges (each kept in the disk
+         * cache when there is one). */
+        return stk__source_parquet_open_remote(s, r, v, sizes, names->n, prm, err, errlen);
     const file_kind *fk = &k_file_kinds[kind - K_FILES];
     stk__files *fs = NULL;
     const char **paths = NULL;

@@ -34,12 +34,27 @@
  * against their page, counts against the row group's. Errors name the file
  * and the offset (at open) or the row group and page (at read).
  *
- * The bytes come through pq_fetch(), the one place that reads a file: a
- * remote transport plugs in there.
+ * The bytes come through pq_fetch(), the one place that reads a file. A
+ * remote file (stk__source_parquet_open_remote) is read through the store's
+ * transport (io/transport.h) by byte ranges, never downloaded whole: at the
+ * open its first 4 bytes and its tail (the footer), many files in flight;
+ * then, for a row group, its unit: the chunks of the columns reads need
+ * (the selected fields and the label), near ranges merged, fetched by one
+ * batched read at the first pq_fetch touching the row group while other
+ * threads wait for it, and kept in a second LRU (PQ_UNIT_BYTES, counted in
+ * the memory bound; a larger unit is fetched alone). pq_fetch copies from
+ * the unit, so the page cache above works as for a local file. With
+ * cache_dir each unit is also an entry of the disk cache (cache/cache.h),
+ * read before the network. A remote file's size and version are those its
+ * first read saw; a read that sees others (the file was replaced), or a
+ * 404, fails that file's rows by name from then on (file_dead).
  */
 #include "source/source.h"
 #include "source/offtab.h"
 #include "io/file.h"
+#include "cache/cache.h"
+#include "io/remote.h"
+#include "io/transport.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -66,7 +81,12 @@
 #define PQ_THRIFT_DEPTH 24
 #define PQ_MAX_COLUMNS  4096
 #define PQ_MAX_RGS      (1u << 24)
-#define PQ_MAX_PAGES    (1u << 20) /* data pages of one column chunk */
+#define PQ_MAX_PAGES    (1u << 20)   /* data pages of one column chunk */
+#define PQ_UNIT_BYTES   (256u << 20) /* remote: row-group units kept in memory */
+#define PQ_UNIT_GAP     (1u << 20)   /* remote: chunks this close are fetched as one range */
+#define PQ_TAIL_READ    (64u << 10)  /* remote: a file's tail read at open (its footer) */
+#define PQ_OPEN_BATCH   64           /* remote: files whose footers are read at once */
+#define PQ_NO_RG        SIZE_MAX     /* pq_fetch outside any row group (the open) */
 
 /* Physical types, encodings, codecs, page types (parquet.thrift). */
 enum { T_BOOLEAN, T_INT32, T_INT64, T_INT96, T_FLOAT, T_DOUBLE, T_BYTE_ARRAY, T_FIXED };
@@ -85,14 +105,52 @@ enum { C_NONE = 0, C_SNAPPY = 1, C_GZIP = 2, C_ZSTD = 6 };
 enum { P_DATA = 0, P_INDEX = 1, P_DICT = 2, P_DATA_V2 = 3 };
 enum { R_REQUIRED = 0, R_OPTIONAL = 1, R_REPEATED = 2 };
 
-/* A file as the reader sees it: a transport would replace pq_fetch. */
+/* A file as the reader sees it. */
 typedef struct pqfile {
     char *path;
-    char *name; /* for messages: the path, or a remote file's URL (remote_files.c) */
+    char *name; /* for messages: the path, or a remote file's URL without secrets */
     int fd;     /* -1: opened for each read */
     uint64_t size;
     const uint8_t *mem; /* the fuzz entry point's bytes, instead of a file */
+    /* A file in a store (pq->tp's object), else NULL; the version its first
+     * read saw (ETag or Last-Modified; "" when the server gave none): every
+     * later read must see the same size and version. */
+    stk__tobj *obj;
+    char version[128];
+    /* While the open reads the footer: the file's first 4 bytes and its
+     * tail (tail_len bytes at tail_at), fetched in batches of files. */
+    uint8_t head[4];
+    uint8_t *tail;
+    uint64_t tail_at;
+    size_t tail_len;
+    /* Remote: not STK_OK once a read found the file gone or replaced
+     * (file_dead; under pq.umu), with the message. */
+    int dead_rc;
+    char *dead_why;
 } pqfile;
+
+/* A remote file's row-group unit: the byte ranges of one row group's
+ * column chunks that reads need (the selected fields' and the label's),
+ * near ones merged, fetched together by the first read that touches the
+ * row group and kept in a bounded LRU (pq.units). */
+typedef struct pqrange {
+    uint64_t off, len;
+    uint8_t *p; /* into the unit's data */
+} pqrange;
+
+typedef struct pqunit {
+    size_t g;
+    uint32_t refs;
+    bool ready;  /* fetched (or failed: rc) */
+    bool linked; /* in the LRU list; a failed unit leaves it at once */
+    int rc;
+    char *why; /* rc's reason */
+    struct pqunit *prev, *next;
+    pqrange *r;
+    size_t nr;
+    uint8_t *data;
+    size_t bytes;
+} pqunit;
 
 /* A leaf column (a schema leaf). */
 typedef struct pqcol {
@@ -218,12 +276,36 @@ typedef struct pq {
      * each time, which costs more than its decompression. */
     uint8_t *spare;
     size_t spare_cap;
+    /* Remote files: the store's transport (NULL: local files), and the
+     * units (lock order: umu alone, never with mu; held only to look up,
+     * insert, pin and unpin units, never while fetching). ucached counts
+     * the units' bytes, loading ones included; a unit is admitted when it
+     * fits ubudget after evicting idle ones, or when no other is held (a
+     * unit larger than the budget is fetched alone). */
+    stk__transport *tp;
+    pthread_mutex_t umu;
+    pthread_cond_t ucv;
+    bool u_ok;
+    pqunit *uhead, *utail;
+    size_t ucached, ubudget;
+    const _Atomic bool *cancel;
+    /* cache_dir's cache (the source's s->cache, which closes it), or NULL:
+     * each unit is also an entry there, read from it before the network. */
+    stk__cache *cache;
 } pq;
 
 /* ---- Reading bytes --------------------------------------------------------------- */
 
-/* Reads n bytes at off of f: the one place the reader touches a file. */
-static int pq_fetch(const pqfile *f, void *buf, size_t n, uint64_t off, char *err, size_t errlen)
+size_t stk__parquet_unit_bytes = PQ_UNIT_BYTES;
+
+static int fetch_remote(pq *d, const pqfile *f, size_t g, void *buf, size_t n, uint64_t off,
+                        char *err, size_t errlen);
+
+/* Reads n bytes at off of f, for row group g (PQ_NO_RG: the open): the one
+ * place the reader touches a file. A remote file's bytes come from g's
+ * unit (fetch_remote). */
+static int pq_fetch(pq *d, const pqfile *f, size_t g, void *buf, size_t n, uint64_t off, char *err,
+                    size_t errlen)
 {
     if (off > f->size || n > f->size - off) {
         stk__fmt(err, errlen,
@@ -235,6 +317,8 @@ static int pq_fetch(const pqfile *f, void *buf, size_t n, uint64_t off, char *er
         memcpy(buf, f->mem + off, n);
         return STK_OK;
     }
+    if (f->obj)
+        return fetch_remote(d, f, g, buf, n, off, err, errlen);
     return stk__pread_at(f->fd, f->path, buf, n, off, err, errlen);
 }
 
@@ -1808,7 +1892,7 @@ out:
 }
 
 /* Reads and decodes chunk (g, c). */
-static int load_chunk(const pq *d, size_t g, size_t c, pqdec **out, char *err, size_t errlen)
+static int load_chunk(pq *d, size_t g, size_t c, pqdec **out, char *err, size_t errlen)
 {
     const pqrg *rg = &d->rgs[g];
     const pqchunk *ch = &d->chunks[g * d->ncols + c];
@@ -1820,7 +1904,7 @@ static int load_chunk(const pq *d, size_t g, size_t c, pqdec **out, char *err, s
         stk__fmt(err, errlen, "out of memory for a %" PRIu64 "-byte column chunk", ch->size);
         return STK_ENOMEM;
     }
-    int rc = pq_fetch(f, buf, (size_t)ch->size, ch->start, why, sizeof why);
+    int rc = pq_fetch(d, f, g, buf, (size_t)ch->size, ch->start, why, sizeof why);
     pqspan sp = {ch->start, ch->start, (size_t)ch->size, (size_t)ch->size, ch->codec};
     if (!rc)
         rc = decode_chunk(&d->cols[c], &sp, buf, rg->rows, d->rows_max, d->page_max, out, why,
@@ -1975,7 +2059,7 @@ static int load_index(pq *d, const loadarg *a, pqdec **out, char *err, size_t er
         for (;;) {
             if (win > hcap && (rc = stk__grow((void **)&hb, &hcap, win, 1)))
                 goto out;
-            if ((rc = pq_fetch(f, hb, win, at, why, sizeof why)))
+            if ((rc = pq_fetch(d, f, a->g, hb, win, at, why, sizeof why)))
                 break;
             t = (tr){hb, hb + win, hb, false, NULL};
             parse_page_header(&t, &h);
@@ -2098,9 +2182,9 @@ static int load_page(pq *d, const loadarg *a, pqdec **out, char *err, size_t err
     *out = NULL;
     if (!buf)
         return STK_ENOMEM;
-    int rc = dl ? pq_fetch(f, buf, dl, a->idx->dict_off, why, sizeof why) : STK_OK;
+    int rc = dl ? pq_fetch(d, f, a->g, buf, dl, a->idx->dict_off, why, sizeof why) : STK_OK;
     if (!rc)
-        rc = pq_fetch(f, buf + dl, pg->len, pg->off, why, sizeof why);
+        rc = pq_fetch(d, f, a->g, buf + dl, pg->len, pg->off, why, sizeof why);
     pqspan sp = {a->idx->dict_off, pg->off, dl, total, ch->codec};
     if (!rc)
         rc = decode_chunk(&d->cols[a->c], &sp, buf, pg->rows, d->rows_max, d->page_max, out, why,
@@ -2167,6 +2251,394 @@ static void put_chunk(pq *d, pqdec *e)
     e->refs--;
     lru_trim(d);
     pthread_mutex_unlock(&d->mu);
+}
+
+/* ---- Remote files: row-group units ------------------------------------------------ */
+
+static size_t needed_cols(const pq *d, uint32_t *cols);
+
+/* Checks what a read of remote file f said: its own failure, or a size or
+ * version other than the open saw (the file was replaced under the reader). */
+/* check_read's answer for a file whose size or version changed (an EIO
+ * that file_dead remembers). */
+#define STK_ECHANGED_ (-1000)
+
+static int check_read(const pqfile *f, const stk__trange *r, char *why, size_t wn)
+{
+    /* A size the answer gave first: a read past a shorter file's end fails
+     * for that reason. */
+    bool vdiff = !r->rc && f->version[0] && r->version[0] && strcmp(f->version, r->version) != 0;
+    if (r->rc && !(r->total && r->total != f->size)) {
+        stk__fmt(why, wn, "%s", r->err[0] ? r->err : stk_strerror(r->rc));
+        return r->rc;
+    }
+    if ((r->total && r->total != f->size) || vdiff) {
+        stk__fmt(why, wn,
+                 "it changed on the server since it was opened (%" PRIu64 " bytes, version %s; "
+                 "was %" PRIu64 " bytes, version %s)",
+                 r->total ? r->total : f->size, r->version[0] ? r->version : "none", f->size,
+                 f->version[0] ? f->version : "none");
+        return STK_ECHANGED_;
+    }
+    return STK_OK;
+}
+
+/* Remembers that file f is gone (404) or was replaced (rc STK_ENOENT or
+ * STK_ECHANGED_, why the message): its later reads fail at once, naming
+ * it, instead of each asking the server again. Under umu. */
+static void file_dead(pqfile *f, int rc, const char *why)
+{
+    if (f->dead_rc || (rc != STK_ENOENT && rc != STK_ECHANGED_))
+        return;
+    if ((f->dead_why = stk__strdup(why)))
+        f->dead_rc = rc == STK_ECHANGED_ ? STK_EIO : rc;
+}
+
+/* One ranged read of remote file f, outside any unit. */
+static int read_direct(pq *d, const pqfile *f, void *buf, size_t n, uint64_t off, char *why,
+                       size_t wn)
+{
+    pqfile *fw = &d->files[f - d->files];
+    pthread_mutex_lock(&d->umu);
+    int rc = f->dead_rc;
+    if (rc)
+        stk__fmt(why, wn, "%s", f->dead_why);
+    pthread_mutex_unlock(&d->umu);
+    if (rc)
+        return rc;
+    stk__trange r = {.obj = f->obj, .off = off, .len = n, .buf = buf};
+    stk__trange *rp = &r;
+    d->tp->ops->read(d->tp, &rp, 1);
+    if ((rc = check_read(f, &r, why, wn))) {
+        pthread_mutex_lock(&d->umu);
+        file_dead(fw, rc, why);
+        pthread_mutex_unlock(&d->umu);
+    }
+    return rc == STK_ECHANGED_ ? STK_EIO : rc;
+}
+
+/* Row group g's unit: the ranges of the needed columns' chunks, sorted,
+ * those less than PQ_UNIT_GAP apart merged (one request for the usual row
+ * group). Returns the number of ranges (in r, of STK__MAX_FIELDS + 1). */
+static size_t unit_plan(const pq *d, size_t g, pqrange *r, size_t *bytes)
+{
+    uint32_t cols[STK__MAX_FIELDS + 1];
+    size_t nc = needed_cols(d, cols), n = 0;
+    for (size_t k = 0; k < nc; k++) {
+        const pqchunk *ch = &d->chunks[g * d->ncols + cols[k]];
+        if (!ch->size)
+            continue;
+        size_t j = n++;
+        while (j > 0 && r[j - 1].off > ch->start) {
+            r[j] = r[j - 1];
+            j--;
+        }
+        r[j] = (pqrange){ch->start, ch->size, NULL};
+    }
+    size_t m = 0;
+    *bytes = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t end = r[k].off + r[k].len;
+        if (m && r[k].off <= r[m - 1].off + r[m - 1].len + PQ_UNIT_GAP) {
+            uint64_t have = r[m - 1].off + r[m - 1].len;
+            if (end > have)
+                r[m - 1].len = end - r[m - 1].off;
+        } else {
+            r[m++] = r[k];
+        }
+    }
+    for (size_t k = 0; k < m; k++)
+        *bytes += (size_t)r[k].len;
+    return m;
+}
+
+static void unit_free(pqunit *u)
+{
+    if (!u)
+        return;
+    stk__free(u->data);
+    stk__free(u->r);
+    stk__free(u->why);
+    stk__free(u);
+}
+
+static void unit_unlink(pq *d, pqunit *u)
+{
+    if (u->prev)
+        u->prev->next = u->next;
+    else
+        d->uhead = u->next;
+    if (u->next)
+        u->next->prev = u->prev;
+    else
+        d->utail = u->prev;
+    u->prev = u->next = NULL;
+    u->linked = false;
+    d->ucached -= u->bytes;
+}
+
+static void unit_front(pq *d, pqunit *u)
+{
+    u->next = d->uhead;
+    u->prev = NULL;
+    if (d->uhead)
+        d->uhead->prev = u;
+    d->uhead = u;
+    if (!d->utail)
+        d->utail = u;
+    u->linked = true;
+}
+
+/* Evicts idle units, oldest first, until want more bytes fit the budget.
+ * Whether they fit now (or nothing else is held: a unit over the budget is
+ * then fetched alone). Under umu. */
+static bool unit_room(pq *d, size_t want)
+{
+    for (pqunit *u = d->utail, *prev; u && d->ucached + want > d->ubudget; u = prev) {
+        prev = u->prev;
+        if (u->ready && !u->refs) {
+            unit_unlink(d, u);
+            unit_free(u);
+        }
+    }
+    return d->ucached + want <= d->ubudget || !d->ucached;
+}
+
+/* Waits on ucv for a while (under umu): STK_ECANCELED when the loader is
+ * closing, else STK_OK (the caller looks again). */
+static int unit_wait(pq *d)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&d->ucv, &d->umu, &ts);
+    /* relaxed: the flag is polled; a late look costs one more wait. */
+    return d->cancel && atomic_load_explicit(d->cancel, memory_order_relaxed) ? STK_ECANCELED
+                                                                              : STK_OK;
+}
+
+static void unit_put(pq *d, pqunit *u)
+{
+    pthread_mutex_lock(&d->umu);
+    bool gone = --u->refs == 0 && !u->linked;
+    pthread_cond_broadcast(&d->ucv);
+    pthread_mutex_unlock(&d->umu);
+    if (gone)
+        unit_free(u);
+}
+
+/* Unit u's entry name in the disk cache: the object's id, its size and the
+ * unit's ranges, with the file's version (an entry of a replaced file is
+ * never read). */
+static void unit_key(const pq *d, const pqfile *f, const pqrange *r, size_t nr, size_t bytes,
+                     char *key, size_t kn)
+{
+    char id[4096];
+    d->tp->ops->id(d->tp, f->path, id, sizeof id);
+    size_t at = strlen(id);
+    stk__fmt(id + at, sizeof id - at, "#parquet:%" PRIu64, f->size);
+    for (size_t k = 0; k < nr; k++) {
+        at = strlen(id);
+        stk__fmt(id + at, sizeof id - at, ":%" PRIu64 "+%" PRIu64, r[k].off, r[k].len);
+    }
+    stk__cache_key(id, bytes, f->version, key, kn);
+}
+
+/* The bytes of entry key (n of them) into buf, when the disk cache holds a
+ * whole one: true. */
+static bool unit_from_cache(pq *d, const char *key, uint8_t *buf, size_t n)
+{
+    int fd;
+    struct stat st;
+    if (stk__cache_pin(d->cache, key, &fd))
+        return false;
+    bool ok = stk__fstat(fd, &st) == 0 && (uint64_t)st.st_size == n &&
+              stk__pread_upto(fd, buf, n, 0) == (ssize_t)n;
+    stk__cache_unpin(fd);
+    return ok;
+}
+
+/* Stores n fetched bytes as entry key of the disk cache, evicting the
+ * least recently used ones; bytes that do not fit, or that another process
+ * is storing, are just not stored. */
+static void unit_to_cache(pq *d, const char *key, const uint8_t *buf, size_t n)
+{
+    int fd;
+    char why[STK_ERRMSG_MAX];
+    if (stk__cache_begin(d->cache, key, n, NULL, NULL, &fd, why, sizeof why))
+        return;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = stk__pwrite(fd, buf + done, n - done, (off_t)done);
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    if (done < n) {
+        stk__cache_abort(d->cache, key, fd, true);
+        return;
+    }
+    if (stk__cache_commit(d->cache, key, fd, why, sizeof why) == STK_OK)
+        stk__cache_unpin(fd);
+}
+
+/* Fetches unit u of file f (made, pinned and counted by unit_get): from
+ * the disk cache when it holds it, else all its ranges in one batch of
+ * requests (then stored there). */
+static int unit_fetch(pq *d, const pqfile *f, pqunit *u, char *why, size_t wn)
+{
+    stk__trange *rs = stk__calloc(u->nr, sizeof *rs);
+    stk__trange **rp = stk__calloc(u->nr, sizeof *rp);
+    int rc = STK_OK;
+    if (!rs || !rp || !(u->data = stk__malloc(u->bytes ? u->bytes : 1))) {
+        stk__fmt(why, wn, "out of memory for its %zu bytes", u->bytes);
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    size_t at = 0;
+    for (size_t k = 0; k < u->nr; k++) {
+        u->r[k].p = u->data + at;
+        at += (size_t)u->r[k].len;
+        rs[k] =
+            (stk__trange){.obj = f->obj, .off = u->r[k].off, .len = u->r[k].len, .buf = u->r[k].p};
+        rp[k] = &rs[k];
+    }
+    char key[256];
+    if (d->cache && u->nr) {
+        unit_key(d, f, u->r, u->nr, u->bytes, key, sizeof key);
+        if (unit_from_cache(d, key, u->data, u->bytes))
+            goto out;
+    }
+    d->tp->ops->read(d->tp, rp, u->nr);
+    for (size_t k = 0; k < u->nr && !rc; k++)
+        rc = check_read(f, &rs[k], why, wn);
+    if (!rc && d->cache && u->nr)
+        unit_to_cache(d, key, u->data, u->bytes);
+out:
+    stk__free(rp);
+    stk__free(rs);
+    return rc;
+}
+
+/* Row group g's unit, pinned (unit_put), fetched by the first reader that
+ * asks for it while the others wait for that fetch (one request, not one
+ * a thread). A failed fetch is not kept: the next read tries again. */
+static int unit_get(pq *d, size_t g, pqunit **out, char *why, size_t wn)
+{
+    pqfile *f = &d->files[d->rgs[g].file];
+    pqrange plan[STK__MAX_FIELDS + 1];
+    size_t bytes = 0, nr = unit_plan(d, g, plan, &bytes);
+    pqunit *u = NULL;
+    int rc = STK_OK;
+    *out = NULL;
+    pthread_mutex_lock(&d->umu);
+    if (f->dead_rc) {
+        rc = f->dead_rc;
+        stk__fmt(why, wn, "fetching row group %" PRIu32 " of %s: %s", d->rgs[g].index, f->name,
+                 f->dead_why);
+        pthread_mutex_unlock(&d->umu);
+        return rc;
+    }
+    for (;;) {
+        for (u = d->uhead; u && u->g != g; u = u->next)
+            ;
+        if (u || unit_room(d, bytes))
+            break;
+        if ((rc = unit_wait(d))) {
+            pthread_mutex_unlock(&d->umu);
+            stk__fmt(why, wn, "the loader is closing");
+            return rc;
+        }
+    }
+    if (u) {
+        u->refs++;
+        while (!u->ready && !rc)
+            rc = unit_wait(d);
+        if (!rc && u->rc)
+            stk__fmt(why, wn, "%s", u->why ? u->why : stk_strerror(u->rc));
+        rc = rc ? rc : u->rc;
+        pthread_mutex_unlock(&d->umu);
+        if (rc) {
+            if (rc == STK_ECANCELED)
+                stk__fmt(why, wn, "the loader is closing");
+            unit_put(d, u);
+            return rc;
+        }
+        *out = u;
+        return STK_OK;
+    }
+    if (!(u = stk__calloc(1, sizeof *u)) || !(u->r = stk__calloc(nr ? nr : 1, sizeof *u->r))) {
+        pthread_mutex_unlock(&d->umu);
+        stk__free(u);
+        stk__fmt(why, wn, "out of memory");
+        return STK_ENOMEM;
+    }
+    memcpy(u->r, plan, nr * sizeof *plan);
+    *u = (pqunit){.g = g, .refs = 1, .r = u->r, .nr = nr, .bytes = bytes};
+    unit_front(d, u);
+    d->ucached += bytes;
+    pthread_mutex_unlock(&d->umu);
+    char r[STK_ERRMSG_MAX];
+    rc = unit_fetch(d, f, u, r, sizeof r);
+    if (rc)
+        stk__fmt(why, wn, "fetching row group %" PRIu32 " (%zu bytes) of %s: %s", d->rgs[g].index,
+                 bytes, f->name, r);
+    pthread_mutex_lock(&d->umu);
+    file_dead(f, rc, r);
+    rc = rc == STK_ECHANGED_ ? STK_EIO : rc;
+    u->ready = true;
+    u->rc = rc;
+    if (rc) {
+        u->why = stk__strdup(why);
+        unit_unlink(d, u);
+    }
+    pthread_cond_broadcast(&d->ucv);
+    pthread_mutex_unlock(&d->umu);
+    if (rc) {
+        unit_put(d, u);
+        return rc;
+    }
+    *out = u;
+    return STK_OK;
+}
+
+/* pq_fetch for a remote file: at the open, the head and tail read for the
+ * footer; in row group g, its unit (a range outside it, a column the unit
+ * lacks, by a request of its own). */
+static int fetch_remote(pq *d, const pqfile *f, size_t g, void *buf, size_t n, uint64_t off,
+                        char *err, size_t errlen)
+{
+    if (g == PQ_NO_RG) {
+        if (off + n <= sizeof f->head) {
+            memcpy(buf, f->head + off, n);
+            return STK_OK;
+        }
+        if (f->tail && off >= f->tail_at && off + n <= f->tail_at + f->tail_len) {
+            memcpy(buf, f->tail + (off - f->tail_at), n);
+            return STK_OK;
+        }
+        return read_direct(d, f, buf, n, off, err, errlen);
+    }
+    pqunit *u;
+    int rc = unit_get(d, g, &u, err, errlen);
+    if (rc)
+        return rc;
+    for (size_t k = 0; k < u->nr; k++)
+        if (off >= u->r[k].off && off + n <= u->r[k].off + u->r[k].len) {
+            memcpy(buf, u->r[k].p + (off - u->r[k].off), n);
+            unit_put(d, u);
+            return STK_OK;
+        }
+    unit_put(d, u);
+    char why[STK_ERRMSG_MAX];
+    if ((rc = read_direct(d, f, buf, n, off, why, sizeof why)))
+        stk__fmt(err, errlen, "fetching %zu bytes at offset %" PRIu64 " of %s: %s", n, off, f->name,
+                 why);
+    return rc;
 }
 
 /* ---- Reads ----------------------------------------------------------------------- */
@@ -2430,12 +2902,21 @@ static void pq_free(pq *d)
         nx = e->next;
         dec_free(e);
     }
+    for (pqunit *u = d->uhead, *nx; u; u = nx) {
+        nx = u->next;
+        unit_free(u);
+    }
     for (size_t k = 0; k < d->nfiles; k++) {
         if (d->files[k].fd >= 0)
             stk__close(d->files[k].fd);
+        if (d->files[k].obj)
+            d->tp->ops->close_obj(d->tp, d->files[k].obj);
+        stk__free(d->files[k].tail);
+        stk__free(d->files[k].dead_why);
         stk__free(d->files[k].path);
         stk__free(d->files[k].name);
     }
+    stk__transport_close(d->tp); /* borrows the store, never touches it */
     stk__free(d->files);
     free_cols(d->cols, d->ncols);
     stk__free(d->rgs);
@@ -2443,6 +2924,10 @@ static void pq_free(pq *d)
     stk__free(d->spare);
     if (d->mu_ok)
         pthread_mutex_destroy(&d->mu);
+    if (d->u_ok) {
+        pthread_cond_destroy(&d->ucv);
+        pthread_mutex_destroy(&d->umu);
+    }
     stk__free(d);
 }
 
@@ -2608,8 +3093,8 @@ static int open_file(pq *d, size_t fi, char *err, size_t errlen)
                  f->size);
         return STK_EFORMAT;
     }
-    if ((rc = pq_fetch(f, head, 4, 0, why, sizeof why)) ||
-        (rc = pq_fetch(f, tail, 8, f->size - 8, why, sizeof why))) {
+    if ((rc = pq_fetch(d, f, PQ_NO_RG, head, 4, 0, why, sizeof why)) ||
+        (rc = pq_fetch(d, f, PQ_NO_RG, tail, 8, f->size - 8, why, sizeof why))) {
         stk__fmt(err, errlen, "%s: %s", f->name, why);
         return rc;
     }
@@ -2631,7 +3116,7 @@ static int open_file(pq *d, size_t fi, char *err, size_t errlen)
         rc = STK_ENOMEM;
         goto out;
     }
-    if ((rc = pq_fetch(f, foot, fl, foot_at, why, sizeof why))) {
+    if ((rc = pq_fetch(d, f, PQ_NO_RG, foot, fl, foot_at, why, sizeof why))) {
         stk__fmt(err, errlen, "%s: %s", f->name, why);
         goto out;
     }
@@ -2910,12 +3395,98 @@ static int pq_each_value(stk__source *s, uint64_t i,
     return rc;
 }
 
+/* Folds chunk e's labels into *maxl; a value that is no class (not 0 to
+ * 2^31) makes the dataset unlabeled. */
+static void labels_of(pq *d, const pqdec *e, int64_t *maxl)
+{
+    for (uint64_t r = 0; r < e->rows; r++) {
+        int64_t v;
+        if (e->isnull[r])
+            continue;
+        if (!text_int(dec_ptr(e, r), dec_len(e, r), &v) || v < 0 || v > INT32_MAX) {
+            d->label = -1;
+            *maxl = -1;
+            return;
+        }
+        if (v > *maxl)
+            *maxl = v;
+    }
+}
+
+/* Remote: the label chunks of row groups [g0, g0 + n) read in one batch of
+ * requests (not through the units, which would fetch the whole dataset),
+ * then decoded. One that cannot be read or decoded is left for its rows'
+ * reads to report. */
+static int scan_labels_remote(pq *d, size_t g0, size_t n, int64_t *maxl)
+{
+    stk__trange *rs = stk__calloc(n, sizeof *rs);
+    stk__trange **rp = stk__calloc(n, sizeof *rp);
+    int rc = rs && rp ? STK_OK : STK_ENOMEM;
+    char(*keys)[256] = d->cache ? stk__calloc(n, sizeof *keys) : NULL, kwhy[STK_ERRMSG_MAX];
+    size_t m = 0;
+    if (d->cache && !keys)
+        rc = STK_ENOMEM;
+    for (size_t k = 0; k < n && !rc; k++) {
+        const pqchunk *ch = &d->chunks[(g0 + k) * d->ncols + (size_t)d->label];
+        const pqfile *f = &d->files[d->rgs[g0 + k].file];
+        rs[k] = (stk__trange){.obj = f->obj, .off = ch->start, .len = ch->size};
+        if (!(rs[k].buf = stk__malloc(ch->size ? (size_t)ch->size : 1)))
+            rc = STK_ENOMEM;
+        /* With a disk cache, the chunk is an entry there (a second open
+         * reads none of them from the network). */
+        if (!rc && keys) {
+            pqrange one = {ch->start, ch->size, NULL};
+            unit_key(d, f, &one, 1, (size_t)ch->size, keys[k], sizeof keys[k]);
+            if (ch->size && unit_from_cache(d, keys[k], rs[k].buf, (size_t)ch->size)) {
+                keys[k][0] = '\0'; /* read: not stored again */
+                continue;
+            }
+        }
+        rp[m++] = &rs[k];
+    }
+    if (!rc)
+        d->tp->ops->read(d->tp, rp, m);
+    for (size_t k = 0; k < n && !rc && keys; k++)
+        if (keys[k][0] && rs[k].len &&
+            check_read(&d->files[d->rgs[g0 + k].file], &rs[k], kwhy, sizeof kwhy) == STK_OK)
+            unit_to_cache(d, keys[k], rs[k].buf, (size_t)rs[k].len);
+    for (size_t k = 0; k < n && !rc && d->label >= 0; k++) {
+        const pqrg *rg = &d->rgs[g0 + k];
+        const pqchunk *ch = &d->chunks[(g0 + k) * d->ncols + (size_t)d->label];
+        char why[STK_ERRMSG_MAX];
+        pqdec *e = NULL;
+        pqspan sp = {ch->start, ch->start, (size_t)ch->size, (size_t)ch->size, ch->codec};
+        if (check_read(&d->files[rg->file], &rs[k], why, sizeof why))
+            continue;
+        rc = decode_chunk(&d->cols[d->label], &sp, rs[k].buf, rg->rows, d->rows_max, d->page_max,
+                          &e, why, sizeof why);
+        if (!rc)
+            labels_of(d, e, maxl);
+        dec_free(e);
+        rc = rc == STK_ENOMEM ? rc : STK_OK;
+    }
+    for (size_t k = 0; rs && k < n; k++)
+        stk__free(rs[k].buf);
+    stk__free(keys);
+    stk__free(rp);
+    stk__free(rs);
+    return rc;
+}
+
 /* Scans the label column for num_classes: values 0..2^31, else unlabeled.
  * Row groups that cannot be decoded are left for their reads to report. */
 static int scan_labels(pq *d, int64_t *maxl)
 {
     *maxl = -1;
     for (size_t g = 0; g < d->nrgs && d->label >= 0; g++) {
+        if (d->tp) {
+            size_t n = d->nrgs - g < PQ_OPEN_BATCH ? d->nrgs - g : PQ_OPEN_BATCH;
+            int rc = scan_labels_remote(d, g, n, maxl);
+            if (rc)
+                return rc;
+            g += n - 1;
+            continue;
+        }
         pqdec *e;
         char why[STK_ERRMSG_MAX];
         int rc = load_chunk(d, g, (size_t)d->label, &e, why, sizeof why);
@@ -2923,29 +3494,25 @@ static int scan_labels(pq *d, int64_t *maxl)
             return rc;
         if (rc)
             continue;
-        for (uint64_t r = 0; r < e->rows; r++) {
-            int64_t v;
-            if (e->isnull[r])
-                continue;
-            if (!text_int(dec_ptr(e, r), dec_len(e, r), &v) || v < 0 || v > INT32_MAX) {
-                d->label = -1;
-                *maxl = -1;
-                break;
-            }
-            if (v > *maxl)
-                *maxl = v;
-        }
+        labels_of(d, e, maxl);
         dec_free(e);
     }
     return STK_OK;
 }
 
+/* Every file's footer (local files, or the fuzz entry point's bytes). */
+static int open_files(pq *d, char *err, size_t errlen)
+{
+    int rc = STK_OK;
+    for (size_t k = 0; k < d->nfiles && !rc; k++)
+        rc = open_file(d, k, err, errlen);
+    return rc;
+}
+
+/* What follows reading the footers: the fields, the labels, the shards. */
 static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
 {
     int rc;
-    for (size_t k = 0; k < d->nfiles; k++)
-        if ((rc = open_file(d, k, err, errlen)))
-            return rc;
     if (!d->nrgs || !(d->rgs[d->nrgs - 1].first + d->rgs[d->nrgs - 1].rows)) {
         stk__fmt(err, errlen, "%s: its %zu Parquet files hold no rows", d->files[0].name,
                  d->nfiles);
@@ -2992,6 +3559,12 @@ static int open_all(stk__source *s, pq *d, char *err, size_t errlen)
         if (d->chunks[k].size > big)
             big = d->chunks[k].size;
     s->index_bytes += (size_t)(big < PQ_SPARE_MAX ? big : PQ_SPARE_MAX);
+    if (d->tp) {
+        /* Remote: the units kept, no more than the dataset's bytes. */
+        if (d->ubudget > d->total_bytes)
+            d->ubudget = (size_t)d->total_bytes;
+        s->index_bytes += d->ubudget;
+    }
     return STK_OK;
 }
 
@@ -3005,6 +3578,7 @@ static pq *pq_new(size_t nfiles)
     d->rows_max = PQ_RG_ROWS_MAX;
     d->page_max = PQ_PAGE_MAX;
     d->budget = PQ_CACHE_BYTES;
+    d->ubudget = stk__parquet_unit_bytes;
     if (!(d->files = stk__calloc(nfiles ? nfiles : 1, sizeof *d->files)) ||
         pthread_mutex_init(&d->mu, NULL)) {
         stk__free(d->files);
@@ -3012,6 +3586,16 @@ static pq *pq_new(size_t nfiles)
         return NULL;
     }
     d->mu_ok = true;
+    if (pthread_mutex_init(&d->umu, NULL)) {
+        pq_free(d);
+        return NULL;
+    }
+    if (pthread_cond_init(&d->ucv, NULL)) {
+        pthread_mutex_destroy(&d->umu);
+        pq_free(d);
+        return NULL;
+    }
+    d->u_ok = true;
     return d;
 }
 
@@ -3049,7 +3633,7 @@ int stk__source_parquet_open(stk__source *s, const char *const *paths, const cha
         else
             stk__close(fd);
     }
-    if ((rc = open_all(s, d, err, errlen)))
+    if ((rc = open_files(d, err, errlen)) || (rc = open_all(s, d, err, errlen)))
         goto out;
     s->impl = d;
     if ((rc = describe_fields(s, d))) {
@@ -3059,6 +3643,172 @@ int stk__source_parquet_open(stk__source *s, const char *const *paths, const cha
     }
     return STK_OK;
 out:
+    pq_free(d);
+    s->impl = NULL;
+    stk__source_free_common(s);
+    return rc;
+}
+
+/* ---- Remote open ------------------------------------------------------------------ */
+
+/* Reads ranges rs[0..n) of files [k0, k0 + n) in one batch; each checked
+ * (against the size and version the probe saw, once it has). */
+static int read_batch(pq *d, size_t k0, stk__trange *rs, size_t n, bool probe,
+                      const uint64_t *sizes, char *err, size_t errlen)
+{
+    stk__trange *rp[PQ_OPEN_BATCH] = {0};
+    for (size_t k = 0; k < n; k++)
+        rp[k] = &rs[k];
+    d->tp->ops->read(d->tp, rp, n);
+    for (size_t k = 0; k < n; k++) {
+        pqfile *f = &d->files[k0 + k];
+        char why[STK_ERRMSG_MAX];
+        if (probe && !rs[k].rc) {
+            /* The first read learns the size and version. */
+            f->size = rs[k].total;
+            stk__fmt(f->version, sizeof f->version, "%s", rs[k].version);
+            if (!rs[k].total) {
+                stk__fmt(err, errlen, "%s: the server did not say its size (Content-Range)",
+                         f->name);
+                return STK_EIO;
+            }
+            if (sizes && sizes[k0 + k] != f->size) {
+                stk__fmt(err, errlen,
+                         "%s: the listing says %" PRIu64 " bytes, the server sends %" PRIu64,
+                         f->name, sizes[k0 + k], f->size);
+                return STK_EIO;
+            }
+        }
+        int rc = check_read(f, &rs[k], why, sizeof why);
+        if (rc) {
+            /* A file of fewer than 4 bytes: its probe is a short read. */
+            stk__fmt(err, errlen, "%s: %s", f->name, why);
+            return rc == STK_ECHANGED_ ? STK_EIO : rc;
+        }
+    }
+    return STK_OK;
+}
+
+/* The footers of files [k0, k0 + n): each file's first 4 bytes (its size
+ * and version with them), then its last PQ_TAIL_READ bytes, then, only
+ * when its footer is longer, the whole footer; each step one batch of
+ * requests in flight together. */
+static int read_tails(pq *d, size_t k0, size_t n, const uint64_t *sizes, char *err, size_t errlen)
+{
+    stk__trange *rs = stk__calloc(n, sizeof *rs);
+    int rc = STK_OK;
+    if (!rs)
+        return STK_ENOMEM;
+    for (size_t k = 0; k < n; k++)
+        rs[k] = (stk__trange){.obj = d->files[k0 + k].obj, .len = 4, .buf = d->files[k0 + k].head};
+    if ((rc = read_batch(d, k0, rs, n, true, sizes, err, errlen)))
+        goto out;
+    for (size_t k = 0; k < n; k++) {
+        pqfile *f = &d->files[k0 + k];
+        uint64_t want = f->size < PQ_TAIL_READ ? f->size : PQ_TAIL_READ;
+        if (!(f->tail = stk__malloc((size_t)want))) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        f->tail_at = f->size - want;
+        f->tail_len = (size_t)want;
+        rs[k] = (stk__trange){.obj = f->obj, .off = f->tail_at, .len = want, .buf = f->tail};
+    }
+    if ((rc = read_batch(d, k0, rs, n, false, NULL, err, errlen)))
+        goto out;
+    /* A footer longer than the tail (rare: thousands of row groups) is read
+     * whole by a request of its own; a length open_file refuses is left
+     * for it to report. */
+    for (size_t k = 0; k < n; k++) {
+        pqfile *f = &d->files[k0 + k];
+        if (f->tail_len < 12)
+            continue;
+        uint32_t fl = stk__le32(f->tail + f->tail_len - 8);
+        if ((uint64_t)fl + 8 <= f->tail_len || fl > PQ_FOOTER_MAX || fl > f->size - 12)
+            continue;
+        size_t want = (size_t)fl + 8;
+        uint8_t *b = stk__malloc(want);
+        if (!b) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+        stk__free(f->tail);
+        f->tail = b;
+        f->tail_at = f->size - want;
+        f->tail_len = want;
+        rs[0] = (stk__trange){.obj = f->obj, .off = f->tail_at, .len = want, .buf = b};
+        if ((rc = read_batch(d, k0 + k, rs, 1, false, NULL, err, errlen)))
+            goto out;
+    }
+out:
+    stk__free(rs);
+    return rc;
+}
+
+/* Parquet files names[0..n) in the store r (taken over: closed with the
+ * source, also on failure), read by ranges through its transport: the
+ * footers at the open (read_tails), then a row group's unit at its first
+ * read. sizes (NULL: none) are the listing's. */
+int stk__source_parquet_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
+                                    const uint64_t *sizes, size_t n, const stk__source_params *prm,
+                                    char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->remote = r;
+    pq *d = pq_new(n);
+    int rc = STK_OK;
+    if (!d || stk__transport_remote(&d->tp, r)) {
+        rc = STK_ENOMEM;
+        goto out;
+    }
+    d->cancel = prm ? prm->cancel : NULL;
+    if (prm && prm->cache_dir && prm->cache_dir[0]) {
+        char why[STK_ERRMSG_MAX];
+        if ((rc = stk__cache_open(&s->cache, prm->cache_dir, prm->cache_limit, why, sizeof why))) {
+            stk__fmt(err, errlen, "%s: cache_dir %s: %s", stk__remote_display(r), prm->cache_dir,
+                     why);
+            goto out;
+        }
+        d->cache = s->cache;
+    }
+    for (size_t k = 0; k < n; k++) {
+        pqfile *f = &d->files[k];
+        char shown[4096];
+        stk__tinfo info;
+        f->fd = -1;
+        d->nfiles = k + 1;
+        d->tp->ops->display(d->tp, names[k], shown, sizeof shown);
+        if (!(f->path = stk__strdup(names[k])) || !(f->name = stk__strdup(shown)) ||
+            d->tp->ops->open(d->tp, names[k], &f->obj, &info, err, errlen)) {
+            rc = STK_ENOMEM;
+            goto out;
+        }
+    }
+    for (size_t k0 = 0; k0 < n; k0 += PQ_OPEN_BATCH) {
+        size_t m = n - k0 < PQ_OPEN_BATCH ? n - k0 : PQ_OPEN_BATCH;
+        if ((rc = read_tails(d, k0, m, sizes, err, errlen)))
+            goto out;
+        for (size_t k = k0; k < k0 + m; k++) {
+            d->total_bytes += d->files[k].size;
+            rc = open_file(d, k, err, errlen);
+            stk__free(d->files[k].tail); /* the footer is parsed */
+            d->files[k].tail = NULL;
+            if (rc)
+                goto out;
+        }
+    }
+    if ((rc = open_all(s, d, err, errlen)))
+        goto out;
+    s->impl = d;
+    if ((rc = describe_fields(s, d))) {
+        stk__fmt(err, errlen, "out of memory while opening %s", d->files[0].name);
+        stk__source_close(s);
+        return rc;
+    }
+    return STK_OK;
+out:
+    if (rc == STK_ENOMEM)
+        stk__fmt(err, errlen, "out of memory while opening %s", stk__remote_display(r));
     pq_free(d);
     s->impl = NULL;
     stk__source_free_common(s);
@@ -3085,7 +3835,9 @@ int stk__parquet_parse_buffer(const uint8_t *buf, size_t n, uint64_t *samples, c
     d->rows_max = 1u << 16; /* bounded memory under the fuzzer */
     d->page_max = 16u << 20;
     d->budget = 1u << 20;
-    int rc = d->files[0].path && d->files[0].name ? open_all(&s, d, err, errlen) : STK_ENOMEM;
+    int rc = d->files[0].path && d->files[0].name ? open_files(d, err, errlen) : STK_ENOMEM;
+    if (!rc)
+        rc = open_all(&s, d, err, errlen);
     if (rc)
         goto out;
     s.impl = d;

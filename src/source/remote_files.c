@@ -7,7 +7,8 @@
  * opens the entry's file by path. Formats whose samples cannot be read by
  * byte ranges without an index of the whole file (tar, TFRecord) or whose
  * shards are compressed as a whole (MDS .mds.zstd, LitData .zstd.bin) open
- * remotely this way; the cache must then hold the dataset (cache_limit),
+ * remotely this way (Parquet does not: parquet.c reads its row groups by
+ * range); the cache must then hold the dataset (cache_limit),
  * and a dataset larger than the disk should be packed as .stk (stoker
  * pack), whose samples stream by ranged reads.
  *

@@ -452,12 +452,25 @@ int stk__listing_tree(struct stk__remote *r, const stk__source_params *prm, char
 /* Whether a listing is mostly CLASS/NAME image objects (an ImageFolder). */
 int stk__bucket_samples(char *const *names, size_t n);
 /* Parquet files (one, or a directory's *.parquet sorted by name): paths
- * are the local files (a remote dataset's cached copies), shown (NULL:
- * paths) their names for messages (parquet.c; docs/formats.md). Each leaf
- * column that is not repeated is a field; Hugging Face's Image struct is
- * also a field under its own name (its bytes). A stk__files_open_fn. */
+ * are the local files, shown (NULL: paths) their names for messages (parquet.c; docs/formats.md).
+ * Each leaf column that is not repeated is a field; Hugging Face's Image struct is also a field
+ * under its own name (its bytes). A stk__files_open_fn. */
 int stk__source_parquet_open(stk__source *s, const char *const *paths, const char *const *shown,
                              size_t n, char *err, size_t errlen);
+/* Parquet files names[0..n) in the store r (taken over: closed with the
+ * source, also on failure), read by byte ranges without a disk cache: the
+ * footers at the open (a few requests a file, many files in flight), then
+ * each row group's chunks of the columns read, fetched as one unit at the
+ * first read of the row group and kept in a bounded memory LRU (parquet.c,
+ * docs/remote.md), and with prm->cache_dir also in the disk cache (each
+ * unit an entry). sizes (NULL: none) are the listing's, which the files
+ * must have; prm (may be NULL) gives the cache and the cancel flag. Errors name the
+ * file's URL: STK_ENOENT, STK_EIO, STK_EFORMAT, STK_ENOMEM... */
+/* The remote units' memory bound (PQ_UNIT_BYTES; tests make it smaller). */
+extern size_t stk__parquet_unit_bytes;
+int stk__source_parquet_open_remote(stk__source *s, struct stk__remote *r, const char *const *names,
+                                    const uint64_t *sizes, size_t n, const stk__source_params *prm,
+                                    char *err, size_t errlen);
 /* Parquet parsing on a memory buffer (fuzz entry point): the footer, the
  * schema and row groups, then every row of every field read through the
  * reader's own path (pages, levels, dictionaries, codecs) and its record

@@ -15,6 +15,7 @@
 #include "../../src/io/remote.h"
 #include "../../src/io/transport.h"
 #include "../../src/source/manifest.h"
+#include "../../src/source/source.h"
 #include "../../src/source/stkformat.h"
 
 #include <arpa/inet.h>
@@ -89,6 +90,7 @@ static struct {
     atomic_int payloads, stalls; /* F_STALL_SOME: payload ranges seen, stalled */
     atomic_int plain_gets;       /* GETs without a Range, of any object */
     atomic_ullong big_bytes;     /* bytes of ranged replies over 1 MiB */
+    atomic_ullong bytes_out;     /* body bytes of every reply */
     /* F_RATE: the current window, and every request's time and answer. */
     uint64_t win_start, win_count;
     uint64_t stamps[MAX_STAMPS];
@@ -222,6 +224,14 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
     }
     if (dl && a == 0 && strstr(path, ".stk"))
         atomic_fetch_add(&srv.whole_gets, 1);
+    if (ranged && a >= size) {
+        /* As nginx: a range that starts past the end (a file cut short). */
+        close(f);
+        char cr[96];
+        snprintf(cr, sizeof cr, "Content-Range: bytes */%llu\r\n", (unsigned long long)size);
+        reply_status(fd, 416, cr);
+        return true;
+    }
     if (b >= size)
         b = size - 1;
     int fault = srv.fault;
@@ -266,6 +276,7 @@ static bool serve(int fd, const char *path, bool ranged, uint64_t a, uint64_t b)
             usleep(10000);
     }
     uint64_t n = b - a + 1;
+    atomic_fetch_add(&srv.bytes_out, n);
     if (ranged && n > (1u << 20))
         atomic_fetch_add(&srv.big_bytes, n);
     char h[512];
@@ -2916,6 +2927,8 @@ static const char *fixtures(void)
 /* Every field of every sample over one epoch, as stored (kind bytes, all
  * optional, so presence is compared too), with indices and labels. The
  * field names come from the local dataset `names_from`. */
+static const char *g_fx_limit; /* fx_hash's cache_limit (NULL: the default) */
+
 static uint64_t fx_hash(const char *path, const char *names_from, const char *cache, int on_error,
                         uint64_t *n, char *msg, size_t msgn, int *open_rc)
 {
@@ -2932,6 +2945,8 @@ static uint64_t fx_hash(const char *path, const char *names_from, const char *ca
         REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
     if (cache)
         REQUIRE(stk_options_set(o, "cache_dir", cache) == STK_OK);
+    if (cache && g_fx_limit)
+        REQUIRE(stk_options_set(o, "cache_limit", g_fx_limit) == STK_OK);
     stk_dataset *d = NULL;
     if (stk_dataset_open(&d, names_from, NULL, err, sizeof err) != STK_OK)
         fprintf(stderr, "open %s: %s\n", names_from, err);
@@ -3035,7 +3050,10 @@ static void test_formats_remote_as_local(void)
         CHECK_EQ(nr, 60);
         CHECK(hr == hl);
         int cold = atomic_load(&srv.plain_gets) - before;
-        CHECK(cold >= 2); /* index.json or the files, downloaded whole */
+        /* index.json or the files, downloaded whole; Parquet by row groups,
+         * by ranges (test_parquet_remote_units). */
+        bool pq = strstr(sets[k][0], "parquet") != NULL;
+        CHECK(pq ? cold == 0 : cold >= 2);
         /* A second open reads the cache: nothing downloaded again, only
          * the probes (and the sniff of index.json). */
         before = atomic_load(&srv.plain_gets);
@@ -3047,9 +3065,10 @@ static void test_formats_remote_as_local(void)
         int warm_plain = atomic_load(&srv.plain_gets) - before;
         int warm_reqs = atomic_load(&srv.requests) - reqs;
         /* Warm: stoker.manifest (404) and index.json for a directory, and
-         * one 1-byte probe per file. */
+         * one 1-byte probe per file; a Parquet file's head and tail (its
+         * footer: the row groups and label chunks come from the cache). */
         CHECK(warm_plain <= (sets[k][1][0] ? 0 : 2));
-        CHECK(warm_reqs <= (sets[k][1][0] ? 2 : 2 + 1 + 4));
+        CHECK(warm_reqs <= (pq ? 2 * 2 : sets[k][1][0] ? 2 : 2 + 1 + 4));
         if (warm_plain > 2 || warm_reqs > 7)
             fprintf(stderr, "    %s warm: %d plain GETs, %d requests\n", rel, warm_plain,
                     warm_reqs);
@@ -3142,6 +3161,242 @@ static void test_formats_remote_bad_shards(void)
     server_stop();
 }
 
+/* ---- Remote Parquet by row groups (no cache_dir) -------------------------------------- */
+
+/* One epoch of path (order shards when shards is set) with fields spec
+ * (NULL: fx_hash's way is not used; the payload and label): the hash of the
+ * batches, the samples delivered, and the skipped samples' reasons joined in
+ * why. A hook runs after the open, before the first batch. */
+static uint64_t pq_epoch(const char *path, const char *fields, bool shards, unsigned threads,
+                         int on_error, void (*hook)(void), uint64_t *n, char *why, size_t wn)
+{
+    stk_options *o;
+    stk_loader *l = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    stk_options_set_source(o, path);
+    stk_options_set_batch_size(o, 8);
+    stk_options_set_threads(o, threads);
+    stk_options_set_seed(o, 5);
+    stk_options_set_on_error(o, on_error);
+    if (shards)
+        REQUIRE(stk_options_set(o, "order", "shards") == STK_OK);
+    if (strstr(path, "://"))
+        REQUIRE(stk_options_set(o, "fetch_timeout", "2") == STK_OK);
+    if (fields)
+        REQUIRE(stk_options_set(o, "fields", fields) == STK_OK);
+    int rc = stk_loader_open(&l, o);
+    stk_options_destroy(o);
+    if (rc)
+        fprintf(stderr, "    open %s: %s\n", path, stk_loader_errmsg(l));
+    REQUIRE(rc == STK_OK);
+    if (hook)
+        hook();
+    uint64_t h = 1469598103934665603ULL;
+    stk_batch *b;
+    *n = 0;
+    if (why)
+        why[0] = '\0';
+    while ((rc = stk_loader_next(l, &b)) != STK_END) {
+        REQUIRE(rc == STK_OK);
+        h = tu_hash(h, b->indices, b->size * sizeof *b->indices);
+        h = tu_hash(h, b->labels, b->size * sizeof *b->labels);
+        for (size_t f = 0; f < b->nfields; f++) {
+            const stk_field *fl = &b->fields[f];
+            if (fl->present)
+                h = tu_hash(h, fl->present, b->size);
+            if (fl->layout == STK_BATCH_VARIABLE)
+                for (size_t k = 0; k < b->size; k++)
+                    h = tu_hash(h, (uint8_t *)fl->data + fl->offsets[k], fl->lengths[k]);
+        }
+        *n += b->size;
+        stk_batch_release(b);
+    }
+    for (size_t k = 0; why && k < stk_loader_error_count(l) && k < 4; k++) {
+        stk_sample_error e;
+        REQUIRE(stk_loader_error_get(l, k, &e) == STK_OK);
+        size_t at = strlen(why);
+        snprintf(why + at, wn - at, "%s: %s\n", e.path, e.reason);
+    }
+    stk_loader_close(l);
+    return h;
+}
+
+static char g_pq_gone[4096];
+static void pq_remove_file(void)
+{
+    REQUIRE(unlink(g_pq_gone) == 0);
+}
+
+/* Replaced by a shorter file (its footer cut off): another size and
+ * version, its row groups' bytes still there. */
+static void pq_cut_file(void)
+{
+    struct stat st;
+    REQUIRE(stat(g_pq_gone, &st) == 0 && truncate(g_pq_gone, st.st_size - 100) == 0);
+}
+
+/* A remote Parquet dataset without a cache_dir is read by ranges: the
+ * footers at the open, then one request per row group (its unit), never a
+ * whole-file GET; the batches are the local read's. */
+static void test_parquet_remote_units(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    server_start(g_www, F_NONE);
+    static const char *const sets[] = {"snappy", "zstd"};
+    for (size_t k = 0; k < 2; k++) {
+        char local[4096], www[2048], rel[512], msg[1024];
+        snprintf(local, sizeof local, "%s/parquet/%s", fx, sets[k]);
+        snprintf(www, sizeof www, "%s/pqu/%s", g_www, sets[k]);
+        copy_tree(local, www);
+        snprintf(rel, sizeof rel, "pqu/%s/train-{00000..00001}-of-00002.parquet", sets[k]);
+        uint64_t nl, nr;
+        int orc;
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        CHECK_EQ(orc, STK_OK);
+        int reqs = atomic_load(&srv.requests), plain = atomic_load(&srv.plain_gets);
+        uint64_t hr =
+            fx_hash(url(rel), local, NULL, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+        if (orc)
+            fprintf(stderr, "    %s: %s\n", rel, msg);
+        CHECK_EQ(orc, STK_OK);
+        CHECK(hr == hl && nr == nl && nr == 60);
+        reqs = atomic_load(&srv.requests) - reqs;
+        /* 2 files of two row groups each: a probe and a tail a file, then a
+         * label chunk and a unit a row group, not a request a row (60). */
+        CHECK_EQ(atomic_load(&srv.plain_gets) - plain, 0);
+        CHECK_EQ(reqs, 2 * 2 + 4 + 4);
+        if (reqs != 12)
+            fprintf(stderr, "    %s: %d requests\n", rel, reqs);
+    }
+    /* With cache_dir, units are its entries: a cache smaller than the
+     * dataset (836 KB, row groups of 50 to 340 KB) streams through it, the
+     * same batches; a second run with a cache that holds it reads only the
+     * footers from the network. */
+    {
+        char local[4096], msg[1024];
+        snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+        const char *rel = "pqu/snappy/train-{00000..00001}-of-00002.parquet";
+        uint64_t nl, nr;
+        int orc;
+        uint64_t hl = fx_hash(local, local, NULL, STK_ON_ERROR_RAISE, &nl, msg, sizeof msg, &orc);
+        for (int big = 0; big < 2; big++) {
+            g_fx_limit = big ? "8000000" : "500000";
+            const char *cache = tu_path(big ? "cache-pqu-big" : "cache-pqu-small");
+            for (int run = 0; run < 2; run++) {
+                int reqs = atomic_load(&srv.requests);
+                uint64_t hr =
+                    fx_hash(url(rel), local, cache, STK_ON_ERROR_RAISE, &nr, msg, sizeof msg, &orc);
+                reqs = atomic_load(&srv.requests) - reqs;
+                if (orc)
+                    fprintf(stderr, "    cache %d: %s\n", big, msg);
+                CHECK_EQ(orc, STK_OK);
+                CHECK(hr == hl && nr == 60);
+                /* Cold: 12 requests (above). Warm with room: the two
+                 * files' head and tail. Too small: some units again. */
+                if (run == 0 || !big)
+                    CHECK(reqs >= 2 * 2 + 4 + 4 - (run ? 8 : 0) && reqs <= 2 * 2 + 4 + 4);
+                else
+                    CHECK_EQ(reqs, 2 * 2);
+                if (run && !big)
+                    CHECK(reqs > 2 * 2); /* the cache could not hold every unit */
+            }
+        }
+        g_fx_limit = NULL;
+    }
+    /* Three row groups of 4200 rows (DuckDB): 2 requests at the open, then
+     * one a row group, not one a row; identical batches, in the shard
+     * order and in the global shuffle. */
+    {
+        char www[2048], local[512] = "tests/fuzz/corpus/parquet/rowgroups-v2";
+        snprintf(www, sizeof www, "%s/pqu/rg/rowgroups.parquet", g_www);
+        tu_mkdirs(tu_path("www/pqu/rg"));
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "mkdir -p '%s/pqu/rg' && cp '%s' '%s'", g_www, local, www);
+        REQUIRE(system(cmd) == 0);
+        for (int shards = 0; shards < 2; shards++) {
+            uint64_t nl, nr;
+            uint64_t hl = pq_epoch(local, "v,t", shards, 2, STK_ON_ERROR_RAISE, NULL, &nl, NULL, 0);
+            int reqs = atomic_load(&srv.requests);
+            unsigned long long bytes = atomic_load(&srv.bytes_out);
+            uint64_t hr = pq_epoch(url("pqu/rg/rowgroups.parquet"), "v,t", shards, 2,
+                                   STK_ON_ERROR_RAISE, NULL, &nr, NULL, 0);
+            reqs = atomic_load(&srv.requests) - reqs;
+            bytes = atomic_load(&srv.bytes_out) - bytes;
+            CHECK(hr == hl && nr == nl && nr == 4200);
+            CHECK_EQ(reqs, 2 + 3);
+            CHECK(bytes < 2 * 1020); /* the file once, its tail twice at most */
+            if (reqs != 5)
+                fprintf(stderr, "    rowgroups (shards %d): %d requests, %llu bytes\n", shards,
+                        reqs, bytes);
+        }
+        /* A unit bound smaller than any row group: each unit is fetched
+         * alone, evicted for the next; the batches are the same. */
+        size_t keep = stk__parquet_unit_bytes;
+        stk__parquet_unit_bytes = 1;
+        uint64_t nl, nr;
+        uint64_t hl = pq_epoch(local, "v,t", false, 3, STK_ON_ERROR_RAISE, NULL, &nl, NULL, 0);
+        uint64_t hr = pq_epoch(url("pqu/rg/rowgroups.parquet"), "v,t", false, 3, STK_ON_ERROR_RAISE,
+                               NULL, &nr, NULL, 0);
+        CHECK(hr == hl && nr == nl);
+        stk__parquet_unit_bytes = keep;
+    }
+    /* Only the columns read are fetched: the captions of the image dataset
+     * are a small part of its bytes. */
+    {
+        char local[4096];
+        snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+        uint64_t nl, nr;
+        uint64_t hl =
+            pq_epoch(local, "caption,label", true, 2, STK_ON_ERROR_RAISE, NULL, &nl, NULL, 0);
+        unsigned long long bytes = atomic_load(&srv.bytes_out);
+        uint64_t hr = pq_epoch(url("pqu/snappy/train-{00000..00001}-of-00002.parquet"),
+                               "caption,label", true, 2, STK_ON_ERROR_RAISE, NULL, &nr, NULL, 0);
+        bytes = atomic_load(&srv.bytes_out) - bytes;
+        CHECK(hr == hl && nr == 60);
+        CHECK(bytes < 836030 / 4);
+        if (bytes >= 836030 / 4)
+            fprintf(stderr, "    captions: %llu bytes fetched\n", bytes);
+    }
+    server_stop();
+}
+
+/* A file gone from the server after the open (404), and one replaced by a
+ * shorter copy: under skip, its rows are sample errors naming its URL and
+ * the row group; the other file's rows are delivered as locally. */
+static void test_parquet_remote_unit_errors(void)
+{
+    const char *fx = fixtures();
+    if (!fx) {
+        fprintf(stderr, "    no fixtures: skipped\n");
+        return;
+    }
+    server_start(g_www, F_NONE);
+    for (int cut = 0; cut < 2; cut++) {
+        char local[3000], www[1536], rel[512], why[4096], one[4096];
+        snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+        snprintf(www, sizeof www, "%s/pqbad%d", g_www, cut);
+        copy_tree(local, www);
+        snprintf(rel, sizeof rel, "pqbad%d/train-{00000..00001}-of-00002.parquet", cut);
+        snprintf(one, sizeof one, "%s/train-00000-of-00002.parquet", local);
+        uint64_t n0, nr;
+        pq_epoch(one, "caption,label", true, 1, STK_ON_ERROR_RAISE, NULL, &n0, NULL, 0);
+        snprintf(g_pq_gone, sizeof g_pq_gone, "%s/train-00001-of-00002.parquet", www);
+        pq_epoch(url(rel), "caption,label", true, 2, STK_ON_ERROR_SKIP,
+                 cut ? pq_cut_file : pq_remove_file, &nr, why, sizeof why);
+        CHECK_EQ(nr, n0);
+        bool reason = strstr(why, cut ? "changed on the server" : "404") != NULL;
+        CHECK(strstr(why, "train-00001-of-00002.parquet") && strstr(why, "row group ") && reason);
+        CHECK(!strstr(why, "train-00000"));
+        if (!reason)
+            fprintf(stderr, "    errors: %s\n", why);
+    }
+    server_stop();
+}
+
 /* Every allocation of a remote MDS (zstd) open, cold (downloads into a
  * fresh cache) and warm (pins), and of a cold TFRecord (gzip) open, failed
  * in turn: the open fails with ENOMEM or succeeds, and nothing leaks
@@ -3153,8 +3408,9 @@ static void test_formats_remote_oom_sweep(void)
         fprintf(stderr, "    no fixtures: skipped\n");
         return;
     }
-    static const char *const rels[] = {
-        "fx/mds/zstd", "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz"};
+    static const char *const rels[] = {"fx/mds/zstd",
+                                       "fx/tfrecord/gzip/train-{00000..00001}-of-00002.tfrecord.gz",
+                                       "fx/parquet/snappy/train-{00000..00001}-of-00002.parquet"};
     char www[2048], local[4096];
     snprintf(www, sizeof www, "%s/fx/mds/zstd", g_www);
     snprintf(local, sizeof local, "%s/mds/zstd", fx);
@@ -3162,9 +3418,14 @@ static void test_formats_remote_oom_sweep(void)
     snprintf(www, sizeof www, "%s/fx/tfrecord/gzip", g_www);
     snprintf(local, sizeof local, "%s/tfrecord/gzip", fx);
     copy_tree(local, www);
+    snprintf(www, sizeof www, "%s/fx/parquet/snappy", g_www);
+    snprintf(local, sizeof local, "%s/parquet/snappy", fx);
+    copy_tree(local, www);
     server_start(g_www, F_NONE);
-    for (size_t r = 0; r < 2; r++) {
-        for (int warm = 0; warm < 2 - (int)r; warm++) { /* TFRecord: cold only */
+    /* Parquet: its footers and label chunks by ranges, the label chunks
+     * stored in (cold) or read from (warm) the cache. */
+    for (size_t r = 0; r < 3; r++) {
+        for (int warm = 0; warm < (r == 1 ? 1 : 2); warm++) { /* TFRecord: cold only */
             /* A fresh server, its last connections closed, before the
              * baseline. */
             server_stop();
@@ -3850,6 +4111,8 @@ int main(void)
     RUN_IF(test_cache_transport_table);
     RUN_IF(test_formats_remote_as_local);
     RUN_IF(test_formats_remote_bad_shards);
+    RUN_IF(test_parquet_remote_units);
+    RUN_IF(test_parquet_remote_unit_errors);
     RUN_IF(test_formats_remote_oom_sweep);
     RUN_IF(test_bucket_of_class_folders);
     RUN_IF(test_bucket_listing_cached);

@@ -101,6 +101,37 @@ def test_s3_formats_through_the_cache(aws_env, tmp_path):
             assert big == [], (variant, big)
 
 
+def test_s3_parquet_by_row_groups_without_a_cache(aws_env):
+    """Parquet in S3 without cache_dir (issue 21: "a row group is the unit
+    the fetch stage and cache fetch remotely"): read by ranged GETs, the
+    footers at the open and one GET a row group, never a whole object; the
+    same batches as the local read, field for field, and the manifest's."""
+    fx = _fixtures()
+    variant = "parquet/snappy"
+    with stk_servers.S3Server(KEY_ID, SECRET) as srv:
+        srv.create_bucket("bkt")
+        put_files(srv, f"fx/{variant}", fx / variant)
+        aws_env.setenv("AWS_ENDPOINT_URL", srv.endpoint)
+        man = json.loads((fx / f"{variant}.manifest.json").read_text())["samples"]
+        fields = {"image": stoker.Field("image", "bytes"), "caption": "caption", "label": "label"}
+        local = epoch(str(fx / variant), fields)
+        srv.clear_requests()
+        remote = epoch(f"s3://bkt/fx/{variant}", fields)
+        reqs = srv.requests()
+        assert len(remote) == len(local) == 8
+        for rb, lb in zip(remote, local):
+            assert rb["__index__"].tolist() == lb["__index__"].tolist()
+            assert rb["caption"] == lb["caption"] and rb["image"] == lb["image"]
+            assert rb["label"].tolist() == lb["label"].tolist()
+            for s, i in enumerate(rb["__index__"].tolist()):
+                assert hashlib.sha256(rb["image"][s]).hexdigest() == man[i]["sha256"]
+        gets = [r for r in reqs if r["method"] == "GET" and r["path"].endswith(".parquet")]
+        assert gets and all(r.get("range") for r in gets), gets
+        # 2 files of 2 row groups: a probe and a tail a file, a label chunk
+        # and a unit a row group; not one a row (60).
+        assert len(gets) == 2 * 2 + 4 + 4, gets
+
+
 def test_s3_bucket_of_class_folders(aws_env, tmp_path):
     """Unpacked objects in a bucket (prefix/CLASS/NAME.jpg, issue 21 item
     5): listed below the prefix, each object a sample through the fetch
