@@ -135,6 +135,11 @@ static int mixture_orders(core *c, const stk_options *o, uint64_t *h, char *err,
             const uint64_t *units = blocks ? blocks : ch->shard_first;
             size_t nunits = blocks ? nblocks : ch->nshards;
             rc = stk__mix_set_order(c->sched.mix, k, units, nunits, window);
+            if (!blocks) /* the cache's eviction (blocks: the least recently used) */
+                stk__mix_set_shards(c->sched.mix, k, ch->shard_first, ch->nshards, window,
+                                    stk__source_mix_fetched(&c->src, k)
+                                        ? stk__source_mix_shard_off(&c->src, k)
+                                        : SIZE_MAX);
             if (rc)
                 stk__fmt(why, sizeof why, "%s",
                          rc == STK_ENOMEM ? "out of memory for its shard-aware order"
