@@ -403,9 +403,13 @@ static bool source_next_uses(const stk__mix *m, size_t s, uint64_t epoch, uint64
     return true;
 }
 
+bool stk__mix_lru_only = false;
+
 bool stk__mix_next_uses(const stk__mix *m, uint64_t epoch, uint64_t t, uint64_t *next,
                         size_t nshards)
 {
+    if (stk__mix_lru_only)
+        return false;
     for (size_t x = 0; x < nshards; x++)
         next[x] = UINT64_MAX;
     for (size_t s = 0; s < m->nsrc; s++) {

@@ -139,6 +139,9 @@ uint64_t stk__mix_count_before(const stk__mix *m, uint64_t epoch, size_t s, uint
  * recently used). */
 bool stk__mix_next_uses(const stk__mix *m, uint64_t epoch, uint64_t t, uint64_t *next,
                         size_t nshards);
+/* Tests set it before a loader opens to compare with the least recently
+ * used eviction (stk__mix_next_uses then returns false); false. */
+extern bool stk__mix_lru_only;
 
 /* Frees the per-source orders (before m itself). */
 void stk__mix_free_orders(stk__mix *m);
