@@ -15,7 +15,7 @@
 
 The sources' images are random 40x40 noise upsampled to --side, or with
 --photos DIR real JPEG photos found under DIR (1000 evenly spaced in path
-order, dealt to the three sources in turn, as links, so each holds a spread
+order, dealt to the three sources in proportion, as links, so each holds a spread
 of DIR's class folders), in --data (default data/bench-mix-photos then).
 
 The pipeline on every side: decode, RandomResizedCrop(--size) +
@@ -70,14 +70,13 @@ def make_photo_data(root, photos):
     need = sum(SIZES)
     if len(found) < need:
         sys.exit(f"--photos {photos}: {len(found)} JPEG files, the three sources need {need}")
-    # Evenly spaced over the sorted list (every class folder), dealt to the
-    # sources in turn, so each source holds a spread of them.
+    # Evenly spaced over the sorted list (every class folder).
     picked = [found[i * len(found) // need] for i in range(need)]
     slots = {s: 0 for s in range(len(SIZES))}
-    s = 0
     for path in picked:
-        while slots[s] >= SIZES[s]:
-            s = (s + 1) % len(SIZES)
+        # The source furthest behind its share: each gets every class in
+        # proportion to its size.
+        s = min(range(len(SIZES)), key=lambda x: (slots[x] + 1) / SIZES[x])
         k = slots[s]
         slots[s] += 1
         c = k % 2
@@ -88,7 +87,6 @@ def make_photo_data(root, photos):
         link = os.path.join(d, f"{k:05d}.jpg")
         os.symlink(os.path.abspath(path), link)
         os.symlink(os.path.abspath(path), os.path.join(u, f"s{s}-{k:05d}.jpg"))
-        s = (s + 1) % len(SIZES)
     with open(os.path.join(root, "done"), "w") as f:
         f.write(f"photos {os.path.abspath(photos)}\n")
 
