@@ -188,20 +188,25 @@ int stk__mix_init(stk__mix *m, const uint64_t *quota, const uint64_t *sizes, siz
     return STK_OK;
 }
 
-/* The phase of node v's balanced word in epoch `epoch` (mix.h). */
-static uint64_t node_phase(const stk__mix *m, uint64_t epoch, int32_t v)
+/* The phases' key of epoch `epoch`, and node v's phase under it (mix.h). */
+static uint64_t phase_key(const stk__mix *m, uint64_t epoch)
 {
-    uint64_t key = stk__mix64(stk__mix64(m->seed ^ 0x4d49585048ULL) ^ epoch);
+    return stk__mix64(stk__mix64(m->seed ^ 0x4d49585048ULL) ^ epoch);
+}
+
+static uint64_t node_phase(const stk__mix *m, uint64_t key, int32_t v)
+{
     return stk__mix64(key ^ ((uint64_t)v + 1) * 0x9e3779b97f4a7c15ULL) % m->nodes[v].n;
 }
 
 void stk__mix_at(const stk__mix *m, uint64_t epoch, uint64_t t, size_t *src, uint64_t *rank)
 {
+    uint64_t key = phase_key(m, epoch);
     int32_t v = m->root;
     uint64_t p = t;
     while (v >= 0) {
         const stk__mix_node *nd = &m->nodes[v];
-        uint64_t phi = node_phase(m, epoch, v);
+        uint64_t phi = node_phase(m, key, v);
         unsigned __int128 x = (unsigned __int128)p * nd->na + phi;
         uint64_t lo = (uint64_t)(x / nd->n);
         uint64_t hi = (uint64_t)((x + nd->na) / nd->n);
@@ -307,10 +312,11 @@ void stk__mix_set_shards(stk__mix *m, size_t s, const uint64_t *shard_first, siz
  * = r + 1, p = floor((r n + phi) / (n - na)). */
 static uint64_t unit_pos_of(const stk__mix *m, uint64_t epoch, size_t s, uint64_t r)
 {
+    uint64_t key = phase_key(m, epoch);
     int32_t child = -(int32_t)s - 1;
     for (int32_t v = m->leaf_up[s]; v >= 0; child = v, v = m->node_up[v]) {
         const stk__mix_node *nd = &m->nodes[v];
-        unsigned __int128 phi = node_phase(m, epoch, v);
+        unsigned __int128 phi = node_phase(m, key, v);
         if (nd->a == child) {
             unsigned __int128 x = ((unsigned __int128)r + 1) * nd->n - phi;
             r = (uint64_t)((x + nd->na - 1) / nd->na) - 1;
@@ -332,10 +338,11 @@ static uint64_t unit_count_before(const stk__mix *m, uint64_t epoch, size_t s, u
         return 0; /* not in the tree */
     for (int32_t v = m->leaf_up[s]; v >= 0; child = v, v = m->node_up[v])
         path[depth++] = child; /* the child taken at each node, leaf first */
+    uint64_t key = phase_key(m, epoch);
     int32_t v = m->root;
     while (depth--) {
         const stk__mix_node *nd = &m->nodes[v];
-        uint64_t a = (uint64_t)(((unsigned __int128)u * nd->na + node_phase(m, epoch, v)) / nd->n);
+        uint64_t a = (uint64_t)(((unsigned __int128)u * nd->na + node_phase(m, key, v)) / nd->n);
         u = nd->a == path[depth] ? a : u - a;
         v = path[depth];
     }
