@@ -11,6 +11,12 @@
 
     /usr/bin/python3 bench/bench_mix.py [--data data/bench-mix] [--epochs 2]
                                         [--repeat 3] [--threads 2]
+                                        [--photos /work/bench-ds10k]
+
+The sources' images are random 40x40 noise upsampled to --side, or with
+--photos DIR real JPEG photos found under DIR (1000 evenly spaced in path
+order, dealt to the three sources in proportion, as links, so each holds a spread
+of DIR's class folders), in --data (default data/bench-mix-photos then).
 
 The pipeline on every side: decode, RandomResizedCrop(--size) +
 RandomHorizontalFlip, uint8 NCHW (--normalize: then ToTensor + Normalize,
@@ -52,6 +58,37 @@ def make_data(root, side):
                 os.symlink(path, os.path.join(u, f"s{s}-{k:05d}.jpg"))
     with open(os.path.join(root, "done"), "w") as f:
         f.write("ok\n")
+
+
+def make_photo_data(root, photos):
+    """The three sources (and the union) as links to real JPEGs under photos."""
+    found = []
+    for d, _, files in os.walk(photos):
+        found += [os.path.join(d, f) for f in files
+                  if f.lower().endswith((".jpg", ".jpeg"))]
+    found.sort()
+    need = sum(SIZES)
+    if len(found) < need:
+        sys.exit(f"--photos {photos}: {len(found)} JPEG files, the three sources need {need}")
+    # Evenly spaced over the sorted list (every class folder).
+    picked = [found[i * len(found) // need] for i in range(need)]
+    slots = {s: 0 for s in range(len(SIZES))}
+    for path in picked:
+        # The source furthest behind its share: each gets every class in
+        # proportion to its size.
+        s = min(range(len(SIZES)), key=lambda x: (slots[x] + 1) / SIZES[x])
+        k = slots[s]
+        slots[s] += 1
+        c = k % 2
+        d = os.path.join(root, f"src{s}", f"c{c}")
+        u = os.path.join(root, "union", f"c{c}")
+        os.makedirs(d, exist_ok=True)
+        os.makedirs(u, exist_ok=True)
+        link = os.path.join(d, f"{k:05d}.jpg")
+        os.symlink(os.path.abspath(path), link)
+        os.symlink(os.path.abspath(path), os.path.join(u, f"s{s}-{k:05d}.jpg"))
+    with open(os.path.join(root, "done"), "w") as f:
+        f.write(f"photos {os.path.abspath(photos)}\n")
 
 
 def run_one(kind, a):
@@ -104,7 +141,10 @@ def run_one(kind, a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=os.path.join(ROOT, "data", "bench-mix"))
+    p.add_argument("--data", help="the sources' folder (default data/bench-mix, with "
+                                  "--photos data/bench-mix-photos)")
+    p.add_argument("--photos", help="build the sources from the JPEG photos under this folder "
+                                    "(links) instead of generated noise images")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
@@ -120,9 +160,21 @@ def main():
         sys.path.insert(0, os.path.join(ROOT, "python"))
         run_one(a.one, a)
         return
-    if not os.path.exists(os.path.join(a.data, "done")):
-        print(f"making {sum(SIZES)} JPEGs in {a.data} ...", flush=True)
-        make_data(a.data, a.side)
+    if not a.data:
+        a.data = os.path.join(ROOT, "data", "bench-mix-photos" if a.photos else "bench-mix")
+    done = os.path.join(a.data, "done")
+    if a.photos and os.path.exists(done):
+        with open(done) as f:
+            if f.read().strip() != f"photos {os.path.abspath(a.photos)}":
+                sys.exit(f"{a.data} holds other images than --photos {a.photos}: "
+                         "give another --data")
+    if not os.path.exists(done):
+        if a.photos:
+            print(f"linking {sum(SIZES)} photos from {a.photos} into {a.data} ...", flush=True)
+            make_photo_data(a.data, a.photos)
+        else:
+            print(f"making {sum(SIZES)} JPEGs in {a.data} ...", flush=True)
+            make_data(a.data, a.side)
     for root, _, files in os.walk(a.data):   # warm the page cache
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:

@@ -135,6 +135,11 @@ static int mixture_orders(core *c, const stk_options *o, uint64_t *h, char *err,
             const uint64_t *units = blocks ? blocks : ch->shard_first;
             size_t nunits = blocks ? nblocks : ch->nshards;
             rc = stk__mix_set_order(c->sched.mix, k, units, nunits, window);
+            if (!blocks) /* the cache's eviction (blocks: the least recently used) */
+                stk__mix_set_shards(c->sched.mix, k, ch->shard_first, ch->nshards, window,
+                                    stk__source_mix_fetched(&c->src, k)
+                                        ? stk__source_mix_shard_off(&c->src, k)
+                                        : SIZE_MAX);
             if (rc)
                 stk__fmt(why, sizeof why, "%s",
                          rc == STK_ENOMEM ? "out of memory for its shard-aware order"
@@ -209,10 +214,25 @@ static void mixture_fingerprint(core *c, const stk_options *o, const double *w,
             v1 = fnv1a_bytes(v1 ^ t, "|t", 2);
             h = fnv1a_bytes(h ^ t, "|t", 2);
         }
-        for (size_t f = 0; f < o->mix[k].ntfs; f++) {
-            const stk__mix_tf *tf = &o->mix[k].tfs[f];
+        /* By field name: the stored order depends on the order the fields
+         * were set and removed in (a removal moves the last into its
+         * place), which decides nothing. O(n^2) over a few fields, no
+         * allocation; names are unique. */
+        const char *prev = NULL;
+        for (size_t n = 0; n < o->mix[k].ntfs; n++) {
+            const stk__mix_tf *tf = &o->mix[k].tfs[0];
+            bool found = false;
+            for (size_t f = 0; f < o->mix[k].ntfs; f++) {
+                const stk__mix_tf *x = &o->mix[k].tfs[f];
+                if ((!prev || strcmp(x->field, prev) > 0) &&
+                    (!found || strcmp(x->field, tf->field) < 0)) {
+                    tf = x;
+                    found = true;
+                }
+            }
             h = fnv1a_bytes(h ^ stk__transform_hash_spec(o, tf->spec), "|t:", 3);
             h = fnv1a_bytes(h, tf->field, strlen(tf->field) + 1);
+            prev = tf->field;
         }
     }
     if (o->order != STK__ORDER_GLOBAL) {

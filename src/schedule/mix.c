@@ -170,17 +170,43 @@ int stk__mix_init(stk__mix *m, const uint64_t *quota, const uint64_t *sizes, siz
         nlive--;
     }
     m->root = live[0];
+    for (size_t k = 0; k < nsrc; k++) {
+        m->leaf_up[k] = -1;
+        m->fetch_off[k] = SIZE_MAX;
+    }
+    for (size_t v = 0; v < nnodes; v++) {
+        int32_t ch[2] = {m->nodes[v].a, m->nodes[v].b};
+        for (int j = 0; j < 2; j++) {
+            if (ch[j] >= 0)
+                m->node_up[ch[j]] = (int32_t)v;
+            else
+                m->leaf_up[-(ch[j] + 1)] = (int32_t)v;
+        }
+    }
+    if (m->root >= 0)
+        m->node_up[m->root] = -1;
     return STK_OK;
+}
+
+/* The phases' key of epoch `epoch`, and node v's phase under it (mix.h). */
+static uint64_t phase_key(const stk__mix *m, uint64_t epoch)
+{
+    return stk__mix64(stk__mix64(m->seed ^ 0x4d49585048ULL) ^ epoch);
+}
+
+static uint64_t node_phase(const stk__mix *m, uint64_t key, int32_t v)
+{
+    return stk__mix64(key ^ ((uint64_t)v + 1) * 0x9e3779b97f4a7c15ULL) % m->nodes[v].n;
 }
 
 void stk__mix_at(const stk__mix *m, uint64_t epoch, uint64_t t, size_t *src, uint64_t *rank)
 {
-    uint64_t key = stk__mix64(stk__mix64(m->seed ^ 0x4d49585048ULL) ^ epoch);
+    uint64_t key = phase_key(m, epoch);
     int32_t v = m->root;
     uint64_t p = t;
     while (v >= 0) {
         const stk__mix_node *nd = &m->nodes[v];
-        uint64_t phi = stk__mix64(key ^ ((uint64_t)v + 1) * 0x9e3779b97f4a7c15ULL) % nd->n;
+        uint64_t phi = node_phase(m, key, v);
         unsigned __int128 x = (unsigned __int128)p * nd->na + phi;
         uint64_t lo = (uint64_t)(x / nd->n);
         uint64_t hi = (uint64_t)((x + nd->na) / nd->n);
@@ -267,6 +293,144 @@ int stk__mix_set_order(stk__mix *m, size_t s, const uint64_t *units, size_t nuni
      * their shards in step. */
     uint64_t seed = stk__mix64(m->seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL);
     return stk__shard_orders_init(&m->sorder[s], units, nunits, window, seed, m->shuffle);
+}
+
+void stk__mix_set_shards(stk__mix *m, size_t s, const uint64_t *shard_first, size_t nshards,
+                         unsigned window, size_t fetch_off)
+{
+    m->shard_first[s] = shard_first;
+    m->nshards[s] = nshards;
+    m->window[s] = window;
+    m->fetch_off[s] = fetch_off;
+}
+
+/* In units of the schedule (block positions each): the inverse of the walk
+ * of stk__mix_at from source s's leaf up. At a node of quota n whose child a
+ * has na, child a's r-th position is the smallest p with
+ * floor(((p + 1) na + phi) / n) = r + 1, p = ceil(((r + 1) n - phi) / na) - 1;
+ * child b's r-th is the smallest p with p + 1 - floor(((p + 1) na + phi) / n)
+ * = r + 1, p = floor((r n + phi) / (n - na)). */
+static uint64_t unit_pos_of(const stk__mix *m, uint64_t epoch, size_t s, uint64_t r)
+{
+    uint64_t key = phase_key(m, epoch);
+    int32_t child = -(int32_t)s - 1;
+    for (int32_t v = m->leaf_up[s]; v >= 0; child = v, v = m->node_up[v]) {
+        const stk__mix_node *nd = &m->nodes[v];
+        unsigned __int128 phi = node_phase(m, key, v);
+        if (nd->a == child) {
+            unsigned __int128 x = ((unsigned __int128)r + 1) * nd->n - phi;
+            r = (uint64_t)((x + nd->na - 1) / nd->na) - 1;
+        } else {
+            r = (uint64_t)(((unsigned __int128)r * nd->n + phi) / (nd->n - nd->na));
+        }
+    }
+    return r;
+}
+
+/* Source s's units among the first u of the epoch: the walk of stk__mix_at
+ * from the root, counting. Child a's positions before p at a node are
+ * floor((p na + phi) / n) (its phase is under n, so none before 0). */
+static uint64_t unit_count_before(const stk__mix *m, uint64_t epoch, size_t s, uint64_t u)
+{
+    int32_t path[STK__MIX_MAX_SOURCES], child = -(int32_t)s - 1;
+    size_t depth = 0;
+    if (!m->quota[s])
+        return 0; /* not in the tree */
+    for (int32_t v = m->leaf_up[s]; v >= 0; child = v, v = m->node_up[v])
+        path[depth++] = child; /* the child taken at each node, leaf first */
+    uint64_t key = phase_key(m, epoch);
+    int32_t v = m->root;
+    while (depth--) {
+        const stk__mix_node *nd = &m->nodes[v];
+        uint64_t a = (uint64_t)(((unsigned __int128)u * nd->na + node_phase(m, key, v)) / nd->n);
+        u = nd->a == path[depth] ? a : u - a;
+        v = path[depth];
+    }
+    return u;
+}
+
+uint64_t stk__mix_pos_of(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k)
+{
+    return unit_pos_of(m, epoch, s, k / m->block) * m->block + k % m->block;
+}
+
+uint64_t stk__mix_count_before(const stk__mix *m, uint64_t epoch, size_t s, uint64_t t)
+{
+    uint64_t u = t / m->block, c = unit_count_before(m, epoch, s, u) * m->block;
+    if (t % m->block && u * m->block < m->N) {
+        size_t at;
+        uint64_t r;
+        stk__mix_at(m, epoch, u, &at, &r);
+        c += at == s ? t % m->block : 0; /* inside one of s's batches */
+    }
+    return c;
+}
+
+/* Source s's windows read from its rank `from` on (from < quota) in epoch
+ * `epoch`, in the order read: next[] of each shard not given yet gets the
+ * distance from position t (+ base, the positions to the epoch's start) to
+ * its window's first read. Ranks [p n, p n + n) are pass p of the source
+ * (keyed as in stk__mix_kth); a pass after the first reads every shard, so
+ * two passes are enough. *left counts the shards not given yet. */
+static bool source_next_uses(const stk__mix *m, size_t s, uint64_t epoch, uint64_t from, uint64_t t,
+                             uint64_t base, uint64_t *next, size_t *left)
+{
+    uint64_t n = m->size[s], q = m->quota[s] * m->block;
+    uint64_t seed = stk__mix64(m->seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL);
+    uint64_t *out = next + m->fetch_off[s];
+    for (uint64_t p = from / n; p * n < q && p <= from / n + 1 && *left; p++) {
+        uint64_t key = p ? stk__mix64(epoch ^ p * 0x9e3779b97f4a7c15ULL) | (1ULL << 63) : epoch;
+        stk__shard_order *o;
+        if (stk__shard_order_create(&o, m->shard_first[s], m->nshards[s], m->window[s], seed, key,
+                                    m->shuffle))
+            return false;
+        size_t nw = stk__shard_order_windows(o);
+        for (size_t w = 0; w < nw && *left; w++) {
+            size_t sb, se;
+            uint64_t pb, pe;
+            stk__shard_order_window(o, w, &sb, &se, &pb, &pe);
+            uint64_t kb = p * n + pb, ke = p * n + pe;
+            if (ke > q)
+                ke = q;
+            if (kb < from)
+                kb = from;
+            if (kb >= ke)
+                continue; /* read before `from`, past the quota, or empty */
+            uint64_t at = base + stk__mix_pos_of(m, epoch, s, kb) - t;
+            for (size_t j = sb; j < se; j++) {
+                size_t x = stk__shard_order_shard(o, j);
+                if (out[x] == UINT64_MAX) {
+                    out[x] = at;
+                    --*left;
+                }
+            }
+        }
+        stk__shard_order_destroy(o);
+    }
+    return true;
+}
+
+bool stk__mix_lru_only = false;
+
+bool stk__mix_next_uses(const stk__mix *m, uint64_t epoch, uint64_t t, uint64_t *next,
+                        size_t nshards)
+{
+    if (stk__mix_lru_only)
+        return false;
+    for (size_t x = 0; x < nshards; x++)
+        next[x] = UINT64_MAX;
+    for (size_t s = 0; s < m->nsrc; s++) {
+        if (!m->nshards[s] || m->fetch_off[s] == SIZE_MAX || !m->quota[s] ||
+            m->fetch_off[s] > nshards || m->nshards[s] > nshards - m->fetch_off[s])
+            continue;
+        size_t left = m->nshards[s];
+        uint64_t from = stk__mix_count_before(m, epoch, s, t);
+        if ((from < m->quota[s] * m->block &&
+             !source_next_uses(m, s, epoch, from, t, 0, next, &left)) ||
+            !source_next_uses(m, s, epoch + 1, 0, t, m->N, next, &left))
+            return false;
+    }
+    return true;
 }
 
 void stk__mix_free_orders(stk__mix *m)

@@ -72,6 +72,18 @@ typedef struct stk__mix {
      * shards (or blocks), or NULL: its global permutation (a source of no
      * shards, or order "global"). Set after init (stk__mix_set_order). */
     stk__shard_orders *sorder[STK__MIX_MAX_SOURCES];
+    /* The tree's parents (stk__mix_init): of node v, and of source s's leaf
+     * (-1: the root), for the inverse walks of stk__mix_next_uses. */
+    int32_t node_up[STK__MIX_MAX_SOURCES], leaf_up[STK__MIX_MAX_SOURCES];
+    /* For the cache's eviction (stk__mix_next_uses): source s read in order
+     * "shards" over its own shards (borrowed from the child source;
+     * nshards[s] 0: not, as with order "global" or "blocks"), which are the
+     * fetch stage's shards [fetch_off[s], fetch_off[s] + nshards[s]) when it
+     * fetches them (SIZE_MAX: it does not). Set with stk__mix_set_order. */
+    const uint64_t *shard_first[STK__MIX_MAX_SOURCES];
+    size_t nshards[STK__MIX_MAX_SOURCES];
+    unsigned window[STK__MIX_MAX_SOURCES];
+    size_t fetch_off[STK__MIX_MAX_SOURCES];
 } stk__mix;
 
 /* Per-source quotas of an epoch of N positions (N 0: the default, see
@@ -104,6 +116,33 @@ uint64_t stk__mix_kth(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k, u
  * window shards per window. STK_EINVAL/STK_ENOMEM (order.h). After init. */
 int stk__mix_set_order(stk__mix *m, size_t s, const uint64_t *units, size_t nunits,
                        unsigned window);
+/* For the disk cache's furthest-next-use eviction with order "shards":
+ * source s's units are its shards (shard_first, borrowed: it must outlive
+ * m), the fetch stage's shards from fetch_off (SIZE_MAX: not fetched). */
+void stk__mix_set_shards(stk__mix *m, size_t s, const uint64_t *shard_first, size_t nshards,
+                         unsigned window, size_t fetch_off);
+
+/* Mixture position of source s's k-th sample of epoch `epoch` (k <
+ * quota[s] x block): the inverse of stk__mix_at, O(depth). */
+uint64_t stk__mix_pos_of(const stk__mix *m, uint64_t epoch, size_t s, uint64_t k);
+/* Source s's samples at mixture positions before t (t <= N), O(depth). */
+uint64_t stk__mix_count_before(const stk__mix *m, uint64_t epoch, size_t s, uint64_t t);
+
+/* The cache's next uses (fetch.h's next_uses) from mixture position t of
+ * epoch `epoch`: next[x] for each fetched shard x of a source set with
+ * stk__mix_set_shards is how many mixture positions after t the first
+ * position reading the shard's window (order.h) lies, in this epoch or the
+ * next one (positions t.. N - 1, then the next epoch's 0..); UINT64_MAX
+ * for a shard read in neither, and for every other shard. With a window of
+ * one shard that is the shard's first read exactly. O(shards + sources x
+ * depth); false when out of memory (the cache then evicts the least
+ * recently used). */
+bool stk__mix_next_uses(const stk__mix *m, uint64_t epoch, uint64_t t, uint64_t *next,
+                        size_t nshards);
+/* Tests set it before a loader opens to compare with the least recently
+ * used eviction (stk__mix_next_uses then returns false); false. */
+extern bool stk__mix_lru_only;
+
 /* Frees the per-source orders (before m itself). */
 void stk__mix_free_orders(stk__mix *m);
 

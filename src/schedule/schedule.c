@@ -17,9 +17,23 @@ uint64_t stk__schedule_sample(const stk__schedule *s, uint64_t g, uint64_t slot)
  * O(shards). */
 bool stk__schedule_next_uses(const stk__schedule *s, uint64_t g, uint64_t *next, size_t nshards)
 {
+    uint64_t epoch = g / s->part.batches;
+    if (s->mix) {
+        /* In mixture positions (mix.h), by the layout the epoch started in,
+         * as stk__schedule_sample_draw maps them. */
+        stk__mix_geom geo = {s->part.n, s->part.per_rank, s->part.world, s->part.local};
+        const stk__resumed *r = stk__schedule_resumed(s);
+        if (r && r->epoch == epoch) {
+            geo.per_rank = r->lay.gens[0].per_rank;
+            geo.world = r->lay.gens[0].spec.world;
+            geo.local = r->lay.gens[0].spec.local;
+        }
+        uint64_t t =
+            stk__schedule_batch_len(s, g) ? stk__mix_t(&geo, stk__schedule_pos(s, g, 0)) : 0;
+        return stk__mix_next_uses(s->mix, epoch, t, next, nshards);
+    }
     if (!s->sorder || !s->shard_first)
         return false;
-    uint64_t epoch = g / s->part.batches;
     /* This rank's position in the epoch's global order (positions grow with
      * its samples; with several nodes, within its node's part of it). */
     uint64_t now = stk__schedule_batch_len(s, g) ? stk__schedule_pos(s, g, 0) : 0;

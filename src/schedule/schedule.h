@@ -143,7 +143,9 @@ static inline uint64_t stk__schedule_pos(const stk__schedule *s, uint64_t g, uin
 /* The dataset sample at slot `slot` of global batch g. */
 uint64_t stk__schedule_sample(const stk__schedule *s, uint64_t g, uint64_t slot);
 /* For the cache's eviction: how many sample positions after global batch g
- * each shard is next read (UINT64_MAX: unknown); false with a global order. */
+ * each shard is next read (UINT64_MAX: unknown); false with a global order.
+ * A mixture counts mixture positions, for its order-"shards" sources'
+ * shards in the fetch stage's table (stk__mix_next_uses). */
 bool stk__schedule_next_uses(const stk__schedule *s, uint64_t g, uint64_t *next, size_t nshards);
 /* The fetch stage's plan: thin callbacks over the queries above. */
 void stk__schedule_plan(stk__schedule *s, stk__fetch_plan *plan);

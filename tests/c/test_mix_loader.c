@@ -757,6 +757,58 @@ static void test_per_source_field_transforms(void)
     stk_loader_close(l);
 }
 
+/* The fingerprint takes a source's per-field transforms by field name: the
+ * same settings made in another order (and through a removal, which moves
+ * the last into its place) resume; another transform is refused. */
+static stk_loader *open_field_tfs(const char *const *fields, const char *const *specs, size_t n)
+{
+    stk_options *o = NULL;
+    stk_loader *l = NULL;
+    REQUIRE(stk_options_create(&o) == STK_OK);
+    REQUIRE(stk_options_add_source(o, g_img[0], 0.5, 0) == STK_OK);
+    REQUIRE(stk_options_add_source(o, g_img[1], 0.5, 0) == STK_OK);
+    REQUIRE(stk_options_set_transform(o, "Resize((8, 8))") == STK_OK);
+    REQUIRE(stk_options_set_fields(o, "image") == STK_OK);
+    REQUIRE(stk_options_add_field(o, "view2", "image", STK_FIELD_IMAGE, "Resize((6, 6))", 0) ==
+            STK_OK);
+    for (size_t k = 0; k < n; k++)
+        REQUIRE(stk_options_source_transform(o, 0, fields[k], specs[k]) == STK_OK);
+    REQUIRE(stk_options_set(o, "samples_per_epoch", "28") == STK_OK);
+    REQUIRE(stk_options_set_batch_size(o, 7) == STK_OK);
+    REQUIRE(stk_loader_open(&l, o) == STK_OK);
+    stk_options_destroy(o);
+    return l;
+}
+
+static void test_field_transforms_any_order(void)
+{
+    make_image_sets();
+    const char *fl = "Resize((8, 8))|RandomHorizontalFlip(p=1)",
+               *f2 = "Resize((6, 6))|RandomHorizontalFlip(p=1)";
+    const char *fa[2] = {"image", "view2"}, *sa[2] = {fl, f2};
+    stk_loader *a = open_field_tfs(fa, sa, 2);
+    stk_batch *b;
+    REQUIRE(stk_loader_next(a, &b) == STK_OK);
+    stk_batch_release(b);
+    stk_state st = {.struct_size = sizeof st};
+    REQUIRE(stk_loader_get_state(a, &st) == STK_OK);
+    stk_loader_close(a);
+    /* view2 first; then image set, view2 removed (image moves to its
+     * place) and set again. */
+    const char *fb[2] = {"view2", "image"}, *sb[2] = {f2, fl};
+    const char *fc[4] = {"view2", "image", "view2", "view2"}, *sc[4] = {f2, fl, "", f2};
+    stk_loader *l = open_field_tfs(fb, sb, 2);
+    CHECK_EQ(stk_loader_set_state(l, &st), STK_OK);
+    stk_loader_close(l);
+    l = open_field_tfs(fc, sc, 4);
+    CHECK_EQ(stk_loader_set_state(l, &st), STK_OK);
+    stk_loader_close(l);
+    const char *sd[2] = {f2, "Resize((8, 8))"};
+    l = open_field_tfs(fb, sd, 2);
+    CHECK_EQ(stk_loader_set_state(l, &st), STK_EINVAL);
+    stk_loader_close(l);
+}
+
 /* ---- per-source options --------------------------------------------------- */
 
 static char g_stk4[1024];
@@ -1057,6 +1109,7 @@ int main(void)
     RUN(test_per_source_batches);
     RUN(test_open_errors);
     RUN(test_per_source_field_transforms);
+    RUN(test_field_transforms_any_order);
     RUN(test_per_source_options);
     RUN(test_moved_dataset_resumes);
     RUN(test_per_source_oom);

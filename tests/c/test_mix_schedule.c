@@ -4,7 +4,9 @@
  * windows, by prefix counts), ranks consistent with occurrences, every pass
  * of a source exactly once, determinism, epochs differing, and the map from
  * epoch positions to mixture positions (a bijection that makes each rank's
- * stream a window). */
+ * stream a window); the inverse walks (a source's k-th position, its
+ * count before a position) and the cache's next uses against a scan of the
+ * coming positions. */
 #include "schedule/mix.h"
 #include "testutil.h"
 
@@ -359,6 +361,116 @@ static void test_zero_quota_and_one_source(void)
     CHECK_EQ(stk__mix_init(&m, z, sz, 2, 1, true), STK_EINVAL);
 }
 
+/* The inverse walks against the forward one, at every position: the k-th
+ * position of s is t, and s has k positions before t; per-source batches
+ * (block 4) too. */
+static void test_inverse_walks(void)
+{
+    for (int it = 0; it < 40; it++) {
+        stk__mix m;
+        size_t nsrc;
+        uint64_t B = it % 4 == 3 ? 4 : 1, N = 200 + rnd() % 400;
+        random_mix(&m, N, rnd(), &nsrc);
+        m.block = B;
+        m.N *= B;
+        uint64_t seen[5] = {0};
+        for (uint64_t t = 0; t < m.N; t++) {
+            size_t s;
+            uint64_t k;
+            stk__mix_at(&m, 3, t / B, &s, &k);
+            k = k * B + t % B;
+            CHECK_EQ(k, seen[s]);
+            CHECK_EQ(stk__mix_pos_of(&m, 3, s, k), t);
+            for (size_t u = 0; u < nsrc; u++)
+                CHECK_EQ(stk__mix_count_before(&m, 3, u, t), seen[u]);
+            seen[s]++;
+        }
+        for (size_t u = 0; u < nsrc; u++)
+            CHECK_EQ(stk__mix_count_before(&m, 3, u, m.N), m.quota[u] * B);
+    }
+}
+
+/* The cache's next uses (stk__mix_next_uses) against a scan of every coming
+ * position (the rest of the epoch, then the next one): each shard's next use
+ * is the first position whose sample lies in the shard's window of the
+ * order that reads it (with windows of one shard: the shard's first read).
+ * Sources: one read in prefix (quota under its size), one repeated (2.5
+ * passes), one not fetched (UINT64_MAX for its shards, whose table is not
+ * the stage's), and one fetched read in order "global" when `global`. */
+static void check_next_uses(unsigned window, uint64_t B, uint64_t seed)
+{
+    /* Source 0: 9 shards of 30 samples, one empty; 1: 5 of 8; 2: 4 of 10. */
+    static const uint64_t f0[10] = {0, 30, 60, 60, 90, 120, 150, 180, 210, 240};
+    static const uint64_t f1[6] = {0, 8, 16, 24, 32, 40};
+    static const uint64_t f2[5] = {0, 10, 20, 30, 40};
+    const uint64_t *first[3] = {f0, f1, f2};
+    size_t ns[3] = {9, 5, 4}, off[3] = {0, 9, SIZE_MAX}, total = 14;
+    uint64_t sz[3] = {240, 40, 40}, q[3] = {150 / B, 100 / B, 30 / B};
+    stk__mix m;
+    REQUIRE(stk__mix_init(&m, q, sz, 3, seed, true) == STK_OK);
+    m.block = B;
+    m.N *= B;
+    for (size_t s = 0; s < 3; s++) {
+        REQUIRE(stk__mix_set_order(&m, s, first[s], ns[s], window) == STK_OK);
+        stk__mix_set_shards(&m, s, first[s], ns[s], window, off[s]);
+    }
+    uint64_t next[14], want[14];
+    for (uint64_t e = 0; e < 2; e++) {
+        for (uint64_t t = 0; t < m.N; t += 1 + rnd() % 23) {
+            REQUIRE(stk__mix_next_uses(&m, e, t, next, total));
+            for (size_t x = 0; x < total; x++)
+                want[x] = UINT64_MAX;
+            for (uint64_t d = 0; d < 2 * m.N - t; d++) {
+                uint64_t ep = e + (t + d) / m.N, u = (t + d) % m.N, k, pass;
+                size_t s;
+                stk__mix_at(&m, ep, u / B, &s, &k);
+                k = k * B + u % B;
+                if (off[s] == SIZE_MAX)
+                    continue;
+                uint64_t i = stk__mix_kth(&m, ep, s, k, &pass);
+                /* The window of i's shard in the order of (ep, pass). */
+                uint64_t key =
+                    pass ? stk__mix64(ep ^ pass * 0x9e3779b97f4a7c15ULL) | (1ULL << 63) : ep;
+                stk__shard_order *o;
+                REQUIRE(stk__shard_order_create(
+                            &o, first[s], ns[s], window,
+                            stk__mix64(seed ^ ((uint64_t)s + 1) * 0xd1b54a32d192ed03ULL), key,
+                            true) == STK_OK);
+                CHECK_EQ(stk__shard_order_at(o, k % sz[s]), i);
+                size_t w = stk__shard_order_window_of(o, k % sz[s]), sb, se;
+                uint64_t pb, pe;
+                stk__shard_order_window(o, w, &sb, &se, &pb, &pe);
+                if (window == 1)
+                    CHECK_EQ(stk__shard_order_shard(o, sb), stk__run_of(first[s], ns[s], i));
+                for (size_t j = sb; j < se; j++) {
+                    size_t x = off[s] + stk__shard_order_shard(o, j);
+                    if (want[x] == UINT64_MAX)
+                        want[x] = d;
+                }
+                stk__shard_order_destroy(o);
+            }
+            for (size_t x = 0; x < total; x++)
+                CHECK_EQ(next[x], want[x]);
+        }
+    }
+    stk__mix_free_orders(&m);
+}
+
+static void test_next_uses_match_a_scan(void)
+{
+    check_next_uses(1, 1, 11);
+    check_next_uses(3, 1, 12);
+    check_next_uses(1, 10, 13);
+    check_next_uses(2, 10, 14);
+    /* A source not set (order "global" or "blocks"): unknown, so LRU. */
+    uint64_t q[2] = {5, 5}, sz[2] = {5, 5}, next[3];
+    stk__mix m;
+    REQUIRE(stk__mix_init(&m, q, sz, 2, 1, true) == STK_OK);
+    REQUIRE(stk__mix_next_uses(&m, 0, 3, next, 3));
+    for (size_t x = 0; x < 3; x++)
+        CHECK_EQ(next[x], UINT64_MAX);
+}
+
 int main(void)
 {
     tu_begin("test_mix_schedule", 300);
@@ -370,5 +482,7 @@ int main(void)
     RUN(test_rank_streams_are_windows);
     RUN(test_rank_batches_proportional);
     RUN(test_zero_quota_and_one_source);
+    RUN(test_inverse_walks);
+    RUN(test_next_uses_match_a_scan);
     return tu_end();
 }

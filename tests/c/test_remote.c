@@ -14,6 +14,7 @@
 #include "../../src/io/file.h"
 #include "../../src/io/remote.h"
 #include "../../src/io/transport.h"
+#include "../../src/schedule/mix.h"
 #include "../../src/source/manifest.h"
 #include "../../src/source/source.h"
 #include "../../src/source/stkformat.h"
@@ -4014,11 +4015,19 @@ static void test_mixture_shard_order(void)
     run_out c = run("mix", 2, tu_path("mixshards"), "200K", STK_ON_ERROR_RAISE, 2);
     CHECK(c.hash == local.hash && c.samples == local.samples);
     CHECK(c.fs.cache_evictions > 0);
+    /* The same through the least recently used eviction: the furthest next
+     * use (each source's windows in mixture positions) downloads fewer. */
+    stk__mix_lru_only = true;
+    run_out lru = run("mix", 2, tu_path("mixshards-lru"), "200K", STK_ON_ERROR_RAISE, 2);
+    stk__mix_lru_only = false;
+    CHECK(lru.hash == local.hash);
+    CHECK(c.fs.cache_misses < lru.fs.cache_misses);
     fprintf(stderr,
-            "mixture shards order, cache of 200K: %llu requests, %llu misses, %llu "
+            "mixture shards order, cache of 200K: %llu requests, %llu misses (LRU: %llu), %llu "
             "evictions, %llu fallbacks\n",
             (unsigned long long)c.fs.requests, (unsigned long long)c.fs.cache_misses,
-            (unsigned long long)c.fs.cache_evictions, (unsigned long long)c.fs.cache_fallbacks);
+            (unsigned long long)lru.fs.cache_misses, (unsigned long long)c.fs.cache_evictions,
+            (unsigned long long)c.fs.cache_fallbacks);
     /* Blocks of about 5 samples: each fetched whole by one request (the
      * plan of 24 samples alone would merge few neighbours). */
     g_order = "blocks";

@@ -9,9 +9,10 @@ stop after step N and sleep (to be killed); --vary KEY opens rank 1's loader
 with another setting and records the error each rank gets. Each rank writes
 its pid to OUT/pid-R first. DATA mix:SPEC.json reads a mixture
 (docs/mixing.md; SPEC: {"sources": [[path, weight], ...], "samples_per_epoch",
-"fields", "transform"}); a batch's labels are then its [source, dataset
-index] pairs and its hash covers the images; --vary weights gives rank 1
-other weights."""
+"fields", "transform", and optionally "source_transforms": per source a
+transform or null); a batch's labels are then its [source, dataset
+index] pairs, its hash covers the images and "sample_hashes" holds each
+sample's image's hash; --vary weights gives rank 1 other weights."""
 
 import argparse
 import hashlib
@@ -81,7 +82,9 @@ def main():
         weights = [w for _, w in mix["sources"]]
         if a.vary == "weights" and rank == 1:
             weights = weights[1:] + weights[:1]
-        data = [stoker.Source(p, weight=w) for (p, _), w in zip(mix["sources"], weights)]
+        tfs = mix.get("source_transforms") or [None] * len(weights)
+        data = [stoker.Source(p, weight=w, **({"transform": t} if t else {}))
+                for (p, _), w, t in zip(mix["sources"], weights, tfs)]
         kw.update(fields=mix["fields"], transform=mix["transform"], return_indices=True,
                   samples_per_epoch=mix["samples_per_epoch"])
     # records:PATH:RECORD_BYTES:LABEL_BYTES
@@ -116,6 +119,9 @@ def main():
             labels = [int(x) for x in labels]
         h = hashlib.sha1(np.ascontiguousarray(data).tobytes()).hexdigest()
         out["batches"].append({"step": step, "labels": labels, "hash": h})
+        if mix is not None:
+            out["batches"][-1]["sample_hashes"] = [
+                hashlib.sha1(np.ascontiguousarray(x).tobytes()).hexdigest() for x in data]
         step += 1
         dist.barrier()
         if a.save_at is not None and step == a.save_at and rank == 0:

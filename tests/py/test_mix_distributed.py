@@ -9,9 +9,12 @@ sample) multiset over both parts and all ranks is the uninterrupted
 1-process epoch's; ranks get equal batch counts; every window of each
 rank's stream in an uninterrupted world holds each source's share within
 the documented bound; exact resume in one process gives the same batches;
-ranks that open the loader with other weights are refused at open."""
+ranks that open the loader with other weights are refused at open; with
+per-source transforms (a flip on one source, another on another), every
+rank's image of each (source, sample) is the one-process loader's."""
 
 import collections
+import hashlib
 import io
 import json
 import math
@@ -177,3 +180,77 @@ def test_ranks_that_disagree_on_the_mixture_are_refused_at_open(spec, tmp_path):
                          r"samples_per_epoch 90' on rank 0; .*weight 0\.3 of 8; weight 0\.1 of "
                          r"40; weight 0\.6 of 12\), samples_per_epoch 90' on rank 1", err), err
         assert f"(this is rank {r})" in err and "docs/distributed.md" in err
+
+
+def _ramp(k):
+    """A 6x6 PNG whose flips differ from it and from each other."""
+    a = np.zeros((6, 6, 3), np.uint8)
+    a[..., 0] = np.arange(6)[None, :] * 40 + k
+    a[..., 1] = np.arange(6)[:, None] * 40
+    a[..., 2] = 7 * k % 256
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+TF_SOURCES = (None, "Resize((4, 4))|RandomHorizontalFlip(p=1)",
+              "Resize((4, 4))|RandomVerticalFlip(p=1)")
+
+
+@pytest.fixture(scope="module")
+def tf_spec(tmp_path_factory):
+    """Three sources of ramp images (a folder, a .stk, a folder), each with
+    its own transform (TF_SOURCES; None: the loader's Resize((4, 4)))."""
+    root = tmp_path_factory.mktemp("mixtf")
+    paths = []
+    for s, n in enumerate((10, 20, 10)):
+        if s == 1:
+            with stoker.Writer(root / "set") as w:
+                for k in range(n):
+                    w.add(_ramp(100 + k), key=f"s{k:02d}.png")
+            paths.append(str(root / "set"))
+            continue
+        d = root / f"f{s}" / "c0"
+        d.mkdir(parents=True)
+        for k in range(n):
+            (d / f"{k:02d}.png").write_bytes(_ramp(50 * s + k))
+        paths.append(str(root / f"f{s}"))
+    path = root / "mix.json"
+    path.write_text(json.dumps({"sources": [[p, 1.0 / 3] for p in paths],
+                                "samples_per_epoch": 60, "fields": FIELDS,
+                                "transform": TRANSFORM, "source_transforms": TF_SOURCES}))
+    return {"paths": paths, "data": f"mix:{path}"}
+
+
+def test_per_source_transforms_across_torchrun_ranks(tf_spec, tmp_path):
+    """Two ranks read the mixture; the image every rank delivers for each
+    (source, sample) pair is the one-process loader's for that pair, and
+    the flips differ from the loader's own transform (so a rank applying
+    another source's transform fails)."""
+    def src(p, t, w=1.0 / 3):
+        return stoker.Source(p, weight=w, **({"transform": t} if t else {}))
+
+    def hashes(tfs):
+        ref = {}
+        with stoker.Loader([src(p, t) for p, t in zip(tf_spec["paths"], tfs)], 5,
+                           fields=FIELDS, transform=TRANSFORM, samples_per_epoch=60, seed=SEED,
+                           return_indices=True, output="numpy", threads=1) as ld:
+            for b in ld:
+                for pair, img in zip(_pairs(b), b["image"]):
+                    h = hashlib.sha1(np.ascontiguousarray(img).tobytes()).hexdigest()
+                    assert ref.setdefault(pair, h) == h   # a repeat gives the same image
+        return ref
+
+    ref, plain = hashes(TF_SOURCES), hashes((None, None, None))
+    assert set(ref) == set(plain)
+    for (s, i), h in ref.items():
+        assert (h == plain[(s, i)]) == (s == 0), (s, i)
+    ranks = torchrun(2, tmp_path / "out", tf_spec["data"], tmp_path / "out", "--seed", SEED,
+                     "--batch-size", 5)
+    seen = collections.Counter()
+    for r in ranks:
+        for b in r["batches"]:
+            for (s, i), h in zip(b["labels"], b["sample_hashes"]):
+                assert h == ref[(s, i)], (r["rank"], s, i)
+                seen[s] += 1
+    assert seen == {0: 20, 1: 20, 2: 20}
