@@ -38,8 +38,9 @@ static int source_order(const stk_options *o, size_t k, unsigned *window, uint64
 /* A source's own cache 0 (stk_options_source_set): the fetch stage reads its
  * shards by range and never admits them to the disk cache (per-shard flags
  * in the mixture's table). Only a source read through the stage (a remote
- * .stk) can keep out of the cache: a remote tar, MDS, LitData, TFRecord or
- * Parquet is read from whole files in it, and a local source never uses it. */
+ * .stk) can keep out of the cache: a remote tar, MDS, LitData or TFRecord is
+ * read from whole files in it, a remote Parquet stores its row groups there
+ * from its open on (its label chunks), and a local source never uses it. */
 static int mixture_cache(core *c, const stk_options *o, char *err, size_t errlen)
 {
     for (size_t k = 0; k < o->nmix; k++) {
@@ -51,8 +52,9 @@ static int mixture_cache(core *c, const stk_options *o, char *err, size_t errlen
                 continue; /* local: read in place, never cached */
             stk__fmt(err, errlen,
                      "mixture source %zu (%s): cache 0 keeps a source read by ranged requests "
-                     "(a .stk in a store) out of the disk cache; this one is read from whole "
-                     "files downloaded into the cache (docs/mixing.md)",
+                     "(a .stk in a store) out of the disk cache; this one is read through the "
+                     "cache (whole files; a Parquet's row groups, read uncached only when the "
+                     "loader has no cache_dir) (docs/mixing.md)",
                      k, o->mix[k].shown);
             return STK_EINVAL;
         }
