@@ -555,10 +555,13 @@ static void on_part_done(stk__req *q, void *ctx)
         }
     } else {
         p->st = P_IDLE;
+        /* A write error (a full disk) is counted by the cache whichever
+         * part saw it, even after another part failed on the network. */
+        if (q->write_errno)
+            c->req.write_errno = q->write_errno;
         if (!c->dl_failed) {
             c->dl_failed = true;
             c->req.rc = q->rc ? q->rc : STK_EIO;
-            c->req.write_errno = q->write_errno;
             stk__fmt(c->req.err, sizeof c->req.err, "%s", why[0] ? why : q->err);
         }
     }

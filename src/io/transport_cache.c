@@ -94,9 +94,9 @@ static int probe(cache_tp *p, dl *d, size_t n, const uint64_t *sizes, const char
     for (size_t k = 0; k < n && !rc; k++) {
         char where[4096];
         in->ops->display(in, d[k].name, where, sizeof where);
-        /* An empty object answers a ranged GET with 416 or an empty 200:
-         * its size is then 0, which the readers report as they do a local
-         * empty file. */
+        /* An empty object answers a ranged GET with 416 or an empty 200,
+         * with no size: it is refused here, naming the object, as is an
+         * object whose size the server does not say. */
         if (r[k].rc || !r[k].total) {
             stk__fmt(err, errlen, "%s: %s", where,
                      r[k].rc == STK_ENOENT ? "not found (HTTP 404)"
