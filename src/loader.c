@@ -373,7 +373,7 @@ static stk__fetch_cfg fetch_cfg(const core *c, const stk_options *o)
     fc.buffer_bytes = o->fetch_buffer;
     fc.lookahead = o->fetch_lookahead;
     fc.threads = c->nthreads;
-    fc.concurrency = o->fetch_concurrency ? o->fetch_concurrency : 64;
+    fc.concurrency = o->fetch_concurrency ? o->fetch_concurrency : STK__FETCH_CONCURRENCY;
     fc.block_first = c->sched.block_first;
     fc.nblocks = c->sched.nblocks;
     fc.block_window = o->shard_window ? o->shard_window : 8;

@@ -670,7 +670,7 @@ static const opt_entry table[] = {
         OFF(region), ST_STR, NULL, NULL),
     OPT("addressing", ENUM, 0, 0, "path|virtual|auto", NULL, "auto (path with a custom endpoint)",
         "S3 addressing style", REMOTE, OFF(addressing), ST_INT, addressing_words, NULL),
-    OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "64", "requests in flight", REMOTE,
+    OPT("fetch_concurrency", UINT, 1, 1024, NULL, "requests", "128", "requests in flight", REMOTE,
         OFF(fetch_concurrency), ST_UNSIGNED, NULL, NULL),
     OPT("fetch_rate", UINT, 0, 10000000, NULL, "requests a second", "5500",
         "request rate budget (S3 allows about 5500 GETs a second per prefix), halved on each "
@@ -986,7 +986,7 @@ static size_t entry_text(const stk_options *o, const opt_entry *e, char *buf, si
         }
     }
     /* 0 below the range: not set, the library picks the value later
-     * ("size": the preset's; "fetch_concurrency": 64). */
+     * ("size": the preset's; "fetch_concurrency": 128). */
     if (!s && !v && e->info.min > 0 && e->info.type != STK_OPTION_ENUM)
         s = "";
     size_t at = 0;

@@ -227,7 +227,7 @@ void stoker_usage(FILE *f)
                "remote datasets (PATH an http://, https:// or s3:// URL; docs/remote.md):\n"
                "  --cache-dir DIR     disk cache of whole shards (shared by processes)\n"
                "  --cache-limit N     its size limit (default: 90%% of the free space)\n"
-               "  --fetch-concurrency N  requests in flight (64)\n"
+               "  --fetch-concurrency N  requests in flight (128)\n"
                "  --fetch-retries N   retries per request (6; 0 = none)\n"
                "  --fetch-timeout S   retry a request that stalls this long (30)\n"
                "  --fetch-buffer N    bytes buffered ahead of the workers (64M)\n"

@@ -1154,7 +1154,7 @@ int stk__remote_open(stk__remote **out, const char *url, const stk__remote_cfg *
         r->cfg = *cfg;
     r->cfg.endpoint = r->cfg.region = NULL; /* not kept: copied where needed */
     if (!r->cfg.concurrency)
-        r->cfg.concurrency = 64;
+        r->cfg.concurrency = STK__FETCH_CONCURRENCY;
     if (!r->cfg.timeout_s)
         r->cfg.timeout_s = 30;
     if (!r->cfg.backoff_ms)

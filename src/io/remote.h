@@ -30,12 +30,20 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+/* Requests in flight by default: 128. At 50 ms from the store that is 2,560
+ * ranged reads a second, above what 2 cores decode, so a cold cache's reads
+ * by range (the samples a download has not reached yet) and a global order
+ * without a cache are less often waiting on the round trip; 64 left a cold
+ * run waiting 0.62-0.89 s against 0.44-0.49 s at 128, at the same loader CPU
+ * (docs/benchmarks.md, session 5). */
+#define STK__FETCH_CONCURRENCY 128u
+
 /* Settings a caller may give (zero = default). */
 typedef struct stk__remote_cfg {
     const char *endpoint; /* S3 endpoint URL; else AWS_ENDPOINT_URL(_S3); else AWS */
     const char *region;   /* else AWS_REGION, AWS_DEFAULT_REGION, profile, us-east-1 */
     int addressing;       /* 0 default (path-style with a custom endpoint), 1 path, 2 virtual */
-    unsigned concurrency; /* requests in flight (default 64) */
+    unsigned concurrency; /* requests in flight (default STK__FETCH_CONCURRENCY) */
     unsigned retries;     /* retries after the first attempt (0: 6; UINT32_MAX: none) */
     unsigned timeout_s;   /* a request that moves < 1 KiB/s for this long is retried (30);
                              an attempt's deadline is this + 1 s per 16 KiB of its body */
