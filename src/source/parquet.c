@@ -258,8 +258,14 @@ typedef struct pq {
     size_t nfields;
     uint64_t total_bytes;
     uint64_t warned; /* the last warning's hash (pq_warn), 0: none yet */
-    int payload;     /* field a read without fields gives, or -1 */
-    int label;       /* column of labels, or -1 */
+    /* each_value's pins of the row before (page index and page of each
+     * field): kept until the next row's are taken, so that stoker verify,
+     * which asks row after row, decodes a chunk once and not once a row
+     * (a list column's chunk is decoded whole, and a cache smaller than it
+     * would drop it between two rows). Released at close. */
+    pqdec *held[2 * STK__MAX_FIELDS];
+    int payload; /* field a read without fields gives, or -1 */
+    int label;   /* column of labels, or -1 */
     uint64_t mask;
     bool selected;
     uint64_t rows_max; /* PQ_RG_ROWS_MAX, smaller for the fuzz entry point */
@@ -2898,6 +2904,8 @@ static void pq_free(pq *d)
 {
     if (!d)
         return;
+    for (size_t k = 0; d->mu_ok && k < 2 * STK__MAX_FIELDS; k++)
+        put_chunk(d, d->held[k]);
     for (pqdec *e = d->head, *nx; e; e = nx) {
         nx = e->next;
         dec_free(e);
@@ -3361,7 +3369,7 @@ static int pq_each_value(stk__source *s, uint64_t i,
     for (size_t f = 0; f < d->nfields && !rc; f++) {
         const pqfield *fd = &d->fields[f];
         const pqcol *c = &d->cols[fd->col];
-        char name[1100], why[STK_ERRMSG_MAX];
+        char name[1100], why[STK_ERRMSG_MAX] = "";
         field_name(d, fd, name, sizeof name);
         bool again = f && !fd->alias && d->fields[f - 1].alias && d->fields[f - 1].col == fd->col;
         bool image =
@@ -3374,9 +3382,14 @@ static int pq_each_value(stk__source *s, uint64_t i,
         if ((rc = get_row(d, g, fd->col, r, &idx, &e, &rr, why, sizeof why))) {
             stk__fmt(err, errlen, "field '%s': %s", name, why);
         } else {
+            /* A list's elements are checked when they are images (an
+             * element's name, "tokens[3]", never makes it one): the others
+             * only had to decode, which get_row did. */
             uint64_t n = 1;
             if (fd->elem == PQ_ELEM_ANY)
-                n = e->rowstart ? e->rowstart[rr + 1] - e->rowstart[rr] : 0;
+                n = e->rowstart && c->kind == STK_FIELD_IMAGE
+                        ? e->rowstart[rr + 1] - e->rowstart[rr]
+                        : 0;
             for (uint64_t j = 0; j < n && j < PQ_ELEM_MAX && !rc; j++) {
                 pqfield one = *fd;
                 if (fd->elem == PQ_ELEM_ANY) {
@@ -3389,8 +3402,12 @@ static int pq_each_value(stk__source *s, uint64_t i,
                     rc = fn(user, name, c->kind, p, len);
             }
         }
-        put_chunk(d, e);
-        put_chunk(d, idx);
+        /* The new pins first, then the row before's: a chunk both use
+         * stays in the cache. */
+        put_chunk(d, d->held[2 * f]);
+        put_chunk(d, d->held[2 * f + 1]);
+        d->held[2 * f] = e;
+        d->held[2 * f + 1] = idx;
     }
     return rc;
 }
