@@ -60,6 +60,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <snappy-c.h>
 #include <stdatomic.h>
@@ -264,6 +265,11 @@ typedef struct pq {
      * (a list column's chunk is decoded whole, and a cache smaller than it
      * would drop it between two rows). Released at close. */
     pqdec *held[2 * STK__MAX_FIELDS];
+    /* Columns the first file's "huggingface" metadata calls Audio, Video or
+     * Pdf (hf_media): structs of bytes and path like an Image, but no image.
+     * Names past the table's size are typed as images, as without it. */
+    char hf_other[16][64];
+    unsigned nhf_other;
     int payload; /* field a read without fields gives, or -1 */
     int label;   /* column of labels, or -1 */
     uint64_t mask;
@@ -299,6 +305,8 @@ typedef struct pq {
      * each unit is also an entry there, read from it before the network. */
     stk__cache *cache;
 } pq;
+
+static void hf_media(pq *d, const uint8_t *js, size_t n);
 
 /* ---- Reading bytes --------------------------------------------------------------- */
 
@@ -554,6 +562,10 @@ typedef struct pqmeta {
     int64_t *rg_rows;
     pqmeta_chunk *chunks; /* nrgs * ncols_seen */
     size_t ncols_seen;
+    /* The "huggingface" key's value (the datasets library's features, as
+     * JSON), pointing into the footer's buffer; NULL when absent. */
+    const uint8_t *hf;
+    size_t hf_len;
 } pqmeta;
 
 static void meta_free(pqmeta *m)
@@ -654,6 +666,33 @@ static void parse_chunk(tr *t, pqmeta_chunk *c)
     }
 }
 
+/* FileMetaData's key_value_metadata: keeps the "huggingface" value. */
+static void parse_kv(tr *t, pqmeta *m)
+{
+    int et;
+    uint64_t n = tr_list(t, &et);
+    if (!t->bad && et != 12)
+        tr_fail(t, "has a key-value list of something other than structs");
+    for (uint64_t k = 0; k < n && !t->bad; k++) {
+        int16_t last = 0, id;
+        int type;
+        const uint8_t *key = NULL, *val = NULL;
+        size_t kn = 0, vn = 0;
+        while (tr_field(t, &last, &id, &type)) {
+            if (id == 1 && type == 8)
+                tr_bin(t, &key, &kn);
+            else if (id == 2 && type == 8)
+                tr_bin(t, &val, &vn);
+            else
+                tr_skip(t, type, 2);
+        }
+        if (!t->bad && key && val && kn == 11 && !memcmp(key, "huggingface", 11)) {
+            m->hf = val;
+            m->hf_len = vn;
+        }
+    }
+}
+
 /* Parses FileMetaData. ncols: leaves the schema has (known after field 2,
  * which writers put first; a row group before the schema is refused). */
 static int parse_meta(tr *t, pqmeta *m, size_t (*count_leaves)(const pqmeta *), char *why,
@@ -679,6 +718,8 @@ static int parse_meta(tr *t, pqmeta *m, size_t (*count_leaves)(const pqmeta *), 
         } else if (id == 3) {
             m->num_rows = tr_want_i64(t, type);
             have_rows = true;
+        } else if (id == 5 && type == 9) {
+            parse_kv(t, m);
         } else if (id == 4 && type == 9) {
             uint64_t n = tr_list(t, &et);
             if (t->bad || et != 12 || n > PQ_MAX_RGS || !m->schema || m->rg_rows) {
@@ -3138,6 +3179,7 @@ static int open_file(pq *d, size_t fi, char *err, size_t errlen)
         goto out;
     }
     if (fi == 0) {
+        hf_media(d, m.hf, m.hf_len);
         d->cols = cols;
         d->ncols = ncols;
         cols = NULL;
@@ -3234,6 +3276,52 @@ out:
     return rc;
 }
 
+/* The _type of a Hugging Face feature (a Sequence's or a list's element's). */
+static const char *hf_type(json_t *f)
+{
+    for (int depth = 0; depth < 4 && f; depth++) {
+        if (json_is_array(f)) {
+            f = json_array_get(f, 0);
+            continue;
+        }
+        const char *ty = json_string_value(json_object_get(f, "_type"));
+        if (!ty || (strcmp(ty, "Sequence") && strcmp(ty, "List") && strcmp(ty, "LargeList")))
+            return ty;
+        f = json_object_get(f, "feature");
+    }
+    return NULL;
+}
+
+/* Which columns the "huggingface" metadata (the datasets library's
+ * {"info": {"features": {NAME: {"_type": ...}}}}) says hold Audio, Video or
+ * Pdf: their {bytes, path} structs are no images. Metadata that does not
+ * parse is ignored (the columns are typed by their layout alone). */
+static void hf_media(pq *d, const uint8_t *js, size_t n)
+{
+    json_t *root = js ? json_loadb((const char *)js, n, 0, NULL) : NULL;
+    json_t *feats = json_object_get(json_object_get(root, "info"), "features");
+    const char *name;
+    json_t *f;
+    json_object_foreach(feats, name, f)
+    {
+        const char *ty = hf_type(f);
+        if (ty && (!strcmp(ty, "Audio") || !strcmp(ty, "Video") || !strcmp(ty, "Pdf")) &&
+            d->nhf_other < 16 && strlen(name) < sizeof d->hf_other[0])
+            strcpy(d->hf_other[d->nhf_other++], name);
+    }
+    json_decref(root);
+}
+
+/* Whether column path's top-level name is one hf_media found. */
+static bool hf_not_image(const pq *d, const char *path)
+{
+    size_t top = strcspn(path, ".");
+    for (unsigned k = 0; k < d->nhf_other; k++)
+        if (strlen(d->hf_other[k]) == top && !memcmp(d->hf_other[k], path, top))
+            return true;
+    return false;
+}
+
 /* The fields: every leaf column that is not repeated, by its path, and for
  * Hugging Face's Image struct (G.bytes, G.path) also G itself. */
 static int make_fields(pq *d)
@@ -3252,10 +3340,13 @@ static int make_fields(pq *d)
                          !strcmp(d->cols[c + 1].path + pl - 5, "path");
         int32_t elem = col->list ? PQ_ELEM_ANY : PQ_ELEM_NONE;
         if (img_bytes) {
-            /* The struct's own name (its path less ".bytes") gives the bytes. */
-            col->kind = STK_FIELD_IMAGE;
+            /* The struct's own name (its path less ".bytes") gives the bytes:
+             * an image, unless the metadata says it is HF's Audio, Video or
+             * Pdf (then its bytes as stored). */
+            bool media = hf_not_image(d, col->path);
+            col->kind = media ? STK_FIELD_BYTES : STK_FIELD_IMAGE;
             d->fields[d->nfields++] = (pqfield){(uint32_t)c, elem, true};
-            if (d->payload < 0 && !col->list)
+            if (d->payload < 0 && !col->list && !media)
                 d->payload = (int)d->nfields - 1;
             if (d->nfields >= STK__MAX_FIELDS)
                 break;

@@ -490,6 +490,43 @@ def test_verify_checks_every_list_element(tmp_path):
         assert f"damaged.parquet#{r}: field 'tags[]': " in bad[r], out
 
 
+def test_hf_audio_struct_is_no_image(tmp_path):
+    """A {bytes, path} struct that the file's "huggingface" metadata calls
+    Audio (or a Sequence of Audio) is bytes, not an image: stoker verify
+    passes the file, and a loader gives the WAV bytes as stored. The same
+    struct with Image metadata stays an image (a bad one is reported)."""
+    import stoker
+    exe = os.environ.get("STOKER_BIN") or str(ROOT / "build" / "release" / "stoker")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("no stoker binary (build it or set STOKER_BIN)")
+    wav = ("52494646" "24000000" "57415645" "666d7420" "10000000"
+           "0100010044ac000088580100020010006461746100000000")
+
+    def write(name, features):
+        hf = json.dumps({"info": {"features": features}}).replace("'", "''")
+        out = tmp_path / name
+        _duckdb(f"COPY (SELECT {{'bytes': unhex('{wav}'), 'path': 'a.wav'}} AS audio, "
+                f"[{{'bytes': unhex('{wav}'), 'path': 'b.wav'}}] AS clips, 'hi' AS text "
+                f"FROM range(3)) TO '{out}' (FORMAT parquet, KV_METADATA {{huggingface: '{hf}'}})")
+        return out
+
+    audio = write("audio.parquet", {"audio": {"_type": "Audio"},
+                                    "clips": {"_type": "Sequence", "feature": {"_type": "Audio"}},
+                                    "text": {"dtype": "string", "_type": "Value"}})
+    p = subprocess.run([exe, "verify", str(audio)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "3 samples checked, 0 corrupt" in p.stdout, p.stdout
+    loader = stoker.Loader(str(audio), 3, fields={"audio": "audio", "clip": "clips[0]"},
+                           shuffle=False)
+    b = next(iter(loader))
+    assert [bytes(x) for x in b["audio"]] == [bytes.fromhex(wav)] * 3
+    assert [bytes(x) for x in b["clip"]] == [bytes.fromhex(wav)] * 3
+    loader.close()
+
+    image = write("image.parquet", {"audio": {"_type": "Image"}, "clips": [{"_type": "Image"}]})
+    p = subprocess.run([exe, "verify", str(image)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "field 'audio': not an image" in p.stdout, p.stdout
+
+
 def test_a_shuffle_larger_than_the_page_cache_is_warned(tmp_path, capfd):
     """A global shuffle over more stored bytes than the 64 MiB page cache,
     with pages of many rows, decodes a page per row: each open says so once,
