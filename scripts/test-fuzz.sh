@@ -5,6 +5,7 @@
 #   2. builds each libFuzzer target with clang -fsanitize=fuzzer,address,
 #      undefined and fuzzes it for FUZZ_SECONDS (default 30) seconds, starting
 #      from a scratch copy of the seed corpus.
+# FUZZ_TARGETS="parquet tar" runs only those targets.
 # Prints "fuzz: N passed, N failed" last; exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ CC=${CC:-gcc}
 OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
-TARGETS="stk tar image s3xml fields mds litdata tfrecord stkindex parquet listing"
+TARGETS=${FUZZ_TARGETS:-"stk tar image s3xml fields mds litdata tfrecord stkindex parquet listing"}
 LIB_SRCS="src/alloc.c src/fields.c src/source/*.c src/io/*.c src/cache/*.c
           src/image.c src/codec/*.c src/ops/*.c"
 LIBS="-lxxhash -lzstd -lsnappy -lz -ljansson -ljpeg -lspng -lcurl -lpthread -lm"
