@@ -612,10 +612,10 @@ static void make_image_sets(void)
     free(t);
 }
 
-/* A mixture of the two image folders with fields image and view2; tf[s][f]:
- * source s's own transform of field f (0: NULL = the first image, 1:
- * "view2"), or NULL. */
-static int open_images(stk_loader **l, const char *const tf[2][2], const char *view2_tf)
+/* Two sources of the images, the loader's transform to 8x8 and a second
+ * image field "view2" of the same image (view2_tf its transform): the
+ * per-field transform tests add their own per-source transforms. */
+static stk_options *two_views(const char *view2_tf)
 {
     stk_options *o = NULL;
     REQUIRE(stk_options_create(&o) == STK_OK);
@@ -624,6 +624,15 @@ static int open_images(stk_loader **l, const char *const tf[2][2], const char *v
     REQUIRE(stk_options_set_transform(o, "Resize((8, 8))") == STK_OK);
     REQUIRE(stk_options_set_fields(o, "image") == STK_OK);
     REQUIRE(stk_options_add_field(o, "view2", "image", STK_FIELD_IMAGE, view2_tf, 0) == STK_OK);
+    return o;
+}
+
+/* A mixture of the two image folders with fields image and view2; tf[s][f]:
+ * source s's own transform of field f (0: NULL = the first image, 1:
+ * "view2"), or NULL. */
+static int open_images(stk_loader **l, const char *const tf[2][2], const char *view2_tf)
+{
+    stk_options *o = two_views(view2_tf);
     for (size_t s = 0; s < 2; s++)
         for (int f = 0; f < 2; f++)
             if (tf && tf[s][f])
@@ -712,14 +721,7 @@ static void test_per_source_field_transforms(void)
     CHECK_EQ(per[0], 14);
     CHECK_EQ(per[1], 14);
     /* The first image field by its name is the same as NULL. */
-    stk_options *o = NULL;
-    REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_add_source(o, g_img[0], 0.5, 0) == STK_OK);
-    REQUIRE(stk_options_add_source(o, g_img[1], 0.5, 0) == STK_OK);
-    REQUIRE(stk_options_set_transform(o, "Resize((8, 8))") == STK_OK);
-    REQUIRE(stk_options_set_fields(o, "image") == STK_OK);
-    REQUIRE(stk_options_add_field(o, "view2", "image", STK_FIELD_IMAGE, "Resize((6, 6))", 0) ==
-            STK_OK);
+    stk_options *o = two_views("Resize((6, 6))");
     REQUIRE(stk_options_source_transform(o, 1, "image", tf[1][0]) == STK_OK);
     REQUIRE(stk_options_source_transform(o, 0, "view2", tf[0][1]) == STK_OK);
     REQUIRE(stk_options_set(o, "samples_per_epoch", "28") == STK_OK);
@@ -762,15 +764,8 @@ static void test_per_source_field_transforms(void)
  * the last into its place) resume; another transform is refused. */
 static stk_loader *open_field_tfs(const char *const *fields, const char *const *specs, size_t n)
 {
-    stk_options *o = NULL;
+    stk_options *o = two_views("Resize((6, 6))");
     stk_loader *l = NULL;
-    REQUIRE(stk_options_create(&o) == STK_OK);
-    REQUIRE(stk_options_add_source(o, g_img[0], 0.5, 0) == STK_OK);
-    REQUIRE(stk_options_add_source(o, g_img[1], 0.5, 0) == STK_OK);
-    REQUIRE(stk_options_set_transform(o, "Resize((8, 8))") == STK_OK);
-    REQUIRE(stk_options_set_fields(o, "image") == STK_OK);
-    REQUIRE(stk_options_add_field(o, "view2", "image", STK_FIELD_IMAGE, "Resize((6, 6))", 0) ==
-            STK_OK);
     for (size_t k = 0; k < n; k++)
         REQUIRE(stk_options_source_transform(o, 0, fields[k], specs[k]) == STK_OK);
     REQUIRE(stk_options_set(o, "samples_per_epoch", "28") == STK_OK);
