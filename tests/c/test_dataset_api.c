@@ -105,22 +105,6 @@ static void write_stk(const char *dir)
     stk_writer_close(w);
 }
 
-typedef struct seen {
-    int n, kinds[16];
-    char names[16][512], reasons[16][1024];
-} seen;
-
-static void on_problem(const stk_verify_problem *p, void *user)
-{
-    seen *s = user;
-    if (s->n < 16) {
-        s->kinds[s->n] = p->kind;
-        snprintf(s->names[s->n], sizeof s->names[0], "%s", p->name);
-        snprintf(s->reasons[s->n], sizeof s->reasons[0], "%s", p->reason);
-    }
-    s->n++;
-}
-
 static void test_stk(void)
 {
     const char *dir = tu_path("stk");
@@ -163,9 +147,9 @@ static void test_stk(void)
     free(j);
     stk_dataset_close(d);
 
-    seen s = {0};
+    tu_problems s = {0};
     stk_verify_result r = {.struct_size = sizeof r};
-    CHECK_EQ(stk_dataset_verify(dir, NULL, on_problem, &s, &r, err, sizeof err), STK_OK);
+    CHECK_EQ(stk_dataset_verify(dir, NULL, tu_on_problem, &s, &r, err, sizeof err), STK_OK);
     CHECK_EQ(s.n, 0);
     CHECK_EQ(r.checked, 6);
     CHECK_EQ(r.corrupt + r.manifest + r.bad_shards + r.too_large, 0);
@@ -176,7 +160,7 @@ static void test_stk(void)
     REQUIRE(stk_options_create(&o) == STK_OK);
     CHECK_EQ(stk_options_set(o, "max_input_bytes", "4096"), STK_OK);
     memset(&s, 0, sizeof s);
-    CHECK_EQ(stk_dataset_verify(dir, o, on_problem, &s, &r, err, sizeof err), STK_OK);
+    CHECK_EQ(stk_dataset_verify(dir, o, tu_on_problem, &s, &r, err, sizeof err), STK_OK);
     CHECK_EQ(r.too_large, 0); /* 16x16 JPEGs are far below 4 KiB */
     stk_options_destroy(o);
 }
@@ -217,9 +201,9 @@ static void test_stk_corrupt(void)
     CHECK(strstr(err, "sample 0") != NULL && strstr(err, "s0") != NULL);
     stk_dataset_close(d);
 
-    seen s = {0};
+    tu_problems s = {0};
     stk_verify_result r = {.struct_size = sizeof r};
-    CHECK_EQ(stk_dataset_verify(dir, NULL, on_problem, &s, &r, err, sizeof err), STK_OK);
+    CHECK_EQ(stk_dataset_verify(dir, NULL, tu_on_problem, &s, &r, err, sizeof err), STK_OK);
     CHECK_EQ(r.corrupt, 1);
     CHECK_EQ(r.checked, 6);
     CHECK_EQ(s.n, 1);
@@ -237,7 +221,7 @@ static void test_stk_corrupt(void)
     CHECK(d == NULL);
     CHECK(strstr(err, "part-000001.stk") != NULL);
     memset(&s, 0, sizeof s);
-    CHECK_EQ(stk_dataset_verify(dir, NULL, on_problem, &s, &r, err, sizeof err), STK_OK);
+    CHECK_EQ(stk_dataset_verify(dir, NULL, tu_on_problem, &s, &r, err, sizeof err), STK_OK);
     CHECK_EQ(r.whole, 0);
     CHECK_EQ(r.bad_shards, 1);
     CHECK(r.unreadable > 0);
@@ -291,9 +275,9 @@ static void test_tar(void)
     CHECK_EQ(stk_dataset_read(d, 0, &data, &len, &label, err, sizeof err), STK_OK);
     CHECK(len == n0 && !memcmp(data, j0, n0));
     stk_dataset_close(d);
-    seen s = {0};
+    tu_problems s = {0};
     stk_verify_result r = {.struct_size = sizeof r};
-    CHECK_EQ(stk_dataset_verify(tu_path("tarset"), NULL, on_problem, &s, &r, err, sizeof err),
+    CHECK_EQ(stk_dataset_verify(tu_path("tarset"), NULL, tu_on_problem, &s, &r, err, sizeof err),
              STK_OK);
     CHECK_EQ(r.checked, 2);
     CHECK_EQ(s.n, 0);

@@ -636,30 +636,13 @@ static void test_lists_in_a_mixture(void)
  * as its images[] struct's bytes, so each row with an image element is
  * reported, naming the row and its first such element; the HF fixture's
  * real JPEGs pass. */
-typedef struct vseen {
-    int n;
-    uint64_t index[64];
-    char names[64][256], reasons[64][256];
-} vseen;
-
-static void on_problem(const stk_verify_problem *p, void *user)
-{
-    vseen *s = user;
-    if (s->n < 64) {
-        s->index[s->n] = p->index;
-        snprintf(s->names[s->n], sizeof s->names[0], "%s", p->name);
-        snprintf(s->reasons[s->n], sizeof s->reasons[0], "%s", p->reason);
-    }
-    s->n++;
-}
-
 static void test_verify_lists(void)
 {
-    vseen s = {0};
+    tu_problems s = {0};
     char err[1024] = "";
     stk_verify_result r = {.struct_size = sizeof r};
-    CHECK_EQ(stk_dataset_verify("tests/fuzz/corpus/parquet/lists-v1-snappy", NULL, on_problem, &s,
-                                &r, err, sizeof err),
+    CHECK_EQ(stk_dataset_verify("tests/fuzz/corpus/parquet/lists-v1-snappy", NULL, tu_on_problem,
+                                &s, &r, err, sizeof err),
              STK_OK);
     CHECK_EQ(r.checked, 40);
     int want = 0;
@@ -682,7 +665,7 @@ static void test_verify_lists(void)
     CHECK_EQ(r.corrupt, (uint64_t)want);
     memset(&s, 0, sizeof s);
     r = (stk_verify_result){.struct_size = sizeof r};
-    CHECK_EQ(stk_dataset_verify(fixture("snappy"), NULL, on_problem, &s, &r, err, sizeof err),
+    CHECK_EQ(stk_dataset_verify(fixture("snappy"), NULL, tu_on_problem, &s, &r, err, sizeof err),
              STK_OK);
     CHECK(r.checked == 60 && r.corrupt == 0 && s.n == 0 && r.whole == 1);
 }

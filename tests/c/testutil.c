@@ -840,3 +840,15 @@ void tu_sweep_oom(const tu_sweep *w)
     if (w->tmp_prefix)
         tu_tmpdir_restore(old);
 }
+
+void tu_on_problem(const stk_verify_problem *p, void *user)
+{
+    tu_problems *s = user;
+    if (s->n < TU_PROBLEMS_MAX) {
+        s->kinds[s->n] = p->kind;
+        s->index[s->n] = p->index;
+        snprintf(s->names[s->n], sizeof s->names[0], "%s", p->name);
+        snprintf(s->reasons[s->n], sizeof s->reasons[0], "%s", p->reason);
+    }
+    s->n++;
+}

@@ -192,4 +192,15 @@ void tu_sweep_io_faults(const tu_sweep *w);
  * (allocations, descriptors). */
 void tu_sweep_oom(const tu_sweep *w);
 
+/* What stk_dataset_verify reported through tu_on_problem (user = a
+ * tu_problems, zeroed): n counts every problem, the first TU_PROBLEMS_MAX
+ * are kept. */
+#define TU_PROBLEMS_MAX 64
+typedef struct tu_problems {
+    int n, kinds[TU_PROBLEMS_MAX];
+    uint64_t index[TU_PROBLEMS_MAX];
+    char names[TU_PROBLEMS_MAX][512], reasons[TU_PROBLEMS_MAX][1024];
+} tu_problems;
+void tu_on_problem(const stk_verify_problem *p, void *user);
+
 #endif
