@@ -15,7 +15,7 @@ OUT=build/fuzz
 mkdir -p "$OUT"
 pass=0 fail=0
 TARGETS=${FUZZ_TARGETS:-"stk tar image s3xml fields mds litdata tfrecord stkindex parquet listing"}
-LIB_SRCS="src/alloc.c src/fields.c src/source/*.c src/io/*.c src/cache/*.c
+LIB_SRCS="src/alloc.c src/api.c src/fields.c src/source/*.c src/io/*.c src/cache/*.c
           src/image.c src/codec/*.c src/ops/*.c"
 LIBS="-lxxhash -lzstd -lsnappy -lz -ljansson -ljpeg -lspng -lcurl -lpthread -lm"
 FLAGS="-std=c11 -D_GNU_SOURCE -g -Iinclude -Isrc -pthread"

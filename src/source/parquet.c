@@ -2310,25 +2310,13 @@ static size_t needed_cols(const pq *d, uint32_t *cols);
  * that file_dead remembers). */
 #define STK_ECHANGED_ (-1000)
 
-/* A transport's rc in words, when it said nothing itself (the reader is
- * linked without the public API's stk_strerror: the fuzz targets). */
-static const char *rc_text(int rc)
-{
-    switch (rc) {
-    case STK_ENOENT: return "not found";
-    case STK_ENOMEM: return "out of memory";
-    case STK_ECANCELED: return "the loader is closing";
-    default: return "I/O error";
-    }
-}
-
 static int check_read(const pqfile *f, const stk__trange *r, char *why, size_t wn)
 {
     /* A size the answer gave first: a read past a shorter file's end fails
      * for that reason. */
     bool vdiff = !r->rc && f->version[0] && r->version[0] && strcmp(f->version, r->version) != 0;
     if (r->rc && !(r->total && r->total != f->size)) {
-        stk__fmt(why, wn, "%s", r->err[0] ? r->err : rc_text(r->rc));
+        stk__fmt(why, wn, "%s", r->err[0] ? r->err : stk_strerror(r->rc));
         return r->rc;
     }
     if ((r->total && r->total != f->size) || vdiff) {
@@ -2618,7 +2606,7 @@ static int unit_get(pq *d, size_t g, pqunit **out, char *why, size_t wn)
         while (!u->ready && !rc)
             rc = unit_wait(d);
         if (!rc && u->rc)
-            stk__fmt(why, wn, "%s", u->why ? u->why : rc_text(u->rc));
+            stk__fmt(why, wn, "%s", u->why ? u->why : stk_strerror(u->rc));
         rc = rc ? rc : u->rc;
         pthread_mutex_unlock(&d->umu);
         if (rc) {
